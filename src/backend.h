@@ -1,0 +1,68 @@
+/* Compute backend interface. The training loop sees only this vtable; the CPU backend is always
+ * built, the CUDA backend when configured. A backend owns four arenas laid out by dt_layout_t:
+ * params, grads, AdamW m and v, plus its activations for a fixed (B, T). Pointers in the struct
+ * are host pointers for the CPU backend and device pointers for CUDA; use copy_* to move data. */
+#ifndef DT_BACKEND_H
+#define DT_BACKEND_H
+
+#include <stddef.h>
+
+#include "model.h"
+#include "status.h"
+
+typedef struct dt_backend dt_backend_t;
+
+/* Called by backward each time the gradients in arena range [lo, hi) are final for this
+ * micro-batch (ranges arrive in decreasing order and tile the arena). */
+typedef void (*dt_grad_ready_fn)(void *ctx, size_t lo, size_t hi);
+
+typedef enum { DT_BUF_PARAMS, DT_BUF_GRADS, DT_BUF_M, DT_BUF_V } dt_buf_t;
+
+typedef struct {
+  float lr;           /* this step's learning rate */
+  float beta1, beta2, eps, weight_decay;
+  float grad_scale;   /* multiply gradients by this first (clipping factor; 1 = none) */
+  int t;              /* 1-based step count for bias correction */
+} dt_adamw_args_t;
+
+typedef struct {
+  const char *name;
+  /* Allocate arenas and activations for micro-batches of B x T. */
+  dt_status_t (*init)(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads);
+  void (*free)(dt_backend_t *be);
+  /* Forward pass; with targets != NULL compute the mean cross-entropy loss over B*T into *loss.
+   * inputs, targets: host int32 (B, T). B and T may be smaller than at init. */
+  dt_status_t (*forward)(dt_backend_t *be, const int *inputs, const int *targets, int B, int T, float *loss);
+  /* Backward pass of the last forward; gradients ACCUMULATE (+=) into the grads arena, scaled so
+   * that the loss is divided by `accum` (micro-steps per optimizer step). */
+  dt_status_t (*backward)(dt_backend_t *be, int accum, dt_grad_ready_fn ready, void *ctx);
+  dt_status_t (*zero_grad)(dt_backend_t *be);
+  /* Sum of squares of the gradients arena (float64 accumulation). */
+  dt_status_t (*grad_sumsq)(dt_backend_t *be, double *out);
+  /* One AdamW step over the whole arena (decay only on tensors with decay=1). */
+  dt_status_t (*adamw)(dt_backend_t *be, const dt_adamw_args_t *a);
+  /* Copy `count` floats at arena offset `off` between a buffer and host memory. */
+  dt_status_t (*copy_to_host)(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, float *dst);
+  dt_status_t (*copy_from_host)(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, const float *src);
+  /* Logits of the last forward: (B, T, Vp) host copy, for tests. May be NULL if unsupported. */
+  dt_status_t (*logits_to_host)(dt_backend_t *be, float *dst);
+} dt_backend_ops_t;
+
+struct dt_backend {
+  const dt_backend_ops_t *ops;
+  const dt_layout_t *lay;
+  float *params, *grads, *m, *v; /* arenas of lay->n_params floats (host or device) */
+  int B, T;                      /* activation capacity */
+  int threads;
+  void *impl;                    /* backend-private state */
+};
+
+extern const dt_backend_ops_t dt_backend_cpu;
+#ifdef DT_HAVE_CUDA
+extern const dt_backend_ops_t dt_backend_cuda;
+#endif
+/* NULL-terminated registry. */
+extern const dt_backend_ops_t *const dt_backends[];
+const dt_backend_ops_t *dt_backend_find(const char *name);
+
+#endif

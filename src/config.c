@@ -1,0 +1,405 @@
+/* The configuration table and everything it drives: .ini parsing, command-line overrides,
+ * range and consistency checks, --help, and writing the effective configuration back out. */
+#include "config.h"
+
+#include <ctype.h>
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define OFF(f) offsetof(dt_config_t, f), sizeof(((dt_config_t *)0)->f)
+#define BIG 1e18
+
+/* clang-format off */
+const dt_config_key_t dt_config_keys[] = {
+  {"model", "n_layer",    DT_KEY_INT,   OFF(n_layer),    "4",    1, 1024, NULL, "transformer blocks (L)"},
+  {"model", "n_head",     DT_KEY_INT,   OFF(n_head),     "4",    1, 1024, NULL, "attention heads (NH); n_embd must divide by it"},
+  {"model", "n_embd",     DT_KEY_INT,   OFF(n_embd),     "128",  1, 65536, NULL, "embedding width (C)"},
+  {"model", "vocab_size", DT_KEY_INT,   OFF(vocab_size), "256",  2, 1 << 24, NULL, "vocabulary size V (padded to a multiple of 128 internally)"},
+  {"model", "seq_len",    DT_KEY_INT,   OFF(seq_len),    "64",   1, 1 << 20, NULL, "sequence length T (also the position table size)"},
+
+  {"train", "micro_batch",  DT_KEY_INT,   OFF(micro_batch),  "8",   1, 1 << 20, NULL, "sequences per rank per micro-step (B)"},
+  {"train", "global_batch", DT_KEY_INT,   OFF(global_batch), "0",   0, 1 << 30, NULL, "sequences per optimizer step over all ranks; 0 = micro_batch*grad_accum*dp"},
+  {"train", "grad_accum",   DT_KEY_INT,   OFF(grad_accum),   "0",   0, 1 << 20, NULL, "micro-steps per optimizer step; 0 = from global_batch (1 if both 0)"},
+  {"train", "steps",        DT_KEY_INT,   OFF(steps),        "100", 0, 1 << 30, NULL, "optimizer steps to run"},
+  {"train", "lr",           DT_KEY_FLOAT, OFF(lr),           "3e-4", 0, 10, NULL, "peak learning rate"},
+  {"train", "min_lr",       DT_KEY_FLOAT, OFF(min_lr),       "0",   0, 10, NULL, "learning rate at the end of the cosine schedule"},
+  {"train", "warmup",       DT_KEY_INT,   OFF(warmup),       "0",   0, 1 << 30, NULL, "linear warmup steps: lr*(step+1)/warmup for step < warmup"},
+  {"train", "lr_schedule",  DT_KEY_ENUM,  OFF(lr_schedule),  "cosine", 0, 0, "cosine|constant", "after warmup: cosine decay to min_lr at the last step, or constant"},
+  {"train", "weight_decay", DT_KEY_FLOAT, OFF(weight_decay), "0.1", 0, 10, NULL, "AdamW decoupled weight decay on 2-D weights (embeddings included)"},
+  {"train", "beta1",        DT_KEY_FLOAT, OFF(beta1),        "0.9", 0, 0.999999, NULL, "AdamW beta1"},
+  {"train", "beta2",        DT_KEY_FLOAT, OFF(beta2),        "0.95", 0, 0.999999999, NULL, "AdamW beta2"},
+  {"train", "eps",          DT_KEY_FLOAT, OFF(eps),          "1e-8", 0, 1, NULL, "AdamW epsilon"},
+  {"train", "grad_clip",    DT_KEY_FLOAT, OFF(grad_clip),    "1.0", 0, BIG, NULL, "clip the global gradient norm to this; 0 = off"},
+  {"train", "seed",         DT_KEY_U64,   OFF(seed),         "1337", 0, BIG, NULL, "seed for weight init and data shuffling"},
+  {"train", "eval_every",   DT_KEY_INT,   OFF(eval_every),   "0",   0, 1 << 30, NULL, "validation loss every N steps (and at the end); 0 = off"},
+  {"train", "eval_batches", DT_KEY_INT,   OFF(eval_batches), "8",   1, 1 << 20, NULL, "micro-batches per validation"},
+  {"train", "threads",      DT_KEY_INT,   OFF(threads),      "0",   0, 4096, NULL, "OpenMP threads per rank; 0 = SLURM_CPUS_PER_TASK, else OpenMP's default"},
+
+  {"data", "train",   DT_KEY_STR,  OFF(train),   "data/austen_train_*.bin", 0, 0, NULL, "glob of training token shards (llm.c format)"},
+  {"data", "val",     DT_KEY_STR,  OFF(val),     "", 0, 0, NULL, "glob of validation token shards; empty = none"},
+  {"data", "shuffle", DT_KEY_BOOL, OFF(shuffle), "true", 0, 0, NULL, "shuffle training samples each epoch (seeded)"},
+
+  {"log", "metrics", DT_KEY_STR, OFF(metrics),   "", 0, 0, NULL, "JSONL metrics file written by rank 0; empty = none"},
+  {"log", "every",   DT_KEY_INT, OFF(log_every), "1", 1, 1 << 30, NULL, "print a step row every N steps"},
+
+  {"parallel", "dp",        DT_KEY_INT, OFF(dp),        "0", 0, 1 << 20, NULL, "data-parallel ranks; 0 = auto (world size / (tp*pp))"},
+  {"parallel", "tp",        DT_KEY_INT, OFF(tp),        "1", 1, 1 << 20, NULL, "tensor-parallel ranks (only 1 is supported yet)"},
+  {"parallel", "pp",        DT_KEY_INT, OFF(pp),        "1", 1, 1 << 20, NULL, "pipeline-parallel stages (only 1 is supported yet)"},
+  {"parallel", "bucket_mb", DT_KEY_INT, OFF(bucket_mb), "25", 1, 1 << 16, NULL, "gradient all-reduce bucket size in MiB"},
+
+  {"checkpoint", "dir",    DT_KEY_STR, OFF(ckpt_dir),   "checkpoints", 0, 0, NULL, "directory for checkpoint files"},
+  {"checkpoint", "every",  DT_KEY_INT, OFF(ckpt_every), "0", 0, 1 << 30, NULL, "write a checkpoint every N steps; 0 = only at the end"},
+  {"checkpoint", "keep",   DT_KEY_INT, OFF(ckpt_keep),  "3", 1, 1 << 20, NULL, "keep the newest K checkpoints"},
+  {"checkpoint", "resume", DT_KEY_STR, OFF(resume),     "auto", 0, 0, NULL, "auto (newest complete checkpoint in dir) | never | PATH"},
+
+  {"system", "backend", DT_KEY_ENUM, OFF(backend), "auto", 0, 0, "auto|cpu|cuda", "compute backend; auto = CUDA when a device is visible, else CPU"},
+  {NULL, NULL, 0, 0, 0, NULL, 0, 0, NULL, NULL},
+};
+/* clang-format on */
+
+static const char *type_name(dt_key_type_t t) {
+  switch (t) {
+    case DT_KEY_INT: return "int";
+    case DT_KEY_U64: return "uint64";
+    case DT_KEY_FLOAT: return "float";
+    case DT_KEY_BOOL: return "bool";
+    case DT_KEY_STR: return "string";
+    case DT_KEY_ENUM: return "enum";
+  }
+  return "?";
+}
+
+static int key_index(const char *section, const char *key) {
+  for (int i = 0; dt_config_keys[i].key; i++)
+    if (strcmp(dt_config_keys[i].section, section) == 0 && strcmp(dt_config_keys[i].key, key) == 0)
+      return i;
+  return -1;
+}
+
+static int section_known(const char *section) {
+  for (int i = 0; dt_config_keys[i].key; i++)
+    if (strcmp(dt_config_keys[i].section, section) == 0) return 1;
+  return 0;
+}
+
+static int choice_ok(const char *choices, const char *v) {
+  size_t n = strlen(v);
+  for (const char *p = choices; *p;) {
+    const char *bar = strchr(p, '|');
+    size_t len = bar ? (size_t)(bar - p) : strlen(p);
+    if (len == n && strncmp(p, v, n) == 0) return 1;
+    p += len + (bar ? 1 : 0);
+  }
+  return 0;
+}
+
+/* Parse `val` into the field of key k. On failure write the problem into why. */
+static int set_value(dt_config_t *cfg, const dt_config_key_t *k, const char *val, char *why, size_t whylen) {
+  char *field = (char *)cfg + k->offset;
+  char *end = NULL;
+  errno = 0;
+  switch (k->type) {
+    case DT_KEY_INT: {
+      long v = strtol(val, &end, 10);
+      if (*val == '\0' || *end != '\0' || errno) {
+        snprintf(why, whylen, "'%s' is not an integer", val);
+        return 0;
+      }
+      if ((double)v < k->min || (double)v > k->max) {
+        snprintf(why, whylen, "%ld is out of range [%.0f, %.0f]", v, k->min, k->max);
+        return 0;
+      }
+      *(int *)field = (int)v;
+      return 1;
+    }
+    case DT_KEY_U64: {
+      if (*val == '-') {
+        snprintf(why, whylen, "'%s' is not a non-negative integer", val);
+        return 0;
+      }
+      unsigned long long v = strtoull(val, &end, 10);
+      if (*val == '\0' || *end != '\0' || errno) {
+        snprintf(why, whylen, "'%s' is not a non-negative integer", val);
+        return 0;
+      }
+      *(uint64_t *)field = (uint64_t)v;
+      return 1;
+    }
+    case DT_KEY_FLOAT: {
+      double v = strtod(val, &end);
+      if (*val == '\0' || *end != '\0' || errno || !isfinite(v)) {
+        snprintf(why, whylen, "'%s' is not a number", val);
+        return 0;
+      }
+      if (v < k->min || v > k->max) {
+        snprintf(why, whylen, "%g is out of range [%g, %g]", v, k->min, k->max);
+        return 0;
+      }
+      *(double *)field = v;
+      return 1;
+    }
+    case DT_KEY_BOOL: {
+      if (!strcmp(val, "true") || !strcmp(val, "1") || !strcmp(val, "yes") || !strcmp(val, "on")) {
+        *(int *)field = 1;
+        return 1;
+      }
+      if (!strcmp(val, "false") || !strcmp(val, "0") || !strcmp(val, "no") || !strcmp(val, "off")) {
+        *(int *)field = 0;
+        return 1;
+      }
+      snprintf(why, whylen, "'%s' is not a boolean (true/false)", val);
+      return 0;
+    }
+    case DT_KEY_ENUM:
+      if (!choice_ok(k->choices, val)) {
+        snprintf(why, whylen, "'%s' is not one of %s", val, k->choices);
+        return 0;
+      }
+      /* fall through */
+    case DT_KEY_STR:
+      if (strlen(val) >= k->size) {
+        snprintf(why, whylen, "value is longer than %zu characters", k->size - 1);
+        return 0;
+      }
+      strcpy(field, val);
+      return 1;
+  }
+  snprintf(why, whylen, "internal: unknown key type");
+  return 0;
+}
+
+void dt_config_defaults(dt_config_t *cfg) {
+  memset(cfg, 0, sizeof *cfg);
+  char why[256];
+  for (int i = 0; dt_config_keys[i].key; i++) {
+    int ok = set_value(cfg, &dt_config_keys[i], dt_config_keys[i].def, why, sizeof why);
+    (void)ok; /* the table's own defaults are checked by test_config */
+  }
+}
+
+static char *trim(char *s) {
+  while (isspace((unsigned char)*s)) s++;
+  char *e = s + strlen(s);
+  while (e > s && isspace((unsigned char)e[-1])) *--e = '\0';
+  return s;
+}
+
+dt_status_t dt_config_parse_text(dt_config_t *cfg, const char *text, const char *name) {
+  char section[64] = "";
+  int lineno = 0;
+  const char *p = text;
+  char buf[4096];
+  while (*p) {
+    const char *nl = strchr(p, '\n');
+    size_t len = nl ? (size_t)(nl - p) : strlen(p);
+    lineno++;
+    if (len >= sizeof buf)
+      return DT_ERR(DT_ERR_CONFIG, "%s:%d: line is longer than %zu characters", name, lineno, sizeof buf - 1);
+    memcpy(buf, p, len);
+    buf[len] = '\0';
+    p += len + (nl ? 1 : 0);
+    /* comments: whole-line # or ;, and " #" / " ;" after a value */
+    for (char *c = buf; *c; c++) {
+      if ((*c == '#' || *c == ';') && (c == buf || isspace((unsigned char)c[-1]))) {
+        *c = '\0';
+        break;
+      }
+    }
+    char *s = trim(buf);
+    if (*s == '\0') continue;
+    if (*s == '[') {
+      char *close = strchr(s, ']');
+      if (!close || close[1] != '\0')
+        return DT_ERR(DT_ERR_CONFIG, "%s:%d: malformed section header '%s'", name, lineno, s);
+      *close = '\0';
+      char *sec = trim(s + 1);
+      if (!section_known(sec))
+        return DT_ERR(DT_ERR_CONFIG, "%s:%d: [%s]: unknown section", name, lineno, sec);
+      snprintf(section, sizeof section, "%s", sec);
+      continue;
+    }
+    char *eq = strchr(s, '=');
+    if (!eq) return DT_ERR(DT_ERR_CONFIG, "%s:%d: expected 'key = value', got '%s'", name, lineno, s);
+    *eq = '\0';
+    char *key = trim(s), *val = trim(eq + 1);
+    /* optional quotes around a value */
+    size_t vl = strlen(val);
+    if (vl >= 2 && val[0] == '"' && val[vl - 1] == '"') {
+      val[vl - 1] = '\0';
+      val++;
+    }
+    if (section[0] == '\0')
+      return DT_ERR(DT_ERR_CONFIG, "%s:%d: %s: key outside of any [section]", name, lineno, key);
+    int i = key_index(section, key);
+    if (i < 0) return DT_ERR(DT_ERR_CONFIG, "%s:%d: %s.%s: unknown key", name, lineno, section, key);
+    char why[256];
+    if (!set_value(cfg, &dt_config_keys[i], val, why, sizeof why))
+      return DT_ERR(DT_ERR_CONFIG, "%s:%d: %s.%s: %s", name, lineno, section, key, why);
+    cfg->key_line[i] = lineno;
+  }
+  return DT_OK;
+}
+
+dt_status_t dt_config_load(dt_config_t *cfg, const char *path) {
+  FILE *f = fopen(path, "rb");
+  if (!f) return DT_ERR(DT_ERR_CONFIG, "%s: cannot open: %s", path, strerror(errno));
+  if (fseek(f, 0, SEEK_END) != 0) {
+    fclose(f);
+    return DT_ERR(DT_ERR_CONFIG, "%s: cannot read", path);
+  }
+  long n = ftell(f);
+  rewind(f);
+  if (n < 0 || n > (1 << 20)) {
+    fclose(f);
+    return DT_ERR(DT_ERR_CONFIG, "%s: not a configuration file (size %ld)", path, n);
+  }
+  char *text = malloc((size_t)n + 1);
+  if (!text) {
+    fclose(f);
+    return DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
+  }
+  size_t got = fread(text, 1, (size_t)n, f);
+  fclose(f);
+  text[got] = '\0';
+  if (strlen(text) != got) {
+    free(text);
+    return DT_ERR(DT_ERR_CONFIG, "%s: contains a NUL byte (not a text file)", path);
+  }
+  snprintf(cfg->src_file, sizeof cfg->src_file, "%s", path);
+  dt_status_t st = dt_config_parse_text(cfg, text, path);
+  free(text);
+  return st;
+}
+
+dt_status_t dt_config_override(dt_config_t *cfg, const char *arg) {
+  const char *dot = strchr(arg, '.');
+  const char *eq = strchr(arg, '=');
+  if (!dot || !eq || dot > eq)
+    return DT_ERR(DT_ERR_CONFIG, "command line: '%s': expected section.key=value", arg);
+  char section[64], key[64];
+  size_t sl = (size_t)(dot - arg), kl = (size_t)(eq - dot - 1);
+  if (sl >= sizeof section || kl >= sizeof key)
+    return DT_ERR(DT_ERR_CONFIG, "command line: '%s': name too long", arg);
+  memcpy(section, arg, sl);
+  section[sl] = '\0';
+  memcpy(key, dot + 1, kl);
+  key[kl] = '\0';
+  if (!section_known(section)) return DT_ERR(DT_ERR_CONFIG, "command line: [%s]: unknown section", section);
+  int i = key_index(section, key);
+  if (i < 0) return DT_ERR(DT_ERR_CONFIG, "command line: %s.%s: unknown key", section, key);
+  char why[256];
+  if (!set_value(cfg, &dt_config_keys[i], eq + 1, why, sizeof why))
+    return DT_ERR(DT_ERR_CONFIG, "command line: %s.%s: %s", section, key, why);
+  cfg->key_line[i] = -1;
+  return DT_OK;
+}
+
+/* "file:line: section.key" or "command line: section.key" for the place a key was set. */
+static void where(const dt_config_t *cfg, const char *name, const char *section, const char *key, char *out,
+                  size_t n) {
+  int i = key_index(section, key);
+  int line = i >= 0 ? cfg->key_line[i] : 0;
+  if (line > 0)
+    snprintf(out, n, "%s:%d: %s.%s", name, line, section, key);
+  else if (line < 0)
+    snprintf(out, n, "command line: %s.%s", section, key);
+  else
+    snprintf(out, n, "%s: %s.%s (default)", name, section, key);
+}
+
+dt_status_t dt_config_validate(const dt_config_t *cfg, const char *name) {
+  char w[DT_PATH_MAX + 128];
+  if (cfg->n_embd % cfg->n_head != 0) {
+    where(cfg, name, "model", "n_embd", w, sizeof w);
+    return DT_ERR(DT_ERR_CONFIG, "%s: n_embd %d is not divisible by n_head %d", w, cfg->n_embd, cfg->n_head);
+  }
+  if (cfg->global_batch > 0 && cfg->global_batch % cfg->micro_batch != 0) {
+    where(cfg, name, "train", "global_batch", w, sizeof w);
+    return DT_ERR(DT_ERR_CONFIG, "%s: %d is not a multiple of micro_batch %d", w, cfg->global_batch,
+                  cfg->micro_batch);
+  }
+  if (cfg->global_batch > 0 && cfg->grad_accum > 0 && cfg->global_batch % (cfg->micro_batch * cfg->grad_accum)) {
+    where(cfg, name, "train", "global_batch", w, sizeof w);
+    return DT_ERR(DT_ERR_CONFIG, "%s: %d is not a multiple of micro_batch*grad_accum = %d", w,
+                  cfg->global_batch, cfg->micro_batch * cfg->grad_accum);
+  }
+  if (cfg->min_lr > cfg->lr) {
+    where(cfg, name, "train", "min_lr", w, sizeof w);
+    return DT_ERR(DT_ERR_CONFIG, "%s: %g is larger than lr %g", w, cfg->min_lr, cfg->lr);
+  }
+  if (cfg->warmup > cfg->steps && cfg->steps > 0) {
+    where(cfg, name, "train", "warmup", w, sizeof w);
+    return DT_ERR(DT_ERR_CONFIG, "%s: %d is more than steps %d", w, cfg->warmup, cfg->steps);
+  }
+  if (cfg->train[0] == '\0') {
+    where(cfg, name, "data", "train", w, sizeof w);
+    return DT_ERR(DT_ERR_CONFIG, "%s: must name the training shards", w);
+  }
+  if (cfg->tp > 1 || cfg->pp > 1) {
+    where(cfg, name, "parallel", cfg->tp > 1 ? "tp" : "pp", w, sizeof w);
+    return DT_ERR(DT_ERR_CONFIG, "%s: tensor and pipeline parallelism are not yet supported (tp=pp=1)", w);
+  }
+  return DT_OK;
+}
+
+static void format_value(const dt_config_t *cfg, const dt_config_key_t *k, char *out, size_t n) {
+  const char *field = (const char *)cfg + k->offset;
+  switch (k->type) {
+    case DT_KEY_INT: snprintf(out, n, "%d", *(const int *)field); break;
+    case DT_KEY_U64: snprintf(out, n, "%" PRIu64, *(const uint64_t *)field); break;
+    case DT_KEY_FLOAT: snprintf(out, n, "%.9g", *(const double *)field); break;
+    case DT_KEY_BOOL: snprintf(out, n, "%s", *(const int *)field ? "true" : "false"); break;
+    case DT_KEY_STR:
+    case DT_KEY_ENUM: snprintf(out, n, "%s", field); break;
+  }
+}
+
+void dt_config_help(FILE *out) {
+  const char *sec = "";
+  for (int i = 0; dt_config_keys[i].key; i++) {
+    const dt_config_key_t *k = &dt_config_keys[i];
+    if (strcmp(sec, k->section) != 0) {
+      fprintf(out, "\n[%s]\n", k->section);
+      sec = k->section;
+    }
+    char range[96] = "";
+    if (k->type == DT_KEY_INT || k->type == DT_KEY_FLOAT) {
+      if (k->max >= BIG)
+        snprintf(range, sizeof range, k->type == DT_KEY_INT ? " >= %.0f" : " >= %g", k->min);
+      else
+        snprintf(range, sizeof range, k->type == DT_KEY_INT ? " in [%.0f, %.0f]" : " in [%g, %g]", k->min, k->max);
+    } else if (k->type == DT_KEY_ENUM) {
+      snprintf(range, sizeof range, " one of %s", k->choices);
+    }
+    fprintf(out, "  %-13s %-6s default \"%s\"%s\n      %s\n", k->key, type_name(k->type), k->def, range, k->help);
+  }
+}
+
+void dt_config_write(const dt_config_t *cfg, FILE *out, const char *prefix) {
+  const char *sec = "";
+  char v[DT_PATH_MAX + 32];
+  for (int i = 0; dt_config_keys[i].key; i++) {
+    const dt_config_key_t *k = &dt_config_keys[i];
+    if (strcmp(sec, k->section) != 0) {
+      fprintf(out, "%s[%s]\n", prefix, k->section);
+      sec = k->section;
+    }
+    format_value(cfg, k, v, sizeof v);
+    fprintf(out, "%s%s = %s\n", prefix, k->key, v);
+  }
+}
+
+char *dt_config_to_string(const dt_config_t *cfg) {
+  char *buf = NULL;
+  size_t len = 0;
+  FILE *f = open_memstream(&buf, &len);
+  if (!f) return NULL;
+  dt_config_write(cfg, f, "");
+  fclose(f);
+  return buf;
+}
+
+int dt_config_padded_vocab(const dt_config_t *cfg) { return (cfg->vocab_size + 127) / 128 * 128; }

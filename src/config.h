@@ -1,0 +1,101 @@
+/* Run configuration: the dt_config_t struct and the one table of keys that drives the .ini
+ * parser, command-line overrides, validation, --help and the echo of the effective config. */
+#ifndef DT_CONFIG_H
+#define DT_CONFIG_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#include "status.h"
+
+#define DT_PATH_MAX 1024
+#define DT_NAME_MAX 32
+#define DT_CONFIG_MAX_KEYS 64
+
+typedef struct {
+  /* [model] */
+  int n_layer;       /* L */
+  int n_head;        /* NH */
+  int n_embd;        /* C */
+  int vocab_size;    /* V (true vocabulary; padded internally to Vp, a multiple of 128) */
+  int seq_len;       /* T (maximum context; also the training sequence length) */
+  /* [train] */
+  int micro_batch;   /* B: sequences per rank per micro-step */
+  int global_batch;  /* sequences per optimizer step over all ranks; 0 = micro_batch*grad_accum*dp */
+  int grad_accum;    /* micro-steps per optimizer step; 0 = derived from global_batch */
+  int steps;
+  double lr;
+  double min_lr;
+  int warmup;
+  char lr_schedule[DT_NAME_MAX]; /* cosine | constant */
+  double weight_decay;
+  double beta1, beta2, eps;
+  double grad_clip;  /* 0 = off */
+  uint64_t seed;
+  int eval_every;    /* 0 = off */
+  int eval_batches;
+  int threads;       /* OpenMP threads per rank; 0 = SLURM_CPUS_PER_TASK or OpenMP's default */
+  /* [data] */
+  char train[DT_PATH_MAX]; /* glob of token shards */
+  char val[DT_PATH_MAX];   /* glob of token shards, "" = none */
+  int shuffle;             /* shuffle samples per epoch */
+  /* [log] */
+  char metrics[DT_PATH_MAX]; /* JSONL metrics file, "" = none */
+  int log_every;
+  /* [parallel] */
+  int dp;            /* 0 = auto (world / (tp*pp)) */
+  int tp;
+  int pp;
+  int bucket_mb;     /* DDP gradient bucket size in MiB */
+  /* [checkpoint] */
+  char ckpt_dir[DT_PATH_MAX];
+  int ckpt_every;    /* 0 = only on signal and at the end */
+  int ckpt_keep;
+  char resume[DT_PATH_MAX]; /* auto | never | PATH */
+  /* [system] */
+  char backend[DT_NAME_MAX]; /* auto | cpu | cuda */
+
+  /* Where each key was last set, for messages: index = position in dt_config_keys. */
+  char src_file[DT_PATH_MAX];    /* the .ini file loaded, "" if none */
+  int key_line[DT_CONFIG_MAX_KEYS]; /* >0: line in src_file; -1: command line; 0: default */
+} dt_config_t;
+
+typedef enum { DT_KEY_INT, DT_KEY_U64, DT_KEY_FLOAT, DT_KEY_BOOL, DT_KEY_STR, DT_KEY_ENUM } dt_key_type_t;
+
+typedef struct {
+  const char *section;
+  const char *key;
+  dt_key_type_t type;
+  size_t offset;        /* offsetof(dt_config_t, field) */
+  size_t size;          /* field size (for strings) */
+  const char *def;      /* default, parsed by the same code as user input */
+  double min, max;      /* range for numbers */
+  const char *choices;  /* "a|b|c" for enums */
+  const char *help;
+} dt_config_key_t;
+
+/* The table, terminated by a {NULL} entry. */
+extern const dt_config_key_t dt_config_keys[];
+
+/* Fill every field with its table default. */
+void dt_config_defaults(dt_config_t *cfg);
+/* Parse an .ini file into cfg (on top of what is there). Errors: "file:line: key: problem". */
+dt_status_t dt_config_load(dt_config_t *cfg, const char *path);
+/* Parse an ini text held in memory; `name` is used in messages. */
+dt_status_t dt_config_parse_text(dt_config_t *cfg, const char *text, const char *name);
+/* Apply "section.key=value" (command line). */
+dt_status_t dt_config_override(dt_config_t *cfg, const char *arg);
+/* Check ranges already done by the parser; here cross-key consistency that needs no world size. */
+dt_status_t dt_config_validate(const dt_config_t *cfg, const char *name);
+/* Print every key with type, default, range and meaning. */
+void dt_config_help(FILE *out);
+/* Write the effective configuration as an .ini text (with `prefix` before every line). */
+void dt_config_write(const dt_config_t *cfg, FILE *out, const char *prefix);
+/* The same into a malloc'd string (caller frees). */
+char *dt_config_to_string(const dt_config_t *cfg);
+
+/* Padded vocabulary: V rounded up to a multiple of 128. */
+int dt_config_padded_vocab(const dt_config_t *cfg);
+
+#endif

@@ -1,0 +1,76 @@
+/* GPT-2 model description: dimensions and the layout of the parameter arena.
+ * Parameters live in one float arena carved into named tensors, block-major:
+ *   wte (Vp, C), wpe (T, C),
+ *   for each block l: ln_1.weight (C), ln_1.bias (C), attn.c_attn.weight (3C, C), attn.c_attn.bias (3C),
+ *                     attn.c_proj.weight (C, C), attn.c_proj.bias (C), ln_2.weight (C), ln_2.bias (C),
+ *                     mlp.c_fc.weight (4C, C), mlp.c_fc.bias (4C), mlp.c_proj.weight (C, 4C), mlp.c_proj.bias (C)
+ *   ln_f.weight (C), ln_f.bias (C).
+ * Weights are stored (out, in) like torch.nn.Linear: y = x W^T + b. Hugging Face's Conv1D stores
+ * (in, out); checkpoints transpose. Each tensor starts on a DT_ALIGN-float boundary.
+ * Gradients and AdamW moments use the same layout in their own arenas. Block-major order means
+ * backward finalises gradients from the end of the arena downwards (ln_f, block L-1, ..., wte). */
+#ifndef DT_MODEL_H
+#define DT_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "config.h"
+#include "status.h"
+
+#define DT_ALIGN 16 /* floats (64 bytes) */
+
+/* Per-block tensor indices (in arena order within a block). */
+enum {
+  DT_LN1W, DT_LN1B, DT_QKVW, DT_QKVB, DT_ATTPROJW, DT_ATTPROJB,
+  DT_LN2W, DT_LN2B, DT_FCW, DT_FCB, DT_FCPROJW, DT_FCPROJB,
+  DT_BLOCK_TENSORS
+};
+
+typedef struct {
+  int L, NH, C, V, Vp, T; /* layers, heads, channels, vocab, padded vocab, max sequence length */
+} dt_dims_t;
+
+typedef struct {
+  char name[48];   /* Hugging Face GPT2LMHeadModel name without the "transformer." prefix, e.g. "h.3.mlp.c_fc.weight" */
+  size_t offset;   /* in floats, into the arena */
+  int rows, cols;  /* shape as stored here: (rows, cols); 1-D tensors have rows = 1 */
+  int ndim;        /* 1 or 2 as in the HF state_dict */
+  int decay;       /* 1 = weight decay applies (2-D weights incl. embeddings) */
+  int hf_transpose;/* 1 = HF stores it transposed (Conv1D weights) */
+  int layer;       /* block index, -1 for embeddings, L for ln_f */
+} dt_tensor_t;
+
+typedef struct {
+  dt_dims_t d;
+  int n_tensors;
+  dt_tensor_t *tensors;    /* n_tensors entries, arena order */
+  size_t n_params;         /* arena size in floats incl. alignment padding */
+  size_t n_params_true;    /* parameters excluding padding and padded vocab rows */
+  size_t *layer_begin;     /* L+2 entries: arena offset where group g begins; groups: 0 = embeddings,
+                              1..L = blocks, L+1 = ln_f; layer_begin[L+2] = n_params (array has L+3) */
+} dt_layout_t;
+
+dt_dims_t dt_dims_from_config(const dt_config_t *cfg);
+dt_status_t dt_layout_init(dt_layout_t *lay, dt_dims_t d);
+void dt_layout_free(dt_layout_t *lay);
+/* Index of a tensor in the block (one of DT_LN1W...) of layer l. */
+const dt_tensor_t *dt_layout_block(const dt_layout_t *lay, int l, int which);
+const dt_tensor_t *dt_layout_find(const dt_layout_t *lay, const char *name);
+
+/* GPT-2 initialisation into a host arena of lay->n_params floats (zeroed first):
+ * weights N(0, 0.02), residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)),
+ * biases 0, layernorm weight 1 bias 0, padded vocab rows 0. Deterministic in seed. */
+void dt_model_init_params(const dt_layout_t *lay, float *params, uint64_t seed);
+
+/* FLOPs per optimizer step for `tokens` tokens (fwd+bwd): 6*tokens*(12*L*C^2 + C*Vp) + 12*L*T*C*tokens. */
+double dt_model_flops_per_token(const dt_dims_t *d, int T);
+
+/* Deterministic RNG used for init (and anything else seeded): splitmix64 / xoshiro-style. */
+typedef struct { uint64_t s; } dt_rng_t;
+void dt_rng_seed(dt_rng_t *r, uint64_t seed);
+uint64_t dt_rng_next(dt_rng_t *r);
+double dt_rng_uniform(dt_rng_t *r);   /* [0, 1) */
+double dt_rng_normal(dt_rng_t *r);    /* N(0, 1), Box-Muller */
+
+#endif

@@ -1,19 +1,35 @@
-/* Command-line front end: parses arguments, dispatches subcommands, turns errors into exit
- * statuses (2 = bad configuration or usage, 1 = runtime failure). */
+/* Command-line front end: parses arguments, dispatches subcommands, and turns errors into exit
+ * statuses (0 ok, 2 bad configuration or usage, 1 runtime failure, 75 stopped by a signal after a
+ * checkpoint). Inside an MPI job any failure after MPI_Init ends the whole job via MPI_Abort, so
+ * no rank is left waiting in a collective. */
 #include "cli.h"
 
-#include "dt_build.h" /* autoconf: PACKAGE_VERSION */
-
+#include <mpi.h>
+#include <omp.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
+#include "data.h"
+#include "dt_build.h" /* autoconf: PACKAGE_VERSION */
+#include "mesh.h"
+#include "train.h"
 
 static void usage(FILE *out) {
   fprintf(out,
-          "usage: dtrain CONFIG.ini [section.key=value ...]   train\n"
+          "usage: dtrain CONFIG.ini [section.key=value ...]    train a GPT-2 model\n"
+          "       dtrain prep [--help] OUTPREFIX FILE...        text files -> byte-level token shards\n"
+          "       dtrain layout [--help] ...                    print the rank/device layout of this launch\n"
           "       dtrain --help | --version\n"
           "\n"
-          "Keys on the command line override the file. Configuration keys:\n");
+          "Run under srun, sbatch or mpirun for several ranks; one rank per device or CPU socket.\n"
+          "Keys given on the command line override the file. Exit status: 0 done, 1 runtime error,\n"
+          "2 bad configuration or usage, %d stopped by SIGUSR1/SIGTERM after a checkpoint (requeue).\n"
+          "\n"
+          "Not yet supported: tensor/pipeline parallelism (parallel.tp/pp must be 1), the CUDA backend.\n"
+          "\n"
+          "Configuration keys (.ini sections):\n",
+          DT_EXIT_REQUEUE);
   dt_config_help(out);
 }
 
@@ -24,24 +40,74 @@ dt_status_t dt_cli_load_config(dt_config_t *cfg, const char *path, int n_over, c
   return dt_config_validate(cfg, path);
 }
 
+static int exit_code_for(dt_status_t st) {
+  return (st == DT_ERR_CONFIG || st == DT_ERR_LAUNCH || st == DT_ERR_ARG) ? 2 : 1;
+}
+
+/* Print the recorded error once per failing rank and end the whole job. */
+static int fail(dt_status_t st, int mpi_up) {
+  char host[64] = "?";
+  gethostname(host, sizeof host);
+  int rank = dt_err_rank();
+  if (dt_err_msg()[0])
+    fprintf(stderr, "dtrain: rank %d (%s): %s\n", rank, host, dt_err_msg());
+  else
+    fprintf(stderr, "dtrain: rank %d (%s): %s\n", rank, host, dt_status_str(st));
+  fflush(stderr);
+  int code = exit_code_for(st);
+  if (mpi_up) {
+    int size = 1;
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    if (size > 1) MPI_Abort(MPI_COMM_WORLD, code);
+    MPI_Finalize();
+  }
+  return code;
+}
+
+static int train_main(int argc, char **argv) {
+  int provided = 0;
+  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  dt_err_set_rank(rank);
+  dt_config_t cfg;
+  dt_status_t st = dt_cli_load_config(&cfg, argv[1], argc - 2, argv + 2);
+  if (st != DT_OK) {
+    /* Same file on every rank, same verdict: rank 0 says it, all exit 2 without work. */
+    if (rank == 0) fprintf(stderr, "dtrain: %s\n", dt_err_msg());
+    MPI_Finalize();
+    return 2;
+  }
+  dt_train_install_signals();
+  static dt_trainer_t tr;
+  st = dt_trainer_init(&tr, &cfg, argv[1]);
+  if (st == DT_OK) st = dt_trainer_run(&tr);
+  if (st != DT_OK) return fail(st, 1);
+  int code = tr.stopped_by_signal ? DT_EXIT_REQUEUE : 0;
+  dt_trainer_free(&tr);
+  MPI_Finalize();
+  return code;
+}
+
 int dt_main(int argc, char **argv) {
   if (argc < 2) {
     usage(stderr);
     return 2;
   }
-  if (!strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+  const char *cmd = argv[1];
+  if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
     return 0;
   }
-  if (!strcmp(argv[1], "--version")) {
+  if (!strcmp(cmd, "--version")) {
     printf("dtrain %s\n", PACKAGE_VERSION);
     return 0;
   }
-  dt_config_t cfg;
-  if (dt_cli_load_config(&cfg, argv[1], argc - 2, argv + 2) != DT_OK) {
-    fprintf(stderr, "dtrain: %s\n", dt_err_msg());
+  if (!strcmp(cmd, "prep")) return dt_prep_main(argc - 1, argv + 1);
+  if (!strcmp(cmd, "layout")) return dt_layout_main(argc - 1, argv + 1);
+  if (cmd[0] == '-') {
+    fprintf(stderr, "dtrain: unknown option '%s' (see dtrain --help)\n", cmd);
     return 2;
   }
-  dt_config_write(&cfg, stdout, "# ");
-  return 0;
+  return train_main(argc, argv);
 }

@@ -1,0 +1,48 @@
+#!/bin/bash
+# Data-parallel training on 4 nodes x 4 GPUs, one rank per GPU, with pre-timeout checkpoint and
+# automatic requeue. Submit from the dtrain checkout:   sbatch sbatch/ddp_4node.sh
+# Scaled down (e.g. the local test cluster, CPU backend): the #SBATCH geometry is overridden on
+# the command line, the rest by environment variables:
+#   DTRAIN_CONFIG=inputs/tiny.ini DTRAIN_ARGS="system.backend=cpu" \
+#     sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 sbatch/ddp_4node.sh
+#
+# What a site must adapt:
+#   --partition / --account / --qos   (add #SBATCH lines for your site)
+#   --cpus-per-task                   cores per GPU on your nodes (also OpenMP threads per rank)
+#   --time and the --signal lead time (long enough to write one checkpoint: ~1.5 GB for 124M)
+#   DTRAIN_MPI                        srun's MPI plugin for your Open MPI/MPICH build (srun --mpi=list)
+#   module loads / environment        below, before srun
+#
+#SBATCH --job-name=dtrain-ddp
+#SBATCH --nodes=4
+#SBATCH --ntasks-per-node=4
+#SBATCH --gpus-per-node=4
+#SBATCH --cpus-per-task=8
+#SBATCH --time=24:00:00
+#SBATCH --requeue
+#SBATCH --signal=USR1@300
+#SBATCH --open-mode=append
+#SBATCH --output=dtrain-%j.out
+
+set -u
+DTRAIN=${DTRAIN:-./dtrain}
+DTRAIN_CONFIG=${DTRAIN_CONFIG:-inputs/gpt2.ini}
+DTRAIN_ARGS=${DTRAIN_ARGS:-}
+DTRAIN_MPI=${DTRAIN_MPI:-pmix}
+DTRAIN_REQUEUE_STATUS=75   # dtrain's exit status after a signal-triggered checkpoint
+
+# module load ...   (site environment goes here)
+
+echo "# job ${SLURM_JOB_ID} restart ${SLURM_RESTART_COUNT:-0}: ${SLURM_JOB_NUM_NODES} nodes x ${SLURM_NTASKS_PER_NODE:-?} tasks on ${SLURM_JOB_NODELIST}"
+# --kill-on-bad-exit: a rank that dies takes the step down at once instead of leaving peers waiting.
+# The checkpoint settings come from the config; resume = auto continues after a requeue.
+srun --mpi="$DTRAIN_MPI" --kill-on-bad-exit=1 \
+     --ntasks-per-node="${SLURM_NTASKS_PER_NODE}" --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
+     "$DTRAIN" "$DTRAIN_CONFIG" checkpoint.resume=auto $DTRAIN_ARGS
+status=$?
+if [ "$status" -eq "$DTRAIN_REQUEUE_STATUS" ]; then
+  echo "# checkpoint written before the time limit; requeueing job ${SLURM_JOB_ID}"
+  scontrol requeue "${SLURM_JOB_ID}"
+  exit 0
+fi
+exit "$status"

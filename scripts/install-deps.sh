@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Install the Debian 12 packages dtrain needs to build, test and run (as root).
+# Build: autotools, Open MPI, parallel HDF5, OpenBLAS, Criterion. Tests: PyTorch, h5py, numpy
+# (independent references only), Slurm + munge + PMIx (a throw-away local cluster). Data: Jane
+# Austen's novels from r-cran-janeaustenr. The CUDA toolkit is optional and not installed here.
+set -euo pipefail
+pkgs=(
+  build-essential autoconf automake libtool pkg-config
+  libopenmpi-dev openmpi-bin libhdf5-openmpi-dev hdf5-tools
+  libopenblas-dev libcriterion-dev
+  python3-torch python3-h5py python3-numpy
+  slurm-wlm slurm-client munge libpmix-dev
+  r-cran-janeaustenr
+)
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+apt-get install -y -q --no-install-recommends "${missing[@]}"

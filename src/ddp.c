@@ -1,0 +1,77 @@
+/* Bucketed, overlapped gradient all-reduce for data parallelism (see ddp.h). */
+#include "ddp.h"
+
+#include <stdlib.h>
+
+#include "timer.h"
+
+dt_status_t dt_ddp_init(dt_ddp_t *d, dt_comm_t *comm, float *grads, size_t n, const size_t *group_begin,
+                        int n_groups, size_t bucket_bytes) {
+  *d = (dt_ddp_t){.comm = comm, .grads = grads, .n = n, .err = DT_OK};
+  d->buckets = calloc((size_t)n_groups, sizeof *d->buckets);
+  if (!d->buckets) return DT_ERR(DT_ERR_NOMEM, "ddp: out of memory");
+  size_t limit = bucket_bytes / sizeof(float);
+  size_t hi = n;
+  for (int g = n_groups - 1; g >= 0; g--) {
+    size_t lo = group_begin[g];
+    if (hi - lo >= limit || g == 0) {
+      d->buckets[d->n_buckets++] = (dt_bucket_t){.lo = lo, .hi = hi};
+      hi = lo;
+    }
+  }
+  return DT_OK;
+}
+
+void dt_ddp_free(dt_ddp_t *d) {
+  free(d->buckets);
+  d->buckets = NULL;
+}
+
+void dt_ddp_begin(dt_ddp_t *d) {
+  d->ready_lo = d->n;
+  d->err = DT_OK;
+  d->t_comm_wait = 0;
+  for (int i = 0; i < d->n_buckets; i++) {
+    d->buckets[i].req = NULL;
+    d->buckets[i].started = 0;
+  }
+}
+
+static void start(dt_ddp_t *d, dt_bucket_t *b) {
+  b->started = 1;
+  if (d->err != DT_OK) return;
+  float *p = d->grads + b->lo;
+  d->err = d->comm->ops->allreduce(d->comm, p, p, b->hi - b->lo, DT_F32, DT_AVG, d->stream, &b->req);
+}
+
+void dt_ddp_ready(void *ctx, size_t lo, size_t hi) {
+  dt_ddp_t *d = ctx;
+  (void)hi;
+  if (lo < d->ready_lo) d->ready_lo = lo;
+  for (int i = 0; i < d->n_buckets; i++) {
+    dt_bucket_t *b = &d->buckets[i];
+    if (!b->started && b->lo >= d->ready_lo) start(d, b);
+    /* Poke the in-flight ones so MPI makes progress while backward computes. */
+    if (b->req && d->err == DT_OK) {
+      int done = 0;
+      d->err = d->comm->ops->test(d->comm, b->req, &done);
+      if (done) b->req = NULL;
+    }
+  }
+}
+
+dt_status_t dt_ddp_finish(dt_ddp_t *d) {
+  double t0 = dt_time_now();
+  for (int i = 0; i < d->n_buckets; i++)
+    if (!d->buckets[i].started) start(d, &d->buckets[i]);
+  for (int i = 0; i < d->n_buckets; i++) {
+    dt_bucket_t *b = &d->buckets[i];
+    if (b->req) {
+      dt_status_t st = d->comm->ops->wait(d->comm, b->req);
+      if (d->err == DT_OK) d->err = st;
+      b->req = NULL;
+    }
+  }
+  d->t_comm_wait = dt_time_now() - t0;
+  return d->err;
+}

@@ -1,0 +1,43 @@
+/* Data-parallel gradient averaging: the gradient arena is cut into buckets of about bucket_mb,
+ * each a contiguous arena range. Backward reports ranges whose gradients are final (from the end
+ * of the arena downwards); each bucket's in-place average all-reduce starts as soon as all of it
+ * is final, so communication overlaps the rest of backward. dt_ddp_finish waits for all. */
+#ifndef DT_DDP_H
+#define DT_DDP_H
+
+#include <stddef.h>
+
+#include "comm.h"
+#include "status.h"
+
+typedef struct {
+  size_t lo, hi;        /* arena range [lo, hi) in floats */
+  dt_comm_req_t *req;   /* in flight, or NULL */
+  int started;
+} dt_bucket_t;
+
+typedef struct {
+  dt_comm_t *comm;      /* data-parallel communicator */
+  float *grads;         /* gradient arena (host for MPI, device for NCCL) */
+  void *stream;         /* NULL for MPI */
+  int n_buckets;
+  dt_bucket_t *buckets; /* ordered from the end of the arena to the start */
+  size_t ready_lo;      /* everything in [ready_lo, n) is final */
+  size_t n;             /* arena size */
+  dt_status_t err;      /* first failure inside the backward hook */
+  double t_comm_wait;   /* seconds spent waiting in dt_ddp_finish (communication not hidden) */
+} dt_ddp_t;
+
+/* group_begin: the layout's group start offsets (n_groups+1 entries, last = n); buckets are
+ * unions of whole groups, cut when they reach bucket_bytes. */
+dt_status_t dt_ddp_init(dt_ddp_t *d, dt_comm_t *comm, float *grads, size_t n, const size_t *group_begin,
+                        int n_groups, size_t bucket_bytes);
+void dt_ddp_free(dt_ddp_t *d);
+/* Reset for a new optimizer step. */
+void dt_ddp_begin(dt_ddp_t *d);
+/* The backward hook (dt_grad_ready_fn): ctx is a dt_ddp_t. */
+void dt_ddp_ready(void *ctx, size_t lo, size_t hi);
+/* Start what has not started, wait for everything; gradients are then averaged over ranks. */
+dt_status_t dt_ddp_finish(dt_ddp_t *d);
+
+#endif

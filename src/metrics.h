@@ -1,0 +1,31 @@
+/* Training output on rank 0: '#' header lines, one fixed-width row per step, and the same rows
+ * as JSON lines in the metrics file. */
+#ifndef DT_METRICS_H
+#define DT_METRICS_H
+
+#include <stdio.h>
+
+#include "status.h"
+
+typedef struct {
+  int step;          /* 1-based step just completed */
+  double loss;       /* global mean training loss of the step */
+  double lr;
+  double grad_norm;  /* before clipping */
+  double ms;         /* step wall time, max over ranks */
+  double tok_per_s;  /* global tokens / step time */
+  double gflops;     /* achieved GFLOP/s over all ranks (model FLOPs formula) */
+  double val_loss;   /* < 0: not evaluated this step */
+} dt_step_row_t;
+
+typedef struct {
+  FILE *out;         /* stdout */
+  FILE *jsonl;       /* or NULL */
+} dt_metrics_t;
+
+dt_status_t dt_metrics_open(dt_metrics_t *m, const char *jsonl_path);
+void dt_metrics_close(dt_metrics_t *m);
+void dt_metrics_header(dt_metrics_t *m);
+void dt_metrics_row(dt_metrics_t *m, const dt_step_row_t *r);
+
+#endif

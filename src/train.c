@@ -1,0 +1,240 @@
+/* Training loop. One optimizer step reads like the algorithm:
+ *   lr = schedule(step); zero grads
+ *   for each micro-step: batch = sampler(global index); forward; backward (+ overlapped all-reduce)
+ *   finish all-reduce; norm = ||g||; clip; AdamW; log
+ * Data position: step s consumes global samples [s*G, (s+1)*G), G = global_batch; dp rank r takes
+ * the contiguous slice [r*accum*B, (r+1)*accum*B) of it, micro-step k the k-th B of that slice,
+ * so the set of samples per step does not depend on dp. */
+#include "train.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim.h"
+#include "timer.h"
+
+static volatile sig_atomic_t signal_flag = 0;
+
+static void on_signal(int sig) { signal_flag = sig; }
+
+void dt_train_install_signals(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
+int dt_train_signal_pending(void) { return signal_flag; }
+
+static int is_root(const dt_trainer_t *tr) { return tr->mesh.rank == 0; }
+
+/* Sum of the parameter arena's bytes as 64-bit words: cheap, order-independent fingerprint. */
+static uint64_t params_fingerprint(const float *p, size_t n) {
+  uint64_t h = 0;
+  const uint32_t *u = (const uint32_t *)p;
+  for (size_t i = 0; i < n; i++) h += (uint64_t)u[i] * (2 * (uint64_t)i + 1);
+  return h;
+}
+
+/* Identical initial weights on every rank: rank 0 initialises, broadcasts, all verify. */
+static dt_status_t init_weights(dt_trainer_t *tr, float *host) {
+  dt_comm_t *w = tr->mesh.world;
+  size_t n = tr->lay.n_params;
+  if (is_root(tr)) dt_model_init_params(&tr->lay, host, tr->cfg.seed);
+  DT_TRY(w->ops->broadcast(w, host, n, DT_F32, 0, NULL, NULL));
+  uint64_t fp = params_fingerprint(host, n), lo = fp, hi = fp;
+  int64_t v[2] = {(int64_t)fp, -(int64_t)fp}, r[2];
+  DT_TRY(w->ops->allreduce(w, v, r, 2, DT_I64, DT_MAX, NULL, NULL));
+  lo = (uint64_t)(-r[1]);
+  hi = (uint64_t)r[0];
+  if (lo != hi || hi != fp)
+    return DT_ERR(DT_ERR_INTERNAL, "rank %d: initial weights differ between ranks after broadcast", tr->mesh.rank);
+  return tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, 0, n, host);
+}
+
+static dt_status_t derive_batch(dt_trainer_t *tr) {
+  const dt_config_t *c = &tr->cfg;
+  int dp = tr->mesh.dp;
+  tr->B = c->micro_batch;
+  tr->T = c->seq_len;
+  if (c->global_batch > 0) {
+    if (c->global_batch % (c->micro_batch * dp) != 0)
+      return DT_ERR(DT_ERR_CONFIG, "%s: train.global_batch: %d is not a multiple of micro_batch*dp = %d*%d",
+                    tr->cfg_name, c->global_batch, c->micro_batch, dp);
+    tr->accum = c->global_batch / (c->micro_batch * dp);
+    if (c->grad_accum > 0 && c->grad_accum != tr->accum)
+      return DT_ERR(DT_ERR_CONFIG, "%s: train.grad_accum: %d disagrees with global_batch/(micro_batch*dp) = %d",
+                    tr->cfg_name, c->grad_accum, tr->accum);
+  } else {
+    tr->accum = c->grad_accum > 0 ? c->grad_accum : 1;
+  }
+  tr->global_batch = tr->B * tr->accum * dp;
+  return DT_OK;
+}
+
+static const dt_backend_ops_t *pick_backend(const dt_trainer_t *tr) {
+  if (!strcmp(tr->cfg.backend, "cuda")) return dt_backend_find("cuda");
+  return dt_backend_find("cpu");
+}
+
+dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name) {
+  memset(tr, 0, sizeof *tr);
+  tr->cfg = *cfg;
+  tr->cfg_name = cfg_name;
+  DT_TRY(dt_mesh_init(&tr->mesh, &tr->cfg, !strcmp(cfg->backend, "cuda")));
+  DT_TRY(derive_batch(tr));
+  dt_dims_t d = dt_dims_from_config(&tr->cfg);
+  DT_TRY(dt_layout_init(&tr->lay, d));
+  const dt_backend_ops_t *ops = pick_backend(tr);
+  if (!ops)
+    return DT_ERR(DT_ERR_UNSUPPORTED, "%s: system.backend: '%s' is not built into this dtrain", cfg_name,
+                  cfg->backend);
+  tr->be.ops = ops;
+  DT_TRY(ops->init(&tr->be, &tr->lay, tr->B, tr->T, tr->mesh.threads));
+  DT_TRY(dt_data_open(&tr->train, cfg->train, cfg->vocab_size, tr->T, cfg->shuffle, cfg->seed));
+  if (cfg->val[0]) DT_TRY(dt_data_open(&tr->val, cfg->val, cfg->vocab_size, tr->T, 0, cfg->seed));
+  tr->inputs = malloc(sizeof(int) * (size_t)tr->B * (size_t)tr->T);
+  tr->targets = malloc(sizeof(int) * (size_t)tr->B * (size_t)tr->T);
+  float *host = malloc(sizeof(float) * tr->lay.n_params);
+  if (!tr->inputs || !tr->targets || !host) {
+    free(host);
+    return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
+  }
+  dt_status_t st = init_weights(tr, host);
+  free(host);
+  DT_TRY(st);
+  DT_TRY(dt_ddp_init(&tr->ddp, tr->mesh.dp_comm, tr->be.grads, tr->lay.n_params, tr->lay.layer_begin,
+                     tr->lay.d.L + 2, (size_t)cfg->bucket_mb << 20));
+  tr->flops_per_token = dt_model_flops_per_token(&tr->lay.d, tr->T);
+  if (is_root(tr)) DT_TRY(dt_metrics_open(&tr->metrics, cfg->metrics));
+  return DT_OK;
+}
+
+void dt_trainer_free(dt_trainer_t *tr) {
+  dt_metrics_close(&tr->metrics);
+  dt_ddp_free(&tr->ddp);
+  free(tr->inputs);
+  free(tr->targets);
+  if (tr->train) dt_data_close(tr->train);
+  if (tr->val) dt_data_close(tr->val);
+  if (tr->be.ops) tr->be.ops->free(&tr->be);
+  dt_layout_free(&tr->lay);
+  dt_mesh_free(&tr->mesh);
+}
+
+dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
+  const dt_config_t *c = &tr->cfg;
+  dt_backend_t *be = &tr->be;
+  int dp = tr->mesh.dp;
+  double t0 = dt_time_now();
+  double lr = dt_lr_at(c, tr->step);
+  DT_TRY(be->ops->zero_grad(be));
+  if (dp > 1) dt_ddp_begin(&tr->ddp);
+  double loss_sum = 0;
+  uint64_t slice = tr->sample_pos + (uint64_t)tr->mesh.dp_rank * (uint64_t)tr->accum * (uint64_t)tr->B;
+  for (int k = 0; k < tr->accum; k++) {
+    DT_TRY(dt_data_batch(tr->train, slice + (uint64_t)k * (uint64_t)tr->B, tr->B, tr->inputs, tr->targets));
+    float loss = 0;
+    DT_TRY(be->ops->forward(be, tr->inputs, tr->targets, tr->B, tr->T, &loss));
+    loss_sum += loss;
+    int last = k == tr->accum - 1;
+    DT_TRY(be->ops->backward(be, tr->accum, (last && dp > 1) ? dt_ddp_ready : NULL, &tr->ddp));
+  }
+  if (dp > 1) DT_TRY(dt_ddp_finish(&tr->ddp));
+  double sumsq = 0;
+  DT_TRY(be->ops->grad_sumsq(be, &sumsq));
+  double norm = sqrt(sumsq);
+  if (!isfinite(norm))
+    return DT_ERR(DT_ERR_NUMERIC, "rank %d: step %d: gradient norm is %g", tr->mesh.rank, tr->step + 1, norm);
+  dt_adamw_args_t a = {.lr = (float)lr, .beta1 = (float)c->beta1, .beta2 = (float)c->beta2, .eps = (float)c->eps,
+                       .weight_decay = (float)c->weight_decay, .grad_scale = dt_clip_scale(norm, c->grad_clip),
+                       .t = tr->step + 1};
+  DT_TRY(be->ops->adamw(be, &a));
+  tr->step++;
+  tr->sample_pos += (uint64_t)tr->global_batch;
+  tr->tokens_seen += (uint64_t)tr->global_batch * (uint64_t)tr->T;
+  /* Global mean loss and the slowest rank's time, in one reduction each. */
+  double dt = dt_time_now() - t0;
+  double mean_loss = loss_sum / tr->accum, tmax = dt;
+  dt_comm_t *w = tr->mesh.world;
+  if (tr->mesh.size > 1) {
+    DT_TRY(tr->mesh.dp_comm->ops->allreduce(tr->mesh.dp_comm, &mean_loss, &mean_loss, 1, DT_F64, DT_AVG, NULL, NULL));
+    DT_TRY(w->ops->allreduce(w, &dt, &tmax, 1, DT_F64, DT_MAX, NULL, NULL));
+  }
+  double tokens = (double)tr->global_batch * tr->T;
+  *row = (dt_step_row_t){.step = tr->step, .loss = mean_loss, .lr = lr, .grad_norm = norm, .ms = 1e3 * tmax,
+                         .tok_per_s = tokens / tmax, .gflops = tr->flops_per_token * tokens / tmax * 1e-9,
+                         .val_loss = -1};
+  return DT_OK;
+}
+
+dt_status_t dt_trainer_eval(dt_trainer_t *tr, dt_data_t *d, int batches, double *loss) {
+  dt_backend_t *be = &tr->be;
+  uint64_t avail = dt_data_num_samples(d) / (uint64_t)tr->B;
+  if ((uint64_t)batches > avail) batches = (int)avail;
+  if (batches < 1) return DT_ERR(DT_ERR_DATA, "validation data has fewer than micro_batch=%d samples", tr->B);
+  double sum[2] = {0, 0};
+  for (int j = tr->mesh.dp_rank; j < batches; j += tr->mesh.dp) {
+    DT_TRY(dt_data_batch_sequential(d, (uint64_t)j, tr->B, tr->inputs, tr->targets));
+    float l = 0;
+    DT_TRY(be->ops->forward(be, tr->inputs, tr->targets, tr->B, tr->T, &l));
+    sum[0] += l;
+    sum[1] += 1;
+  }
+  if (tr->mesh.dp > 1)
+    DT_TRY(tr->mesh.dp_comm->ops->allreduce(tr->mesh.dp_comm, sum, sum, 2, DT_F64, DT_SUM, NULL, NULL));
+  *loss = sum[0] / sum[1];
+  return DT_OK;
+}
+
+static void print_header(dt_trainer_t *tr) {
+  const dt_dims_t *d = &tr->lay.d;
+  FILE *o = stdout;
+  fprintf(o, "# dtrain %s\n", tr->cfg_name);
+  fprintf(o, "# model: L=%d NH=%d C=%d V=%d (padded %d) T=%d, %zu parameters (%.2f M)\n", d->L, d->NH, d->C, d->V,
+          d->Vp, d->T, tr->lay.n_params_true, tr->lay.n_params_true * 1e-6);
+  fprintf(o, "# batch: micro_batch=%d x grad_accum=%d x dp=%d = %d sequences = %d tokens per step\n", tr->B,
+          tr->accum, tr->mesh.dp, tr->global_batch, tr->global_batch * tr->T);
+  fprintf(o, "# data: %s: %d shards, %llu tokens, %llu samples of T+1\n", tr->cfg.train,
+          dt_data_num_shards(tr->train), (unsigned long long)dt_data_num_tokens(tr->train),
+          (unsigned long long)dt_data_num_samples(tr->train));
+  fprintf(o, "# backend: %s, %d threads per rank\n", tr->be.ops->name, tr->mesh.threads);
+  fprintf(o, "# FLOPs per token = 6*(12*L*C^2 + C*Vp) + 12*L*T*C = %.4g (fwd+bwd, full TxT attention)\n",
+          tr->flops_per_token);
+}
+
+dt_status_t dt_trainer_run(dt_trainer_t *tr) {
+  const dt_config_t *c = &tr->cfg;
+  if (is_root(tr)) {
+    printf("# effective configuration:\n");
+    dt_config_write(c, stdout, "#   ");
+    dt_mesh_print_table(&tr->mesh, stdout);
+    print_header(tr);
+    dt_metrics_header(&tr->metrics);
+  } else {
+    dt_mesh_print_table(&tr->mesh, NULL);
+  }
+  while (tr->step < c->steps) {
+    dt_step_row_t row;
+    DT_TRY(dt_trainer_step(tr, &row));
+    int last = tr->step == c->steps;
+    if (tr->val && c->eval_every > 0 && (tr->step % c->eval_every == 0 || last))
+      DT_TRY(dt_trainer_eval(tr, tr->val, c->eval_batches, &row.val_loss));
+    if (is_root(tr) && (tr->step % c->log_every == 0 || last || row.val_loss >= 0)) dt_metrics_row(&tr->metrics, &row);
+    /* All ranks agree whether a stop was requested. */
+    int32_t sig = dt_train_signal_pending() ? 1 : 0;
+    if (tr->mesh.size > 1)
+      DT_TRY(tr->mesh.world->ops->allreduce(tr->mesh.world, &sig, &sig, 1, DT_I32, DT_MAX, NULL, NULL));
+    if (sig) {
+      tr->stopped_by_signal = 1;
+      if (is_root(tr)) printf("# stop requested by signal at step %d\n", tr->step);
+      break;
+    }
+  }
+  return DT_OK;
+}

@@ -1,0 +1,52 @@
+/* The training run: set-up from a validated config, the step loop, evaluation, checkpoints and
+ * signal handling. Used by `dtrain CONFIG` (cli.c) and by tests and benchmarks. */
+#ifndef DT_TRAIN_H
+#define DT_TRAIN_H
+
+#include <signal.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "config.h"
+#include "data.h"
+#include "ddp.h"
+#include "mesh.h"
+#include "metrics.h"
+#include "model.h"
+
+/* Exit status when a signal stopped training after a checkpoint was written: the sbatch
+ * templates requeue the job on it (EX_TEMPFAIL). */
+#define DT_EXIT_REQUEUE 75
+
+typedef struct {
+  dt_config_t cfg;
+  const char *cfg_name;   /* the .ini path, for messages */
+  dt_mesh_t mesh;
+  dt_layout_t lay;
+  dt_backend_t be;
+  dt_data_t *train, *val;
+  dt_ddp_t ddp;
+  dt_metrics_t metrics;
+  int B, T, accum, global_batch; /* global_batch = B * accum * dp sequences per step */
+  int *inputs, *targets;   /* (B, T) host */
+  int step;                /* optimizer steps completed */
+  uint64_t sample_pos;     /* global sample index of the next step's first sample */
+  uint64_t tokens_seen;
+  double flops_per_token;
+  int stopped_by_signal;
+} dt_trainer_t;
+
+dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name);
+/* One optimizer step; fills row (except val_loss). */
+dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row);
+/* Mean loss over cfg.eval_batches sequential micro-batches of d, split over dp ranks. */
+dt_status_t dt_trainer_eval(dt_trainer_t *tr, dt_data_t *d, int batches, double *loss);
+/* The whole run (init is done by the caller): steps, logging, eval, checkpoints, signals. */
+dt_status_t dt_trainer_run(dt_trainer_t *tr);
+void dt_trainer_free(dt_trainer_t *tr);
+
+/* Install SIGUSR1/SIGTERM handlers that request a checkpoint and a clean stop. */
+void dt_train_install_signals(void);
+int dt_train_signal_pending(void);
+
+#endif

@@ -1,0 +1,12 @@
+#!/usr/bin/env bash
+# Quick start on a fresh Debian 12 machine (as root): install packages, build, fetch the bundled
+# corpus, and train the embedded default (inputs/tiny.ini) on the CPU. Prints the loss per step
+# and writes a checkpoint under checkpoints/tiny/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/install-deps.sh
+[ -x configure ] || autoreconf -fi
+[ -f Makefile ] || ./configure
+make -j"$(nproc)"
+DTRAIN=./dtrain bash scripts/get-data.sh data
+./dtrain inputs/tiny.ini "$@"

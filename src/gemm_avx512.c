@@ -1,0 +1,266 @@
+/* Our own single-precision GEMM for AVX-512 CPUs, in the GotoBLAS/BLIS structure:
+ *   for jc (NC columns of C), for pc (KC of K): pack op(B) block into NR-column panels (the team
+ *   shares it, it lives in L2); then each thread takes MR-row micro-panels of op(A), packs one
+ *   (it stays in L1) and runs the MR x NR register-blocked micro-kernel against every B panel.
+ * Compiled with -mavx512f -mavx512vl -mavx512bw -mavx512dq -mfma; gemm.c dispatches here only
+ * when the CPU has those features. */
+#include <immintrin.h>
+#include <omp.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "gemm_own.h"
+
+/* Register block: MR rows x NR = 16*NV columns of C in MR*NV zmm accumulators. */
+#ifndef DT_GEMM_MR
+#define DT_GEMM_MR 14
+#endif
+#define MR DT_GEMM_MR
+#define NV 2
+#define NR (16 * NV)
+/* Cache block: KC x NC of packed op(B) (L2), MR x KC of packed op(A) (L1). NC % NR == 0. */
+#ifndef DT_GEMM_KC
+#define DT_GEMM_KC 384
+#endif
+#ifndef DT_GEMM_NC
+#define DT_GEMM_NC 1024
+#endif
+#ifndef DT_GEMM_PF
+#define DT_GEMM_PF 0 /* software prefetch distance for B in the micro-kernel, in k steps (0: off) */
+#endif
+#define KC DT_GEMM_KC
+#define NC DT_GEMM_NC
+/* Below this many flops (2MNK) one thread is faster than waking the team. */
+#define DT_GEMM_PAR_FLOPS 4.0e6
+
+_Static_assert(MR <= 16, "A panels are packed with one masked 16-lane store per k");
+_Static_assert(NC % NR == 0, "NC must be a multiple of NR");
+
+#define UNROLL _Pragma("GCC unroll 32")
+
+static inline __mmask16 lanes(int n) { return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1); }
+
+/* In-place transpose of 16 rows of 16 floats: r[i][j] -> r[j][i]. */
+static inline void transpose16(__m512 r[16]) {
+  __m512 t[16];
+  UNROLL for (int i = 0; i < 8; i++) {
+    t[2 * i] = _mm512_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+    t[2 * i + 1] = _mm512_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+  }
+  /* r[4i+q], 128-bit lane L: column 4L+q of rows 4i..4i+3 */
+  UNROLL for (int i = 0; i < 4; i++) {
+    __m512d a = _mm512_castps_pd(t[4 * i]), b = _mm512_castps_pd(t[4 * i + 1]);
+    __m512d c = _mm512_castps_pd(t[4 * i + 2]), d = _mm512_castps_pd(t[4 * i + 3]);
+    r[4 * i] = _mm512_castpd_ps(_mm512_unpacklo_pd(a, c));
+    r[4 * i + 1] = _mm512_castpd_ps(_mm512_unpackhi_pd(a, c));
+    r[4 * i + 2] = _mm512_castpd_ps(_mm512_unpacklo_pd(b, d));
+    r[4 * i + 3] = _mm512_castpd_ps(_mm512_unpackhi_pd(b, d));
+  }
+  UNROLL for (int q = 0; q < 4; q++) {
+    t[q] = _mm512_shuffle_f32x4(r[q], r[4 + q], 0x88);
+    t[q + 4] = _mm512_shuffle_f32x4(r[q], r[4 + q], 0xdd);
+    t[q + 8] = _mm512_shuffle_f32x4(r[8 + q], r[12 + q], 0x88);
+    t[q + 12] = _mm512_shuffle_f32x4(r[8 + q], r[12 + q], 0xdd);
+  }
+  UNROLL for (int q = 0; q < 4; q++) {
+    r[q] = _mm512_shuffle_f32x4(t[q], t[q + 8], 0x88);
+    r[q + 8] = _mm512_shuffle_f32x4(t[q], t[q + 8], 0xdd);
+    r[q + 4] = _mm512_shuffle_f32x4(t[q + 4], t[q + 12], 0x88);
+    r[q + 12] = _mm512_shuffle_f32x4(t[q + 4], t[q + 12], 0xdd);
+  }
+}
+
+/* Pack one MR-row micro-panel of op(A): dst (kc, MR), dst[k][i] = op(A)(i0 + i, k0 + k), rows
+ * i >= m zero. op(A)(i, k) = A[i*lda + k] (!transA) or A[k*lda + i] (transA). dst needs 16 - MR
+ * floats of slack after the panel. */
+static void pack_a(int transA, const float *A, long lda, int i0, int k0, int m, int kc, float *dst) {
+  if (transA) {
+    const __mmask16 mm = lanes(m);
+    const float *src = A + (long)k0 * lda + i0;
+    for (int k = 0; k < kc; k++) _mm512_storeu_ps(dst + k * MR, _mm512_maskz_loadu_ps(mm, src + k * lda));
+    return;
+  }
+  for (int kb = 0; kb < kc; kb += 16) {
+    const int kn = kc - kb < 16 ? kc - kb : 16;
+    const __mmask16 km = lanes(kn);
+    __m512 r[16];
+    UNROLL for (int i = 0; i < 16; i++)
+      r[i] = i < m ? _mm512_maskz_loadu_ps(km, A + (long)(i0 + i) * lda + k0 + kb) : _mm512_setzero_ps();
+    transpose16(r);
+    /* Full 16-lane stores in increasing k: lanes MR..15 spill into row k+1, which the next store
+     * overwrites; the last one lands in the buffer's 16-float tail. */
+    if (kn == 16) {
+      UNROLL for (int t = 0; t < 16; t++) _mm512_storeu_ps(dst + (kb + t) * MR, r[t]);
+    } else {
+      for (int t = 0; t < kn; t++) _mm512_storeu_ps(dst + (kb + t) * MR, r[t]);
+    }
+  }
+}
+
+/* Pack NR-column panels [p0, p1) of the op(B) block (k0.., j0..) of kc x nc: panel p is
+ * dst + p*kc*NR, (kc, NR), dst[k][j] = op(B)(k0 + k, j0 + p*NR + j), columns past nc zero.
+ * op(B)(k, j) = B[k*ldb + j] (!transB) or B[j*ldb + k] (transB). */
+static void pack_b(int transB, const float *B, long ldb, int k0, int j0, int kc, int nc, int p0, int p1,
+                   float *dst) {
+  for (int p = p0; p < p1; p++) {
+    float *d = dst + (long)p * kc * NR;
+    const int j = j0 + p * NR, w = nc - p * NR < NR ? nc - p * NR : NR;
+    if (!transB) {
+      const float *src = B + (long)k0 * ldb + j;
+      if (w == NR) {
+        for (int k = 0; k < kc; k++)
+          UNROLL for (int v = 0; v < NV; v++) _mm512_store_ps(d + k * NR + 16 * v, _mm512_loadu_ps(src + k * ldb + 16 * v));
+      } else {
+        for (int k = 0; k < kc; k++)
+          UNROLL for (int v = 0; v < NV; v++)
+            _mm512_store_ps(d + k * NR + 16 * v, _mm512_maskz_loadu_ps(lanes(w - 16 * v), src + k * ldb + 16 * v));
+      }
+      continue;
+    }
+    for (int v = 0; v < NV; v++) {
+      const int wv = w - 16 * v; /* valid columns in this 16-wide half */
+      for (int kb = 0; kb < kc; kb += 16) {
+        const int kn = kc - kb < 16 ? kc - kb : 16;
+        const __mmask16 km = lanes(kn);
+        __m512 r[16];
+        UNROLL for (int jj = 0; jj < 16; jj++)
+          r[jj] = jj < wv ? _mm512_maskz_loadu_ps(km, B + (long)(j + 16 * v + jj) * ldb + k0 + kb) : _mm512_setzero_ps();
+        transpose16(r);
+        if (kn == 16) {
+          UNROLL for (int t = 0; t < 16; t++) _mm512_store_ps(d + (kb + t) * NR + 16 * v, r[t]);
+        } else {
+          for (int t = 0; t < kn; t++) _mm512_store_ps(d + (kb + t) * NR + 16 * v, r[t]);
+        }
+      }
+    }
+  }
+}
+
+/* Micro-kernel: C[0:m, 0:n] = alpha * sum_k a[k][i] * b[k][j] + beta * C[0:m, 0:n], with
+ * a (kc, MR) and b (kc, NR) packed, m <= MR, n <= NR, C row-major with ldc. beta == 0: C is
+ * not read. */
+static void kernel(int kc, const float *restrict a, const float *restrict b, float *c, long ldc, int m, int n,
+                   float alpha, float beta) {
+  __m512 acc[MR][NV];
+  UNROLL for (int i = 0; i < MR; i++) UNROLL for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();
+  for (int i = 0; i < m; i++) {
+    _mm_prefetch((const char *)(c + i * ldc), _MM_HINT_T0);
+    _mm_prefetch((const char *)(c + i * ldc + NR - 1), _MM_HINT_T0);
+  }
+  for (int k = 0; k < kc; k++) {
+    __m512 bv[NV];
+    UNROLL for (int v = 0; v < NV; v++) bv[v] = _mm512_load_ps(b + 16 * v);
+#if DT_GEMM_PF
+    UNROLL for (int v = 0; v < NV; v++) _mm_prefetch((const char *)(b + DT_GEMM_PF * NR + 16 * v), _MM_HINT_T0);
+#endif
+    UNROLL for (int i = 0; i < MR; i++) {
+      const __m512 ai = _mm512_set1_ps(a[i]);
+      UNROLL for (int v = 0; v < NV; v++) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
+    }
+    a += MR;
+    b += NR;
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  if (m == MR && n == NR) {
+    if (beta == 0.0f) {
+      UNROLL for (int i = 0; i < MR; i++) UNROLL for (int v = 0; v < NV; v++)
+        _mm512_storeu_ps(c + i * ldc + 16 * v, _mm512_mul_ps(va, acc[i][v]));
+    } else if (beta == 1.0f) {
+      UNROLL for (int i = 0; i < MR; i++) UNROLL for (int v = 0; v < NV; v++) {
+        float *p = c + i * ldc + 16 * v;
+        _mm512_storeu_ps(p, _mm512_fmadd_ps(va, acc[i][v], _mm512_loadu_ps(p)));
+      }
+    } else {
+      UNROLL for (int i = 0; i < MR; i++) UNROLL for (int v = 0; v < NV; v++) {
+        float *p = c + i * ldc + 16 * v;
+        _mm512_storeu_ps(p, _mm512_fmadd_ps(va, acc[i][v], _mm512_mul_ps(vb, _mm512_loadu_ps(p))));
+      }
+    }
+    return;
+  }
+  __mmask16 mk[NV];
+  UNROLL for (int v = 0; v < NV; v++) mk[v] = lanes(n - 16 * v);
+  UNROLL for (int i = 0; i < MR; i++) {
+    if (i >= m) break;
+    UNROLL for (int v = 0; v < NV; v++) {
+      float *p = c + i * ldc + 16 * v;
+      __m512 r = _mm512_mul_ps(va, acc[i][v]);
+      if (beta != 0.0f) r = _mm512_fmadd_ps(vb, _mm512_maskz_loadu_ps(mk[v], p), r);
+      _mm512_mask_storeu_ps(p, mk[v], r);
+    }
+  }
+}
+
+/* Packing buffers, one set per thread, allocated once and kept: the shared op(B) block belongs
+ * to the thread that calls dt_sgemm, each team member has its own A micro-panel. */
+static _Thread_local float *tl_bbuf;
+static _Thread_local float tl_abuf[MR * KC + 16] __attribute__((aligned(64))); /* + tail, see pack_a */
+
+static float *bbuf_get(void) {
+  if (!tl_bbuf) tl_bbuf = aligned_alloc(64, sizeof(float) * (size_t)KC * NC);
+  return tl_bbuf;
+}
+
+/* C = beta * C for K == 0 (beta == 0 writes zeros without reading). */
+static void scale_c(int M, int N, float beta, float *C, long ldc) {
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
+}
+
+void dt__sgemm_avx512(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+                      const float *B, int ldb, float beta, float *C, int ldc) {
+  if (M <= 0 || N <= 0) return;
+  if (K <= 0 || alpha == 0.0f) {
+    scale_c(M, N, beta, C, ldc);
+    return;
+  }
+  float *bbuf = bbuf_get();
+  if (!bbuf) { /* out of memory for 1.5 MB: nothing sensible left but a slow exact path */
+    for (int i = 0; i < M; i++)
+      for (int j = 0; j < N; j++) {
+        float s = 0.0f;
+        for (int k = 0; k < K; k++)
+          s += (transA ? A[(long)k * lda + i] : A[(long)i * lda + k]) * (transB ? B[(long)j * ldb + k] : B[(long)k * ldb + j]);
+        C[(long)i * ldc + j] = alpha * s + (beta == 0.0f ? 0.0f : beta * C[(long)i * ldc + j]);
+      }
+    return;
+  }
+  const int mp = (M + MR - 1) / MR; /* A micro-panels */
+  int nth = omp_get_max_threads();
+  if (2.0 * M * N * K < DT_GEMM_PAR_FLOPS) nth = 1;
+#pragma omp parallel num_threads(nth) if (nth > 1)
+  {
+    const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    float *abuf = tl_abuf;
+    for (int jc = 0; jc < N; jc += NC) {
+      const int nc = N - jc < NC ? N - jc : NC;
+      const int np = (nc + NR - 1) / NR; /* B panels in this block */
+      /* Split the (A panel x B panel) grid: over A panels when there are enough, else over B. */
+      const int split_m = mp >= 2 * nt || mp >= np;
+      const int ip0 = split_m ? (int)((long)mp * tid / nt) : 0, ip1 = split_m ? (int)((long)mp * (tid + 1) / nt) : mp;
+      const int jp0 = split_m ? 0 : (int)((long)np * tid / nt), jp1 = split_m ? np : (int)((long)np * (tid + 1) / nt);
+      for (int pc = 0; pc < K; pc += KC) {
+        const int kc = K - pc < KC ? K - pc : KC;
+        const float beta_eff = pc == 0 ? beta : 1.0f;
+        pack_b(transB, B, ldb, pc, jc, kc, nc, (int)((long)np * tid / nt), (int)((long)np * (tid + 1) / nt), bbuf);
+#pragma omp barrier
+        for (int ip = ip0; ip < ip1; ip++) {
+          const int i = ip * MR, m = M - i < MR ? M - i : MR;
+          pack_a(transA, A, lda, i, pc, m, kc, abuf);
+          for (int jp = jp0; jp < jp1; jp++) {
+            const int n = nc - jp * NR < NR ? nc - jp * NR : NR;
+            kernel(kc, abuf, bbuf + (long)jp * kc * NR, C + (long)i * ldc + jc + jp * NR, ldc, m, n, alpha, beta_eff);
+          }
+        }
+#pragma omp barrier
+      }
+    }
+  }
+}
+
+const char *dt__sgemm_avx512_name(void) {
+  static char name[64];
+  if (!name[0]) snprintf(name, sizeof name, "own-avx512 %dx%d KC=%d NC=%d", MR, NR, KC, NC);
+  return name;
+}

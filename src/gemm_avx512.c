@@ -208,6 +208,47 @@ static void scale_c(int M, int N, float beta, float *C, long ldc) {
     for (int j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
 }
 
+/* Exact but slow path, only if the 1.5 MB packing buffer cannot be allocated. */
+static void gemm_naive(int transA, int transB, int M, int N, int K, float alpha, const float *A, long lda,
+                       const float *B, long ldb, float beta, float *C, long ldc) {
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < N; j++) {
+      float s = 0.0f;
+      for (int k = 0; k < K; k++) s += (transA ? A[k * lda + i] : A[i * lda + k]) * (transB ? B[j * ldb + k] : B[k * ldb + j]);
+      C[i * ldc + j] = alpha * s + (beta == 0.0f ? 0.0f : beta * C[i * ldc + j]);
+    }
+}
+
+/* One thread's whole product (M, N, K >= 1) with its own packing buffers. */
+static void gemm_serial(int transA, int transB, int M, int N, int K, float alpha, const float *A, long lda,
+                        const float *B, long ldb, float beta, float *C, long ldc) {
+  float *bbuf = bbuf_get(), *abuf = tl_abuf;
+  if (!bbuf) {
+    gemm_naive(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  for (int jc = 0; jc < N; jc += NC) {
+    const int nc = N - jc < NC ? N - jc : NC;
+    const int np = (nc + NR - 1) / NR; /* B panels in this block */
+    for (int pc = 0; pc < K; pc += KC) {
+      const int kc = K - pc < KC ? K - pc : KC;
+      const float beta_eff = pc == 0 ? beta : 1.0f;
+      pack_b(transB, B, ldb, pc, jc, kc, nc, 0, np, bbuf);
+      for (int i = 0; i < M; i += MR) {
+        const int m = M - i < MR ? M - i : MR;
+        pack_a(transA, A, lda, i, pc, m, kc, abuf);
+        for (int jp = 0; jp < np; jp++) {
+          const int n = nc - jp * NR < NR ? nc - jp * NR : NR;
+          kernel(kc, abuf, bbuf + (long)jp * kc * NR, C + i * ldc + jc + jp * NR, ldc, m, n, alpha, beta_eff);
+        }
+      }
+    }
+  }
+}
+
+/* Threads split C into independent slabs, each packing its own operands: no barriers, so one
+ * descheduled thread never stalls the other mid-product. Columns are split when op(A) is the
+ * smaller operand (every thread re-packs it), rows otherwise. */
 void dt__sgemm_avx512(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                       const float *B, int ldb, float beta, float *C, int ldc) {
   if (M <= 0 || N <= 0) return;
@@ -215,46 +256,26 @@ void dt__sgemm_avx512(int transA, int transB, int M, int N, int K, float alpha, 
     scale_c(M, N, beta, C, ldc);
     return;
   }
-  float *bbuf = bbuf_get();
-  if (!bbuf) { /* out of memory for 1.5 MB: nothing sensible left but a slow exact path */
-    for (int i = 0; i < M; i++)
-      for (int j = 0; j < N; j++) {
-        float s = 0.0f;
-        for (int k = 0; k < K; k++)
-          s += (transA ? A[(long)k * lda + i] : A[(long)i * lda + k]) * (transB ? B[(long)j * ldb + k] : B[(long)k * ldb + j]);
-        C[(long)i * ldc + j] = alpha * s + (beta == 0.0f ? 0.0f : beta * C[(long)i * ldc + j]);
-      }
-    return;
-  }
-  const int mp = (M + MR - 1) / MR; /* A micro-panels */
+  const int split_n = M <= N;
+  const int unit = split_n ? NR : MR, units = ((split_n ? N : M) + unit - 1) / unit;
   int nth = omp_get_max_threads();
   if (2.0 * M * N * K < DT_GEMM_PAR_FLOPS) nth = 1;
-#pragma omp parallel num_threads(nth) if (nth > 1)
+  if (nth > units) nth = units;
+  if (nth <= 1) {
+    gemm_serial(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+#pragma omp parallel num_threads(nth)
   {
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-    float *abuf = tl_abuf;
-    for (int jc = 0; jc < N; jc += NC) {
-      const int nc = N - jc < NC ? N - jc : NC;
-      const int np = (nc + NR - 1) / NR; /* B panels in this block */
-      /* Split the (A panel x B panel) grid: over A panels when there are enough, else over B. */
-      const int split_m = mp >= 2 * nt || mp >= np;
-      const int ip0 = split_m ? (int)((long)mp * tid / nt) : 0, ip1 = split_m ? (int)((long)mp * (tid + 1) / nt) : mp;
-      const int jp0 = split_m ? 0 : (int)((long)np * tid / nt), jp1 = split_m ? np : (int)((long)np * (tid + 1) / nt);
-      for (int pc = 0; pc < K; pc += KC) {
-        const int kc = K - pc < KC ? K - pc : KC;
-        const float beta_eff = pc == 0 ? beta : 1.0f;
-        pack_b(transB, B, ldb, pc, jc, kc, nc, (int)((long)np * tid / nt), (int)((long)np * (tid + 1) / nt), bbuf);
-#pragma omp barrier
-        for (int ip = ip0; ip < ip1; ip++) {
-          const int i = ip * MR, m = M - i < MR ? M - i : MR;
-          pack_a(transA, A, lda, i, pc, m, kc, abuf);
-          for (int jp = jp0; jp < jp1; jp++) {
-            const int n = nc - jp * NR < NR ? nc - jp * NR : NR;
-            kernel(kc, abuf, bbuf + (long)jp * kc * NR, C + (long)i * ldc + jc + jp * NR, ldc, m, n, alpha, beta_eff);
-          }
-        }
-#pragma omp barrier
-      }
+    const int u0 = (int)((long)units * tid / nt), u1 = (int)((long)units * (tid + 1) / nt);
+    const int lo = u0 * unit, hi = u1 * unit < (split_n ? N : M) ? u1 * unit : (split_n ? N : M);
+    if (hi > lo) {
+      if (split_n) /* columns [lo, hi): op(B) columns are B's columns (!transB) or rows (transB) */
+        gemm_serial(transA, transB, M, hi - lo, K, alpha, A, lda, B + (transB ? (long)lo * ldb : lo), ldb, beta, C + lo, ldc);
+      else /* rows [lo, hi): op(A) rows are A's rows (!transA) or columns (transA) */
+        gemm_serial(transA, transB, hi - lo, N, K, alpha, A + (transA ? lo : (long)lo * lda), lda, B, ldb, beta,
+                    C + (long)lo * ldc, ldc);
     }
   }
 }

@@ -1,14 +1,15 @@
 /* Our own single-precision GEMM for AVX-512 CPUs, in the GotoBLAS/BLIS structure:
- *   for jc (NC columns of C), for pc (KC of K): pack op(B) block into NR-column panels (the team
- *   shares it, it lives in L2); then each thread takes MR-row micro-panels of op(A), packs one
- *   (it stays in L1) and runs the MR x NR register-blocked micro-kernel against every B panel.
- * Compiled with -mavx512f -mavx512vl -mavx512bw -mavx512dq -mfma; gemm.c dispatches here only
- * when the CPU has those features. */
+ *   for jc (NC columns of C), for pc (KC of K): pack the op(B) block into NR-column panels (it
+ *   stays in L2); for each MR-row micro-panel of op(A): pack it (it stays in L1) and run the
+ *   MR x NR register-blocked micro-kernel against every B panel. OpenMP threads each take an
+ *   independent slab of C. Compiled with -mavx512f -mavx512vl -mavx512bw -mavx512dq -mfma;
+ *   gemm.c calls it only when the CPU has those features. */
 #include <immintrin.h>
 #include <omp.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "gemm_own.h"
 
@@ -19,23 +20,23 @@
 #define MR DT_GEMM_MR
 #define NV 2
 #define NR (16 * NV)
-/* Cache block: KC x NC of packed op(B) (L2), MR x KC of packed op(A) (L1). NC % NR == 0. */
+/* Cache block: KC x NC of packed op(B) stays in L2 (NC is set at run time so that it fills about
+ * 3/4 of this core's L2: 1024 on a 2 MB L2, 512 on 1 MB, within [NC_MIN, NC_MAX]); MR x KC of
+ * packed op(A) stays in L1. DT_GEMM_NC in the environment overrides NC (tuning). */
 #ifndef DT_GEMM_KC
 #define DT_GEMM_KC 384
 #endif
-#ifndef DT_GEMM_NC
-#define DT_GEMM_NC 1024
-#endif
+#define NC_MIN 256
+#define NC_MAX 2048
 #ifndef DT_GEMM_PF
 #define DT_GEMM_PF 0 /* software prefetch distance for B in the micro-kernel, in k steps (0: off) */
 #endif
 #define KC DT_GEMM_KC
-#define NC DT_GEMM_NC
 /* Below this many flops (2MNK) one thread is faster than waking the team. */
 #define DT_GEMM_PAR_FLOPS 4.0e6
 
 _Static_assert(MR <= 16, "A panels are packed with one masked 16-lane store per k");
-_Static_assert(NC % NR == 0, "NC must be a multiple of NR");
+_Static_assert(NC_MIN % NR == 0 && NC_MAX % NR == 0, "NC must be a multiple of NR");
 
 #define UNROLL _Pragma("GCC unroll 32")
 
@@ -197,8 +198,22 @@ static void kernel(int kc, const float *restrict a, const float *restrict b, flo
 static _Thread_local float *tl_bbuf;
 static _Thread_local float tl_abuf[MR * KC + 16] __attribute__((aligned(64))); /* + tail, see pack_a */
 
+static int g_nc; /* NC, chosen once */
+
+static int nc_get(void) {
+  int nc = __atomic_load_n(&g_nc, __ATOMIC_RELAXED);
+  if (nc) return nc;
+  const char *env = getenv("DT_GEMM_NC");
+  long l2 = sysconf(_SC_LEVEL2_CACHE_SIZE);
+  if (env && atoi(env) > 0) nc = atoi(env);
+  else nc = l2 > 0 ? (int)(l2 * 3 / 4 / (KC * (long)sizeof(float))) : 512;
+  nc = nc < NC_MIN ? NC_MIN : nc > NC_MAX ? NC_MAX : nc / NR * NR;
+  __atomic_store_n(&g_nc, nc, __ATOMIC_RELAXED);
+  return nc;
+}
+
 static float *bbuf_get(void) {
-  if (!tl_bbuf) tl_bbuf = aligned_alloc(64, sizeof(float) * (size_t)KC * NC);
+  if (!tl_bbuf) tl_bbuf = aligned_alloc(64, sizeof(float) * (size_t)KC * NC_MAX);
   return tl_bbuf;
 }
 
@@ -208,7 +223,7 @@ static void scale_c(int M, int N, float beta, float *C, long ldc) {
     for (int j = 0; j < N; j++) C[i * ldc + j] = beta == 0.0f ? 0.0f : beta * C[i * ldc + j];
 }
 
-/* Exact but slow path, only if the 1.5 MB packing buffer cannot be allocated. */
+/* Exact but slow path, only if the 3 MB packing buffer cannot be allocated. */
 static void gemm_naive(int transA, int transB, int M, int N, int K, float alpha, const float *A, long lda,
                        const float *B, long ldb, float beta, float *C, long ldc) {
   for (int i = 0; i < M; i++)
@@ -223,6 +238,7 @@ static void gemm_naive(int transA, int transB, int M, int N, int K, float alpha,
 static void gemm_serial(int transA, int transB, int M, int N, int K, float alpha, const float *A, long lda,
                         const float *B, long ldb, float beta, float *C, long ldc) {
   float *bbuf = bbuf_get(), *abuf = tl_abuf;
+  const int NC = nc_get();
   if (!bbuf) {
     gemm_naive(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
@@ -259,7 +275,7 @@ void dt__sgemm_avx512(int transA, int transB, int M, int N, int K, float alpha, 
   const int split_n = M <= N;
   const int unit = split_n ? NR : MR, units = ((split_n ? N : M) + unit - 1) / unit;
   int nth = omp_get_max_threads();
-  if (2.0 * M * N * K < DT_GEMM_PAR_FLOPS) nth = 1;
+  if (2.0 * M * N * K < DT_GEMM_PAR_FLOPS || omp_in_parallel()) nth = 1; /* small, or inside a team */
   if (nth > units) nth = units;
   if (nth <= 1) {
     gemm_serial(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
@@ -282,6 +298,6 @@ void dt__sgemm_avx512(int transA, int transB, int M, int N, int K, float alpha, 
 
 const char *dt__sgemm_avx512_name(void) {
   static char name[64];
-  if (!name[0]) snprintf(name, sizeof name, "own-avx512 %dx%d KC=%d NC=%d", MR, NR, KC, NC);
+  if (!name[0]) snprintf(name, sizeof name, "own-avx512 %dx%d KC=%d NC=%d", MR, NR, KC, nc_get());
   return name;
 }

@@ -193,8 +193,8 @@ static void kernel(int kc, const float *restrict a, const float *restrict b, flo
   }
 }
 
-/* Packing buffers, one set per thread, allocated once and kept: the shared op(B) block belongs
- * to the thread that calls dt_sgemm, each team member has its own A micro-panel. */
+/* Packing buffers, one set per thread (the caller and each OpenMP worker), allocated on first use
+ * and kept for the thread's life: no allocation per call. */
 static _Thread_local float *tl_bbuf;
 static _Thread_local float tl_abuf[MR * KC + 16] __attribute__((aligned(64))); /* + tail, see pack_a */
 

@@ -53,6 +53,7 @@ static int entry_desc(const void *a, const void *b) {
 static dt_status_t list_ckpts(const char *dir, entry_t **out, int *n) {
   *out = NULL, *n = 0;
   DIR *d = opendir(dir);
+  if (!d && errno == ENOENT) return DT_ERR(DT_ERR_CKPT, "%s: no complete checkpoint (no such directory)", dir);
   if (!d) return DT_ERR(DT_ERR_IO, "%s: cannot list checkpoint directory: %s", dir, strerror(errno));
   int cap = 0;
   struct dirent *e;
@@ -61,7 +62,7 @@ static dt_status_t list_ckpts(const char *dir, entry_t **out, int *n) {
     if (s < 0 || strlen(e->d_name) >= sizeof(*out)->name) continue;
     if (*n == cap) {
       entry_t *t = realloc(*out, (size_t)(cap = cap ? 2 * cap : 16) * sizeof *t);
-      if (!t) return closedir(d), DT_ERR(DT_ERR_NOMEM, "out of memory");
+      if (!t) return closedir(d), free(*out), *out = NULL, DT_ERR(DT_ERR_NOMEM, "out of memory");
       *out = t;
     }
     (*out)[*n].step = s;
@@ -136,8 +137,8 @@ dt_status_t dt_ckpt_save(const void *mpi_comm, const char *dir, int keep, const 
   DT_TRY(dt_ckpt__agree(comm, st));
 
   st = dt_ckpt_write(mpi_comm, tmp, lay, a, st_in);
-  if (st == DT_OK && rank == 0) st = commit(dir, tmp, final, base, keep);
   if (st == DT_OK && dt_ckpt__faulty(comm, "commit")) st = DT_ERR(DT_ERR_IO, "%s: simulated commit failure (test hook)", final);
+  else if (st == DT_OK && rank == 0) st = commit(dir, tmp, final, base, keep);
   st = dt_ckpt__agree(comm, st);
   if (st != DT_OK && rank == 0) unlink(tmp);
   if (st == DT_OK && path) snprintf(path, path_size, "%s", final);

@@ -398,6 +398,15 @@ static void test_faults(const char *dir, const dt_layout_t *lay) {
   CHECK(access(p, F_OK) != 0, "failed save left %s", p);
   snprintf(p, sizeof p, "%s/.ckpt_00000082.h5.tmp", dir);
   CHECK(access(p, F_OK) != 0, "failed commit left %s", p);
+  snprintf(p, sizeof p, "%s/ckpt_00000082.h5", dir);
+  CHECK(access(p, F_OK) != 0, "failed commit left %s", p);
+  /* resume=auto on a fresh run: no directory is "no checkpoint" (DT_ERR_CKPT), not an I/O error */
+  char used[1024];
+  snprintf(p, sizeof p, "%s/does-not-exist", dir);
+  MPI_Comm w2 = MPI_COMM_WORLD;
+  dt_status_t st = dt_ckpt_find_latest(&w2, p, -1, used, sizeof used, NULL);
+  CHECK(all_agree(st, DT_ERR_CKPT), "missing dir: %s", dt_err_msg());
+  dt_err_clear();
 }
 
 static void test_crc(void) {
@@ -435,6 +444,27 @@ int main(int argc, char **argv) {
     dt_status_t st = save_step(dir, 0, &lay, step, p);
     CHECK(all_agree(st, DT_OK), "save: %s", dt_err_msg());
     if (rank == 0 && st == DT_OK) printf("ok saved %s with %d ranks\n", p, size);
+  } else if (strcmp(mode, "bench") == 0 && argc > 6) { /* bench DIR L C V T: GPT-2-sized timing */
+    dt_layout_t big;
+    layout(&big, atoi(argv[3]), 12, atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
+    bufs_t b = bufs(&big);
+    fill(&big, b.p, b.m, b.v, 1);
+    dt_ckpt_arenas_t a = dt_ckpt_arenas_full(b.p, b.m, b.v);
+    dt_ckpt_state_t s = mkstate(1);
+    MPI_Comm w = MPI_COMM_WORLD;
+    char p[1024];
+    double t0 = MPI_Wtime();
+    dt_status_t st = dt_ckpt_save(&w, dir, 1, &big, &a, &s, p, sizeof p);
+    double t1 = MPI_Wtime();
+    CHECK(st == DT_OK, "bench save: %s", dt_err_msg());
+    garbage(&big, &b);
+    st = dt_ckpt_load(&w, p, &big, &a, NULL);
+    double t2 = MPI_Wtime();
+    CHECK(st == DT_OK && compare(&big, b.p, b.m, b.v, 1) == 0, "bench load: %s", dt_err_msg());
+    if (rank == 0)
+      printf("bench %zu params x 3 (%.0f MB): save %.2f s, load+verify %.2f s with %d ranks\n", big.n_params,
+             big.n_params * 12.0 / 1e6, t1 - t0, t2 - t1, size);
+    free(b.p), free(b.m), free(b.v), free(big.tensors);
   } else if (strcmp(mode, "load") == 0) {
     load_expect(dir, &lay, step, "cross-layout");
   }

@@ -1,8 +1,10 @@
 /* Checkpoints: one parallel-HDF5 file per save, written collectively, holding the parameters and
  * AdamW moments at their global Hugging Face GPT2 shapes, the training state and a CRC32C per
  * dataset; committed atomically (tmp file, fsync, rename, fsync dir). File format and commit
- * protocol: docs/checkpoint-format.md. Every function here is collective over `mpi_comm` (a
- * pointer to an MPI_Comm, as in comm.h) and returns the same status on every rank. */
+ * protocol: docs/checkpoint-format.md. save/write/load/find functions are collective over
+ * `mpi_comm` (a pointer to an MPI_Comm, as in comm.h; NULL = MPI_COMM_WORLD) and return the same
+ * status on every rank (a failure on one rank is agreed on with MPI_Allreduce, its message
+ * broadcast as "rank R: ..."). */
 #ifndef DT_CKPT_H
 #define DT_CKPT_H
 
@@ -71,8 +73,8 @@ typedef struct {
 dt_ckpt_arenas_t dt_ckpt_arenas_full(float *params, float *m, float *v);
 /* Append to rs (full = 0) the boxes covering arena floats [begin, end) of the layout, skipping
  * alignment padding and padded vocab rows; local offsets are relative to `begin` (a ZeRO shard
- * buffer holding arena[begin..end)). Pass each tensor's rows-split with begin/end at row ends
- * to describe a row range. */
+ * buffer holding arena[begin..end)). A row or column range of one tensor is one
+ * dt_ckpt_ranges_add box. */
 dt_status_t dt_ckpt_ranges_add_flat(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, size_t begin, size_t end);
 /* Append one box (bounds checked against the layout). */
 dt_status_t dt_ckpt_ranges_add(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, dt_ckpt_range_t r);
@@ -89,13 +91,14 @@ dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layou
 /* Read a checkpoint: completion marker, format, shapes against lay, every CRC32C, then the
  * tensors into a (transposed back to our layout) and the state into st (st may be NULL). Each
  * rank reads 1/P of every dataset and checksums it; an MPI allgather gives every rank the whole
- * tensor, from which it copies its ranges. */
+ * tensor, from which it copies its ranges. On failure the buffers' contents are unspecified. */
 dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout_t *lay,
                          const dt_ckpt_arenas_t *a, dt_ckpt_state_t *st);
 /* Newest checkpoint in dir (largest step among ckpt_<digits>.h5; `latest` is not trusted) that
  * opens and carries the completion marker and format version; others are reported on stderr by
  * rank 0 with the reason and skipped. `before_step` >= 0 only considers steps < before_step.
- * DT_ERR_CKPT "no complete checkpoint" if none. */
+ * DT_ERR_CKPT "no complete checkpoint" if none (also when dir does not exist); other codes are
+ * real errors (e.g. an unreadable directory). */
 dt_status_t dt_ckpt_find_latest(const void *mpi_comm, const char *dir, int64_t before_step, char *path,
                                  size_t path_size, int64_t *step);
 /* find_latest + load, falling back to older checkpoints when a load fails (e.g. a checksum

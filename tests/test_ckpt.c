@@ -396,6 +396,8 @@ static void test_faults(const char *dir, const dt_layout_t *lay) {
   }
   snprintf(p, sizeof p, "%s/ckpt_00000080.h5", dir);
   CHECK(access(p, F_OK) != 0, "failed save left %s", p);
+  snprintf(p, sizeof p, "%s/.ckpt_00000081.h5.tmp", dir);
+  CHECK(access(p, F_OK) != 0, "failed write left %s", p);
   snprintf(p, sizeof p, "%s/.ckpt_00000082.h5.tmp", dir);
   CHECK(access(p, F_OK) != 0, "failed commit left %s", p);
   snprintf(p, sizeof p, "%s/ckpt_00000082.h5", dir);

@@ -4,12 +4,14 @@
 #include <errno.h>
 #include <hdf5.h>
 #include <limits.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "ckpt.h"
 #include "ckpt_int.h"
+#include "fault.h"
 #include "crc32c.h"
 #include "dt_build.h"
 
@@ -273,6 +275,7 @@ dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layou
     if (st == DT_OK && H5Dwrite(D.ds[d], H5T_NATIVE_FLOAT, msp, fsp, dxpl, stage) < 0)
       st = dt_ckpt__h5err(path, D.names[d], "cannot write dataset");
     if (st == DT_OK && dt_ckpt__faulty(comm, "write")) st = DT_ERR(DT_ERR_IO, "%s: %s: simulated write failure (test hook)", path, D.names[d]);
+    if (d == D.n_ds / 2 && dt_fault("ckpt_kill", dt_err_rank(), -1)) raise(SIGKILL); /* test-only, fault.h */
     if (msp >= 0) H5Sclose(msp);
     H5Sclose(fsp);
     if ((st = dt_ckpt__agree(comm, st)) != DT_OK) break;

@@ -20,6 +20,7 @@ static void usage(FILE *out) {
           "usage: dtrain CONFIG.ini [section.key=value ...]    train a GPT-2 model\n"
           "       dtrain prep [--help] OUTPREFIX FILE...        text files -> byte-level token shards\n"
           "       dtrain layout [--help] ...                    print the rank/device layout of this launch\n"
+          "       dtrain eval CONFIG --checkpoint FILE --data SHARDS [--batches N]   loss of a checkpoint\n"
           "       dtrain --help | --version\n"
           "\n"
           "Run under srun, sbatch or mpirun for several ranks; one rank per device or CPU socket.\n"
@@ -105,6 +106,7 @@ int dt_main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "prep")) return dt_prep_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "layout")) return dt_layout_main(argc - 1, argv + 1);
+  if (!strcmp(cmd, "eval")) return dt_eval_main(argc - 1, argv + 1);
   if (cmd[0] == '-') {
     fprintf(stderr, "dtrain: unknown option '%s' (see dtrain --help)\n", cmd);
     return 2;

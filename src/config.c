@@ -24,6 +24,7 @@ const dt_config_key_t dt_config_keys[] = {
   {"train", "global_batch", DT_KEY_INT,   OFF(global_batch), "0",   0, 1 << 30, NULL, "sequences per optimizer step over all ranks; 0 = micro_batch*grad_accum*dp"},
   {"train", "grad_accum",   DT_KEY_INT,   OFF(grad_accum),   "0",   0, 1 << 20, NULL, "micro-steps per optimizer step; 0 = from global_batch (1 if both 0)"},
   {"train", "steps",        DT_KEY_INT,   OFF(steps),        "100", 0, 1 << 30, NULL, "optimizer steps to run"},
+  {"train", "stop_after",   DT_KEY_INT,   OFF(stop_after),   "0",   0, 1 << 30, NULL, "end this run with a checkpoint after N steps (the schedule still spans `steps`); 0 = off"},
   {"train", "lr",           DT_KEY_FLOAT, OFF(lr),           "3e-4", 0, 10, NULL, "peak learning rate"},
   {"train", "min_lr",       DT_KEY_FLOAT, OFF(min_lr),       "0",   0, 10, NULL, "learning rate at the end of the cosine schedule"},
   {"train", "warmup",       DT_KEY_INT,   OFF(warmup),       "0",   0, 1 << 30, NULL, "linear warmup steps: lr*(step+1)/warmup for step < warmup"},

@@ -25,6 +25,7 @@ typedef struct {
   int global_batch;  /* sequences per optimizer step over all ranks; 0 = micro_batch*grad_accum*dp */
   int grad_accum;    /* micro-steps per optimizer step; 0 = derived from global_batch */
   int steps;
+  int stop_after;    /* stop this run (with a checkpoint) after this many steps; 0 = run to `steps` */
   double lr;
   double min_lr;
   int warmup;

@@ -33,10 +33,11 @@ void dt_metrics_row(dt_metrics_t *m, const dt_step_row_t *r) {
   fflush(m->out);
   if (m->jsonl) {
     fprintf(m->jsonl,
-            "{\"step\": %d, \"loss\": %.9g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"tok_per_s\": %.1f, "
+            "{\"step\": %d, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"tok_per_s\": %.1f, "
             "\"gflops\": %.3f",
             r->step, r->loss, r->lr, r->grad_norm, r->ms, r->tok_per_s, r->gflops);
-    if (r->val_loss >= 0) fprintf(m->jsonl, ", \"val_loss\": %.9g", r->val_loss);
+    fprintf(m->jsonl, ", \"sample0\": %llu, \"samples\": %d", r->sample0, r->samples);
+    if (r->val_loss >= 0) fprintf(m->jsonl, ", \"val_loss\": %.17g", r->val_loss);
     fprintf(m->jsonl, "}\n");
     fflush(m->jsonl);
   }

@@ -3,6 +3,7 @@
 #ifndef DT_METRICS_H
 #define DT_METRICS_H
 
+#include <stdint.h>
 #include <stdio.h>
 
 #include "status.h"
@@ -16,6 +17,8 @@ typedef struct {
   double tok_per_s;  /* global tokens / step time */
   double gflops;     /* achieved GFLOP/s over all ranks (model FLOPs formula) */
   double val_loss;   /* < 0: not evaluated this step */
+  unsigned long long sample0; /* global sample indices consumed: [sample0, sample0 + samples) */
+  int samples;
 } dt_step_row_t;
 
 typedef struct {

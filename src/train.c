@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ckpt.h"
 #include "optim.h"
 #include "timer.h"
 
@@ -82,11 +83,13 @@ static const dt_backend_ops_t *pick_backend(const dt_trainer_t *tr) {
   return dt_backend_find("cpu");
 }
 
-dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name) {
+dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name) {
   memset(tr, 0, sizeof *tr);
   tr->cfg = *cfg;
   tr->cfg_name = cfg_name;
-  DT_TRY(dt_mesh_init(&tr->mesh, &tr->cfg, !strcmp(cfg->backend, "cuda")));
+  dt_mesh_opts_t mo = {.cuda = !strcmp(cfg->backend, "cuda"), .runtime_devices = -1, .threads = cfg->threads,
+                       .dp = cfg->dp, .tp = cfg->tp, .pp = cfg->pp, .args = cfg_name};
+  DT_TRY(dt_mesh_init(&tr->mesh, &mo));
   DT_TRY(derive_batch(tr));
   dt_dims_t d = dt_dims_from_config(&tr->cfg);
   DT_TRY(dt_layout_init(&tr->lay, d));
@@ -96,21 +99,90 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
                   cfg->backend);
   tr->be.ops = ops;
   DT_TRY(ops->init(&tr->be, &tr->lay, tr->B, tr->T, tr->mesh.threads));
-  DT_TRY(dt_data_open(&tr->train, cfg->train, cfg->vocab_size, tr->T, cfg->shuffle, cfg->seed));
-  if (cfg->val[0]) DT_TRY(dt_data_open(&tr->val, cfg->val, cfg->vocab_size, tr->T, 0, cfg->seed));
   tr->inputs = malloc(sizeof(int) * (size_t)tr->B * (size_t)tr->T);
   tr->targets = malloc(sizeof(int) * (size_t)tr->B * (size_t)tr->T);
-  float *host = malloc(sizeof(float) * tr->lay.n_params);
-  if (!tr->inputs || !tr->targets || !host) {
-    free(host);
-    return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
+  if (!tr->inputs || !tr->targets) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
+  tr->flops_per_token = dt_model_flops_per_token(&tr->lay.d, tr->T);
+  return DT_OK;
+}
+
+/* Host views of the backend's arenas for checkpoints (the CPU backend's arenas are host memory). */
+static dt_status_t host_arenas(dt_trainer_t *tr, int with_optim, dt_ckpt_arenas_t *a) {
+  if (tr->be.ops != &dt_backend_cpu)
+    return DT_ERR(DT_ERR_UNSUPPORTED, "checkpoints are implemented for the CPU backend only");
+  *a = dt_ckpt_arenas_full(tr->be.params, with_optim ? tr->be.m : NULL, with_optim ? tr->be.v : NULL);
+  return DT_OK;
+}
+
+/* Restore parameters, moments and position per checkpoint.resume (auto | never | PATH). */
+static dt_status_t resume(dt_trainer_t *tr) {
+  const char *r = tr->cfg.resume;
+  if (!strcmp(r, "never")) return DT_OK;
+  dt_ckpt_arenas_t a;
+  DT_TRY(host_arenas(tr, 1, &a));
+  dt_ckpt_state_t st;
+  memset(&st, 0, sizeof st);
+  char path[DT_PATH_MAX] = "";
+  dt_status_t s;
+  if (!strcmp(r, "auto")) {
+    s = dt_ckpt_load_latest(NULL, tr->cfg.ckpt_dir, &tr->lay, &a, &st, path, sizeof path);
+    if (s == DT_ERR_CKPT) { /* nothing usable: a fresh start */
+      if (is_root(tr)) printf("# resume: no complete checkpoint in %s, starting from step 0\n", tr->cfg.ckpt_dir);
+      dt_err_clear();
+      return DT_OK;
+    }
+  } else {
+    snprintf(path, sizeof path, "%s", r);
+    s = dt_ckpt_load(NULL, path, &tr->lay, &a, &st);
   }
+  if (s != DT_OK) return s;
+  tr->step = (int)st.step;
+  tr->sample_pos = (uint64_t)st.data_pos;
+  tr->tokens_seen = (uint64_t)st.tokens;
+  tr->resumed_step = tr->step;
+  if (is_root(tr)) {
+    printf("# resume: %s at step %d, sample %llu (written by dtrain %s, dp=%d tp=%d pp=%d)\n", path, tr->step,
+           (unsigned long long)tr->sample_pos, st.version, st.dp, st.tp, st.pp);
+    if (st.seed != tr->cfg.seed)
+      printf("# resume: note: seed %llu differs from the checkpoint's %llu (data order changes)\n",
+             (unsigned long long)tr->cfg.seed, (unsigned long long)st.seed);
+  }
+  dt_ckpt_state_free(&st);
+  return DT_OK;
+}
+
+dt_status_t dt_trainer_save(dt_trainer_t *tr) {
+  dt_ckpt_arenas_t a;
+  DT_TRY(host_arenas(tr, 1, &a));
+  char *ini = dt_config_to_string(&tr->cfg);
+  uint64_t n = dt_data_num_samples(tr->train);
+  dt_ckpt_state_t st = {.step = tr->step, .tokens = (int64_t)tr->tokens_seen, .data_pos = (int64_t)tr->sample_pos,
+                        .epoch = (int64_t)(tr->sample_pos / n), .seed = tr->cfg.seed, .loss_scale = 1.0,
+                        .dp = tr->mesh.dp, .tp = tr->mesh.tp, .pp = tr->mesh.pp, .ini = ini};
+  char path[DT_PATH_MAX];
+  double t0 = dt_time_now();
+  dt_status_t s = dt_ckpt_save(NULL, tr->cfg.ckpt_dir, tr->cfg.ckpt_keep, &tr->lay, &a, &st, path, sizeof path);
+  free(ini);
+  DT_TRY(s);
+  tr->saved_step = tr->step;
+  if (is_root(tr)) printf("# checkpoint: %s (step %d, %.2f s)\n", path, tr->step, dt_time_now() - t0);
+  return DT_OK;
+}
+
+dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name) {
+  DT_TRY(dt_trainer_init_model(tr, cfg, cfg_name));
+  DT_TRY(dt_data_open(&tr->train, cfg->train, cfg->vocab_size, tr->T, cfg->shuffle, cfg->seed));
+  if (cfg->val[0]) DT_TRY(dt_data_open(&tr->val, cfg->val, cfg->vocab_size, tr->T, 0, cfg->seed));
+  float *host = malloc(sizeof(float) * tr->lay.n_params);
+  if (!host) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   dt_status_t st = init_weights(tr, host);
   free(host);
   DT_TRY(st);
+  tr->saved_step = -1;
+  tr->resumed_step = -1;
+  DT_TRY(resume(tr));
   DT_TRY(dt_ddp_init(&tr->ddp, tr->mesh.dp_comm, tr->be.grads, tr->lay.n_params, tr->lay.layer_begin,
                      tr->lay.d.L + 2, (size_t)cfg->bucket_mb << 20));
-  tr->flops_per_token = dt_model_flops_per_token(&tr->lay.d, tr->T);
   if (is_root(tr)) DT_TRY(dt_metrics_open(&tr->metrics, cfg->metrics));
   return DT_OK;
 }
@@ -132,11 +204,12 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   dt_backend_t *be = &tr->be;
   int dp = tr->mesh.dp;
   double t0 = dt_time_now();
+  uint64_t sample0 = tr->sample_pos;
   double lr = dt_lr_at(c, tr->step);
   DT_TRY(be->ops->zero_grad(be));
   if (dp > 1) dt_ddp_begin(&tr->ddp);
   double loss_sum = 0;
-  uint64_t slice = tr->sample_pos + (uint64_t)tr->mesh.dp_rank * (uint64_t)tr->accum * (uint64_t)tr->B;
+  uint64_t slice = tr->sample_pos + (uint64_t)tr->mesh.dp_idx * (uint64_t)tr->accum * (uint64_t)tr->B;
   for (int k = 0; k < tr->accum; k++) {
     DT_TRY(dt_data_batch(tr->train, slice + (uint64_t)k * (uint64_t)tr->B, tr->B, tr->inputs, tr->targets));
     float loss = 0;
@@ -169,7 +242,7 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   double tokens = (double)tr->global_batch * tr->T;
   *row = (dt_step_row_t){.step = tr->step, .loss = mean_loss, .lr = lr, .grad_norm = norm, .ms = 1e3 * tmax,
                          .tok_per_s = tokens / tmax, .gflops = tr->flops_per_token * tokens / tmax * 1e-9,
-                         .val_loss = -1};
+                         .val_loss = -1, .sample0 = sample0, .samples = tr->global_batch};
   return DT_OK;
 }
 
@@ -179,7 +252,7 @@ dt_status_t dt_trainer_eval(dt_trainer_t *tr, dt_data_t *d, int batches, double 
   if ((uint64_t)batches > avail) batches = (int)avail;
   if (batches < 1) return DT_ERR(DT_ERR_DATA, "validation data has fewer than micro_batch=%d samples", tr->B);
   double sum[2] = {0, 0};
-  for (int j = tr->mesh.dp_rank; j < batches; j += tr->mesh.dp) {
+  for (int j = tr->mesh.dp_idx; j < batches; j += tr->mesh.dp) {
     DT_TRY(dt_data_batch_sequential(d, (uint64_t)j, tr->B, tr->inputs, tr->targets));
     float l = 0;
     DT_TRY(be->ops->forward(be, tr->inputs, tr->targets, tr->B, tr->T, &l));
@@ -213,12 +286,13 @@ dt_status_t dt_trainer_run(dt_trainer_t *tr) {
   if (is_root(tr)) {
     printf("# effective configuration:\n");
     dt_config_write(c, stdout, "#   ");
-    dt_mesh_print_table(&tr->mesh, stdout);
+    dt_mesh_print(&tr->mesh, stdout);
     print_header(tr);
     dt_metrics_header(&tr->metrics);
-  } else {
-    dt_mesh_print_table(&tr->mesh, NULL);
   }
+  int start = tr->step;
+  if (tr->step >= c->steps && is_root(tr))
+    printf("# nothing to do: step %d of %d already done\n", tr->step, c->steps);
   while (tr->step < c->steps) {
     dt_step_row_t row;
     DT_TRY(dt_trainer_step(tr, &row));
@@ -232,9 +306,16 @@ dt_status_t dt_trainer_run(dt_trainer_t *tr) {
       DT_TRY(tr->mesh.world->ops->allreduce(tr->mesh.world, &sig, &sig, 1, DT_I32, DT_MAX, NULL, NULL));
     if (sig) {
       tr->stopped_by_signal = 1;
-      if (is_root(tr)) printf("# stop requested by signal at step %d\n", tr->step);
+      if (is_root(tr)) printf("# stop requested by signal at step %d: writing a checkpoint\n", tr->step);
+      return dt_trainer_save(tr);
+    }
+    if (c->ckpt_every > 0 && tr->step % c->ckpt_every == 0) DT_TRY(dt_trainer_save(tr));
+    if (c->stop_after > 0 && tr->step - start >= c->stop_after) {
+      if (is_root(tr)) printf("# stop_after=%d steps reached at step %d\n", c->stop_after, tr->step);
       break;
     }
   }
+  /* The final state is always saved, unless it is already on disk. */
+  if (tr->saved_step != tr->step && tr->resumed_step != tr->step) DT_TRY(dt_trainer_save(tr));
   return DT_OK;
 }

@@ -34,9 +34,18 @@ typedef struct {
   uint64_t tokens_seen;
   double flops_per_token;
   int stopped_by_signal;
+  int saved_step;          /* step of the last checkpoint written by this run, -1 none */
+  int resumed_step;        /* step restored from a checkpoint, -1 none */
 } dt_trainer_t;
 
+/* Everything for training: model set-up, data, identical weights on all ranks (or resume). */
 dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name);
+/* Only the launch layout, the layout and the backend (used by `dtrain eval`). */
+dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name);
+/* Write and commit a checkpoint of the current state (collective). */
+dt_status_t dt_trainer_save(dt_trainer_t *tr);
+/* `dtrain eval CONFIG --checkpoint FILE --data SHARD [--batches N] [section.key=value ...]`. */
+int dt_eval_main(int argc, char **argv);
 /* One optimizer step; fills row (except val_loss). */
 dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row);
 /* Mean loss over cfg.eval_batches sequential micro-batches of d, split over dp ranks. */

@@ -1,0 +1,343 @@
+/* The CPU backend (dt_backend_cpu): GPT-2 forward/backward over the ops_cpu.h kernels, AdamW and
+ * the arena copies, plus the backend registry. All memory (params, grads, m, v, activations and
+ * activation-gradient scratch) is allocated in init; forward/backward/adamw allocate nothing. */
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "kmath.h"
+#include "ops_cpu.h"
+
+/* Activations for capacity (B, T), llm.c's ActivationTensors minus what can be recomputed in
+ * place. Per-layer tensors are strided by the capacity so smaller (B, T) reuse the same views. */
+typedef struct {
+  float *encoded;            /* (B,T,C) */
+  float *ln1, *ln1_mean, *ln1_rstd; /* (L,B,T,C), (L,B,T), (L,B,T) */
+  float *qkv;                /* (L,B,T,3C) */
+  float *atty;               /* (L,B,T,C) */
+  float *att;                /* (L, attention scratch) softmax probabilities */
+  float *residual2;          /* (L,B,T,C) */
+  float *ln2, *ln2_mean, *ln2_rstd;
+  float *fch, *fch_gelu;     /* (L,B,T,4C) */
+  float *residual3;          /* (L,B,T,C) */
+  float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
+  float *logits;             /* (B,T,Vp) */
+  float *losses, *lse;       /* (B,T) */
+  /* activation-gradient scratch, one layer's worth (written with '=') */
+  float *dres;               /* (B,T,C) gradient of the residual stream */
+  float *dtmp;               /* (B,T,C) */
+  float *dqkv;               /* (B,T,3C) */
+  float *dfch;               /* (B,T,4C) */
+  float *datt;               /* attention scratch */
+  float *dlogits;            /* (B,T,Vp) */
+  int *inputs, *targets;     /* (B,T) copies of the last forward's batch */
+} cpu_acts_t;
+
+typedef struct {
+  float *arena;
+  cpu_acts_t a;
+  size_t bt, btc, attn; /* capacity strides: B*T, B*T*C, attention scratch */
+  int B, T;             /* last forward */
+  int have_fwd, have_targets;
+} cpu_impl_t;
+
+static void *alloc_floats(size_t n) {
+  size_t bytes = (n * sizeof(float) + 63) / 64 * 64;
+  void *p = aligned_alloc(64, bytes ? bytes : 64);
+  if (p) memset(p, 0, bytes);
+  return p;
+}
+
+static void cpu_free(dt_backend_t *be) {
+  cpu_impl_t *im = be->impl;
+  if (im) {
+    free(im->arena);
+    free(im->a.inputs);
+    free(im->a.targets);
+    free(im);
+  }
+  free(be->params);
+  free(be->grads);
+  free(be->m);
+  free(be->v);
+  be->params = be->grads = be->m = be->v = NULL;
+  be->impl = NULL;
+}
+
+/* Carve the activation arena; with base == NULL only count. Returns floats used. */
+static size_t carve(cpu_acts_t *a, float *base, const dt_dims_t *d, int B, int T) {
+  size_t off = 0, L = d->L, bt = (size_t)B * T, C = d->C, attn = dt_attention_scratch_floats(B, T, d->NH);
+#define TAKE(field, n)                               \
+  do {                                               \
+    a->field = base ? base + off : NULL;             \
+    off += ((size_t)(n) + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN; \
+  } while (0)
+  TAKE(encoded, bt * C);
+  TAKE(ln1, L * bt * C);
+  TAKE(ln1_mean, L * bt);
+  TAKE(ln1_rstd, L * bt);
+  TAKE(qkv, L * bt * 3 * C);
+  TAKE(atty, L * bt * C);
+  TAKE(att, L * attn);
+  TAKE(residual2, L * bt * C);
+  TAKE(ln2, L * bt * C);
+  TAKE(ln2_mean, L * bt);
+  TAKE(ln2_rstd, L * bt);
+  TAKE(fch, L * bt * 4 * C);
+  TAKE(fch_gelu, L * bt * 4 * C);
+  TAKE(residual3, L * bt * C);
+  TAKE(lnf, bt * C);
+  TAKE(lnf_mean, bt);
+  TAKE(lnf_rstd, bt);
+  TAKE(logits, bt * d->Vp);
+  TAKE(losses, bt);
+  TAKE(lse, bt);
+  TAKE(dres, bt * C);
+  TAKE(dtmp, bt * C);
+  TAKE(dqkv, bt * 3 * C);
+  TAKE(dfch, bt * 4 * C);
+  TAKE(datt, attn);
+  TAKE(dlogits, bt * d->Vp);
+#undef TAKE
+  return off;
+}
+
+static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads) {
+  memset(be, 0, sizeof *be);
+  be->ops = &dt_backend_cpu;
+  be->lay = lay;
+  be->B = B;
+  be->T = T;
+  be->threads = threads;
+  if (B < 1 || T < 1 || T > lay->d.T)
+    return DT_ERR(DT_ERR_ARG, "cpu backend: bad micro-batch B=%d T=%d (model T=%d)", B, T, lay->d.T);
+  if (threads > 0) omp_set_num_threads(threads);
+  cpu_impl_t *im = calloc(1, sizeof *im);
+  if (!im) return DT_ERR(DT_ERR_NOMEM, "cpu backend: out of memory");
+  be->impl = im;
+  size_t n = lay->n_params;
+  be->params = alloc_floats(n);
+  be->grads = alloc_floats(n);
+  be->m = alloc_floats(n);
+  be->v = alloc_floats(n);
+  size_t nact = carve(&im->a, NULL, &lay->d, B, T);
+  im->arena = alloc_floats(nact);
+  im->a.inputs = calloc((size_t)B * T, sizeof(int));
+  im->a.targets = calloc((size_t)B * T, sizeof(int));
+  if (!be->params || !be->grads || !be->m || !be->v || !im->arena || !im->a.inputs || !im->a.targets) {
+    cpu_free(be);
+    return DT_ERR(DT_ERR_NOMEM, "cpu backend: cannot allocate 4 x %zu parameter floats + %zu activation floats", n,
+                  nact);
+  }
+  carve(&im->a, im->arena, &lay->d, B, T);
+  im->bt = (size_t)B * T;
+  im->btc = im->bt * lay->d.C;
+  im->attn = dt_attention_scratch_floats(B, T, lay->d.NH);
+  return DT_OK;
+}
+
+static const float *P(const dt_backend_t *be, int l, int which) {
+  return be->params + dt_layout_block(be->lay, l, which)->offset;
+}
+static float *G(const dt_backend_t *be, int l, int which) { return be->grads + dt_layout_block(be->lay, l, which)->offset; }
+
+static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *targets, int B, int T, float *loss) {
+  cpu_impl_t *im = be->impl;
+  cpu_acts_t *a = &im->a;
+  const dt_layout_t *lay = be->lay;
+  const int L = lay->d.L, C = lay->d.C, NH = lay->d.NH, V = lay->d.V, Vp = lay->d.Vp, N = B * T;
+  if (B < 1 || T < 1 || B > be->B || T > be->T || (size_t)N > im->bt)
+    return DT_ERR(DT_ERR_ARG, "cpu backend: forward with B=%d T=%d exceeds the capacity B=%d T=%d", B, T, be->B, be->T);
+  for (int i = 0; i < N; i++) {
+    if (inputs[i] < 0 || inputs[i] >= V)
+      return DT_ERR(DT_ERR_DATA, "cpu backend: input token %d at position %d is outside [0, %d)", inputs[i], i, V);
+    if (targets && (targets[i] < 0 || targets[i] >= V))
+      return DT_ERR(DT_ERR_DATA, "cpu backend: target token %d at position %d is outside [0, %d)", targets[i], i, V);
+  }
+  memcpy(a->inputs, inputs, (size_t)N * sizeof(int));
+  if (targets) memcpy(a->targets, targets, (size_t)N * sizeof(int));
+  im->B = B;
+  im->T = T;
+  im->have_fwd = 1;
+  im->have_targets = targets != NULL;
+
+  const float *wte = be->params + lay->tensors[0].offset, *wpe = be->params + lay->tensors[1].offset;
+  dt_encoder_forward(a->encoded, inputs, wte, wpe, B, T, C);
+  const float *x = a->encoded; /* (B,T,C) residual stream entering block l */
+  for (int l = 0; l < L; l++) {
+    size_t o = l * im->btc, os = l * im->bt;
+    float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * o, *atty = a->atty + o, *att = a->att + l * im->attn;
+    float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * o, *fchg = a->fch_gelu + 4 * o;
+    float *res3 = a->residual3 + o;
+    dt_layernorm_forward(ln1, a->ln1_mean + os, a->ln1_rstd + os, x, P(be, l, DT_LN1W), P(be, l, DT_LN1B), N, C);
+    dt_matmul_forward(qkv, ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * C);
+    dt_attention_forward(atty, att, qkv, B, T, C, NH);
+    dt_matmul_forward(res2, atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), N, C, C);
+    dt_residual_forward(res2, res2, x, (size_t)N * C);
+    dt_layernorm_forward(ln2, a->ln2_mean + os, a->ln2_rstd + os, res2, P(be, l, DT_LN2W), P(be, l, DT_LN2B), N, C);
+    dt_matmul_forward(fch, ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * C);
+    dt_gelu_forward(fchg, fch, (size_t)N * 4 * C);
+    dt_matmul_forward(res3, fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), N, 4 * C, C);
+    dt_residual_forward(res3, res3, res2, (size_t)N * C);
+    x = res3;
+  }
+  const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
+  dt_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, be->params + lnfw->offset, be->params + lnfb->offset, N,
+                       C);
+  dt_matmul_forward(a->logits, a->lnf, wte, NULL, N, C, Vp); /* tied lm_head: logits = lnf wte^T */
+  if (targets) {
+    double m = dt_crossentropy_forward(a->losses, a->lse, a->logits, targets, N, V, Vp);
+    if (loss) *loss = (float)m;
+  }
+  return DT_OK;
+}
+
+static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn ready, void *ctx) {
+  cpu_impl_t *im = be->impl;
+  cpu_acts_t *a = &im->a;
+  const dt_layout_t *lay = be->lay;
+  const int L = lay->d.L, C = lay->d.C, NH = lay->d.NH, V = lay->d.V, Vp = lay->d.Vp;
+  const int B = im->B, T = im->T, N = B * T;
+  if (!im->have_fwd || !im->have_targets)
+    return DT_ERR(DT_ERR_ARG, "cpu backend: backward needs a preceding forward with targets");
+  if (accum < 1) return DT_ERR(DT_ERR_ARG, "cpu backend: backward with accum=%d (must be >= 1)", accum);
+
+  const float *wte = be->params + lay->tensors[0].offset;
+  float *dwte = be->grads + lay->tensors[0].offset, *dwpe = be->grads + lay->tensors[1].offset;
+  const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
+  const float *x_last = L > 0 ? a->residual3 + (size_t)(L - 1) * im->btc : a->encoded;
+
+  /* loss = mean over B*T, divided by accum */
+  dt_crossentropy_backward(a->dlogits, a->logits, a->lse, a->targets, 1.0f / ((float)N * accum), N, V, Vp);
+  dt_matmul_backward(a->dtmp, dwte, NULL, a->dlogits, a->lnf, wte, N, C, Vp);
+  dt_layernorm_backward(a->dres, be->grads + lnfw->offset, be->grads + lnfb->offset, NULL, a->dtmp, x_last,
+                        be->params + lnfw->offset, a->lnf_mean, a->lnf_rstd, N, C);
+  if (ready) ready(ctx, lay->layer_begin[L + 1], lay->layer_begin[L + 2]);
+
+  for (int l = L - 1; l >= 0; l--) {
+    size_t o = l * im->btc, os = l * im->bt;
+    const float *x = l > 0 ? a->residual3 + o - im->btc : a->encoded;
+    const float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * o, *atty = a->atty + o, *att = a->att + l * im->attn;
+    const float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * o, *fchg = a->fch_gelu + 4 * o;
+    /* dres holds d loss / d residual3[l] */
+    dt_matmul_backward(a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg, P(be, l, DT_FCPROJW), N,
+                       4 * C, C);
+    dt_gelu_backward(a->dfch, fch, a->dfch, (size_t)N * 4 * C);
+    dt_matmul_backward(a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, ln2, P(be, l, DT_FCW), N, C, 4 * C);
+    dt_layernorm_backward(a->dres, G(be, l, DT_LN2W), G(be, l, DT_LN2B), a->dres, a->dtmp, res2, P(be, l, DT_LN2W),
+                          a->ln2_mean + os, a->ln2_rstd + os, N, C);
+    /* dres holds d loss / d residual2[l] */
+    dt_matmul_backward(a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, atty, P(be, l, DT_ATTPROJW),
+                       N, C, C);
+    dt_attention_backward(a->dqkv, a->datt, a->dtmp, qkv, att, B, T, C, NH);
+    dt_matmul_backward(a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, ln1, P(be, l, DT_QKVW), N, C, 3 * C);
+    dt_layernorm_backward(a->dres, G(be, l, DT_LN1W), G(be, l, DT_LN1B), a->dres, a->dtmp, x, P(be, l, DT_LN1W),
+                          a->ln1_mean + os, a->ln1_rstd + os, N, C);
+    /* dres holds d loss / d (block l input) */
+    if (ready) ready(ctx, lay->layer_begin[1 + l], lay->layer_begin[2 + l]);
+  }
+  dt_encoder_backward(dwte, dwpe, a->dres, a->inputs, B, T, C);
+  if (ready) ready(ctx, lay->layer_begin[0], lay->layer_begin[1]);
+  return DT_OK;
+}
+
+static dt_status_t cpu_zero_grad(dt_backend_t *be) {
+  memset(be->grads, 0, be->lay->n_params * sizeof(float));
+  return DT_OK;
+}
+
+static dt_status_t cpu_grad_sumsq(dt_backend_t *be, double *out) {
+  const float *g = be->grads;
+  long n = (long)be->lay->n_params;
+  double s = 0.0;
+#pragma omp parallel for schedule(static) reduction(+ : s)
+  for (long i = 0; i < n; i++) s += (double)g[i] * g[i];
+  *out = s;
+  return DT_OK;
+}
+
+static dt_status_t cpu_adamw(dt_backend_t *be, const dt_adamw_args_t *ar) {
+  if (ar->t < 1) return DT_ERR(DT_ERR_ARG, "cpu backend: adamw step t=%d (must be >= 1)", ar->t);
+  const dt_layout_t *lay = be->lay;
+  float bc1 = (float)(1.0 - pow(ar->beta1, ar->t)), bc2 = (float)(1.0 - pow(ar->beta2, ar->t));
+  for (int i = 0; i < lay->n_tensors; i++) {
+    const dt_tensor_t *t = &lay->tensors[i];
+    float *p = be->params + t->offset, *m = be->m + t->offset, *v = be->v + t->offset;
+    const float *g = be->grads + t->offset;
+    float wd = t->decay ? ar->weight_decay : 0.0f, gs = ar->grad_scale;
+    long n = (long)t->rows * t->cols;
+#pragma omp parallel for schedule(static)
+    for (long k = 0; k < n; k++)
+      p[k] = dt_adamw_update(p[k], g[k] * gs, &m[k], &v[k], ar->lr, ar->beta1, ar->beta2, ar->eps, wd, bc1, bc2);
+  }
+  return DT_OK;
+}
+
+static float *buf_ptr(dt_backend_t *be, dt_buf_t buf) {
+  switch (buf) {
+  case DT_BUF_PARAMS: return be->params;
+  case DT_BUF_GRADS: return be->grads;
+  case DT_BUF_M: return be->m;
+  case DT_BUF_V: return be->v;
+  }
+  return NULL;
+}
+
+static dt_status_t check_range(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count) {
+  if (!buf_ptr(be, buf)) return DT_ERR(DT_ERR_ARG, "cpu backend: unknown buffer %d", (int)buf);
+  if (off > be->lay->n_params || count > be->lay->n_params - off)
+    return DT_ERR(DT_ERR_ARG, "cpu backend: copy of %zu floats at %zu exceeds the arena of %zu", count, off,
+                  be->lay->n_params);
+  return DT_OK;
+}
+
+static dt_status_t cpu_copy_to_host(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, float *dst) {
+  DT_TRY(check_range(be, buf, off, count));
+  memcpy(dst, buf_ptr(be, buf) + off, count * sizeof(float));
+  return DT_OK;
+}
+
+static dt_status_t cpu_copy_from_host(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, const float *src) {
+  DT_TRY(check_range(be, buf, off, count));
+  memcpy(buf_ptr(be, buf) + off, src, count * sizeof(float));
+  return DT_OK;
+}
+
+static dt_status_t cpu_logits_to_host(dt_backend_t *be, float *dst) {
+  cpu_impl_t *im = be->impl;
+  if (!im->have_fwd) return DT_ERR(DT_ERR_ARG, "cpu backend: logits requested before any forward");
+  memcpy(dst, im->a.logits, (size_t)im->B * im->T * be->lay->d.Vp * sizeof(float));
+  return DT_OK;
+}
+
+const dt_backend_ops_t dt_backend_cpu = {
+    .name = "cpu",
+    .init = cpu_init,
+    .free = cpu_free,
+    .forward = cpu_forward,
+    .backward = cpu_backward,
+    .zero_grad = cpu_zero_grad,
+    .grad_sumsq = cpu_grad_sumsq,
+    .adamw = cpu_adamw,
+    .copy_to_host = cpu_copy_to_host,
+    .copy_from_host = cpu_copy_from_host,
+    .logits_to_host = cpu_logits_to_host,
+};
+
+/* Preferred first: "auto" picks dt_backends[0]. */
+const dt_backend_ops_t *const dt_backends[] = {
+#ifdef DT_HAVE_CUDA
+    &dt_backend_cuda,
+#endif
+    &dt_backend_cpu,
+    NULL,
+};
+
+const dt_backend_ops_t *dt_backend_find(const char *name) {
+  if (!name || strcmp(name, "auto") == 0) return dt_backends[0];
+  for (int i = 0; dt_backends[i]; i++)
+    if (strcmp(dt_backends[i]->name, name) == 0) return dt_backends[i];
+  return NULL;
+}

@@ -1,0 +1,299 @@
+/* Checkpoint internals shared by ckpt_write.c and ckpt_read.c: status agreement over the
+ * communicator, HDF5 error text and attributes, the ranges (boxes of global tensors a rank holds)
+ * and their mapping between our (out, in) arenas and the Hugging Face file layout. */
+#include "ckpt.h"
+
+#include <hdf5.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt_int.h"
+
+static const char *group_path[DT_CKPT_GROUPS] = {"/model", "/optim/exp_avg", "/optim/exp_avg_sq"};
+
+/* ---- shared helpers ---------------------------------------------------------------------- */
+
+static const char *fault_phase;
+static int fault_rank = -1;
+
+void dt_ckpt__fault(int rank, const char *phase) {
+  fault_rank = rank;
+  fault_phase = phase;
+}
+
+int dt_ckpt__faulty(MPI_Comm comm, const char *phase) {
+  int rank;
+  MPI_Comm_rank(comm, &rank);
+  return fault_phase && rank == fault_rank && strcmp(fault_phase, phase) == 0;
+}
+
+MPI_Comm dt_ckpt__comm(const void *mpi_comm) { return mpi_comm ? *(const MPI_Comm *)mpi_comm : MPI_COMM_WORLD; }
+
+dt_status_t dt_ckpt__agree(MPI_Comm comm, dt_status_t st) {
+  int rank, mine, first;
+  MPI_Comm_rank(comm, &rank);
+  mine = st != DT_OK ? rank : INT_MAX;
+  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  if (first == INT_MAX) return DT_OK;
+  struct { int st; char msg[960]; } m;
+  memset(&m, 0, sizeof m);
+  if (rank == first) {
+    m.st = st;
+    snprintf(m.msg, sizeof m.msg, "%s", dt_err_msg());
+  }
+  MPI_Bcast(&m, (int)sizeof m, MPI_BYTE, first, comm);
+  if (rank != first) DT_ERR((dt_status_t)m.st, "rank %d: %s", first, m.msg);
+  return (dt_status_t)m.st;
+}
+
+static herr_t h5walk(unsigned n, const H5E_error2_t *e, void *data) {
+  char **s = data; /* s[0] innermost, s[1] outermost */
+  if (n == 0) snprintf(s[0], 256, "%s", e->desc ? e->desc : "");
+  snprintf(s[1], 256, "%s", e->desc ? e->desc : "");
+  return 0;
+}
+
+const char *dt_ckpt__h5msg(char *buf, size_t n) {
+  char inner[256] = "", outer[256] = "";
+  char *s[2] = {inner, outer};
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_UPWARD, h5walk, s);
+  H5Eclear2(H5E_DEFAULT);
+  if (strcmp(inner, outer) == 0) snprintf(buf, n, "%s", inner[0] ? inner : "unknown HDF5 error");
+  else snprintf(buf, n, "%s: %s", outer, inner);
+  return buf;
+}
+
+void dt_ckpt__h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
+
+/* Record an HDF5 failure about object `obj` of file `path`. */
+dt_status_t dt_ckpt__h5err(const char *path, const char *obj, const char *what) {
+  char m[600];
+  return DT_ERR(DT_ERR_HDF5, "%s: %s: %s (HDF5: %s)", path, obj, what, dt_ckpt__h5msg(m, sizeof m));
+}
+
+/* ---- ranges ------------------------------------------------------------------------------ */
+
+int dt_ckpt__is_wte(const dt_tensor_t *t) { return strcmp(t->name, "wte.weight") == 0; }
+/* Rows of the global tensor in our layout as far as the file is concerned (wte: true V). */
+int dt_ckpt__hf_rows(const dt_layout_t *lay, const dt_tensor_t *t) { return dt_ckpt__is_wte(t) ? lay->d.V : t->rows; }
+
+/* File shape: 1-D (cols); 2-D (rows, cols) or transposed. Returns ndim. */
+static int file_shape(const dt_layout_t *lay, const dt_tensor_t *t, hsize_t dims[2]) {
+  if (t->ndim == 1) {
+    dims[0] = (hsize_t)t->cols;
+    dims[1] = 1;
+    return 1;
+  }
+  dims[0] = (hsize_t)(t->hf_transpose ? t->cols : dt_ckpt__hf_rows(lay, t));
+  dims[1] = (hsize_t)(t->hf_transpose ? dt_ckpt__hf_rows(lay, t) : t->cols);
+  return 2;
+}
+
+dt_ckpt_arenas_t dt_ckpt_arenas_full(float *params, float *m, float *v) {
+  dt_ckpt_arenas_t a;
+  memset(&a, 0, sizeof a);
+  a.params = params, a.m = m, a.v = v;
+  a.model.full = a.optim.full = 1;
+  return a;
+}
+
+dt_status_t dt_ckpt_ranges_add(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, dt_ckpt_range_t r) {
+  if (r.tensor < 0 || r.tensor >= lay->n_tensors)
+    return DT_ERR(DT_ERR_ARG, "checkpoint range: tensor index %d out of [0, %d)", r.tensor, lay->n_tensors);
+  const dt_tensor_t *t = &lay->tensors[r.tensor];
+  if (r.row0 < 0 || r.row0 >= r.row1 || r.row1 > dt_ckpt__hf_rows(lay, t) || r.col0 < 0 || r.col0 >= r.col1 ||
+      r.col1 > t->cols || r.ld < (size_t)(r.col1 - r.col0))
+    return DT_ERR(DT_ERR_ARG, "checkpoint range: %s: box rows [%d,%d) cols [%d,%d) ld %zu outside (%d, %d)",
+                  t->name, r.row0, r.row1, r.col0, r.col1, r.ld, dt_ckpt__hf_rows(lay, t), t->cols);
+  dt_ckpt_range_t *nr = realloc(rs->r, (size_t)(rs->n + 1) * sizeof *nr);
+  if (!nr) return DT_ERR(DT_ERR_NOMEM, "checkpoint ranges: out of memory");
+  rs->r = nr;
+  rs->r[rs->n++] = r;
+  rs->full = 0;
+  return DT_OK;
+}
+
+dt_status_t dt_ckpt_ranges_add_flat(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, size_t begin, size_t end) {
+  for (int i = 0; i < lay->n_tensors; i++) {
+    const dt_tensor_t *t = &lay->tensors[i];
+    size_t cols = (size_t)t->cols, n = (size_t)dt_ckpt__hf_rows(lay, t) * cols;
+    size_t lo = begin > t->offset ? begin - t->offset : 0, hi = end > t->offset ? end - t->offset : 0;
+    if (hi > n) hi = n;
+    while (lo < hi) { /* partial first row, full rows, partial last row */
+      size_t r = lo / cols, c = lo % cols, stop;
+      dt_ckpt_range_t b = {.tensor = i, .row0 = (int)r, .col0 = (int)c, .ld = cols};
+      if (c != 0 || hi - lo < cols) { /* within one row */
+        stop = (r + 1) * cols < hi ? (r + 1) * cols : hi;
+        b.row1 = (int)r + 1, b.col1 = (int)(c + (stop - lo));
+      } else {
+        stop = hi / cols * cols;
+        b.row1 = (int)(stop / cols), b.col1 = (int)cols;
+      }
+      b.off = t->offset + lo - begin;
+      DT_TRY(dt_ckpt_ranges_add(rs, lay, b));
+      lo = stop;
+    }
+  }
+  return DT_OK;
+}
+
+void dt_ckpt_ranges_free(dt_ckpt_ranges_t *rs) {
+  free(rs->r);
+  rs->r = NULL;
+  rs->n = 0;
+}
+
+/* Whole tensors (load into full arenas) or this rank's 1/P of each tensor's first file
+ * dimension (save from full arenas; contiguous in the file). */
+dt_status_t dt_ckpt__ranges_resolve(const dt_layout_t *lay, const dt_ckpt_ranges_t *in, int split, int rank, int size,
+                                  dt_ckpt_ranges_t *out) {
+  memset(out, 0, sizeof *out);
+  if (!in->full) {
+    for (int i = 0; i < in->n; i++) DT_TRY(dt_ckpt_ranges_add(out, lay, in->r[i]));
+    return DT_OK;
+  }
+  for (int i = 0; i < lay->n_tensors; i++) {
+    const dt_tensor_t *t = &lay->tensors[i];
+    int rows = dt_ckpt__hf_rows(lay, t), cols = t->cols;
+    dt_ckpt_range_t b = {.tensor = i, .row0 = 0, .row1 = rows, .col0 = 0, .col1 = cols, .ld = (size_t)cols};
+    if (split) {
+      int tr = t->ndim == 2 && t->hf_transpose; /* first file dim is our cols */
+      int n = t->ndim == 1 || tr ? cols : rows;
+      int a = (int)((long long)n * rank / size), z = (int)((long long)n * (rank + 1) / size);
+      if (a == z) continue;
+      if (t->ndim == 1 || tr) b.col0 = a, b.col1 = z;
+      else b.row0 = a, b.row1 = z;
+    }
+    b.off = t->offset + (size_t)b.row0 * (size_t)cols + (size_t)b.col0;
+    DT_TRY(dt_ckpt_ranges_add(out, lay, b));
+  }
+  return DT_OK;
+}
+
+/* A box in file coordinates: rows [r0, r1) x cols [c0, c1) of the (possibly transposed) tensor. */
+
+fbox_t dt_ckpt__to_file(const dt_tensor_t *t, const dt_ckpt_range_t *r) {
+  fbox_t b = {(hsize_t)r->row0, (hsize_t)r->row1, (hsize_t)r->col0, (hsize_t)r->col1, r};
+  if (t->ndim == 2 && t->hf_transpose) b = (fbox_t){(hsize_t)r->col0, (hsize_t)r->col1, (hsize_t)r->row0, (hsize_t)r->row1, r};
+  return b;
+}
+
+static int fbox_cmp(const void *a, const void *b) {
+  const fbox_t *x = a, *y = b;
+  return x->c0 < y->c0 ? -1 : x->c0 > y->c0;
+}
+
+/* Local float for file element (i, j) of box b. */
+size_t dt_ckpt__local_index(const dt_tensor_t *t, const fbox_t *b, hsize_t i, hsize_t j) {
+  const dt_ckpt_range_t *r = b->src;
+  size_t rr = t->ndim == 2 && t->hf_transpose ? j : i, cc = t->ndim == 2 && t->hf_transpose ? i : j;
+  return r->off + (rr - (size_t)r->row0) * r->ld + (cc - (size_t)r->col0);
+}
+
+/* ---- HDF5 attribute helpers -------------------------------------------------------------- */
+
+herr_t dt_ckpt__attr_put(hid_t loc, const char *name, hid_t ftype, hid_t mtype, const void *val) {
+  hid_t sp = H5Screate(H5S_SCALAR);
+  hid_t a = H5Acreate2(loc, name, ftype, sp, H5P_DEFAULT, H5P_DEFAULT);
+  herr_t e = a < 0 ? -1 : H5Awrite(a, mtype, val);
+  if (a >= 0) H5Aclose(a);
+  H5Sclose(sp);
+  return e;
+}
+
+herr_t dt_ckpt__attr_get(hid_t loc, const char *name, hid_t mtype, void *val) {
+  hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
+  herr_t e = a < 0 ? -1 : H5Aread(a, mtype, val);
+  if (a >= 0) H5Aclose(a);
+  return e;
+}
+
+herr_t dt_ckpt__attr_put_str(hid_t loc, const char *name, const char *s) {
+  hid_t t = H5Tcopy(H5T_C_S1);
+  H5Tset_size(t, strlen(s) + 1);
+  H5Tset_strpad(t, H5T_STR_NULLTERM);
+  herr_t e = dt_ckpt__attr_put(loc, name, t, t, s);
+  H5Tclose(t);
+  return e;
+}
+
+herr_t dt_ckpt__attr_get_str(hid_t loc, const char *name, char *buf, size_t n) {
+  hid_t t = H5Tcopy(H5T_C_S1);
+  H5Tset_size(t, n);
+  H5Tset_strpad(t, H5T_STR_NULLTERM);
+  herr_t e = dt_ckpt__attr_get(loc, name, t, buf);
+  H5Tclose(t);
+  buf[n - 1] = '\0';
+  return e;
+}
+
+/* ---- file-space helpers ------------------------------------------------------------------- */
+
+
+fshape_t dt_ckpt__fshape(const dt_layout_t *lay, const dt_tensor_t *t) {
+  fshape_t f;
+  f.ndim = file_shape(lay, t, f.dims);
+  f.FR = f.ndim == 2 ? f.dims[0] : 1;
+  f.FC = f.ndim == 2 ? f.dims[1] : f.dims[0];
+  return f;
+}
+
+/* Select file box b (in the (FR, FC) view) in space sp, SET or OR. */
+herr_t dt_ckpt__select_box(hid_t sp, const fshape_t *f, const fbox_t *b, H5S_seloper_t op) {
+  hsize_t start[2] = {b->r0, b->c0}, count[2] = {b->r1 - b->r0, b->c1 - b->c0};
+  if (f->ndim == 1) start[0] = b->c0, count[0] = b->c1 - b->c0;
+  return H5Sselect_hyperslab(sp, op, start, NULL, count, NULL);
+}
+
+/* This rank's share [*a, *z) of the first file dimension when P ranks split it evenly. */
+void dt_ckpt__split_first(const fshape_t *f, int rank, int size, hsize_t *a, hsize_t *z) {
+  hsize_t n = f->dims[0];
+  *a = n * (hsize_t)rank / (hsize_t)size;
+  *z = n * (hsize_t)(rank + 1) / (hsize_t)size;
+}
+
+/* Boxes of ranges rs that belong to tensor ti, as file boxes sorted by first column. */
+int dt_ckpt__boxes_of(const dt_layout_t *lay, const dt_ckpt_ranges_t *rs, int ti, fbox_t *out) {
+  int n = 0;
+  for (int i = 0; i < rs->n; i++)
+    if (rs->r[i].tensor == ti) out[n++] = dt_ckpt__to_file(&lay->tensors[ti], &rs->r[i]);
+  qsort(out, (size_t)n, sizeof *out, fbox_cmp);
+  return n;
+}
+
+size_t dt_ckpt__max_tensor(const dt_layout_t *lay) {
+  size_t m = 1;
+  for (int i = 0; i < lay->n_tensors; i++) {
+    size_t n = (size_t)dt_ckpt__hf_rows(lay, &lay->tensors[i]) * (size_t)lay->tensors[i].cols;
+    if (n > m) m = n;
+  }
+  return m;
+}
+
+
+dt_status_t dt_ckpt__dsets_init(dsets_t *D, const dt_layout_t *lay, int groups) {
+  D->n_ds = lay->n_tensors * groups;
+  D->ds = malloc((size_t)D->n_ds * sizeof *D->ds);
+  D->names = malloc((size_t)D->n_ds * sizeof *D->names);
+  D->bytes = malloc((size_t)D->n_ds * sizeof *D->bytes);
+  if (!D->ds || !D->names || !D->bytes) return DT_ERR(DT_ERR_NOMEM, "checkpoint: out of memory");
+  for (int d = 0; d < D->n_ds; d++) {
+    const dt_tensor_t *t = &lay->tensors[d % lay->n_tensors];
+    fshape_t f = dt_ckpt__fshape(lay, t);
+    D->ds[d] = -1;
+    snprintf(D->names[d], sizeof D->names[d], "%s/%s", group_path[d / lay->n_tensors], t->name);
+    D->bytes[d] = f.FR * f.FC * sizeof(float);
+  }
+  return DT_OK;
+}
+
+void dt_ckpt__dsets_free(dsets_t *D) {
+  for (int d = 0; D->ds && d < D->n_ds; d++)
+    if (D->ds[d] >= 0) H5Dclose(D->ds[d]);
+  free(D->ds);
+  free(D->names);
+  free(D->bytes);
+}
+

@@ -1,0 +1,76 @@
+/* Checkpoint internals (dt_ckpt__*), shared by ckpt.c, ckpt_write.c, ckpt_read.c and ckpt_dir.c:
+ * agreement on a status over the communicator, HDF5 error text and attributes, the fault hook,
+ * and the boxes that map our arenas onto the Hugging Face file layout. */
+#ifndef DT_CKPT_INT_H
+#define DT_CKPT_INT_H
+
+#include <mpi.h>
+
+#include "status.h"
+
+/* Collective: every rank returns the status of the lowest failing rank (DT_OK if none), and
+ * ranks that did not fail record "rank R: <its message>". */
+dt_status_t dt_ckpt__agree(MPI_Comm comm, dt_status_t st);
+/* Innermost and outermost messages of the current HDF5 error stack (then cleared). */
+const char *dt_ckpt__h5msg(char *buf, size_t n);
+/* Turn off HDF5's automatic error printing (we report errors ourselves). */
+void dt_ckpt__h5_quiet(void);
+/* 1 if the test hook asks this rank to fail at `phase`. */
+int dt_ckpt__faulty(MPI_Comm comm, const char *phase);
+/* Communicator from the API's `const void *mpi_comm` (NULL = MPI_COMM_WORLD). */
+MPI_Comm dt_ckpt__comm(const void *mpi_comm);
+
+/* ---- shared by ckpt_write.c and ckpt_read.c ---- */
+#include <hdf5.h>
+
+#include "ckpt.h"
+
+#define DT_CKPT_GROUPS 3 /* /model, /optim/exp_avg, /optim/exp_avg_sq */
+
+/* A box in file coordinates: rows [r0, r1) x cols [c0, c1) of the (possibly transposed) tensor. */
+typedef struct { hsize_t r0, r1, c0, c1; const dt_ckpt_range_t *src; } fbox_t;
+
+/* File shape of a tensor and its (FR, FC) matrix view ((1, n) for 1-D tensors). */
+typedef struct {
+  int ndim;
+  hsize_t dims[2];
+  hsize_t FR, FC; /* file matrix view: 2-D dims, or (1, n) for 1-D */
+} fshape_t;
+
+/* The datasets of one file: n_tensors per group, names "/model/<name>" etc. */
+typedef struct {
+  int n_ds;
+  hid_t *ds;
+  char (*names)[96];
+  uint64_t *bytes;
+} dsets_t;
+
+/* Record an HDF5 failure about object `obj` of file `path` (DT_ERR_HDF5). */
+dt_status_t dt_ckpt__h5err(const char *path, const char *obj, const char *what);
+int dt_ckpt__is_wte(const dt_tensor_t *t);
+/* Rows of the global tensor in our layout as far as the file is concerned (wte: true V). */
+int dt_ckpt__hf_rows(const dt_layout_t *lay, const dt_tensor_t *t);
+fshape_t dt_ckpt__fshape(const dt_layout_t *lay, const dt_tensor_t *t);
+/* Explicit boxes from `in`: its own list, or for full = 1 whole tensors (split = 0) or this
+ * rank's 1/P of each tensor's first file dimension (split = 1, contiguous in the file). */
+dt_status_t dt_ckpt__ranges_resolve(const dt_layout_t *lay, const dt_ckpt_ranges_t *in, int split, int rank, int size,
+                                    dt_ckpt_ranges_t *out);
+fbox_t dt_ckpt__to_file(const dt_tensor_t *t, const dt_ckpt_range_t *r);
+/* Local float index of file element (i, j) of box b. */
+size_t dt_ckpt__local_index(const dt_tensor_t *t, const fbox_t *b, hsize_t i, hsize_t j);
+/* Select file box b in space sp (SET or OR). */
+herr_t dt_ckpt__select_box(hid_t sp, const fshape_t *f, const fbox_t *b, H5S_seloper_t op);
+/* This rank's share [*a, *z) of the first file dimension split evenly over `size` ranks. */
+void dt_ckpt__split_first(const fshape_t *f, int rank, int size, hsize_t *a, hsize_t *z);
+/* Boxes of rs on tensor ti as file boxes sorted by first column; returns their number. */
+int dt_ckpt__boxes_of(const dt_layout_t *lay, const dt_ckpt_ranges_t *rs, int ti, fbox_t *out);
+/* Floats in the largest tensor (file shape). */
+size_t dt_ckpt__max_tensor(const dt_layout_t *lay);
+herr_t dt_ckpt__attr_put(hid_t loc, const char *name, hid_t ftype, hid_t mtype, const void *val);
+herr_t dt_ckpt__attr_get(hid_t loc, const char *name, hid_t mtype, void *val);
+herr_t dt_ckpt__attr_put_str(hid_t loc, const char *name, const char *s);
+herr_t dt_ckpt__attr_get_str(hid_t loc, const char *name, char *buf, size_t n);
+dt_status_t dt_ckpt__dsets_init(dsets_t *D, const dt_layout_t *lay, int groups);
+void dt_ckpt__dsets_free(dsets_t *D);
+
+#endif

@@ -1,0 +1,337 @@
+/* Checkpoint write: every rank packs its boxes of each tensor into the Hugging Face file layout
+ * and joins one collective H5Dwrite per dataset; the per-rank CRC32C runs are tiled and combined
+ * on rank 0 into each dataset's checksum; state and the completion marker come last. */
+#include <errno.h>
+#include <hdf5.h>
+#include <limits.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ckpt.h"
+#include "ckpt_int.h"
+#include "fault.h"
+#include "crc32c.h"
+#include "dt_build.h"
+
+typedef struct { uint64_t ds, off, len; uint32_t crc, pad; } seg_t;
+
+typedef struct {
+  seg_t *s;
+  size_t n, cap;
+} segs_t;
+
+static dt_status_t segs_add(segs_t *g, uint64_t ds, uint64_t off, const void *data, uint64_t len) {
+  if (g->n && g->s[g->n - 1].ds == ds && g->s[g->n - 1].off + g->s[g->n - 1].len == off) {
+    seg_t *l = &g->s[g->n - 1]; /* continues the previous run: extend its CRC */
+    l->crc = dt_crc32c(l->crc, data, len);
+    l->len += len;
+    return DT_OK;
+  }
+  if (g->n == g->cap) {
+    size_t cap = g->cap ? 2 * g->cap : 256;
+    seg_t *s = realloc(g->s, cap * sizeof *s);
+    if (!s) return DT_ERR(DT_ERR_NOMEM, "checkpoint: out of memory (checksum segments)");
+    g->s = s, g->cap = cap;
+  }
+  g->s[g->n++] = (seg_t){ds, off, len, dt_crc32c(0, data, len), 0};
+  return DT_OK;
+}
+
+static int seg_cmp(const void *a, const void *b) {
+  const seg_t *x = a, *y = b;
+  if (x->ds != y->ds) return x->ds < y->ds ? -1 : 1;
+  return x->off < y->off ? -1 : x->off > y->off;
+}
+
+/* Save: boxes of one rank must not overlap (overlaps between ranks are found by the CRC tiling). */
+static dt_status_t check_disjoint(const dt_layout_t *lay, const dt_ckpt_ranges_t *rs, const char *what) {
+  for (int i = 0; i < rs->n; i++)
+    for (int k = i + 1; k < rs->n; k++) {
+      const dt_ckpt_range_t *x = &rs->r[i], *y = &rs->r[k];
+      if (x->tensor == y->tensor && x->row0 < y->row1 && y->row0 < x->row1 && x->col0 < y->col1 && y->col0 < x->col1)
+        return DT_ERR(DT_ERR_ARG, "checkpoint save: %s ranges %d and %d of %s overlap", what, i, k,
+                      lay->tensors[x->tensor].name);
+    }
+  return DT_OK;
+}
+
+/* Create a small dataset (rank-0 data; n elements, scalar if n == 0 and scalar != 0) with its CRC. */
+static dt_status_t put_small(hid_t loc, const char *name, hid_t ftype, hid_t mtype, int scalar, hsize_t n,
+                             const void *data, size_t nbytes, int rank, hid_t dxpl, const char *path) {
+  hid_t sp = scalar ? H5Screate(H5S_SCALAR) : H5Screate_simple(1, &n, NULL);
+  hid_t d = H5Dcreate2(loc, name, ftype, sp, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  herr_t e = d < 0 ? -1 : 0;
+  if (e == 0 && (scalar || n > 0)) {
+    if (rank != 0) H5Sselect_none(sp);
+    e = H5Dwrite(d, mtype, sp, sp, dxpl, data);
+  }
+  uint32_t crc = dt_crc32c(0, data, nbytes);
+  if (e == 0) e = dt_ckpt__attr_put(d, "crc32c", H5T_STD_U32LE, H5T_NATIVE_UINT32, &crc);
+  if (d >= 0) H5Dclose(d);
+  H5Sclose(sp);
+  return e < 0 ? dt_ckpt__h5err(path, name, "cannot write state dataset") : DT_OK;
+}
+
+/* ---- write -------------------------------------------------------------------------------- */
+
+/* Rank 0's state (and ini text) on every rank. */
+static dt_status_t state_bcast(MPI_Comm comm, int rank, const dt_ckpt_state_t *in, dt_ckpt_state_t *s, char **ini) {
+  long long n = 0;
+  memset(s, 0, sizeof *s);
+  if (rank == 0 && in) {
+    *s = *in;
+    n = in->ini ? (long long)strlen(in->ini) : 0;
+  }
+  int ok = rank != 0 || in != NULL;
+  MPI_Bcast(&ok, 1, MPI_INT, 0, comm);
+  MPI_Bcast(s, (int)sizeof *s, MPI_BYTE, 0, comm);
+  MPI_Bcast(&n, 1, MPI_LONG_LONG, 0, comm);
+  s->ini = NULL;
+  if (n >= INT_MAX) return DT_ERR(DT_ERR_ARG, "checkpoint save: ini text too long (%lld bytes)", n);
+  *ini = malloc((size_t)n + 1);
+  if (!*ini) return DT_ERR(DT_ERR_NOMEM, "checkpoint save: out of memory");
+  if (rank == 0) memcpy(*ini, n ? in->ini : "", (size_t)n + 1);
+  MPI_Bcast(*ini, (int)n + 1, MPI_CHAR, 0, comm);
+  if (!ok) return DT_ERR(DT_ERR_ARG, "checkpoint save: rank 0 passed no training state");
+  if (s->n_rng < 0 || s->n_rng > DT_CKPT_RNG_MAX)
+    return DT_ERR(DT_ERR_ARG, "checkpoint save: n_rng %d outside [0, %d]", s->n_rng, DT_CKPT_RNG_MAX);
+  return DT_OK;
+}
+
+static dt_status_t write_state(hid_t file, const dt_ckpt_state_t *s, const char *ini, int size, int rank,
+                               const dt_layout_t *lay, hid_t dxpl, const char *path) {
+  hid_t g = H5Gcreate2(file, "/state", H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  if (g < 0) return dt_ckpt__h5err(path, "/state", "cannot create group");
+  struct { const char *k; const void *v; hid_t ft, mt; } at[] = {
+      {"step", &s->step, H5T_STD_I64LE, H5T_NATIVE_INT64},
+      {"tokens", &s->tokens, H5T_STD_I64LE, H5T_NATIVE_INT64},
+      {"data_pos", &s->data_pos, H5T_STD_I64LE, H5T_NATIVE_INT64},
+      {"epoch", &s->epoch, H5T_STD_I64LE, H5T_NATIVE_INT64},
+      {"seed", &s->seed, H5T_STD_U64LE, H5T_NATIVE_UINT64},
+      {"loss_scale", &s->loss_scale, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE},
+      {"loss_scale_growth", &s->loss_scale_growth, H5T_STD_I64LE, H5T_NATIVE_INT64},
+      {"dp", &s->dp, H5T_STD_I32LE, H5T_NATIVE_INT},
+      {"tp", &s->tp, H5T_STD_I32LE, H5T_NATIVE_INT},
+      {"pp", &s->pp, H5T_STD_I32LE, H5T_NATIVE_INT},
+      {"world", &size, H5T_STD_I32LE, H5T_NATIVE_INT},
+      {"n_layer", &lay->d.L, H5T_STD_I32LE, H5T_NATIVE_INT},
+      {"n_head", &lay->d.NH, H5T_STD_I32LE, H5T_NATIVE_INT},
+      {"n_embd", &lay->d.C, H5T_STD_I32LE, H5T_NATIVE_INT},
+      {"vocab_size", &lay->d.V, H5T_STD_I32LE, H5T_NATIVE_INT},
+      {"seq_len", &lay->d.T, H5T_STD_I32LE, H5T_NATIVE_INT},
+  };
+  dt_status_t st = DT_OK;
+  for (size_t i = 0; i < sizeof at / sizeof at[0] && st == DT_OK; i++)
+    if (dt_ckpt__attr_put(g, at[i].k, at[i].ft, at[i].mt, at[i].v) < 0) st = dt_ckpt__h5err(path, "/state", at[i].k);
+  if (st == DT_OK)
+    st = put_small(g, "rng", H5T_STD_U64LE, H5T_NATIVE_UINT64, 0, (hsize_t)s->n_rng, s->rng,
+                   (size_t)s->n_rng * sizeof(uint64_t), rank, dxpl, path);
+  if (st == DT_OK) {
+    hid_t t = H5Tcopy(H5T_C_S1);
+    H5Tset_size(t, strlen(ini) + 1);
+    H5Tset_strpad(t, H5T_STR_NULLTERM);
+    st = put_small(g, "config_ini", t, t, 1, 1, ini, strlen(ini) + 1, rank, dxpl, path);
+    H5Tclose(t);
+  }
+  H5Gclose(g);
+  return st;
+}
+
+/* Pack this rank's boxes of one tensor in file order, select them, record CRC runs. */
+static dt_status_t pack(const dt_tensor_t *t, const fshape_t *f, const fbox_t *bx, int nb, const float *local,
+                        float *stage, hid_t fsp, hsize_t *count, segs_t *segs, uint64_t ds) {
+  hsize_t k = 0, rmin = (hsize_t)-1, rmax = 0;
+  for (int b = 0; b < nb; b++) {
+    if (dt_ckpt__select_box(fsp, f, &bx[b], b == 0 ? H5S_SELECT_SET : H5S_SELECT_OR) < 0)
+      return dt_ckpt__h5err("checkpoint", t->name, "cannot select hyperslab");
+    if (bx[b].r0 < rmin) rmin = bx[b].r0;
+    if (bx[b].r1 > rmax) rmax = bx[b].r1;
+  }
+  for (hsize_t i = rmin; nb && i < rmax; i++)
+    for (int b = 0; b < nb; b++) {
+      const fbox_t *x = &bx[b];
+      if (i < x->r0 || i >= x->r1) continue;
+      float *dst = stage + k;
+      if (t->ndim == 2 && t->hf_transpose) {
+        for (hsize_t j = x->c0; j < x->c1; j++) stage[k++] = local[dt_ckpt__local_index(t, x, i, j)];
+      } else {
+        memcpy(dst, local + dt_ckpt__local_index(t, x, i, x->c0), (x->c1 - x->c0) * sizeof(float));
+        k += x->c1 - x->c0;
+      }
+      DT_TRY(segs_add(segs, ds, (i * f->FC + x->c0) * sizeof(float), dst, (x->c1 - x->c0) * sizeof(float)));
+    }
+  *count = k;
+  return DT_OK;
+}
+
+/* Rank 0: check that the runs of each dataset tile it exactly, and combine their CRCs. */
+static dt_status_t combine(seg_t *all, size_t n, const uint64_t *bytes, const char **names, int n_ds, uint32_t *crc,
+                           const char *path) {
+  qsort(all, n, sizeof *all, seg_cmp);
+  size_t i = 0;
+  for (int d = 0; d < n_ds; d++) {
+    uint64_t at = 0, op_len = UINT64_MAX;
+    uint32_t c = 0, op = 0;
+    for (; i < n && all[i].ds == (uint64_t)d; i++) {
+      if (all[i].off != at)
+        return DT_ERR(DT_ERR_ARG, "%s: %s: the ranks' parts %s at byte %llu", path, names[d],
+                      all[i].off < at ? "overlap" : "leave a gap", (unsigned long long)(all[i].off < at ? all[i].off : at));
+      if (all[i].len != op_len) op = dt_crc32c_combine_op(op_len = all[i].len);
+      c = at == 0 ? all[i].crc : dt_crc32c_combine_with(op, c, all[i].crc);
+      at += all[i].len;
+    }
+    if (at != bytes[d])
+      return DT_ERR(DT_ERR_ARG, "%s: %s: the ranks' parts leave a gap at byte %llu of %llu", path, names[d],
+                    (unsigned long long)at, (unsigned long long)bytes[d]);
+    crc[d] = c;
+  }
+  return DT_OK;
+}
+
+dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layout_t *lay,
+                          const dt_ckpt_arenas_t *a, const dt_ckpt_state_t *st_in) {
+  MPI_Comm comm = dt_ckpt__comm(mpi_comm);
+  int rank, size;
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  dt_ckpt__h5_quiet();
+  dt_ckpt_state_t s;
+  char *ini = NULL;
+  dt_ckpt_ranges_t rg[2];
+  memset(rg, 0, sizeof rg);
+  dsets_t D;
+  memset(&D, 0, sizeof D);
+  hid_t fapl = -1, dxpl = -1, file = -1, g = -1;
+  float *stage = NULL;
+  segs_t segs = {0};
+  seg_t *all = NULL;
+  uint32_t *crc = NULL;
+
+  /* Phase 1 (local): state from rank 0, ranges, buffers. */
+  dt_status_t st = state_bcast(comm, rank, st_in, &s, &ini);
+  int optim = a->m != NULL, omin, omax;
+  MPI_Allreduce(&optim, &omin, 1, MPI_INT, MPI_MIN, comm);
+  MPI_Allreduce(&optim, &omax, 1, MPI_INT, MPI_MAX, comm);
+  if (st == DT_OK && omin != omax) st = DT_ERR(DT_ERR_ARG, "%s: some ranks pass AdamW moments, others not", path);
+  if (st == DT_OK && (a->m == NULL) != (a->v == NULL)) st = DT_ERR(DT_ERR_ARG, "%s: m and v must both be given", path);
+  if (st == DT_OK) st = dt_ckpt__ranges_resolve(lay, &a->model, 1, rank, size, &rg[0]);
+  if (st == DT_OK && optim) st = dt_ckpt__ranges_resolve(lay, &a->optim, 1, rank, size, &rg[1]);
+  if (st == DT_OK) st = check_disjoint(lay, &rg[0], "model");
+  if (st == DT_OK && optim) st = check_disjoint(lay, &rg[1], "optim");
+  if (st == DT_OK) st = dt_ckpt__dsets_init(&D, lay, optim ? 3 : 1);
+  if (st == DT_OK && !(stage = malloc(dt_ckpt__max_tensor(lay) * sizeof(float))))
+    st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory for the staging buffer", path);
+  if (st == DT_OK && dt_ckpt__faulty(comm, "open")) st = DT_ERR(DT_ERR_IO, "%s: simulated open failure (test hook)", path);
+  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
+
+  /* Phase 2: collective create. */
+  fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
+  dxpl = H5Pcreate(H5P_DATASET_XFER);
+  H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+  file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
+  if (file < 0) st = dt_ckpt__h5err(path, "/", "cannot create file");
+  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
+
+  /* Phase 3: groups, root attributes. */
+  const char *grps[] = {"/model", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"};
+  int fmt = DT_CKPT_FORMAT_VERSION;
+  for (int i = 0; i < (optim ? 4 : 1) && st == DT_OK; i++) {
+    if ((g = H5Gcreate2(file, grps[i], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)) < 0) st = dt_ckpt__h5err(path, grps[i], "cannot create group");
+    else H5Gclose(g);
+  }
+  if (st == DT_OK && (dt_ckpt__attr_put_str(file, "format", "dtrain-checkpoint") < 0 ||
+                      dt_ckpt__attr_put(file, "format_version", H5T_STD_I32LE, H5T_NATIVE_INT, &fmt) < 0 ||
+                      dt_ckpt__attr_put_str(file, "dtrain_version", PACKAGE_VERSION) < 0))
+    st = dt_ckpt__h5err(path, "/", "cannot write attributes");
+  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
+
+  /* Phase 4: tensors, one collective write each. */
+  fbox_t *bx = malloc((size_t)(rg[0].n > rg[1].n ? rg[0].n : rg[1].n) * sizeof *bx + 1);
+  if (!bx) st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
+  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
+  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+  H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
+  H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+  for (int d = 0; d < D.n_ds; d++) {
+    int ti = d % lay->n_tensors, gi = d / lay->n_tensors;
+    const dt_tensor_t *t = &lay->tensors[ti];
+    const float *local = gi == 0 ? a->params : gi == 1 ? a->m : a->v;
+    fshape_t f = dt_ckpt__fshape(lay, t);
+    hid_t fsp = H5Screate_simple(f.ndim, f.dims, NULL), msp = -1;
+    D.ds[d] = H5Dcreate2(file, D.names[d], H5T_IEEE_F32LE, fsp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    if (D.ds[d] < 0) st = dt_ckpt__h5err(path, D.names[d], "cannot create dataset");
+    int nb = dt_ckpt__boxes_of(lay, &rg[gi ? 1 : 0], ti, bx);
+    hsize_t count = 0;
+    if (st == DT_OK) st = pack(t, &f, bx, nb, local, stage, fsp, &count, &segs, (uint64_t)d);
+    if (st == DT_OK) { /* pack only fails on local problems before the collective: agree first */
+      hsize_t mc = count ? count : 1;
+      msp = H5Screate_simple(1, &mc, NULL);
+      if (!count) H5Sselect_none(msp), H5Sselect_none(fsp);
+    }
+    st = dt_ckpt__agree(comm, st);
+    if (st == DT_OK && H5Dwrite(D.ds[d], H5T_NATIVE_FLOAT, msp, fsp, dxpl, stage) < 0)
+      st = dt_ckpt__h5err(path, D.names[d], "cannot write dataset");
+    if (st == DT_OK && dt_ckpt__faulty(comm, "write")) st = DT_ERR(DT_ERR_IO, "%s: %s: simulated write failure (test hook)", path, D.names[d]);
+    if (d == D.n_ds / 2 && dt_fault("ckpt_kill", dt_err_rank(), -1)) raise(SIGKILL); /* test-only, fault.h */
+    if (msp >= 0) H5Sclose(msp);
+    H5Sclose(fsp);
+    if ((st = dt_ckpt__agree(comm, st)) != DT_OK) break;
+  }
+  H5Pclose(dcpl);
+  free(bx);
+  if (st != DT_OK) goto out;
+
+  /* Phase 5: CRC runs to rank 0, tiling check and combination, CRCs back to all. */
+  int mine = (int)(segs.n * sizeof(seg_t)), *cnt = NULL, *dsp = NULL, total = 0;
+  if (rank == 0) cnt = calloc((size_t)size, sizeof *cnt), dsp = calloc((size_t)size, sizeof *dsp);
+  MPI_Gather(&mine, 1, MPI_INT, cnt, 1, MPI_INT, 0, comm);
+  for (int r = 0; rank == 0 && r < size; r++) dsp[r] = total, total += cnt[r];
+  if (rank == 0) all = malloc((size_t)total + 1);
+  MPI_Gatherv(segs.s, mine, MPI_BYTE, all, cnt, dsp, MPI_BYTE, 0, comm);
+  free(cnt);
+  free(dsp);
+  crc = calloc((size_t)D.n_ds, sizeof *crc);
+  if (!crc) st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
+  if (st == DT_OK && rank == 0) {
+    const char **nm = malloc((size_t)D.n_ds * sizeof *nm);
+    for (int d = 0; nm && d < D.n_ds; d++) nm[d] = D.names[d];
+    st = nm ? combine(all, (size_t)total / sizeof(seg_t), D.bytes, nm, D.n_ds, crc, path)
+            : DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
+    free(nm);
+  }
+  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
+  MPI_Bcast(crc, D.n_ds, MPI_UINT32_T, 0, comm);
+
+  /* Phase 6: checksums, training state. */
+  for (int d = 0; d < D.n_ds && st == DT_OK; d++)
+    if (dt_ckpt__attr_put(D.ds[d], "crc32c", H5T_STD_U32LE, H5T_NATIVE_UINT32, &crc[d]) < 0)
+      st = dt_ckpt__h5err(path, D.names[d], "cannot write crc32c attribute");
+  if (st == DT_OK) st = write_state(file, &s, ini, size, rank, lay, dxpl, path);
+  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
+
+  /* Phase 7: everything flushed, then the completion marker. */
+  int one = 1;
+  if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) st = dt_ckpt__h5err(path, "/", "cannot flush");
+  else if (dt_ckpt__attr_put(file, "complete", H5T_STD_I32LE, H5T_NATIVE_INT, &one) < 0)
+    st = dt_ckpt__h5err(path, "/", "cannot write the completion marker");
+  st = dt_ckpt__agree(comm, st);
+
+out:
+  dt_ckpt__dsets_free(&D);
+  if (file >= 0 && H5Fclose(file) < 0 && st == DT_OK) st = dt_ckpt__h5err(path, "/", "cannot close file");
+  if (file >= 0) st = dt_ckpt__agree(comm, st);
+  if (fapl >= 0) H5Pclose(fapl);
+  if (dxpl >= 0) H5Pclose(dxpl);
+  dt_ckpt_ranges_free(&rg[0]);
+  dt_ckpt_ranges_free(&rg[1]);
+  free(stage);
+  free(segs.s);
+  free(all);
+  free(crc);
+  free(ini);
+  return st;
+}
+

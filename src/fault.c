@@ -1,0 +1,22 @@
+/* DTRAIN_FAULT parsing (see fault.h). */
+#include "fault.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+int dt_fault(const char *name, int rank, int step) {
+  const char *f = getenv("DTRAIN_FAULT");
+  if (!f || !*f) return 0;
+  size_t n = strlen(name);
+  if (strncmp(f, name, n) != 0 || f[n] != '@') return 0;
+  const char *r = f + n + 1;
+  char *end = NULL;
+  if (*r == '*') {
+    end = (char *)r + 1;
+  } else {
+    long want = strtol(r, &end, 10);
+    if (end == r || want != rank) return 0;
+  }
+  if (*end == ':' && step >= 0) return step >= atoi(end + 1);
+  return 1;
+}

@@ -1,0 +1,168 @@
+/* GPT-2 model description: parameter arena layout (named tensors, DT_ALIGN-aligned, block-major),
+ * GPT-2 initialisation, FLOP count and the deterministic RNG (splitmix64 + Box-Muller) used for
+ * seeding. See model.h for the layout contract. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "model.h"
+
+dt_dims_t dt_dims_from_config(const dt_config_t *cfg) {
+  dt_dims_t d;
+  d.L = cfg->n_layer;
+  d.NH = cfg->n_head;
+  d.C = cfg->n_embd;
+  d.V = cfg->vocab_size;
+  d.Vp = dt_config_padded_vocab(cfg);
+  d.T = cfg->seq_len;
+  return d;
+}
+
+/* ---- RNG ------------------------------------------------------------------------------------ */
+
+void dt_rng_seed(dt_rng_t *r, uint64_t seed) { r->s = seed; }
+
+uint64_t dt_rng_next(dt_rng_t *r) { /* splitmix64 */
+  uint64_t z = (r->s += 0x9e3779b97f4a7c15ULL);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+double dt_rng_uniform(dt_rng_t *r) { return (double)(dt_rng_next(r) >> 11) * 0x1.0p-53; }
+
+double dt_rng_normal(dt_rng_t *r) {
+  double u1 = 1.0 - dt_rng_uniform(r); /* (0, 1]: log is finite */
+  double u2 = dt_rng_uniform(r);
+  return sqrt(-2.0 * log(u1)) * cos(2.0 * M_PI * u2);
+}
+
+/* ---- layout --------------------------------------------------------------------------------- */
+
+static size_t align_up(size_t n) { return (n + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN; }
+
+static void add_tensor(dt_layout_t *lay, size_t *off, const char *name, int rows, int cols, int ndim, int decay,
+                       int hf_transpose, int layer) {
+  dt_tensor_t *t = &lay->tensors[lay->n_tensors++];
+  snprintf(t->name, sizeof t->name, "%s", name);
+  t->offset = *off;
+  t->rows = rows;
+  t->cols = cols;
+  t->ndim = ndim;
+  t->decay = decay;
+  t->hf_transpose = hf_transpose;
+  t->layer = layer;
+  *off = align_up(*off + (size_t)rows * cols);
+}
+
+dt_status_t dt_layout_init(dt_layout_t *lay, dt_dims_t d) {
+  memset(lay, 0, sizeof *lay);
+  if (d.L < 1 || d.NH < 1 || d.C < 1 || d.V < 1 || d.T < 1)
+    return DT_ERR(DT_ERR_CONFIG, "model: dimensions must be positive (L=%d NH=%d C=%d V=%d T=%d)", d.L, d.NH, d.C,
+                  d.V, d.T);
+  if (d.C % d.NH != 0)
+    return DT_ERR(DT_ERR_CONFIG, "model: n_embd %d is not divisible by n_head %d", d.C, d.NH);
+  if (d.Vp < d.V) return DT_ERR(DT_ERR_CONFIG, "model: padded vocab %d < vocab %d", d.Vp, d.V);
+  lay->d = d;
+  int n = 2 + DT_BLOCK_TENSORS * d.L + 2;
+  lay->tensors = calloc((size_t)n, sizeof *lay->tensors);
+  lay->layer_begin = calloc((size_t)d.L + 3, sizeof *lay->layer_begin);
+  if (!lay->tensors || !lay->layer_begin) {
+    dt_layout_free(lay);
+    return DT_ERR(DT_ERR_NOMEM, "model: cannot allocate the layout of %d tensors", n);
+  }
+  const int C = d.C;
+  size_t off = 0;
+  char nm[48];
+  lay->layer_begin[0] = 0;
+  add_tensor(lay, &off, "wte.weight", d.Vp, C, 2, 1, 0, -1);
+  add_tensor(lay, &off, "wpe.weight", d.T, C, 2, 1, 0, -1);
+  static const struct {
+    const char *name;
+    int out_mult, in_mult, ndim, transpose; /* rows = out_mult*C (1 for 1-D), cols = in_mult*C */
+  } blk[DT_BLOCK_TENSORS] = {
+      {"ln_1.weight", 0, 1, 1, 0},          {"ln_1.bias", 0, 1, 1, 0},
+      {"attn.c_attn.weight", 3, 1, 2, 1},   {"attn.c_attn.bias", 0, 3, 1, 0},
+      {"attn.c_proj.weight", 1, 1, 2, 1},   {"attn.c_proj.bias", 0, 1, 1, 0},
+      {"ln_2.weight", 0, 1, 1, 0},          {"ln_2.bias", 0, 1, 1, 0},
+      {"mlp.c_fc.weight", 4, 1, 2, 1},      {"mlp.c_fc.bias", 0, 4, 1, 0},
+      {"mlp.c_proj.weight", 1, 4, 2, 1},    {"mlp.c_proj.bias", 0, 1, 1, 0},
+  };
+  for (int l = 0; l < d.L; l++) {
+    lay->layer_begin[1 + l] = off;
+    for (int i = 0; i < DT_BLOCK_TENSORS; i++) {
+      snprintf(nm, sizeof nm, "h.%d.%s", l, blk[i].name);
+      int two_d = blk[i].ndim == 2;
+      add_tensor(lay, &off, nm, two_d ? blk[i].out_mult * C : 1, blk[i].in_mult * C, blk[i].ndim, two_d,
+                 blk[i].transpose, l);
+    }
+  }
+  lay->layer_begin[1 + d.L] = off;
+  add_tensor(lay, &off, "ln_f.weight", 1, C, 1, 0, 0, d.L);
+  add_tensor(lay, &off, "ln_f.bias", 1, C, 1, 0, 0, d.L);
+  lay->layer_begin[2 + d.L] = off;
+  lay->n_params = off;
+  size_t total = 0;
+  for (int i = 0; i < lay->n_tensors; i++) total += (size_t)lay->tensors[i].rows * lay->tensors[i].cols;
+  lay->n_params_true = total - (size_t)(d.Vp - d.V) * C;
+  return DT_OK;
+}
+
+void dt_layout_free(dt_layout_t *lay) {
+  free(lay->tensors);
+  free(lay->layer_begin);
+  lay->tensors = NULL;
+  lay->layer_begin = NULL;
+  lay->n_tensors = 0;
+}
+
+const dt_tensor_t *dt_layout_block(const dt_layout_t *lay, int l, int which) {
+  if (l < 0 || l >= lay->d.L || which < 0 || which >= DT_BLOCK_TENSORS) return NULL;
+  return &lay->tensors[2 + l * DT_BLOCK_TENSORS + which];
+}
+
+const dt_tensor_t *dt_layout_find(const dt_layout_t *lay, const char *name) {
+  for (int i = 0; i < lay->n_tensors; i++)
+    if (strcmp(lay->tensors[i].name, name) == 0) return &lay->tensors[i];
+  return NULL;
+}
+
+/* ---- init ----------------------------------------------------------------------------------- */
+
+#define INIT_CHUNK 65536
+
+/* Each (tensor, chunk) pair gets its own RNG stream, so the result does not depend on the number
+ * of threads. */
+void dt_model_init_params(const dt_layout_t *lay, float *params, uint64_t seed) {
+  memset(params, 0, lay->n_params * sizeof *params);
+  const double std = 0.02, std_resid = 0.02 / sqrt(2.0 * lay->d.L);
+  for (int i = 0; i < lay->n_tensors; i++) {
+    const dt_tensor_t *t = &lay->tensors[i];
+    float *p = params + t->offset;
+    size_t n = (size_t)t->rows * t->cols;
+    if (t->ndim == 1) {
+      /* biases stay 0; layernorm weights are 1 */
+      if (strstr(t->name, "ln_") && strstr(t->name, ".weight"))
+        for (size_t k = 0; k < n; k++) p[k] = 1.0f;
+      continue;
+    }
+    if (i == 0) n = (size_t)lay->d.V * t->cols; /* wte: padded vocab rows stay 0 */
+    int resid = strstr(t->name, "attn.c_proj.weight") || strstr(t->name, "mlp.c_proj.weight");
+    double s = resid ? std_resid : std;
+    long nchunk = (long)((n + INIT_CHUNK - 1) / INIT_CHUNK);
+#pragma omp parallel for schedule(static)
+    for (long c = 0; c < nchunk; c++) {
+      dt_rng_t r;
+      dt_rng_seed(&r, seed ^ (0x632be59bd9b4e019ULL * (uint64_t)(i + 1)));
+      dt_rng_seed(&r, dt_rng_next(&r) + 0xd1b54a32d192ed03ULL * (uint64_t)c);
+      size_t hi = (size_t)(c + 1) * INIT_CHUNK < n ? (size_t)(c + 1) * INIT_CHUNK : n;
+      for (size_t k = (size_t)c * INIT_CHUNK; k < hi; k++) p[k] = (float)(s * dt_rng_normal(&r));
+    }
+  }
+}
+
+double dt_model_flops_per_token(const dt_dims_t *d, int T) {
+  double C = d->C, L = d->L;
+  return 6.0 * (12.0 * L * C * C + C * d->Vp) + 12.0 * L * T * C;
+}

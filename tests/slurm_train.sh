@@ -1,0 +1,99 @@
+#!/bin/bash
+# dtrain under a real (throw-away, local) Slurm with 2 virtual nodes (scripts/slurm-cluster.sh):
+#  1. srun -N 2 --ntasks-per-node=2 (dp=4) trains and matches the single-rank run at every one
+#     of 20 steps within 1e-5 relative (summation order only; see ddp_equiv.sh);
+#  2. the sbatch template sbatch/ddp_4node.sh, scaled down to 2 nodes x 2 tasks with the CPU
+#     backend, runs end to end; its output has the rank table with each rank's
+#     SLURM_NODEID/SLURM_LOCALID matching the node and local rank MPI found;
+#  3. a pre-timeout signal (scancel --signal=USR1, as --signal=USR1@T would send it) makes the
+#     job write a checkpoint and requeue itself; the requeued run resumes from it
+#     (SLURM_RESTART_COUNT=1) and finishes.
+set -u
+: "${top_srcdir:?}" "${top_builddir:?}"
+D="$top_builddir/dtrain"
+CLUSTER="$top_srcdir/scripts/slurm-cluster.sh"
+PY=${REF_PYTHON:-/usr/bin/python3}
+for v in $(env | sed -n 's/^\(SLURM_[A-Za-z0-9_]*\|PMIX_[A-Za-z0-9_]*\|OMPI_COMM_WORLD_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
+unset CUDA_VISIBLE_DEVICES RANK WORLD_SIZE LOCAL_RANK
+export PATH=$PATH:/usr/sbin
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source "$top_srcdir/tests/lib.sh"
+set +e
+ensure_data
+
+DIR=$(mktemp -d /tmp/dtrain-slurm.XXXXXX)
+cleanup() { "$CLUSTER" stop "$DIR" 2>/dev/null; rm -rf "$DIR"; }
+trap cleanup EXIT
+echo "\$ $CLUSTER start $DIR 2"
+env_line=$("$CLUSTER" start "$DIR" 2) || { echo "FAIL: the cluster did not start"; exit 1; }
+eval "$env_line"
+export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo
+cd "$top_builddir"
+cfg="$top_srcdir/tests/small.ini"
+fail() { echo "FAIL: $*"; exit 1; }
+
+# 1. srun, 2 nodes x 2 ranks, against one rank under mpirun
+mpi 1 "$D" "$cfg" log.metrics="$DIR/dp1.jsonl" > "$DIR/dp1.out" || fail "single-rank run"
+echo "\$ srun -N 2 --ntasks-per-node=2 --mpi=pmix $D $cfg train.micro_batch=2"
+timeout 300 srun -N 2 --ntasks-per-node=2 --mpi=pmix --kill-on-bad-exit=1 "$D" "$cfg" train.micro_batch=2 \
+  log.metrics="$DIR/srun.jsonl" checkpoint.dir="$DIR/ck-srun" > "$DIR/srun.out" 2>&1 || { cat "$DIR/srun.out"; fail "srun run"; }
+grep '^# layout\|^# mesh' "$DIR/srun.out"
+"$PY" - "$DIR" <<'PY' || fail "srun losses"
+import json, sys
+d = sys.argv[1]
+a = [json.loads(l) for l in open(f"{d}/dp1.jsonl")]
+b = [json.loads(l) for l in open(f"{d}/srun.jsonl")]
+assert len(a) == len(b) == 20
+w = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
+print(f"srun dp=4 on 2 nodes vs 1 rank: 20 steps, worst relative loss difference {w:.2e} (limit 1e-5)")
+assert w <= 1e-5
+PY
+
+# 2. the sbatch template, scaled down
+out="$DIR/job-%j.out"
+echo "\$ DTRAIN=$D DTRAIN_CONFIG=$cfg sbatch --wait --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 sbatch/ddp_4node.sh"
+DTRAIN="$D" DTRAIN_CONFIG="$cfg" DTRAIN_ARGS="system.backend=cpu checkpoint.dir=$DIR/ck-sbatch" \
+  timeout 300 sbatch --wait --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 --time=5 \
+  --output="$out" "$top_srcdir/sbatch/ddp_4node.sh" > "$DIR/sbatch.id" || { cat "$DIR"/job-*.out; fail "sbatch job failed"; }
+job=$(awk '{print $NF}' "$DIR/sbatch.id")
+o="$DIR/job-$job.out"
+cat "$o"
+rows=$(awk '$1 == "#" && $2 ~ /^[0-9]+$/ { $1 = ""; print substr($0, 2) }' "$o")
+[ "$(echo "$rows" | wc -l)" -eq 4 ] || fail "want 4 rows in the rank table"
+bad=$(echo "$rows" | awk '{ if ($3 != $10 || $4 != $11) print "rank " $1 }')
+[ -z "$bad" ] || fail "rank table: SLURM_NODEID/LOCALID disagree with node/local rank: $bad"
+echo "ok: rank table rows have node = SLURM_NODEID and local rank = SLURM_LOCALID"
+grep -q '^ *20 ' "$o" || fail "the job did not reach step 20"
+ls "$DIR/ck-sbatch"/ckpt_00000020.h5 || fail "no final checkpoint"
+
+# 3. pre-timeout signal, checkpoint, requeue, resume
+DTRAIN="$D" DTRAIN_CONFIG="$cfg" DTRAIN_ARGS="system.backend=cpu checkpoint.dir=$DIR/ck-req train.steps=400 log.every=20" \
+  sbatch --parsable --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 --time=10 \
+  --output="$DIR/req-%j.out" "$top_srcdir/sbatch/ddp_4node.sh" > "$DIR/req.id" || fail "sbatch"
+job=$(cat "$DIR/req.id")
+o="$DIR/req-$job.out"
+echo "submitted job $job; waiting for step 40"
+for _ in $(seq 1 600); do grep -q '^ *40 ' "$o" 2>/dev/null && break; sleep 0.2; done
+grep -q '^ *40 ' "$o" || { cat "$o"; fail "job did not start training"; }
+echo "\$ scancel --signal=USR1 $job"
+scancel --signal=USR1 "$job"
+# wait for the requeue (the job goes back to PENDING with a restart count), then start it at once
+for _ in $(seq 1 600); do
+  scontrol show job "$job" 2>/dev/null | grep -q 'Restarts=1' && break
+  sleep 0.2
+done
+scontrol show job "$job" | grep -q 'Restarts=1' || { cat "$o"; fail "the job was not requeued"; }
+scontrol update jobid="$job" StartTime=now 2>/dev/null
+for _ in $(seq 1 900); do
+  state=$(scontrol show job "$job" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+  case $state in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) break ;; esac
+  sleep 0.2
+done
+cat "$o"
+[ "$state" = COMPLETED ] || fail "job ended $state"
+grep -q 'stop requested by signal' "$o" || fail "no signal stop in the output"
+grep -q 'requeueing job' "$o" || fail "the template did not requeue"
+grep -q '^# job .* restart 1' "$o" || fail "no restarted run"
+grep -q '^# resume: .*ckpt_000000[0-9]*.h5 at step' "$o" || fail "the requeued run did not resume"
+grep -q '^ *400 ' "$o" || fail "the requeued run did not finish"
+echo "slurm_train: OK"

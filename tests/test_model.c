@@ -1,0 +1,706 @@
+/* GPT-2 model and CPU backend: arena layout, init statistics, RNG, each layer's backward against
+ * central finite differences of an independent double-precision forward, a whole-model gradient
+ * check through the backend vtable, the grad-ready hook, gradient accumulation, smaller (B, T),
+ * logits-only forward and input validation.
+ *
+ * Tolerance reasoning for the finite-difference checks: the reference forwards below are naive
+ * double-precision loops fed with the same (float-representable) inputs, and the derivative is the
+ * central difference (f(x+h) - f(x-h)) / 2h with h = 1e-5: truncation error ~h^2 * f''' ~ 1e-10 and
+ * rounding ~1e-16 * |f| / h ~ 1e-11, so the FD gradient is exact to ~1e-9 absolute. The analytic
+ * gradients come from the float32 kernels, whose rounding error is ~1e-7 relative per operation,
+ * growing with sqrt of the sum lengths here (<= 256 terms) to well under 1e-5 of the tensor's
+ * largest gradient. A formula bug (missing term, wrong scale, wrong index) gives errors of order
+ * 1e-1 or larger. Criterion: max|analytic - fd| <= FD_TOL * max|fd| per tensor, FD_TOL = 1e-4. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "kmath.h"
+#include "model.h"
+#include "ops_cpu.h"
+
+#define FD_TOL 1e-4
+#define FD_H 1e-5
+
+/* ---- helpers -------------------------------------------------------------------------------- */
+
+static void fill_normal(float *x, size_t n, double s, uint64_t seed) {
+  dt_rng_t r;
+  dt_rng_seed(&r, seed);
+  for (size_t i = 0; i < n; i++) x[i] = (float)(s * dt_rng_normal(&r));
+}
+
+static double *to_double(const float *x, size_t n) {
+  double *d = malloc(n * sizeof *d);
+  for (size_t i = 0; i < n; i++) d[i] = x[i];
+  return d;
+}
+
+typedef double (*objective_fn)(void *ctx);
+
+/* Central differences of f over x[0..n) (double inputs the objective reads) against `analytic`. */
+static void fd_check(const char *what, double *x, size_t n, const float *analytic, objective_fn f, void *ctx) {
+  double maxdiff = 0.0, maxfd = 0.0;
+  size_t worst = 0;
+  for (size_t i = 0; i < n; i++) {
+    double x0 = x[i];
+    x[i] = x0 + FD_H;
+    double fp = f(ctx);
+    x[i] = x0 - FD_H;
+    double fm = f(ctx);
+    x[i] = x0;
+    double fd = (fp - fm) / (2 * FD_H);
+    double diff = fabs(fd - analytic[i]);
+    if (diff > maxdiff) maxdiff = diff, worst = i;
+    if (fabs(fd) > maxfd) maxfd = fabs(fd);
+  }
+  cr_expect(maxfd > 0.0, "%s: finite-difference gradient is identically zero", what);
+  cr_expect(maxdiff <= FD_TOL * maxfd, "%s: max|analytic - fd| = %.3e > %.0e * %.3e (worst index %zu)", what,
+            maxdiff, FD_TOL, maxfd, worst);
+}
+
+static void expect_close(const char *what, const float *a, const double *b, size_t n, double tol) {
+  double maxdiff = 0.0, maxb = 1e-30;
+  for (size_t i = 0; i < n; i++) {
+    if (fabs(a[i] - b[i]) > maxdiff) maxdiff = fabs(a[i] - b[i]);
+    if (fabs(b[i]) > maxb) maxb = fabs(b[i]);
+  }
+  cr_expect(maxdiff <= tol * maxb, "%s: max diff %.3e > %.0e * %.3e", what, maxdiff, tol, maxb);
+}
+
+static double dot(const double *a, const double *b, size_t n) {
+  double s = 0;
+  for (size_t i = 0; i < n; i++) s += a[i] * b[i];
+  return s;
+}
+
+/* ---- independent double-precision reference forwards ------------------------------------------ */
+
+static void ref_layernorm(double *out, const double *x, const double *w, const double *b, int N, int C) {
+  for (int i = 0; i < N; i++) {
+    double m = 0, v = 0;
+    for (int c = 0; c < C; c++) m += x[i * C + c] / C;
+    for (int c = 0; c < C; c++) v += (x[i * C + c] - m) * (x[i * C + c] - m) / C;
+    for (int c = 0; c < C; c++) out[i * C + c] = (x[i * C + c] - m) / sqrt(v + 1e-5) * w[c] + b[c];
+  }
+}
+
+static void ref_matmul(double *out, const double *x, const double *W, const double *b, int N, int C, int OC) {
+  for (int i = 0; i < N; i++)
+    for (int o = 0; o < OC; o++) {
+      double s = b ? b[o] : 0.0;
+      for (int c = 0; c < C; c++) s += x[i * C + c] * W[o * C + c];
+      out[i * OC + o] = s;
+    }
+}
+
+static void ref_attention(double *out, const double *qkv, int B, int T, int C, int NH) {
+  int hs = C / NH;
+  double *w = malloc((size_t)T * sizeof *w);
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int t = 0; t < T; t++) {
+        const double *q = qkv + (size_t)(b * T + t) * 3 * C + h * hs;
+        double mx = -1e300, s = 0;
+        for (int j = 0; j <= t; j++) {
+          const double *k = qkv + (size_t)(b * T + j) * 3 * C + C + h * hs;
+          w[j] = 0;
+          for (int e = 0; e < hs; e++) w[j] += q[e] * k[e];
+          w[j] /= sqrt((double)hs);
+          if (w[j] > mx) mx = w[j];
+        }
+        for (int j = 0; j <= t; j++) s += (w[j] = exp(w[j] - mx));
+        for (int e = 0; e < hs; e++) {
+          double acc = 0;
+          for (int j = 0; j <= t; j++) acc += w[j] / s * qkv[(size_t)(b * T + j) * 3 * C + 2 * C + h * hs + e];
+          out[(size_t)(b * T + t) * C + h * hs + e] = acc;
+        }
+      }
+  free(w);
+}
+
+static double ref_gelu(double x) { return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+
+static double ref_crossentropy(const double *logits, const int *tgt, int N, int V, int Vp) {
+  double total = 0;
+  for (int i = 0; i < N; i++) {
+    double mx = -1e300, s = 0;
+    for (int v = 0; v < V; v++) mx = fmax(mx, logits[i * Vp + v]);
+    for (int v = 0; v < V; v++) s += exp(logits[i * Vp + v] - mx);
+    total += mx + log(s) - logits[i * Vp + tgt[i]];
+  }
+  return total / N;
+}
+
+/* ---- layout, init, RNG -------------------------------------------------------------------------- */
+
+static const char *const block_names[DT_BLOCK_TENSORS] = {
+    "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias", "attn.c_proj.weight", "attn.c_proj.bias",
+    "ln_2.weight", "ln_2.bias", "mlp.c_fc.weight",    "mlp.c_fc.bias",    "mlp.c_proj.weight",  "mlp.c_proj.bias"};
+
+static void check_layout(dt_dims_t d) {
+  dt_layout_t lay;
+  cr_assert_eq(dt_layout_init(&lay, d), DT_OK, "%s", dt_err_msg());
+  const int C = d.C, L = d.L;
+  cr_assert_eq(lay.n_tensors, 4 + 12 * L);
+  size_t prev_end = 0, total = 0;
+  for (int i = 0; i < lay.n_tensors; i++) {
+    const dt_tensor_t *t = &lay.tensors[i];
+    cr_expect_eq(t->offset % DT_ALIGN, 0, "%s: offset %zu not aligned", t->name, t->offset);
+    cr_expect_geq(t->offset, prev_end, "%s overlaps its predecessor", t->name);
+    cr_expect_lt(t->offset - prev_end, DT_ALIGN, "%s: gap larger than alignment", t->name);
+    prev_end = t->offset + (size_t)t->rows * t->cols;
+    total += (size_t)t->rows * t->cols;
+    cr_expect_eq(t->decay, t->ndim == 2, "%s decay", t->name);
+  }
+  cr_expect_geq(lay.n_params, prev_end);
+  cr_expect_lt(lay.n_params - prev_end, DT_ALIGN);
+  cr_expect_eq(lay.n_params % DT_ALIGN, 0);
+  cr_expect_eq(total, (size_t)d.Vp * C + (size_t)d.T * C + (size_t)L * (12 * C * C + 13 * C) + 2 * C);
+  cr_expect_eq(lay.n_params_true, (size_t)d.V * C + (size_t)d.T * C + (size_t)L * (12 * C * C + 13 * C) + 2 * C);
+  /* names, shapes, flags */
+  const dt_tensor_t *t = dt_layout_find(&lay, "wte.weight");
+  cr_assert(t && t == &lay.tensors[0] && t->rows == d.Vp && t->cols == C && t->layer == -1 && t->decay);
+  t = dt_layout_find(&lay, "wpe.weight");
+  cr_assert(t && t->rows == d.T && t->cols == C && t->layer == -1 && t->decay && !t->hf_transpose);
+  int rows[DT_BLOCK_TENSORS] = {1, 1, 3 * C, 1, C, 1, 1, 1, 4 * C, 1, C, 1};
+  int cols[DT_BLOCK_TENSORS] = {C, C, C, 3 * C, C, C, C, C, C, 4 * C, 4 * C, C};
+  for (int l = 0; l < L; l++)
+    for (int k = 0; k < DT_BLOCK_TENSORS; k++) {
+      char nm[64];
+      snprintf(nm, sizeof nm, "h.%d.%s", l, block_names[k]);
+      t = dt_layout_find(&lay, nm);
+      cr_assert(t, "missing %s", nm);
+      cr_expect_eq(t, dt_layout_block(&lay, l, k), "%s: dt_layout_block disagrees", nm);
+      cr_expect_eq(t, &lay.tensors[2 + 12 * l + k], "%s out of arena order", nm);
+      cr_expect(t->rows == rows[k] && t->cols == cols[k], "%s shape %dx%d", nm, t->rows, t->cols);
+      cr_expect_eq(t->layer, l);
+      cr_expect_eq(t->ndim, rows[k] == 1 ? 1 : 2, "%s ndim", nm);
+      cr_expect_eq(t->hf_transpose, t->ndim == 2, "%s hf_transpose", nm);
+    }
+  t = dt_layout_find(&lay, "ln_f.bias");
+  cr_assert(t && t == &lay.tensors[lay.n_tensors - 1] && t->layer == L && t->ndim == 1 && !t->decay);
+  cr_expect_null(dt_layout_find(&lay, "h.0.attn.bias"));
+  cr_expect_null(dt_layout_block(&lay, L, 0));
+  /* groups tile [0, n_params) and each group holds exactly its tensors */
+  cr_expect_eq(lay.layer_begin[0], 0);
+  cr_expect_eq(lay.layer_begin[L + 2], lay.n_params);
+  for (int g = 0; g < L + 2; g++) cr_expect_lt(lay.layer_begin[g], lay.layer_begin[g + 1]);
+  for (int i = 0; i < lay.n_tensors; i++) {
+    int g = lay.tensors[i].layer + 1;
+    cr_expect(lay.tensors[i].offset >= lay.layer_begin[g] &&
+                  lay.tensors[i].offset + (size_t)lay.tensors[i].rows * lay.tensors[i].cols <= lay.layer_begin[g + 1],
+              "%s outside its group %d", lay.tensors[i].name, g);
+  }
+  dt_layout_free(&lay);
+}
+
+Test(model, layout) {
+  check_layout((dt_dims_t){.L = 2, .NH = 4, .C = 64, .V = 97, .Vp = 128, .T = 16});
+  check_layout((dt_dims_t){.L = 3, .NH = 3, .C = 12, .V = 50257, .Vp = 50304, .T = 7}); /* odd sizes */
+  dt_layout_t lay;
+  dt_err_clear();
+  cr_expect_eq(dt_layout_init(&lay, (dt_dims_t){.L = 2, .NH = 3, .C = 64, .V = 97, .Vp = 128, .T = 16}),
+               DT_ERR_CONFIG);
+  cr_expect(strstr(dt_err_msg(), "not divisible") != NULL, "%s", dt_err_msg());
+  cr_expect_eq(dt_layout_init(&lay, (dt_dims_t){.L = 0, .NH = 1, .C = 64, .V = 97, .Vp = 128, .T = 16}),
+               DT_ERR_CONFIG);
+}
+
+Test(model, dims_and_flops) {
+  dt_config_t c;
+  dt_config_defaults(&c);
+  c.n_layer = 12, c.n_head = 12, c.n_embd = 768, c.vocab_size = 50257, c.seq_len = 1024;
+  dt_dims_t d = dt_dims_from_config(&c);
+  cr_expect(d.L == 12 && d.NH == 12 && d.C == 768 && d.V == 50257 && d.Vp == 50304 && d.T == 1024);
+  double want = 6.0 * (12.0 * 12 * 768 * 768 + 768.0 * 50304) + 12.0 * 12 * 1024 * 768;
+  cr_expect_float_eq(dt_model_flops_per_token(&d, 1024), want, want * 1e-12);
+  dt_layout_t lay;
+  cr_assert_eq(dt_layout_init(&lay, d), DT_OK);
+  cr_expect_eq(lay.n_params_true, 124439808); /* GPT-2 124M */
+  dt_layout_free(&lay);
+}
+
+Test(model, rng) {
+  dt_rng_t a, b;
+  dt_rng_seed(&a, 7);
+  dt_rng_seed(&b, 7);
+  for (int i = 0; i < 100; i++) cr_assert_eq(dt_rng_next(&a), dt_rng_next(&b));
+  dt_rng_seed(&b, 8);
+  cr_expect_neq(dt_rng_next(&a), dt_rng_next(&b));
+  double s = 0, s2 = 0, umin = 1, umax = 0;
+  const int n = 200000;
+  for (int i = 0; i < n; i++) {
+    double u = dt_rng_uniform(&a);
+    umin = fmin(umin, u), umax = fmax(umax, u);
+    double z = dt_rng_normal(&a);
+    s += z, s2 += z * z;
+  }
+  cr_expect(umin >= 0.0 && umax < 1.0 && umin < 1e-3 && umax > 1 - 1e-3);
+  cr_expect(fabs(s / n) < 0.01, "normal mean %g", s / n);
+  cr_expect(fabs(s2 / n - 1) < 0.02, "normal variance %g", s2 / n);
+}
+
+static void tensor_stats(const float *p, size_t n, double *mean, double *std) {
+  double s = 0, s2 = 0;
+  for (size_t i = 0; i < n; i++) s += p[i], s2 += (double)p[i] * p[i];
+  *mean = s / n;
+  *std = sqrt(s2 / n - *mean * *mean);
+}
+
+Test(model, init_statistics) {
+  dt_dims_t d = {.L = 4, .NH = 4, .C = 128, .V = 1000, .Vp = 1024, .T = 64};
+  dt_layout_t lay;
+  cr_assert_eq(dt_layout_init(&lay, d), DT_OK);
+  float *p = malloc(lay.n_params * sizeof *p), *q = malloc(lay.n_params * sizeof *q);
+  for (size_t i = 0; i < lay.n_params; i++) p[i] = 123.0f; /* init must zero the arena (padding) */
+  dt_model_init_params(&lay, p, 42);
+  for (int i = 0; i < lay.n_tensors; i++) {
+    const dt_tensor_t *t = &lay.tensors[i];
+    size_t n = (size_t)t->rows * t->cols;
+    if (i == 0) n = (size_t)d.V * d.C;
+    double mean, std;
+    tensor_stats(p + t->offset, n, &mean, &std);
+    if (t->ndim == 2) {
+      int resid = strstr(t->name, "c_proj.weight") != NULL;
+      double want = resid ? 0.02 / sqrt(2.0 * d.L) : 0.02;
+      /* n >= 16384 samples: the std estimate is within ~0.6% (1 sigma); allow 3% */
+      cr_expect(fabs(std - want) < 0.03 * want, "%s: std %g want %g", t->name, std, want);
+      cr_expect(fabs(mean) < 0.03 * want, "%s: mean %g", t->name, mean);
+    } else {
+      double want = strstr(t->name, "ln_") && strstr(t->name, "weight") ? 1.0 : 0.0;
+      cr_expect(mean == want && std == 0.0, "%s: mean %g std %g want constant %g", t->name, mean, std, want);
+    }
+  }
+  for (size_t k = (size_t)d.V * d.C; k < (size_t)d.Vp * d.C; k++)
+    cr_assert_eq(p[k], 0.0f, "padded vocab row %zu not zero", k / d.C);
+  for (int i = 0; i + 1 < lay.n_tensors; i++) /* alignment padding stays zero */
+    for (size_t k = lay.tensors[i].offset + (size_t)lay.tensors[i].rows * lay.tensors[i].cols;
+         k < lay.tensors[i + 1].offset; k++)
+      cr_assert_eq(p[k], 0.0f);
+  /* deterministic in the seed and independent of the thread count */
+  int nt = omp_get_max_threads();
+  omp_set_num_threads(1);
+  dt_model_init_params(&lay, q, 42);
+  omp_set_num_threads(nt);
+  cr_expect_eq(memcmp(p, q, lay.n_params * sizeof *p), 0, "same seed, different result");
+  dt_model_init_params(&lay, q, 43);
+  cr_expect_neq(memcmp(p, q, lay.n_params * sizeof *p), 0, "different seeds, same result");
+  free(p);
+  free(q);
+  dt_layout_free(&lay);
+}
+
+/* ---- per-layer gradient checks ------------------------------------------------------------------ */
+
+/* Each context holds double copies of the layer inputs, the random output weighting R (the
+ * objective is sum(out * R), so the analytic backward gets dout = R) and scratch for out. */
+typedef struct {
+  int B, T, C, NH, N, OC, V, Vp;
+  double *x, *w, *b, *out, *R;
+  const int *tok;
+} lctx_t;
+
+static double obj_encoder(void *p) {
+  lctx_t *c = p; /* x = wte (V,C), w = wpe (T,C) */
+  for (int bt = 0; bt < c->B * c->T; bt++)
+    for (int k = 0; k < c->C; k++) c->out[bt * c->C + k] = c->x[c->tok[bt] * c->C + k] + c->w[(bt % c->T) * c->C + k];
+  return dot(c->out, c->R, (size_t)c->B * c->T * c->C);
+}
+
+Test(grad, encoder) {
+  enum { B = 2, T = 3, C = 8, V = 5 };
+  int tok[B * T] = {1, 3, 1, 4, 1, 0}; /* repeated tokens exercise the accumulation */
+  float wte[V * C], wpe[T * C], out[B * T * C], R[B * T * C], dwte[V * C] = {0}, dwpe[T * C] = {0};
+  fill_normal(wte, V * C, 1, 1), fill_normal(wpe, T * C, 1, 2), fill_normal(R, B * T * C, 1, 3);
+  dt_encoder_forward(out, tok, wte, wpe, B, T, C);
+  dt_encoder_backward(dwte, dwpe, R, tok, B, T, C);
+  lctx_t c = {.B = B, .T = T, .C = C, .x = to_double(wte, V * C), .w = to_double(wpe, T * C),
+              .out = malloc(sizeof(double) * B * T * C), .R = to_double(R, B * T * C), .tok = tok};
+  obj_encoder(&c);
+  expect_close("encoder forward", out, c.out, B * T * C, 1e-6);
+  fd_check("encoder dwte", c.x, V * C, dwte, obj_encoder, &c);
+  fd_check("encoder dwpe", c.w, T * C, dwpe, obj_encoder, &c);
+  free(c.x), free(c.w), free(c.out), free(c.R);
+}
+
+static double obj_layernorm(void *p) {
+  lctx_t *c = p;
+  ref_layernorm(c->out, c->x, c->w, c->b, c->N, c->C);
+  return dot(c->out, c->R, (size_t)c->N * c->C);
+}
+
+Test(grad, layernorm) {
+  enum { N = 6, C = 16 };
+  float x[N * C], w[C], b[C], out[N * C], mean[N], rstd[N], R[N * C], dres[N * C], dx[N * C], dw[C], db[C];
+  fill_normal(x, N * C, 2, 4), fill_normal(w, C, 1, 5), fill_normal(b, C, 1, 6), fill_normal(R, N * C, 1, 7);
+  for (int i = 0; i < N * C; i++) x[i] += 0.5f; /* nonzero mean */
+  fill_normal(dres, N * C, 1, 8);
+  /* parameter grads accumulate onto existing contents: start from a known offset */
+  for (int k = 0; k < C; k++) dw[k] = 1.0f, db[k] = -2.0f;
+  dt_layernorm_forward(out, mean, rstd, x, w, b, N, C);
+  memcpy(dx, dres, sizeof dx); /* dinp aliases dresid: dx = dres + dLN */
+  dt_layernorm_backward(dx, dw, db, dx, R, x, w, mean, rstd, N, C);
+  for (int i = 0; i < N * C; i++) dx[i] -= dres[i];
+  for (int k = 0; k < C; k++) dw[k] -= 1.0f, db[k] += 2.0f;
+  lctx_t c = {.N = N, .C = C, .x = to_double(x, N * C), .w = to_double(w, C), .b = to_double(b, C),
+              .out = malloc(sizeof(double) * N * C), .R = to_double(R, N * C)};
+  obj_layernorm(&c);
+  expect_close("layernorm forward", out, c.out, N * C, 1e-6);
+  fd_check("layernorm dinp", c.x, N * C, dx, obj_layernorm, &c);
+  fd_check("layernorm dweight", c.w, C, dw, obj_layernorm, &c);
+  fd_check("layernorm dbias", c.b, C, db, obj_layernorm, &c);
+  /* dresid == NULL writes (=) rather than accumulates */
+  for (int i = 0; i < N * C; i++) dx[i] = 1e6f;
+  float dw2[C] = {0}, db2[C] = {0};
+  dt_layernorm_backward(dx, dw2, db2, NULL, R, x, w, mean, rstd, N, C);
+  fd_check("layernorm dinp (no dresid)", c.x, N * C, dx, obj_layernorm, &c);
+  free(c.x), free(c.w), free(c.b), free(c.out), free(c.R);
+}
+
+static double obj_matmul(void *p) {
+  lctx_t *c = p;
+  ref_matmul(c->out, c->x, c->w, c->b, c->N, c->C, c->OC);
+  return dot(c->out, c->R, (size_t)c->N * c->OC);
+}
+
+Test(grad, matmul) {
+  enum { N = 6, C = 8, OC = 20 };
+  float x[N * C], w[OC * C], b[OC], out[N * OC], R[N * OC], dx[N * C], dw[OC * C] = {0}, db[OC] = {0};
+  fill_normal(x, N * C, 1, 9), fill_normal(w, OC * C, 0.5, 10), fill_normal(b, OC, 1, 11);
+  fill_normal(R, N * OC, 1, 12);
+  for (int i = 0; i < N * C; i++) dx[i] = 1e6f; /* written, not accumulated */
+  dt_matmul_forward(out, x, w, b, N, C, OC);
+  dt_matmul_backward(dx, dw, db, R, x, w, N, C, OC);
+  lctx_t c = {.N = N, .C = C, .OC = OC, .x = to_double(x, N * C), .w = to_double(w, OC * C), .b = to_double(b, OC),
+              .out = malloc(sizeof(double) * N * OC), .R = to_double(R, N * OC)};
+  obj_matmul(&c);
+  expect_close("matmul forward", out, c.out, N * OC, 1e-6);
+  fd_check("matmul dinp", c.x, N * C, dx, obj_matmul, &c);
+  fd_check("matmul dweight", c.w, OC * C, dw, obj_matmul, &c);
+  fd_check("matmul dbias", c.b, OC, db, obj_matmul, &c);
+  /* a second backward accumulates into dweight/dbias */
+  float dw1[OC * C], db1[OC];
+  memcpy(dw1, dw, sizeof dw), memcpy(db1, db, sizeof db);
+  dt_matmul_backward(dx, dw, db, R, x, w, N, C, OC);
+  for (int i = 0; i < OC * C; i++) cr_assert_float_eq(dw[i], 2 * dw1[i], 1e-5 * fabsf(dw1[i]) + 1e-7);
+  for (int i = 0; i < OC; i++) cr_assert_float_eq(db[i], 2 * db1[i], 1e-5 * fabsf(db1[i]) + 1e-7);
+  free(c.x), free(c.w), free(c.b), free(c.out), free(c.R);
+}
+
+static double obj_attention(void *p) {
+  lctx_t *c = p;
+  ref_attention(c->out, c->x, c->B, c->T, c->C, c->NH);
+  return dot(c->out, c->R, (size_t)c->B * c->T * c->C);
+}
+
+Test(grad, attention) {
+  enum { B = 2, T = 5, C = 12, NH = 3 };
+  float qkv[B * T * 3 * C], out[B * T * C], R[B * T * C], dqkv[B * T * 3 * C];
+  float *att = malloc(sizeof(float) * dt_attention_scratch_floats(B, T, NH));
+  float *scr = malloc(sizeof(float) * dt_attention_scratch_floats(B, T, NH));
+  fill_normal(qkv, B * T * 3 * C, 1, 13), fill_normal(R, B * T * C, 1, 14);
+  for (int i = 0; i < B * T * 3 * C; i++) dqkv[i] = 1e6f;
+  dt_attention_forward(out, att, qkv, B, T, C, NH);
+  dt_attention_backward(dqkv, scr, R, qkv, att, B, T, C, NH);
+  /* causal probabilities: rows sum to 1, zero above the diagonal */
+  for (int r = 0; r < B * NH * T; r++) {
+    double s = 0;
+    for (int j = 0; j < T; j++) {
+      if (j > r % T) cr_assert_eq(att[r * T + j], 0.0f);
+      s += att[r * T + j];
+    }
+    cr_expect(fabs(s - 1) < 1e-6);
+  }
+  lctx_t c = {.B = B, .T = T, .C = C, .NH = NH, .x = to_double(qkv, B * T * 3 * C),
+              .out = malloc(sizeof(double) * B * T * C), .R = to_double(R, B * T * C)};
+  obj_attention(&c);
+  expect_close("attention forward", out, c.out, B * T * C, 1e-6);
+  fd_check("attention dqkv", c.x, B * T * 3 * C, dqkv, obj_attention, &c);
+  free(c.x), free(c.out), free(c.R), free(att), free(scr);
+}
+
+static double obj_gelu(void *p) {
+  lctx_t *c = p;
+  for (int i = 0; i < c->N; i++) c->out[i] = ref_gelu(c->x[i]);
+  return dot(c->out, c->R, c->N);
+}
+
+Test(grad, gelu) {
+  enum { N = 64 };
+  float x[N], out[N], R[N], dx[N];
+  fill_normal(x, N, 2.5, 15), fill_normal(R, N, 1, 16);
+  dt_gelu_forward(out, x, N);
+  memcpy(dx, R, sizeof dx);
+  dt_gelu_backward(dx, x, dx, N); /* in place */
+  lctx_t c = {.N = N, .x = to_double(x, N), .out = malloc(sizeof(double) * N), .R = to_double(R, N)};
+  obj_gelu(&c);
+  expect_close("gelu forward", out, c.out, N, 1e-6);
+  fd_check("gelu dinp", c.x, N, dx, obj_gelu, &c);
+  free(c.x), free(c.out), free(c.R);
+}
+
+static double obj_ce(void *p) {
+  lctx_t *c = p;
+  return ref_crossentropy(c->x, c->tok, c->N, c->V, c->Vp);
+}
+
+Test(grad, crossentropy) {
+  enum { N = 5, V = 11, Vp = 16 };
+  int tgt[N] = {0, 10, 3, 3, 7};
+  float logits[N * Vp], losses[N], lse[N], dl[N * Vp];
+  fill_normal(logits, N * Vp, 3, 17);
+  for (int i = 0; i < N; i++)
+    for (int v = V; v < Vp; v++) logits[i * Vp + v] = 50.0f; /* padded columns must be ignored */
+  double mean = dt_crossentropy_forward(losses, lse, logits, tgt, N, V, Vp);
+  for (int i = 0; i < N * Vp; i++) dl[i] = 1e6f;
+  dt_crossentropy_backward(dl, logits, lse, tgt, 1.0f / N, N, V, Vp);
+  lctx_t c = {.N = N, .V = V, .Vp = Vp, .x = to_double(logits, N * Vp), .tok = tgt};
+  double want = obj_ce(&c);
+  cr_expect(fabs(mean - want) < 1e-6 * want, "mean loss %.8g want %.8g", mean, want);
+  for (int i = 0; i < N; i++)
+    for (int v = V; v < Vp; v++) cr_assert_eq(dl[i * Vp + v], 0.0f, "padded column %d has gradient", v);
+  fd_check("crossentropy dlogits", c.x, N * Vp, dl, obj_ce, &c);
+  free(c.x);
+}
+
+/* ---- whole model through the backend vtable ----------------------------------------------------- */
+
+enum { MB = 2, MT = 5 };
+static const dt_dims_t tiny = {.L = 2, .NH = 2, .C = 8, .V = 11, .Vp = 128, .T = 6};
+
+typedef struct {
+  const dt_layout_t *lay;
+  double *p; /* double copy of the parameter arena */
+  const int *inp, *tgt;
+  int B, T;
+  double *x, *h, *qkv, *a, *f, *logits, *tmp;
+} mctx_t;
+
+static double obj_model(void *ctx) {
+  mctx_t *m = ctx;
+  const dt_layout_t *lay = m->lay;
+  const int C = lay->d.C, N = m->B * m->T;
+  const double *wte = m->p + lay->tensors[0].offset, *wpe = m->p + lay->tensors[1].offset;
+#define W(l, k) (m->p + dt_layout_block(lay, l, k)->offset)
+  for (int i = 0; i < N; i++)
+    for (int c = 0; c < C; c++) m->x[i * C + c] = wte[m->inp[i] * C + c] + wpe[(i % m->T) * C + c];
+  for (int l = 0; l < lay->d.L; l++) {
+    ref_layernorm(m->h, m->x, W(l, DT_LN1W), W(l, DT_LN1B), N, C);
+    ref_matmul(m->qkv, m->h, W(l, DT_QKVW), W(l, DT_QKVB), N, C, 3 * C);
+    ref_attention(m->a, m->qkv, m->B, m->T, C, lay->d.NH);
+    ref_matmul(m->tmp, m->a, W(l, DT_ATTPROJW), W(l, DT_ATTPROJB), N, C, C);
+    for (int i = 0; i < N * C; i++) m->x[i] += m->tmp[i];
+    ref_layernorm(m->h, m->x, W(l, DT_LN2W), W(l, DT_LN2B), N, C);
+    ref_matmul(m->f, m->h, W(l, DT_FCW), W(l, DT_FCB), N, C, 4 * C);
+    for (int i = 0; i < N * 4 * C; i++) m->f[i] = ref_gelu(m->f[i]);
+    ref_matmul(m->tmp, m->f, W(l, DT_FCPROJW), W(l, DT_FCPROJB), N, 4 * C, C);
+    for (int i = 0; i < N * C; i++) m->x[i] += m->tmp[i];
+  }
+#undef W
+  const dt_tensor_t *lnf = &lay->tensors[lay->n_tensors - 2];
+  ref_layernorm(m->h, m->x, m->p + lnf->offset, m->p + lnf->offset + DT_ALIGN * ((C + DT_ALIGN - 1) / DT_ALIGN), N,
+                C);
+  ref_matmul(m->logits, m->h, wte, NULL, N, C, lay->d.Vp);
+  return ref_crossentropy(m->logits, m->tgt, N, lay->d.V, lay->d.Vp);
+}
+
+static void model_ctx(mctx_t *m, const dt_layout_t *lay, const float *params, const int *inp, const int *tgt, int B,
+                      int T) {
+  size_t N = (size_t)B * T, C = lay->d.C;
+  m->lay = lay, m->inp = inp, m->tgt = tgt, m->B = B, m->T = T;
+  m->p = to_double(params, lay->n_params);
+  m->x = malloc(N * C * sizeof(double)), m->h = malloc(N * C * sizeof(double));
+  m->qkv = malloc(N * 3 * C * sizeof(double)), m->a = malloc(N * C * sizeof(double));
+  m->f = malloc(N * 4 * C * sizeof(double)), m->tmp = malloc(N * C * sizeof(double));
+  m->logits = malloc(N * lay->d.Vp * sizeof(double));
+}
+
+static void model_ctx_free(mctx_t *m) {
+  free(m->p), free(m->x), free(m->h), free(m->qkv), free(m->a), free(m->f), free(m->tmp), free(m->logits);
+}
+
+/* A tiny model with random biases / layernorm parameters and a fixed batch. */
+static void tiny_setup(dt_layout_t *lay, dt_backend_t *be, int B, int T, int *inp, int *tgt, int nseq) {
+  cr_assert_eq(dt_layout_init(lay, tiny), DT_OK);
+  cr_assert_eq(dt_backend_find("cpu")->init(be, lay, B, T, 2), DT_OK, "%s", dt_err_msg());
+  dt_model_init_params(lay, be->params, 5);
+  dt_rng_t r;
+  dt_rng_seed(&r, 77);
+  for (int i = 0; i < lay->n_tensors; i++) { /* make the tiny model's weights O(1) so FD sees every path */
+    const dt_tensor_t *t = &lay->tensors[i];
+    size_t n = (size_t)(i == 0 ? tiny.V : t->rows) * t->cols;
+    for (size_t k = 0; k < n; k++) be->params[t->offset + k] += (float)((t->ndim == 1 ? 0.3 : 0.2) * dt_rng_normal(&r));
+  }
+  for (int i = 0; i < nseq * T; i++) inp[i] = (int)(dt_rng_next(&r) % tiny.V), tgt[i] = (int)(dt_rng_next(&r) % tiny.V);
+}
+
+Test(model, whole_model_gradient) {
+  dt_layout_t lay;
+  dt_backend_t be;
+  int inp[MB * MT], tgt[MB * MT];
+  tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
+  float loss = -1;
+  cr_assert_eq(be.ops->forward(&be, inp, tgt, MB, MT, &loss), DT_OK, "%s", dt_err_msg());
+  for (size_t i = 0; i < lay.n_params; i++) be.grads[i] = 0.0f;
+  cr_assert_eq(be.ops->backward(&be, 1, NULL, NULL), DT_OK);
+  mctx_t m;
+  model_ctx(&m, &lay, be.params, inp, tgt, MB, MT);
+  double want = obj_model(&m);
+  cr_expect(fabs(loss - want) < 1e-6 * want, "loss %.8g, double reference %.8g", loss, want);
+  float *logits = malloc(sizeof(float) * MB * MT * tiny.Vp);
+  cr_assert_eq(be.ops->logits_to_host(&be, logits), DT_OK);
+  expect_close("model logits", logits, m.logits, (size_t)MB * MT * tiny.Vp, 1e-5);
+  for (int i = 0; i < lay.n_tensors; i++) {
+    const dt_tensor_t *t = &lay.tensors[i];
+    size_t n = (size_t)(i == 0 ? tiny.V : t->rows) * t->cols;
+    fd_check(t->name, m.p + t->offset, n, be.grads + t->offset, obj_model, &m);
+  }
+  for (size_t k = (size_t)tiny.V * tiny.C; k < lay.tensors[1].offset; k++)
+    cr_assert_eq(be.grads[k], 0.0f, "padded vocab row gradient at %zu", k);
+  model_ctx_free(&m);
+  free(logits);
+  be.ops->free(&be);
+  dt_layout_free(&lay);
+}
+
+typedef struct {
+  size_t lo[16], hi[16];
+  int n;
+  float *snap; /* grads as they were when their range was reported */
+  const float *grads;
+} ready_log_t;
+
+static void on_ready(void *ctx, size_t lo, size_t hi) {
+  ready_log_t *g = ctx;
+  if (g->n < 16) g->lo[g->n] = lo, g->hi[g->n] = hi;
+  g->n++;
+  memcpy(g->snap + lo, g->grads + lo, (hi - lo) * sizeof(float));
+}
+
+Test(model, grad_ready_hook) {
+  dt_layout_t lay;
+  dt_backend_t be;
+  int inp[MB * MT], tgt[MB * MT];
+  tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
+  ready_log_t g = {.snap = calloc(lay.n_params, sizeof(float)), .grads = be.grads};
+  cr_assert_eq(be.ops->zero_grad(&be), DT_OK);
+  cr_assert_eq(be.ops->forward(&be, inp, tgt, MB, MT, NULL), DT_OK);
+  cr_assert_eq(be.ops->backward(&be, 1, on_ready, &g), DT_OK);
+  const int L = tiny.L;
+  cr_assert_eq(g.n, L + 2);
+  /* ln_f, block L-1, ..., block 0, embeddings; decreasing and tiling [0, n_params) */
+  cr_expect_eq(g.lo[0], lay.layer_begin[L + 1]);
+  cr_expect_eq(g.hi[0], lay.n_params);
+  for (int k = 1; k <= L; k++) {
+    int l = L - k;
+    cr_expect(g.lo[k] == lay.layer_begin[1 + l] && g.hi[k] == lay.layer_begin[2 + l], "call %d is not block %d", k, l);
+  }
+  cr_expect(g.lo[L + 1] == 0 && g.hi[L + 1] == lay.layer_begin[1]);
+  for (int k = 1; k < g.n; k++) cr_expect_eq(g.hi[k], g.lo[k - 1], "ranges do not tile at call %d", k);
+  /* every range was final when reported (the tied wte only at the very end) */
+  cr_expect_eq(memcmp(g.snap, be.grads, lay.n_params * sizeof(float)), 0, "a range changed after its ready call");
+  free(g.snap);
+  be.ops->free(&be);
+  dt_layout_free(&lay);
+}
+
+static float *grads_of(dt_backend_t *be) {
+  float *g = malloc(be->lay->n_params * sizeof *g);
+  cr_assert_eq(be->ops->copy_to_host(be, DT_BUF_GRADS, 0, be->lay->n_params, g), DT_OK);
+  return g;
+}
+
+Test(model, grad_accumulation_and_smaller_batch) {
+  /* one batch of 4 sequences (accum=1) == two micro-batches of 2 (accum=2), on a backend sized for 4 */
+  dt_layout_t lay;
+  dt_backend_t be;
+  int inp[4 * MT], tgt[4 * MT];
+  tiny_setup(&lay, &be, 4, MT, inp, tgt, 4);
+  float l4, la, lb;
+  cr_assert_eq(be.ops->zero_grad(&be), DT_OK);
+  cr_assert_eq(be.ops->forward(&be, inp, tgt, 4, MT, &l4), DT_OK);
+  cr_assert_eq(be.ops->backward(&be, 1, NULL, NULL), DT_OK);
+  float *g4 = grads_of(&be);
+  cr_assert_eq(be.ops->zero_grad(&be), DT_OK);
+  cr_assert_eq(be.ops->forward(&be, inp, tgt, 2, MT, &la), DT_OK);
+  cr_assert_eq(be.ops->backward(&be, 2, NULL, NULL), DT_OK);
+  cr_assert_eq(be.ops->forward(&be, inp + 2 * MT, tgt + 2 * MT, 2, MT, &lb), DT_OK);
+  cr_assert_eq(be.ops->backward(&be, 2, NULL, NULL), DT_OK);
+  float *g2 = grads_of(&be);
+  cr_expect(fabsf(l4 - 0.5f * (la + lb)) < 1e-6f * l4, "loss %g vs mean of halves %g", l4, 0.5f * (la + lb));
+  double maxd = 0, maxg = 0;
+  for (size_t i = 0; i < lay.n_params; i++) maxd = fmax(maxd, fabs(g4[i] - g2[i])), maxg = fmax(maxg, fabs(g4[i]));
+  cr_expect(maxg > 0 && maxd <= 1e-5 * maxg, "accumulated grads differ: %.3e of %.3e", maxd, maxg);
+  /* backward again on the last micro-batch without zero_grad: adds that micro-batch's grads once
+   * more, i.e. g3 - g2 equals a fresh backward of the second half alone */
+  cr_assert_eq(be.ops->backward(&be, 2, NULL, NULL), DT_OK);
+  float *g3 = grads_of(&be);
+  cr_assert_eq(be.ops->zero_grad(&be), DT_OK);
+  cr_assert_eq(be.ops->backward(&be, 2, NULL, NULL), DT_OK);
+  float *gb = grads_of(&be);
+  double d3 = 0, mb = 0;
+  for (size_t i = 0; i < lay.n_params; i++) d3 = fmax(d3, fabs(g3[i] - g2[i] - gb[i])), mb = fmax(mb, fabs(gb[i]));
+  cr_expect(mb > 0 && d3 <= 1e-5 * mb, "second backward did not accumulate: %.3e of %.3e", d3, mb);
+  free(g4), free(g2), free(g3), free(gb);
+  be.ops->free(&be);
+  dt_layout_free(&lay);
+}
+
+Test(model, smaller_T_and_logits_only) {
+  dt_layout_t lay;
+  dt_backend_t be, be3;
+  int inp[MB * MT], tgt[MB * MT];
+  tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
+  cr_assert_eq(dt_backend_cpu.init(&be3, &lay, 1, 3, 0), DT_OK);
+  memcpy(be3.params, be.params, lay.n_params * sizeof(float));
+  /* T=3, B=1 on the big backend equals a backend built for (1, 3); inputs use the first 3 tokens */
+  float lbig = 0, lsmall = 0, sentinel = 12345.0f;
+  cr_assert_eq(be.ops->forward(&be, inp, tgt, 1, 3, &lbig), DT_OK);
+  cr_assert_eq(be3.ops->forward(&be3, inp, tgt, 1, 3, &lsmall), DT_OK);
+  cr_expect(fabsf(lbig - lsmall) <= 1e-6f * lsmall);
+  float a[3 * 128], b[3 * 128];
+  cr_assert_eq(be.ops->logits_to_host(&be, a), DT_OK);
+  /* logits-only forward: loss untouched, same logits; backward then refuses */
+  cr_assert_eq(be3.ops->forward(&be3, inp, NULL, 1, 3, &sentinel), DT_OK);
+  cr_expect_eq(sentinel, 12345.0f);
+  cr_assert_eq(be3.ops->logits_to_host(&be3, b), DT_OK);
+  for (int i = 0; i < 3 * 128; i++) cr_assert_float_eq(a[i], b[i], 1e-5f, "logit %d", i);
+  cr_expect_eq(be3.ops->backward(&be3, 1, NULL, NULL), DT_ERR_ARG);
+  /* the reference model on the same 3 tokens agrees */
+  mctx_t m;
+  model_ctx(&m, &lay, be.params, inp, tgt, 1, 3);
+  double want = obj_model(&m);
+  cr_expect(fabs(lbig - want) < 1e-6 * want);
+  model_ctx_free(&m);
+  be3.ops->free(&be3);
+  be.ops->free(&be);
+  dt_layout_free(&lay);
+}
+
+Test(model, bad_input_and_registry) {
+  dt_layout_t lay;
+  dt_backend_t be;
+  int inp[MB * MT], tgt[MB * MT];
+  tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
+  dt_err_clear();
+  inp[3] = tiny.V;
+  cr_expect_eq(be.ops->forward(&be, inp, tgt, MB, MT, NULL), DT_ERR_DATA);
+  cr_expect(strstr(dt_err_msg(), "input token 11 at position 3") != NULL, "%s", dt_err_msg());
+  inp[3] = 0;
+  cr_expect_eq(be.ops->forward(&be, inp, tgt, MB + 1, MT, NULL), DT_ERR_ARG);
+  cr_expect_eq(be.ops->forward(&be, inp, tgt, MB, MT + 1, NULL), DT_ERR_ARG);
+  float x;
+  cr_expect_eq(be.ops->copy_to_host(&be, DT_BUF_M, lay.n_params, 1, &x), DT_ERR_ARG);
+  cr_expect_eq(be.ops->copy_to_host(&be, DT_BUF_V, lay.n_params - 1, 1, &x), DT_OK);
+  cr_expect_eq(dt_backend_find("cpu"), &dt_backend_cpu);
+  cr_expect_null(dt_backend_find("tpu"));
+  int n = 0;
+  while (dt_backends[n]) n++;
+  cr_expect_geq(n, 1);
+  be.ops->free(&be);
+  dt_layout_free(&lay);
+}

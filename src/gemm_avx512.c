@@ -32,8 +32,10 @@
 #define DT_GEMM_PF 0 /* software prefetch distance for B in the micro-kernel, in k steps (0: off) */
 #endif
 #define KC DT_GEMM_KC
-/* Below this many flops (2MNK) one thread is faster than waking the team. */
-#define DT_GEMM_PAR_FLOPS 4.0e6
+/* Below this many flops (2MNK, ~0.25 ms on one core) one thread does it: waking the team costs
+ * microseconds on idle cores but a scheduler time slice on oversubscribed ones (OpenBLAS also
+ * keeps small products on one thread). */
+#define DT_GEMM_PAR_FLOPS 3.2e7
 
 _Static_assert(MR <= 16, "A panels are packed with one masked 16-lane store per k");
 _Static_assert(NC_MIN % NR == 0 && NC_MAX % NR == 0, "NC must be a multiple of NR");

@@ -97,7 +97,7 @@ static void blocks(dt_gemm_engine_t e, int threads) {
   omp_set_num_threads(threads);
   for (int t = 0; t < 4; t++) {
     check(t & 1, t >> 1, 33, 1100, 777, 1.0f, 0.0f, 3); /* 3 A panels: threads split B panels */
-    check(t & 1, t >> 1, 203, 129, 400, 0.5f, 1.0f, 0); /* threads split A panels */
+    check(t & 1, t >> 1, 203, 129, 700, 0.5f, 1.0f, 0); /* threads split A panels */
   }
 }
 

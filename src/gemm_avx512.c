@@ -264,9 +264,24 @@ static void gemm_serial(int transA, int transB, int M, int N, int K, float alpha
   }
 }
 
+/* Rows of C per dynamically scheduled slab when splitting rows (each slab re-packs op(B)). */
+#define ROW_SLAB (146 * MR)
+
+/* C (rows [lo, hi) or columns [lo, hi)) on the calling thread. */
+static void gemm_slab(int split_n, int lo, int hi, int transA, int transB, int M, int N, int K, float alpha,
+                      const float *A, long lda, const float *B, long ldb, float beta, float *C, long ldc) {
+  if (hi <= lo) return;
+  if (split_n) /* op(B) columns are B's columns (!transB) or rows (transB) */
+    gemm_serial(transA, transB, M, hi - lo, K, alpha, A, lda, B + (transB ? lo * ldb : lo), ldb, beta, C + lo, ldc);
+  else /* op(A) rows are A's rows (!transA) or columns (transA) */
+    gemm_serial(transA, transB, hi - lo, N, K, alpha, A + (transA ? lo : lo * lda), lda, B, ldb, beta, C + lo * ldc, ldc);
+}
+
 /* Threads split C into independent slabs, each packing its own operands: no barriers, so one
  * descheduled thread never stalls the other mid-product. Columns are split when op(A) is the
- * smaller operand (every thread re-packs it), rows otherwise. */
+ * smaller operand (every slab re-packs it), rows otherwise. Large products are cut into slabs of
+ * NC columns (no extra packing: the serial loop packs op(A) once per NC block anyway) or ROW_SLAB
+ * rows, handed out dynamically so a thread that got less CPU does less; others in equal halves. */
 void dt__sgemm_avx512(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
                       const float *B, int ldb, float beta, float *C, int ldc) {
   if (M <= 0 || N <= 0) return;
@@ -274,8 +289,8 @@ void dt__sgemm_avx512(int transA, int transB, int M, int N, int K, float alpha, 
     scale_c(M, N, beta, C, ldc);
     return;
   }
-  const int split_n = M <= N;
-  const int unit = split_n ? NR : MR, units = ((split_n ? N : M) + unit - 1) / unit;
+  const int split_n = M <= N, dim = split_n ? N : M;
+  const int unit = split_n ? NR : MR, units = (dim + unit - 1) / unit;
   int nth = omp_get_max_threads();
   if (2.0 * M * N * K < DT_GEMM_PAR_FLOPS || omp_in_parallel()) nth = 1; /* small, or inside a team */
   if (nth > units) nth = units;
@@ -283,17 +298,19 @@ void dt__sgemm_avx512(int transA, int transB, int M, int N, int K, float alpha, 
     gemm_serial(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
     return;
   }
+  const int slab = split_n ? nc_get() : ROW_SLAB, nslabs = (dim + slab - 1) / slab;
 #pragma omp parallel num_threads(nth)
   {
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-    const int u0 = (int)((long)units * tid / nt), u1 = (int)((long)units * (tid + 1) / nt);
-    const int lo = u0 * unit, hi = u1 * unit < (split_n ? N : M) ? u1 * unit : (split_n ? N : M);
-    if (hi > lo) {
-      if (split_n) /* columns [lo, hi): op(B) columns are B's columns (!transB) or rows (transB) */
-        gemm_serial(transA, transB, M, hi - lo, K, alpha, A, lda, B + (transB ? (long)lo * ldb : lo), ldb, beta, C + lo, ldc);
-      else /* rows [lo, hi): op(A) rows are A's rows (!transA) or columns (transA) */
-        gemm_serial(transA, transB, hi - lo, N, K, alpha, A + (transA ? lo : (long)lo * lda), lda, B, ldb, beta,
-                    C + (long)lo * ldc, ldc);
+    if (nslabs >= 2 * nt) {
+#pragma omp for schedule(dynamic, 1) nowait
+      for (int c = 0; c < nslabs; c++)
+        gemm_slab(split_n, c * slab, (c + 1) * slab < dim ? (c + 1) * slab : dim, transA, transB, M, N, K, alpha, A, lda,
+                  B, ldb, beta, C, ldc);
+    } else {
+      const int u0 = (int)((long)units * tid / nt), u1 = (int)((long)units * (tid + 1) / nt);
+      gemm_slab(split_n, u0 * unit, u1 * unit < dim ? u1 * unit : dim, transA, transB, M, N, K, alpha, A, lda, B, ldb,
+                beta, C, ldc);
     }
   }
 }

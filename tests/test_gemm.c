@@ -38,6 +38,13 @@ static double check(int ta, int tb, int M, int N, int K, float alpha, float beta
     for (int j = 0; j < ldc; j++) C0[(long)i * ldc + j] = j >= N ? SENTINEL : beta == 0.0f ? NAN : frand();
   memcpy(C, C0, sizeof(float) * (size_t)M * ldc);
   dt_sgemm(ta, tb, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  /* Reference operands, contiguous along k: opA[i][k] = op(A)(i, k), opB[j][k] = op(B)(k, j). */
+  double *opA = malloc(sizeof(double) * ((size_t)M * K + 1)), *opB = malloc(sizeof(double) * ((size_t)N * K + 1));
+  cr_assert(opA && opB);
+  for (int i = 0; i < M; i++)
+    for (int k = 0; k < K; k++) opA[(long)i * K + k] = ta ? A[(long)k * lda + i] : A[(long)i * lda + k];
+  for (int j = 0; j < N; j++)
+    for (int k = 0; k < K; k++) opB[(long)j * K + k] = tb ? B[(long)j * ldb + k] : B[(long)k * ldb + j];
   double worst = 0.0;
   for (int i = 0; i < M; i++)
     for (int j = 0; j < ldc; j++) {
@@ -47,11 +54,10 @@ static double check(int ta, int tb, int M, int N, int K, float alpha, float beta
         continue;
       }
       double s = 0.0, sa = 0.0;
+      const double *a = opA + (long)i * K, *b = opB + (long)j * K;
       for (int k = 0; k < K; k++) {
-        const double a = ta ? A[(long)k * lda + i] : A[(long)i * lda + k];
-        const double b = tb ? B[(long)j * ldb + k] : B[(long)k * ldb + j];
-        s += a * b;
-        sa += fabs(a * b);
+        s += a[k] * b[k];
+        sa += fabs(a[k] * b[k]);
       }
       const double c0 = C0[(long)i * ldc + j];
       const double ref = alpha * s + (beta == 0.0f ? 0.0 : beta * c0);
@@ -61,6 +67,8 @@ static double check(int ta, int tb, int M, int N, int K, float alpha, float beta
                 dt_gemm_engine_name(), ta, tb, M, N, K, alpha, beta, pad, i, j, got, ref, bound);
       if (err / bound > worst) worst = err / bound;
     }
+  free(opA);
+  free(opB);
   free(A);
   free(B);
   free(C);
@@ -91,13 +99,17 @@ static void sweep(dt_gemm_engine_t e, int threads) {
   cr_log_info("%s, %d threads: %d products, worst error/bound %.3g", dt_gemm_engine_name(), threads, n, worst);
 }
 
-/* Shapes past one KC (384) and NC (1024) block, big enough for the threaded path. */
-static void blocks(dt_gemm_engine_t e, int threads) {
+/* Shapes past one KC (384) and NC (<= 1024) block, big enough (> 32 MFLOP) for the threaded paths. */
+static void blocks(dt_gemm_engine_t e, int threads, int dynamic) {
   cr_assert_eq(dt_gemm_set_engine(e), DT_OK, "%s", dt_err_msg());
   omp_set_num_threads(threads);
   for (int t = 0; t < 4; t++) {
     check(t & 1, t >> 1, 33, 1100, 777, 1.0f, 0.0f, 3); /* 3 A panels: threads split B panels */
     check(t & 1, t >> 1, 203, 129, 700, 0.5f, 1.0f, 0); /* threads split A panels */
+    if (dynamic) {
+      check(t & 1, t >> 1, 8200, 48, 48, 1.0f, 1.0f, 1);  /* > 4 row slabs: dynamic schedule */
+      check(t & 1, t >> 1, 16, 4200, 256, 1.0f, 0.0f, 0); /* > 4 NC column slabs: dynamic */
+    }
   }
 }
 
@@ -108,10 +120,10 @@ static void blocks(dt_gemm_engine_t e, int threads) {
 
 Test(gemm, own_sizes_1thread) { OWN_OR_SKIP(); sweep(DT_GEMM_OWN, 1); }
 Test(gemm, own_sizes_2threads) { OWN_OR_SKIP(); sweep(DT_GEMM_OWN, 2); }
-Test(gemm, own_blocks_1thread) { OWN_OR_SKIP(); blocks(DT_GEMM_OWN, 1); }
-Test(gemm, own_blocks_2threads) { OWN_OR_SKIP(); blocks(DT_GEMM_OWN, 2); }
+Test(gemm, own_blocks_1thread) { OWN_OR_SKIP(); blocks(DT_GEMM_OWN, 1, 0); }
+Test(gemm, own_blocks_2threads) { OWN_OR_SKIP(); blocks(DT_GEMM_OWN, 2, 1); }
 Test(gemm, blas_sizes) { sweep(DT_GEMM_BLAS, 2); }
-Test(gemm, blas_blocks) { blocks(DT_GEMM_BLAS, 2); }
+Test(gemm, blas_blocks) { blocks(DT_GEMM_BLAS, 2, 0); }
 
 /* K = 0: C = beta * C; beta = 0 writes zeros over NaN; M or N = 0 touches nothing. */
 static void degenerate(dt_gemm_engine_t e) {

@@ -3,6 +3,7 @@
 #include "cli.h"
 
 #include "dt_build.h" /* autoconf: PACKAGE_VERSION */
+#include "mesh.h"
 
 #include <stdio.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 static void usage(FILE *out) {
   fprintf(out,
           "usage: dtrain CONFIG.ini [section.key=value ...]   train\n"
+          "       dtrain layout [--backend auto|cpu|cuda] [--dp N --tp N --pp N]   print the rank layout\n"
           "       dtrain --help | --version\n"
           "\n"
           "Keys on the command line override the file. Configuration keys:\n");
@@ -25,6 +27,7 @@ dt_status_t dt_cli_load_config(dt_config_t *cfg, const char *path, int n_over, c
 }
 
 int dt_main(int argc, char **argv) {
+  if (argc > 1 && !strcmp(argv[1], "layout")) return dt_layout_main(argc - 1, argv + 1);
   if (argc < 2) {
     usage(stderr);
     return 2;

@@ -1,0 +1,550 @@
+/* Launch layout (mesh.h): the launch environment and its cross-check against MPI, threads and
+ * CUDA device per rank, the dp x tp x pp process mesh with its communicators, the rank table, and
+ * the `dtrain layout` subcommand. Pure helpers first (unit-tested in tests/test_mesh.c), then the
+ * collective dt_mesh_init (tests/test_mesh_mpi.c, tests/mesh_mpi.sh, tests/slurm_layout.sh). */
+#include "mesh.h"
+
+#include <errno.h>
+#include <limits.h>
+#include <omp.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dt_build.h"
+#include "mpi_check.h"
+
+/* ---- environment ------------------------------------------------------------------------- */
+
+static dt_status_t env_ll(const char *name, long long *out) {
+  *out = -1;
+  const char *v = getenv(name);
+  if (!v) return DT_OK;
+  char *end;
+  errno = 0;
+  long long x = strtoll(v, &end, 10);
+  if (end == v || *end != '\0' || errno || x < 0)
+    return DT_ERR(DT_ERR_LAUNCH, "environment: %s='%s' is not a non-negative integer", name, v);
+  *out = x;
+  return DT_OK;
+}
+
+static dt_status_t env_int(const char *name, int *out) {
+  long long x;
+  DT_TRY(env_ll(name, &x));
+  if (x > INT_MAX) return DT_ERR(DT_ERR_LAUNCH, "environment: %s=%lld is too large", name, x);
+  *out = (int)x;
+  return DT_OK;
+}
+
+static int env_str(const char *name, char *out, size_t n) {
+  const char *v = getenv(name);
+  snprintf(out, n, "%s", v ? v : "");
+  return v != NULL;
+}
+
+dt_status_t dt_launch_env_read(dt_launch_env_t *e) {
+  memset(e, 0, sizeof *e);
+  env_str("SLURM_JOB_ID", e->slurm_job_id, sizeof e->slurm_job_id);
+  DT_TRY(env_ll("SLURM_STEP_ID", &e->slurm_step_id));
+  DT_TRY(env_int("SLURM_PROCID", &e->slurm_procid));
+  DT_TRY(env_int("SLURM_NTASKS", &e->slurm_ntasks));
+  DT_TRY(env_int("SLURM_LOCALID", &e->slurm_localid));
+  DT_TRY(env_int("SLURM_NODEID", &e->slurm_nodeid));
+  DT_TRY(env_int("SLURM_CPUS_PER_TASK", &e->slurm_cpus_per_task));
+  DT_TRY(env_int("SLURM_GPUS_ON_NODE", &e->slurm_gpus_on_node));
+  DT_TRY(env_int("SLURM_RESTART_COUNT", &e->slurm_restart_count));
+  e->has_step_gpus = env_str("SLURM_STEP_GPUS", e->slurm_step_gpus, sizeof e->slurm_step_gpus);
+  e->has_cvd = env_str("CUDA_VISIBLE_DEVICES", e->cuda_visible_devices, sizeof e->cuda_visible_devices);
+  DT_TRY(env_int("OMPI_COMM_WORLD_RANK", &e->ompi_rank));
+  DT_TRY(env_int("OMPI_COMM_WORLD_SIZE", &e->ompi_size));
+  DT_TRY(env_int("OMPI_COMM_WORLD_LOCAL_RANK", &e->ompi_local_rank));
+  DT_TRY(env_int("RANK", &e->torch_rank));
+  DT_TRY(env_int("WORLD_SIZE", &e->torch_world_size));
+  DT_TRY(env_int("LOCAL_RANK", &e->torch_local_rank));
+  return DT_OK;
+}
+
+dt_launcher_t dt_launch_detect(const dt_launch_env_t *e) {
+  if (e->ompi_rank >= 0) return DT_LAUNCH_MPIRUN;
+  /* Slurm's special step ids (batch 0xfffffffb, extern 0xfffffffc, interactive...) are >= 0xfffffff0. */
+  if (e->slurm_procid >= 0 && e->slurm_step_id >= 0 && e->slurm_step_id < 0xfffffff0LL) return DT_LAUNCH_SRUN;
+  return DT_LAUNCH_NONE;
+}
+
+const char *dt_launcher_name(dt_launcher_t l) {
+  switch (l) {
+    case DT_LAUNCH_SRUN: return "srun";
+    case DT_LAUNCH_MPIRUN: return "mpirun";
+    default: return "none";
+  }
+}
+
+#define MISMATCH(var, val, what, mpi, hint)                                                             \
+  DT_ERR(DT_ERR_LAUNCH, "rank %d (host %s): %s=%d but MPI %s is %d%s", rank, host, var, val, what, mpi, hint)
+
+dt_status_t dt_launch_check(const dt_launch_env_t *e, int rank, int size, int local_rank, const char *host) {
+  switch (dt_launch_detect(e)) {
+    case DT_LAUNCH_MPIRUN:
+      if (e->ompi_rank != rank) return MISMATCH("OMPI_COMM_WORLD_RANK", e->ompi_rank, "rank", rank, "");
+      if (e->ompi_size >= 0 && e->ompi_size != size)
+        return MISMATCH("OMPI_COMM_WORLD_SIZE", e->ompi_size, "world size", size, "");
+      if (e->ompi_local_rank >= 0 && e->ompi_local_rank != local_rank)
+        return MISMATCH("OMPI_COMM_WORLD_LOCAL_RANK", e->ompi_local_rank, "local rank", local_rank, "");
+      break;
+    case DT_LAUNCH_SRUN:
+      if (e->slurm_ntasks >= 0 && e->slurm_ntasks != size)
+        return MISMATCH("SLURM_NTASKS", e->slurm_ntasks, "world size", size,
+                        size == 1 ? " (the srun tasks did not join one MPI job: use srun --mpi=pmix)" : "");
+      if (e->slurm_procid != rank) return MISMATCH("SLURM_PROCID", e->slurm_procid, "rank", rank, "");
+      if (e->slurm_localid >= 0 && e->slurm_localid != local_rank)
+        return MISMATCH("SLURM_LOCALID", e->slurm_localid, "local rank", local_rank, "");
+      break;
+    case DT_LAUNCH_NONE:
+      if (e->slurm_job_id[0] && e->slurm_ntasks > 1 && size == 1)
+        return DT_ERR(DT_ERR_LAUNCH,
+                      "rank %d (host %s): SLURM_NTASKS=%d but MPI world size is 1: dtrain was started without "
+                      "srun inside Slurm job %s; launch it with srun (e.g. srun ./dtrain ...)",
+                      rank, host, e->slurm_ntasks, e->slurm_job_id);
+      break;
+  }
+  if (e->torch_rank >= 0 && e->torch_world_size >= 0) {
+    if (e->torch_world_size != size) return MISMATCH("WORLD_SIZE", e->torch_world_size, "world size", size, "");
+    if (e->torch_rank != rank) return MISMATCH("RANK", e->torch_rank, "rank", rank, "");
+    if (e->torch_local_rank >= 0 && e->torch_local_rank != local_rank)
+      return MISMATCH("LOCAL_RANK", e->torch_local_rank, "local rank", local_rank, "");
+  }
+  return DT_OK;
+}
+
+int dt_mesh_threads(int cfg_threads, const dt_launch_env_t *e, int omp_default, const char **src) {
+  const char *s = "openmp";
+  int n = omp_default > 0 ? omp_default : 1;
+  if (cfg_threads > 0) {
+    s = "config";
+    n = cfg_threads;
+  } else if (e && e->slurm_cpus_per_task > 0) {
+    s = "slurm";
+    n = e->slurm_cpus_per_task;
+  }
+  if (src) *src = s;
+  return n;
+}
+
+/* ---- devices ----------------------------------------------------------------------------- */
+
+/* Next entry of a comma list into buf; returns 0 at the end or at an entry CUDA would stop at. */
+static int devlist_next(const char **p, char *buf, size_t n) {
+  const char *s = *p;
+  if (!s || !*s) return 0;
+  while (*s == ' ') s++;
+  size_t len = strcspn(s, ",");
+  size_t l = len;
+  while (l > 0 && s[l - 1] == ' ') l--;
+  if (l == 0 || l >= n) return 0;
+  memcpy(buf, s, l);
+  buf[l] = '\0';
+  *p = s[len] ? s + len + 1 : s + len;
+  if (!strncmp(buf, "GPU-", 4) || !strncmp(buf, "MIG-", 4)) return 1;
+  char *end;
+  long v = strtol(buf, &end, 10);
+  return *end == '\0' && v >= 0;
+}
+
+int dt_devlist_count(const char *list) {
+  char buf[DT_DEVLIST_MAX];
+  int n = 0;
+  while (devlist_next(&list, buf, sizeof buf)) n++;
+  return n;
+}
+
+int dt_launch_visible_devices(const dt_launch_env_t *e, const char **src) {
+  if (e->has_cvd) {
+    if (src) *src = "CUDA_VISIBLE_DEVICES";
+    return dt_devlist_count(e->cuda_visible_devices);
+  }
+  if (e->has_step_gpus) {
+    if (src) *src = "SLURM_STEP_GPUS";
+    return dt_devlist_count(e->slurm_step_gpus);
+  }
+  if (src) *src = NULL;
+  return -1;
+}
+
+int dt_mesh_device_ordinal(int local_rank, int n_visible) { return n_visible == 1 ? 0 : local_rank; }
+
+/* Distinct device names over `n` lists of DT_DEVLIST_MAX chars; lists[i][0] == 0 with
+ * has[i] == 0 are skipped. Returns -1 if no list was present. */
+static int devlist_union(const char *lists, const int *has, int n) {
+  int any = 0, count = 0;
+  char(*seen)[64] = calloc((size_t)n * 16 + 1, sizeof *seen);
+  if (!seen) return -1;
+  for (int i = 0; i < n; i++) {
+    if (!has[i]) continue;
+    any = 1;
+    const char *p = lists + (size_t)i * DT_DEVLIST_MAX;
+    char buf[DT_DEVLIST_MAX];
+    while (devlist_next(&p, buf, sizeof buf)) {
+      int dup = 0;
+      for (int j = 0; j < count && !dup; j++) dup = !strncmp(seen[j], buf, 63);
+      if (!dup && count < n * 16) snprintf(seen[count++], 64, "%.63s", buf);
+    }
+  }
+  free(seen);
+  return any ? count : -1;
+}
+
+/* ---- mesh -------------------------------------------------------------------------------- */
+
+dt_status_t dt_mesh_resolve(int world, int *dp, int tp, int pp) {
+  if (tp < 1 || pp < 1 || *dp < 0)
+    return DT_ERR(DT_ERR_CONFIG, "[parallel] dp=%d tp=%d pp=%d: tp and pp must be >= 1 and dp >= 0", *dp, tp, pp);
+  if (*dp == 0) {
+    if (world % (tp * pp) != 0)
+      return DT_ERR(DT_ERR_CONFIG,
+                    "[parallel] tp=%d x pp=%d = %d does not divide the world size %d (ranks started by "
+                    "srun/mpirun); use a world size that is a multiple of %d",
+                    tp, pp, tp * pp, world, tp * pp);
+    *dp = world / (tp * pp);
+  } else if ((long long)*dp * tp * pp != world) {
+    return DT_ERR(DT_ERR_CONFIG,
+                  "[parallel] dp=%d x tp=%d x pp=%d = %lld ranks but the world has %d ranks (started by "
+                  "srun/mpirun); set dp=0 (auto) or start %lld ranks",
+                  *dp, tp, pp, (long long)*dp * tp * pp, world, (long long)*dp * tp * pp);
+  }
+  return DT_OK;
+}
+
+void dt_mesh_coords(int rank, int tp, int pp, int *dp_idx, int *pp_idx, int *tp_idx) {
+  *tp_idx = rank % tp;
+  *pp_idx = (rank / tp) % pp;
+  *dp_idx = rank / (tp * pp);
+}
+
+int dt_mesh_rank_of(int dp_idx, int pp_idx, int tp_idx, int tp, int pp) { return (dp_idx * pp + pp_idx) * tp + tp_idx; }
+
+/* Every rank returns the same status: the lowest failing rank's, with its message. */
+static dt_status_t agree(MPI_Comm w, int rank, int size, dt_status_t st) {
+  int mine = st != DT_OK ? rank : size, first = size;
+  DT_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, w));
+  if (first == size) return DT_OK;
+  struct {
+    int code;
+    char msg[1020];
+  } b;
+  memset(&b, 0, sizeof b);
+  if (rank == first) {
+    b.code = (int)st;
+    snprintf(b.msg, sizeof b.msg, "%s", dt_err_msg());
+  }
+  DT_MPI_CHECK(MPI_Bcast(&b, (int)sizeof b, MPI_BYTE, first, w));
+  if (rank != first) {
+    dt_err_clear();
+    dt_err_set((dt_status_t)b.code, __FILE__, __LINE__, "%s", b.msg);
+  }
+  return (dt_status_t)b.code;
+}
+
+/* The one-task-sees-several-GPUs rule and the device count checks (this rank's view). */
+static dt_status_t check_devices(dt_mesh_t *m, const dt_mesh_opts_t *o, const char *list_src) {
+  int G = m->node_devices;
+  const char *args = o->args ? o->args : "...";
+  const char *shown = m->env.has_cvd ? m->env.cuda_visible_devices : m->env.slurm_step_gpus;
+  if (G > m->local_size) {
+    if (!m->cuda) return DT_OK; /* a note in the table (dt_mesh_note) */
+    char cmd[400];
+    if (m->launcher == DT_LAUNCH_MPIRUN)
+      snprintf(cmd, sizeof cmd, "mpirun -n %d --map-by ppr:%d:node ./dtrain %s", m->n_nodes * G, G, args);
+    else
+      snprintf(cmd, sizeof cmd,
+               "srun -N %d --ntasks-per-node=%d --gpus-per-node=%d ./dtrain %s (or srun -N %d "
+               "--ntasks-per-node=%d --gpus-per-task=1 ./dtrain %s)",
+               m->n_nodes, G, G, args, m->n_nodes, G, args);
+    return DT_ERR(DT_ERR_LAUNCH,
+                  "rank %d (host %s): %d GPUs visible on node %d (%s=%s) but only %d rank%s there; dtrain uses "
+                  "one GPU per rank and will not leave %d idle: start one task per GPU: %s",
+                  m->rank, m->host, G, m->node, list_src ? list_src : "CUDA runtime", list_src ? shown : "",
+                  m->local_size, m->local_size == 1 ? " runs" : "s run", G - m->local_size, cmd);
+  }
+  if (!m->cuda) return DT_OK;
+  int avail = m->n_visible >= 0 ? m->n_visible : o->runtime_devices;
+  if (avail == 0)
+    return DT_ERR(DT_ERR_LAUNCH, "rank %d (host %s): backend cuda but no GPU is visible%s%s%s", m->rank, m->host,
+                  list_src ? " (" : "", list_src ? list_src : "", list_src ? " is empty)" : "");
+  if (avail > 1 && m->device >= avail)
+    return DT_ERR(DT_ERR_LAUNCH,
+                  "rank %d (host %s): local rank %d of %d on node %d but only %d GPUs visible%s%s; start at most "
+                  "one rank per GPU",
+                  m->rank, m->host, m->local_rank, m->local_size, m->node, avail, list_src ? " in " : "",
+                  list_src ? list_src : "");
+  return DT_OK;
+}
+
+/* Same node <=> same SLURM_NODEID (srun only), from the gathered table: same answer everywhere. */
+static dt_status_t check_nodeids(const dt_mesh_t *m) {
+  int *sid = malloc((size_t)m->n_nodes * sizeof *sid);
+  if (!sid) return DT_ERR(DT_ERR_NOMEM, "mesh: out of memory");
+  for (int k = 0; k < m->n_nodes; k++) sid[k] = -2;
+  dt_status_t st = DT_OK;
+  for (int r = 0; r < m->size && st == DT_OK; r++) {
+    const dt_rank_info_t *x = &m->ranks[r];
+    if (x->slurm_nodeid < 0) continue;
+    if (sid[x->node] == -2) {
+      for (int k = 0; k < m->n_nodes; k++)
+        if (sid[k] == x->slurm_nodeid)
+          st = DT_ERR(DT_ERR_LAUNCH,
+                      "rank %d (host %s): SLURM_NODEID=%d is also the SLURM_NODEID of node %d but MPI puts "
+                      "rank %d on node %d",
+                      r, x->host, x->slurm_nodeid, k, r, x->node);
+      sid[x->node] = x->slurm_nodeid;
+    } else if (sid[x->node] != x->slurm_nodeid) {
+      st = DT_ERR(DT_ERR_LAUNCH, "rank %d (host %s): SLURM_NODEID=%d but MPI puts it on node %d, whose ranks have SLURM_NODEID=%d",
+                  r, x->host, x->slurm_nodeid, x->node, sid[x->node]);
+    }
+  }
+  free(sid);
+  return st;
+}
+
+static dt_status_t mesh_local(dt_mesh_t *m, const dt_mesh_opts_t *o, MPI_Comm node) {
+  const char *list_src = NULL;
+  m->n_visible = dt_launch_visible_devices(&m->env, &list_src);
+  m->device = m->cuda ? dt_mesh_device_ordinal(m->local_rank, m->n_visible >= 0 ? m->n_visible : o->runtime_devices) : -1;
+  /* distinct devices on this node, over every local rank's list */
+  char *lists = calloc((size_t)m->local_size, DT_DEVLIST_MAX);
+  int *has = calloc((size_t)m->local_size, sizeof *has);
+  if (!lists || !has) {
+    free(lists);
+    free(has);
+    return DT_ERR(DT_ERR_NOMEM, "mesh: out of memory");
+  }
+  char mine[DT_DEVLIST_MAX] = "";
+  int my_has = list_src != NULL;
+  if (my_has) snprintf(mine, sizeof mine, "%s", m->env.has_cvd ? m->env.cuda_visible_devices : m->env.slurm_step_gpus);
+  int rc = MPI_Allgather(mine, DT_DEVLIST_MAX, MPI_CHAR, lists, DT_DEVLIST_MAX, MPI_CHAR, node);
+  if (rc == MPI_SUCCESS) rc = MPI_Allgather(&my_has, 1, MPI_INT, has, 1, MPI_INT, node);
+  if (rc == MPI_SUCCESS) m->node_devices = devlist_union(lists, has, m->local_size);
+  free(lists);
+  free(has);
+  if (rc != MPI_SUCCESS) return dt__mpi_error(rc, "MPI_Allgather", __FILE__, __LINE__);
+  if (m->node_devices < 0 && m->cuda) m->node_devices = o->runtime_devices;
+  DT_TRY(dt_launch_check(&m->env, m->rank, m->size, m->local_rank, m->host));
+  return check_devices(m, o, list_src);
+}
+
+dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
+  memset(m, 0, sizeof *m);
+  m->cuda = o->cuda;
+  MPI_Comm world = MPI_COMM_WORLD, w, node;
+  DT_TRY(dt_comm_mpi_create(&world, &m->world));
+  DT_TRY(dt_comm_mpi_handle(m->world, &w));
+  m->rank = m->world->rank;
+  m->size = m->world->size;
+  dt_err_set_rank(m->rank);
+  snprintf(m->host, sizeof m->host, "%s", dt__hostname());
+
+  /* node: the ranks sharing memory, ordered by world rank; node index by lowest world rank */
+  dt_status_t st = DT_OK;
+  int rc = MPI_Comm_split_type(w, MPI_COMM_TYPE_SHARED, m->rank, MPI_INFO_NULL, &node);
+  if (rc != MPI_SUCCESS) {
+    dt_mesh_free(m);
+    return dt__mpi_error(rc, "MPI_Comm_split_type", __FILE__, __LINE__);
+  }
+  st = dt_comm_mpi_create(&node, &m->node_comm);
+  MPI_Comm_free(&node);
+  if (st != DT_OK) goto fail;
+  dt_comm_mpi_handle(m->node_comm, &node);
+  m->local_rank = m->node_comm->rank;
+  m->local_size = m->node_comm->size;
+  int leader = m->rank, *leaders = malloc((size_t)m->size * sizeof(int));
+  if (!leaders) {
+    st = DT_ERR(DT_ERR_NOMEM, "mesh: out of memory");
+    goto fail;
+  }
+  if ((st = m->node_comm->ops->broadcast(m->node_comm, &leader, 1, DT_I32, 0, NULL, NULL)) == DT_OK)
+    st = m->world->ops->allgather(m->world, &leader, leaders, 1, DT_I32, NULL, NULL);
+  if (st == DT_OK)
+    for (int r = 0; r < m->size; r++)
+      if (leaders[r] == r) {
+        if (r < leader) m->node++;
+        m->n_nodes++;
+      }
+  free(leaders);
+  if (st != DT_OK) goto fail;
+
+  /* environment, threads, devices: checked locally, then agreed */
+  st = dt_launch_env_read(&m->env);
+  if (st == DT_OK) {
+    m->launcher = dt_launch_detect(&m->env);
+    m->threads = dt_mesh_threads(o->threads, &m->env, omp_get_max_threads(), &m->threads_src);
+    st = mesh_local(m, o, node);
+  }
+  if ((st = agree(w, m->rank, m->size, st)) != DT_OK) goto fail;
+
+  /* the process mesh (same inputs on every rank, so the same answer) */
+  m->dp = o->dp;
+  m->tp = o->tp > 0 ? o->tp : 1;
+  m->pp = o->pp > 0 ? o->pp : 1;
+  if ((st = dt_mesh_resolve(m->size, &m->dp, m->tp, m->pp)) != DT_OK) goto fail;
+  dt_mesh_coords(m->rank, m->tp, m->pp, &m->dp_idx, &m->pp_idx, &m->tp_idx);
+  const dt_comm_ops_t *ops = m->world->ops;
+  if ((st = ops->split(m->world, m->dp_idx * m->pp + m->pp_idx, m->tp_idx, &m->tp_comm)) != DT_OK) goto fail;
+  if ((st = ops->split(m->world, m->dp_idx * m->tp + m->tp_idx, m->pp_idx, &m->pp_comm)) != DT_OK) goto fail;
+  if ((st = ops->split(m->world, m->pp_idx * m->tp + m->tp_idx, m->dp_idx, &m->dp_comm)) != DT_OK) goto fail;
+
+  /* the rank table, on every rank */
+  dt_rank_info_t me;
+  memset(&me, 0, sizeof me);
+  me.rank = m->rank;
+  me.node = m->node;
+  me.local_rank = m->local_rank;
+  me.local_size = m->local_size;
+  me.device = m->device;
+  me.threads = m->threads;
+  me.slurm_nodeid = m->env.slurm_nodeid;
+  me.slurm_localid = m->env.slurm_localid;
+  me.n_visible = m->n_visible;
+  me.node_devices = m->node_devices;
+  me.dp_idx = m->dp_idx;
+  me.pp_idx = m->pp_idx;
+  me.tp_idx = m->tp_idx;
+  snprintf(me.host, sizeof me.host, "%s", m->host);
+  snprintf(me.visible, sizeof me.visible, "%.47s",
+           m->env.has_cvd ? m->env.cuda_visible_devices : m->env.has_step_gpus ? m->env.slurm_step_gpus : "-");
+  m->ranks = malloc((size_t)m->size * sizeof *m->ranks);
+  if (!m->ranks) {
+    st = DT_ERR(DT_ERR_NOMEM, "mesh: out of memory");
+    goto fail;
+  }
+  rc = MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, m->ranks, (int)sizeof me, MPI_BYTE, w);
+  if (rc != MPI_SUCCESS) {
+    st = dt__mpi_error(rc, "MPI_Allgather", __FILE__, __LINE__);
+    goto fail;
+  }
+  if (m->launcher == DT_LAUNCH_SRUN && (st = check_nodeids(m)) != DT_OK) goto fail;
+  for (int r = 0; r < m->size && !m->cuda; r++) /* the CPU form of the one-task-several-GPUs rule */
+    if (m->ranks[r].node_devices > m->ranks[r].local_size) {
+      snprintf(m->note, sizeof m->note,
+               "note: %d GPUs visible on node %d but %d rank%s there and the backend is cpu: the GPUs stay unused",
+               m->ranks[r].node_devices, m->ranks[r].node, m->ranks[r].local_size,
+               m->ranks[r].local_size == 1 ? " runs" : "s run");
+      break;
+    }
+  return DT_OK;
+fail:
+  dt_mesh_free(m);
+  return st;
+}
+
+void dt_mesh_free(dt_mesh_t *m) {
+  dt_comm_t **cs[] = {&m->pp_comm, &m->tp_comm, &m->dp_comm, &m->node_comm, &m->world};
+  for (size_t i = 0; i < sizeof cs / sizeof cs[0]; i++)
+    if (*cs[i]) {
+      (*cs[i])->ops->free(*cs[i]);
+      *cs[i] = NULL;
+    }
+  free(m->ranks);
+  m->ranks = NULL;
+}
+
+static const char *num(char *buf, int v) {
+  if (v < 0) return "-";
+  snprintf(buf, 16, "%d", v);
+  return buf;
+}
+
+void dt_mesh_print(const dt_mesh_t *m, FILE *out) {
+  if (m->rank != 0 || !m->ranks) return;
+  char job[96] = "";
+  if (m->env.slurm_job_id[0])
+    snprintf(job, sizeof job, " job %s%s%d", m->env.slurm_job_id,
+             m->env.slurm_restart_count >= 0 ? " restart " : "", m->env.slurm_restart_count >= 0 ? m->env.slurm_restart_count : 0);
+  fprintf(out, "# layout: %d ranks on %d nodes, mesh dp=%d x tp=%d x pp=%d, backend %s, launcher %s%s, threads from %s\n",
+          m->size, m->n_nodes, m->dp, m->tp, m->pp, m->cuda ? "cuda" : "cpu", dt_launcher_name(m->launcher), job,
+          m->threads_src);
+  fprintf(out, "# %5s %-16s %4s %5s %6s %7s %4s %4s %4s %12s %13s %s\n", "rank", "host", "node", "local", "device",
+          "threads", "dp", "pp", "tp", "SLURM_NODEID", "SLURM_LOCALID", "visible");
+  for (int r = 0; r < m->size; r++) {
+    const dt_rank_info_t *x = &m->ranks[r];
+    char a[16], b[16], c[16];
+    fprintf(out, "# %5d %-16s %4d %5d %6s %7d %4d %4d %4d %12s %13s %s\n", x->rank, x->host, x->node, x->local_rank,
+            num(a, x->device), x->threads, x->dp_idx, x->pp_idx, x->tp_idx, num(b, x->slurm_nodeid),
+            num(c, x->slurm_localid), x->visible);
+  }
+  if (m->note[0]) fprintf(out, "# %s\n", m->note);
+  fflush(out);
+}
+
+/* ---- dtrain layout ----------------------------------------------------------------------- */
+
+static int layout_usage(FILE *out) {
+  fprintf(out, "usage: dtrain layout [--backend auto|cpu|cuda] [--dp N] [--tp N] [--pp N] [--threads N]\n");
+  return 2;
+}
+
+static int parse_nonneg(const char *s, int *out) {
+  char *end;
+  errno = 0;
+  long v = s ? strtol(s, &end, 10) : -1;
+  if (!s || end == s || *end || errno || v < 0 || v > INT_MAX) return 0;
+  *out = (int)v;
+  return 1;
+}
+
+int dt_layout_main(int argc, char **argv) {
+  int provided = 0;
+  if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+    fprintf(stderr, "dtrain layout: MPI_Init failed\n");
+    return 1;
+  }
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  dt_mesh_opts_t o = {.cuda = -1, .runtime_devices = -1, .threads = 0, .dp = 0, .tp = 1, .pp = 1, .args = NULL};
+  char args[256] = "";
+  int bad = 0;
+  for (int i = 1; i < argc && !bad; i++) {
+    const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+    int *dst = !strcmp(a, "--dp") ? &o.dp : !strcmp(a, "--tp") ? &o.tp : !strcmp(a, "--pp") ? &o.pp
+             : !strcmp(a, "--threads") ? &o.threads : NULL;
+    if (!strcmp(a, "--backend") && v && (!strcmp(v, "cpu") || !strcmp(v, "cuda") || !strcmp(v, "auto"))) {
+      o.cuda = !strcmp(v, "cuda") ? 1 : !strcmp(v, "cpu") ? 0 : -1;
+      i++;
+    } else if (dst && parse_nonneg(v, dst)) {
+      i++;
+    } else {
+      if (rank == 0) fprintf(stderr, "dtrain layout: bad argument '%s'%s%s\n", a, v ? " " : "", v ? v : "");
+      bad = 1;
+    }
+  }
+  size_t n = strlen("layout");
+  memcpy(args, "layout", n + 1);
+  for (int i = 1; i < argc && n + strlen(argv[i]) + 2 < sizeof args; i++) n += (size_t)snprintf(args + n, sizeof args - n, " %s", argv[i]);
+  o.args = args;
+  if (bad) {
+    if (rank == 0) layout_usage(stderr);
+    MPI_Finalize();
+    return 2;
+  }
+  if (o.cuda < 0) { /* auto: CUDA when it is built in and the environment names devices */
+#ifdef DT_HAVE_CUDA
+    dt_launch_env_t e;
+    o.cuda = dt_launch_env_read(&e) == DT_OK && dt_launch_visible_devices(&e, NULL) > 0;
+#else
+    o.cuda = 0;
+#endif
+  }
+  dt_mesh_t m;
+  dt_status_t st = dt_mesh_init(&m, &o);
+  if (st == DT_ERR_MPI) { /* peers may be stuck in a collective: abort the job */
+    fprintf(stderr, "dtrain layout: %s\n", dt_err_msg());
+    dt_comm_abort(1);
+  }
+  if (st != DT_OK) {
+    if (rank == 0) fprintf(stderr, "dtrain layout: %s\n", dt_err_msg());
+    MPI_Finalize();
+    return st == DT_ERR_NOMEM || st == DT_ERR_INTERNAL ? 1 : 2;
+  }
+  dt_mesh_print(&m, stdout);
+  dt_mesh_free(&m);
+  MPI_Finalize();
+  return 0;
+}

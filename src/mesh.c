@@ -455,12 +455,16 @@ static const char *num(char *buf, int v) {
 void dt_mesh_print(const dt_mesh_t *m, FILE *out) {
   if (m->rank != 0 || !m->ranks) return;
   char job[96] = "";
-  if (m->env.slurm_job_id[0])
-    snprintf(job, sizeof job, " job %s%s%d", m->env.slurm_job_id,
-             m->env.slurm_restart_count >= 0 ? " restart " : "", m->env.slurm_restart_count >= 0 ? m->env.slurm_restart_count : 0);
-  fprintf(out, "# layout: %d ranks on %d nodes, mesh dp=%d x tp=%d x pp=%d, backend %s, launcher %s%s, threads from %s\n",
-          m->size, m->n_nodes, m->dp, m->tp, m->pp, m->cuda ? "cuda" : "cpu", dt_launcher_name(m->launcher), job,
-          m->threads_src);
+  if (m->env.slurm_job_id[0]) {
+    int n = snprintf(job, sizeof job, " job %.40s", m->env.slurm_job_id);
+    if (m->env.slurm_step_id >= 0 && m->env.slurm_step_id < 0xfffffff0LL)
+      n += snprintf(job + n, sizeof job - (size_t)n, " step %lld", m->env.slurm_step_id);
+    if (m->env.slurm_restart_count >= 0)
+      snprintf(job + n, sizeof job - (size_t)n, " restart %d", m->env.slurm_restart_count);
+  }
+  fprintf(out, "# layout: %d rank%s on %d node%s, mesh dp=%d x tp=%d x pp=%d, backend %s, launcher %s%s, threads from %s\n",
+          m->size, m->size == 1 ? "" : "s", m->n_nodes, m->n_nodes == 1 ? "" : "s", m->dp, m->tp, m->pp,
+          m->cuda ? "cuda" : "cpu", dt_launcher_name(m->launcher), job, m->threads_src);
   fprintf(out, "# %5s %-16s %4s %5s %6s %7s %4s %4s %4s %12s %13s %s\n", "rank", "host", "node", "local", "device",
           "threads", "dp", "pp", "tp", "SLURM_NODEID", "SLURM_LOCALID", "visible");
   for (int r = 0; r < m->size; r++) {

@@ -38,7 +38,7 @@ run 0 $MR -n 4 -x RANK=0 -x WORLD_SIZE=4 $T fail 0 1 1 "RANK=0 but MPI rank is 1
 
 # dtrain layout itself
 run 0 $MR -n 4 $D layout --tp 2
-expect_out "# layout: 4 ranks on 1 nodes, mesh dp=2 x tp=2 x pp=1, backend cpu, launcher mpirun"
+expect_out "# layout: 4 ranks on 1 node, mesh dp=2 x tp=2 x pp=1, backend cpu, launcher mpirun"
 [ "$(grep -c '^# *[0-9]' "$out")" -eq 4 ] || fail "want 4 table rows"
 # columns: # rank host node local device threads dp pp tp SLURM_NODEID SLURM_LOCALID visible
 [ "$(awk '$1=="#" && $2=="3" {print $8, $9, $10}' "$out")" = "1 0 1" ] || fail "rank 3 should be dp 1 pp 0 tp 1"

@@ -326,6 +326,9 @@ static dt_status_t mesh_local(dt_mesh_t *m, const dt_mesh_opts_t *o, MPI_Comm no
   free(lists);
   free(has);
   if (rc != MPI_SUCCESS) return dt__mpi_error(rc, "MPI_Allgather", __FILE__, __LINE__);
+  /* no device list: Slurm's count for the node (srun only), else what the CUDA runtime reports */
+  if (m->node_devices < 0 && m->launcher == DT_LAUNCH_SRUN && m->env.slurm_gpus_on_node > 0)
+    m->node_devices = m->env.slurm_gpus_on_node;
   if (m->node_devices < 0 && m->cuda) m->node_devices = o->runtime_devices;
   DT_TRY(dt_launch_check(&m->env, m->rank, m->size, m->local_rank, m->host));
   return check_devices(m, o, list_src);
@@ -350,7 +353,8 @@ dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
     return dt__mpi_error(rc, "MPI_Comm_split_type", __FILE__, __LINE__);
   }
   st = dt_comm_mpi_create(&node, &m->node_comm);
-  MPI_Comm_free(&node);
+  rc = MPI_Comm_free(&node);
+  if (st == DT_OK && rc != MPI_SUCCESS) st = dt__mpi_error(rc, "MPI_Comm_free", __FILE__, __LINE__);
   if (st != DT_OK) goto fail;
   dt_comm_mpi_handle(m->node_comm, &node);
   m->local_rank = m->node_comm->rank;

@@ -5,6 +5,10 @@
 set -u
 : "${top_builddir:=.}" "${MPIRUN:=mpirun}"
 prog="$top_builddir/tests/test_comm_mpi"
+# Run as if outside any job: launcher and device variables from the caller's environment (make
+# check inside a Slurm job, a GPU machine) would change what is being tested.
+for v in $(env | sed -n 's/^\(SLURM_[A-Za-z0-9_]*\|PMIX_[A-Za-z0-9_]*\|OMPI_COMM_WORLD_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
+unset CUDA_VISIBLE_DEVICES RANK WORLD_SIZE LOCAL_RANK
 status=0
 for n in 4 3; do
   cmd="$MPIRUN --allow-run-as-root --oversubscribe -n $n $prog"

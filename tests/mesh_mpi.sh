@@ -5,6 +5,10 @@
 set -u
 : "${top_builddir:=.}" "${MPIRUN:=mpirun}"
 T="$top_builddir/tests/test_mesh_mpi"
+# Run as if outside any job: launcher and device variables from the caller's environment (make
+# check inside a Slurm job, a GPU machine) would change what is being tested.
+for v in $(env | sed -n 's/^\(SLURM_[A-Za-z0-9_]*\|PMIX_[A-Za-z0-9_]*\|OMPI_COMM_WORLD_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
+unset CUDA_VISIBLE_DEVICES RANK WORLD_SIZE LOCAL_RANK
 D="$top_builddir/dtrain"
 MR="$MPIRUN --allow-run-as-root --oversubscribe"
 out=$(mktemp); trap 'rm -f "$out"' EXIT
@@ -37,7 +41,7 @@ run 0 $MR -n 4 -x RANK=0 -x WORLD_SIZE=4 $T fail 0 1 1 "rank 1 (host "
 run 0 $MR -n 4 -x RANK=0 -x WORLD_SIZE=4 $T fail 0 1 1 "RANK=0 but MPI rank is 1"
 
 # dtrain layout itself
-run 0 $MR -n 4 $D layout --tp 2
+run 0 $MR -n 4 $D layout --tp 2 --backend cpu
 expect_out "# layout: 4 ranks on 1 node, mesh dp=2 x tp=2 x pp=1, backend cpu, launcher mpirun"
 [ "$(grep -c '^# *[0-9]' "$out")" -eq 4 ] || fail "want 4 table rows"
 # columns: # rank host node local device threads dp pp tp SLURM_NODEID SLURM_LOCALID visible

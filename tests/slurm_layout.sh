@@ -8,6 +8,10 @@ set -u
 : "${top_srcdir:=.}" "${top_builddir:=.}"
 D="$top_builddir/dtrain"
 CLUSTER="$top_srcdir/scripts/slurm-cluster.sh"
+# Run as if outside any job: launcher and device variables from the caller's environment (make
+# check inside a Slurm job, a GPU machine) would change what is being tested.
+for v in $(env | sed -n 's/^\(SLURM_[A-Za-z0-9_]*\|PMIX_[A-Za-z0-9_]*\|OMPI_COMM_WORLD_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
+unset CUDA_VISIBLE_DEVICES RANK WORLD_SIZE LOCAL_RANK
 export PATH=$PATH:/usr/sbin
 for p in slurmctld slurmd srun salloc munged; do
   command -v $p >/dev/null || { echo "SKIP: $p not installed (apt-get install slurm-wlm munge libpmix-dev)"; exit 77; }
@@ -18,6 +22,8 @@ DIR=$(mktemp -d /tmp/dtrain-slurm.XXXXXX)
 out=$DIR/out
 cleanup() { "$CLUSTER" stop "$DIR" 2>/dev/null; rm -rf "$DIR"; }
 trap cleanup EXIT
+mknod "$DIR/probe" c 1 3 2>/dev/null || { echo "SKIP: cannot create device nodes in $DIR (fake GPUs need mknod)"; exit 77; }
+rm -f "$DIR/probe"
 trap 'exit 1' INT TERM
 echo "\$ $CLUSTER start $DIR 2"
 env_line=$("$CLUSTER" start "$DIR" 2) || { echo "FAIL: the cluster did not start"; exit 1; }
@@ -49,6 +55,12 @@ expect_out "launcher srun job "
 [ "$(rows | wc -l)" -eq 4 ] || fail "want 4 table rows"
 bad=$(rows | awk '{ if ($3 != $10 || $4 != $11 || $5 != $4 || $1 != 2 * $3 + $4 || $12 != "0,1") print "rank " $1 }')
 [ -z "$bad" ] && echo "ok: node = SLURM_NODEID, local = SLURM_LOCALID, device = local, rank = 2*node+local, visible 0,1" ||
+  fail "inconsistent rows: $bad"
+
+# Cyclic distribution: ranks alternate between the nodes; node and local rank still follow Slurm.
+run ok srun -N 2 --ntasks-per-node=2 -m cyclic --mpi=pmix "$D" layout --backend cpu
+bad=$(rows | awk '{ if ($3 != $10 || $4 != $11 || $1 != $3 + 2 * $4) print "rank " $1 }')
+[ -z "$bad" ] && echo "ok: cyclic: rank = node + 2*local, node = SLURM_NODEID, local = SLURM_LOCALID" ||
   fail "inconsistent rows: $bad"
 
 # 2. One GPU per task (-c 2): each task sees its own device, so device 0; threads from SLURM_CPUS_PER_TASK.

@@ -18,7 +18,11 @@ say() { echo "slurm-cluster: $*" >&2; }
 
 [ $# -ge 2 ] || die "usage: $0 start|stop|status DIR [NODES]"
 cmd=$1
-mkdir -p "$2" 2>/dev/null || die "cannot create $2"
+if [ "$cmd" = start ]; then mkdir -p "$2" 2>/dev/null || die "cannot create $2"; fi
+if [ ! -d "$2" ]; then
+  [ "$cmd" = stop ] && exit 0 # nothing was started there
+  die "no cluster directory $2"
+fi
 DIR=$(cd "$2" && pwd -P) || die "cannot enter $2"
 NODES=${3:-2}
 case $NODES in '' | *[!0-9]*) die "NODES must be a number >= 1 (got '$NODES')" ;; esac

@@ -60,6 +60,9 @@ int dt_mesh_threads(int cfg_threads, const dt_launch_env_t *e, int omp_default, 
  * negative or empty entry ends the list as it does for CUDA); "" -> 0. Indices and GPU-/MIG-
  * UUIDs both count. */
 int dt_devlist_count(const char *list);
+/* Distinct device names over n lists of DT_DEVLIST_MAX chars each (lists + i*DT_DEVLIST_MAX);
+ * lists with has[i] == 0 are skipped. -1 if no list is present. */
+int dt_devlist_union(const char *lists, const int *has, int n);
 /* Devices visible to this process: CUDA_VISIBLE_DEVICES if set, else SLURM_STEP_GPUS if set,
  * else -1 (unknown: no list). *src (may be NULL) names the variable used. */
 int dt_launch_visible_devices(const dt_launch_env_t *e, const char **src);

@@ -251,3 +251,23 @@ Test(mesh, coords) {
   }
   for (int i = 0; i < 24; i++) cr_expect_eq(seen[i], 1);
 }
+
+Test(mesh, device_union) {
+  /* per node: the distinct devices over its ranks' lists (what Slurm gave the node's tasks) */
+  char lists[4][DT_DEVLIST_MAX] = {{0}};
+  int has[4] = {1, 1, 1, 1};
+  strcpy(lists[0], "0");
+  strcpy(lists[1], "1");
+  strcpy(lists[2], "2");
+  strcpy(lists[3], "3");
+  cr_expect_eq(dt_devlist_union(&lists[0][0], has, 4), 4); /* --gpus-per-task=1 */
+  for (int i = 0; i < 4; i++) strcpy(lists[i], "0,1,2,3");
+  cr_expect_eq(dt_devlist_union(&lists[0][0], has, 4), 4); /* one shared list */
+  strcpy(lists[0], "0,1");
+  strcpy(lists[1], "2,3");
+  cr_expect_eq(dt_devlist_union(&lists[0][0], has, 2), 4); /* --gpus-per-task=2: 2 tasks, 4 GPUs */
+  int none[2] = {0, 0};
+  cr_expect_eq(dt_devlist_union(&lists[0][0], none, 2), -1);
+  strcpy(lists[0], "");
+  cr_expect_eq(dt_devlist_union(&lists[0][0], has, 1), 0); /* CUDA_VISIBLE_DEVICES="" hides all */
+}

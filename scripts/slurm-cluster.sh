@@ -62,6 +62,18 @@ stop_pidfile() { # stop_pidfile PIDFILE NAME: TERM, wait up to 10 s, then KILL
   rm -f "$1"
 }
 
+# ports_free BASE N: nothing listens on TCP ports BASE..BASE+N (IPv4 or IPv6)
+ports_free() {
+  local used=" " p hex
+  for hex in $(awk 'NR > 1 && $4 == "0A" { split($2, a, ":"); print a[2] }' /proc/net/tcp /proc/net/tcp6 2>/dev/null); do
+    used="$used$((16#$hex)) "
+  done
+  for p in $(seq "$1" $(($1 + $2))); do
+    case $used in *" $p "*) return 1 ;; esac
+  done
+  return 0
+}
+
 node_names() { local i; for i in $(seq "$NODES"); do echo "n$i"; done; }
 nodes_in_conf() { sed -n 's/^# dtrain-nodes=//p' "$CONF" 2>/dev/null; }
 
@@ -99,7 +111,15 @@ write_conf() {
   local host base ports last i cksum
   host=$(hostname -s)
   cksum=$(printf '%s' "$DIR" | cksum | cut -d' ' -f1)
-  base=${DT_SLURM_PORT_BASE:-$((20000 + (cksum % 500) * 80))}
+  if [ -n "${DT_SLURM_PORT_BASE:-}" ]; then
+    base=$DT_SLURM_PORT_BASE
+  else # from the hash of DIR, moved on while another cluster (or anything) listens there
+    base=$((20000 + (cksum % 500) * 80))
+    for i in $(seq 500); do
+      ports_free "$base" "$NODES" && break
+      base=$((base + 80)); [ $base -le 59920 ] || base=20000
+    done
+  fi
   last=$((base + NODES))
   mkdir -p "$DIR/state" "$DIR/log" "$RUN" "$DIR/fakedev"
   for i in $(node_names); do mkdir -p "$DIR/spool/$i" "$DIR/tmp/$i"; done

@@ -4,6 +4,7 @@
 #include "mesh.h"
 
 #include <errno.h>
+#include <stdio.h>
 #include <limits.h>
 #include <stdlib.h>
 #include <string.h>
@@ -166,6 +167,17 @@ int dt_launch_visible_devices(const dt_launch_env_t *e, const char **src) {
 }
 
 int dt_mesh_device_ordinal(int local_rank, int n_visible) { return n_visible == 1 ? 0 : local_rank; }
+
+int dt_devlist_entry(const char *list, int idx, char *out, size_t n) {
+  char buf[DT_DEVLIST_MAX];
+  for (int i = 0; devlist_next(&list, buf, sizeof buf); i++)
+    if (i == idx) {
+      snprintf(out, n, "%s", buf);
+      return 1;
+    }
+  snprintf(out, n, "-");
+  return 0;
+}
 
 int dt_devlist_union(const char *lists, const int *has, int n) {
   int any = 0, count = 0;

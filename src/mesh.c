@@ -207,6 +207,11 @@ dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
   snprintf(me.host, sizeof me.host, "%s", m->host);
   snprintf(me.visible, sizeof me.visible, "%.47s",
            m->env.has_cvd ? m->env.cuda_visible_devices : m->env.has_step_gpus ? m->env.slurm_step_gpus : "-");
+  if (m->device >= 0 && m->n_visible > 0)
+    dt_devlist_entry(m->env.has_cvd ? m->env.cuda_visible_devices : m->env.slurm_step_gpus, m->device, me.gpu,
+                     sizeof me.gpu);
+  else
+    snprintf(me.gpu, sizeof me.gpu, "-");
   m->ranks = malloc((size_t)m->size * sizeof *m->ranks);
   if (!m->ranks) {
     st = DT_ERR(DT_ERR_NOMEM, "mesh: out of memory");
@@ -262,14 +267,14 @@ void dt_mesh_print(const dt_mesh_t *m, FILE *out) {
   fprintf(out, "# layout: %d rank%s on %d node%s, mesh dp=%d x tp=%d x pp=%d, backend %s, launcher %s%s, threads from %s\n",
           m->size, m->size == 1 ? "" : "s", m->n_nodes, m->n_nodes == 1 ? "" : "s", m->dp, m->tp, m->pp,
           m->cuda ? "cuda" : "cpu", dt_launcher_name(m->launcher), job, m->threads_src);
-  fprintf(out, "# %5s %-16s %4s %5s %6s %7s %4s %4s %4s %12s %13s %s\n", "rank", "host", "node", "local", "device",
-          "threads", "dp", "pp", "tp", "SLURM_NODEID", "SLURM_LOCALID", "visible");
+  fprintf(out, "# %5s %-16s %4s %5s %6s %7s %4s %4s %4s %12s %13s %-10s %s\n", "rank", "host", "node", "local", "device",
+          "threads", "dp", "pp", "tp", "SLURM_NODEID", "SLURM_LOCALID", "visible", "gpu");
   for (int r = 0; r < m->size; r++) {
     const dt_rank_info_t *x = &m->ranks[r];
     char a[16], b[16], c[16];
-    fprintf(out, "# %5d %-16s %4d %5d %6s %7d %4d %4d %4d %12s %13s %s\n", x->rank, x->host, x->node, x->local_rank,
+    fprintf(out, "# %5d %-16s %4d %5d %6s %7d %4d %4d %4d %12s %13s %-10s %s\n", x->rank, x->host, x->node, x->local_rank,
             num(a, x->device), x->threads, x->dp_idx, x->pp_idx, x->tp_idx, num(b, x->slurm_nodeid),
-            num(c, x->slurm_localid), x->visible);
+            num(c, x->slurm_localid), x->visible, x->gpu);
   }
   if (m->note[0]) fprintf(out, "# %s\n", m->note);
   fflush(out);

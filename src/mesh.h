@@ -6,6 +6,7 @@
 #ifndef DT_MESH_H
 #define DT_MESH_H
 
+#include <stddef.h>
 #include <stdio.h>
 
 #include "comm.h"
@@ -69,6 +70,9 @@ int dt_launch_visible_devices(const dt_launch_env_t *e, const char **src);
 /* CUDA ordinal for a rank: 0 when the process sees exactly one device (Slurm gave this task
  * its own GPU), else its local rank (all ranks of the node share one list). */
 int dt_mesh_device_ordinal(int local_rank, int n_visible);
+/* The idx-th entry of a device list into out (the physical GPU a CUDA ordinal names); "-" and 0
+ * if the list has no such entry. */
+int dt_devlist_entry(const char *list, int idx, char *out, size_t n);
 
 /* dp x tp x pp: *dp == 0 means world/(tp*pp). Error (same on every rank) if it does not fit. */
 dt_status_t dt_mesh_resolve(int world, int *dp, int tp, int pp);
@@ -92,6 +96,7 @@ typedef struct {
   int dp_idx, pp_idx, tp_idx;
   char host[DT_HOST_MAX];
   char visible[48];                /* this process' CUDA_VISIBLE_DEVICES (or SLURM_STEP_GPUS), "-" */
+  char gpu[48];                    /* the list entry the device ordinal names (physical GPU), "-" */
 } dt_rank_info_t;
 
 typedef struct {

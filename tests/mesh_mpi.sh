@@ -44,7 +44,7 @@ run 0 $MR -n 4 -x RANK=0 -x WORLD_SIZE=4 $T fail 0 1 1 "RANK=0 but MPI rank is 1
 run 0 $MR -n 4 $D layout --tp 2 --backend cpu
 expect_out "# layout: 4 ranks on 1 node, mesh dp=2 x tp=2 x pp=1, backend cpu, launcher mpirun"
 [ "$(grep -c '^# *[0-9]' "$out")" -eq 4 ] || fail "want 4 table rows"
-# columns: # rank host node local device threads dp pp tp SLURM_NODEID SLURM_LOCALID visible
+# columns: # rank host node local device threads dp pp tp SLURM_NODEID SLURM_LOCALID visible gpu
 [ "$(awk '$1=="#" && $2=="3" {print $8, $9, $10}' "$out")" = "1 0 1" ] || fail "rank 3 should be dp 1 pp 0 tp 1"
 run nz $MR -n 4 $D layout --dp 3 --tp 2
 expect_out "dtrain layout: [parallel] dp=3 x tp=2 x pp=1 = 6 ranks but the world has 4 ranks"
@@ -62,7 +62,7 @@ expect_out "mpirun -n 4 --map-by ppr:4:node ./dtrain layout --backend cuda"
 run 0 env CUDA_VISIBLE_DEVICES=0,1,2,3 $D layout --backend cpu
 expect_out "# note: 4 GPUs visible on node 0 but 1 rank runs there and the backend is cpu"
 run 0 $MR -n 4 -x CUDA_VISIBLE_DEVICES=0,1,2,3 $D layout --backend cuda
-[ "$(awk '$1=="#" && $2=="2" {print $6, $13}' "$out")" = "2 0,1,2,3" ] || fail "rank 2 should use device 2 of 0,1,2,3"
+[ "$(awk '$1=="#" && $2=="2" {print $6, $13, $14}' "$out")" = "2 0,1,2,3 2" ] || fail "rank 2 should use device 2 of 0,1,2,3"
 run nz $MR -n 4 -x CUDA_VISIBLE_DEVICES=0,1 $D layout --backend cuda
 expect_out "local rank 2 of 4 on node 0 but only 2 GPUs visible"
 exit $status

@@ -45,7 +45,7 @@ run() { # run ok|nz CMD...: print the command, run it with a time limit, check t
   esac
 }
 expect_out() { grep -qF -- "$1" "$out" && echo "ok: output has '$1'" || fail "output lacks '$1'"; }
-# rows of the table: rank host node local device threads dp pp tp SLURM_NODEID SLURM_LOCALID visible
+# rows of the table: rank host node local device threads dp pp tp SLURM_NODEID SLURM_LOCALID visible gpu
 rows() { awk '$1 == "#" && $2 ~ /^[0-9]+$/ { $1 = ""; print substr($0, 2) }' "$out"; }
 
 # 1. Two nodes, two tasks and two GPUs per node: shared list "0,1", device = local rank.
@@ -53,8 +53,8 @@ run ok srun -N 2 --ntasks-per-node=2 --gpus-per-node=2 --mpi=pmix "$D" layout --
 expect_out "# layout: 4 ranks on 2 nodes"
 expect_out "launcher srun job "
 [ "$(rows | wc -l)" -eq 4 ] || fail "want 4 table rows"
-bad=$(rows | awk '{ if ($3 != $10 || $4 != $11 || $5 != $4 || $1 != 2 * $3 + $4 || $12 != "0,1") print "rank " $1 }')
-[ -z "$bad" ] && echo "ok: node = SLURM_NODEID, local = SLURM_LOCALID, device = local, rank = 2*node+local, visible 0,1" ||
+bad=$(rows | awk '{ if ($3 != $10 || $4 != $11 || $5 != $4 || $1 != 2 * $3 + $4 || $12 != "0,1" || $13 != $4) print "rank " $1 }')
+[ -z "$bad" ] && echo "ok: node = SLURM_NODEID, local = SLURM_LOCALID, device = local, rank = 2*node+local, visible 0,1, gpu = local" ||
   fail "inconsistent rows: $bad"
 
 # Cyclic distribution: ranks alternate between the nodes; node and local rank still follow Slurm.
@@ -67,8 +67,8 @@ bad=$(rows | awk '{ if ($3 != $10 || $4 != $11 || $1 != $3 + 2 * $4) print "rank
 run ok srun -N 2 --ntasks-per-node=2 --gpus-per-task=1 -c 2 --mpi=pmix "$D" layout --backend cuda --tp 2
 expect_out "mesh dp=2 x tp=2 x pp=1"
 expect_out "threads from slurm"
-bad=$(rows | awk '{ if ($3 != $10 || $4 != $11 || $5 != 0 || $6 != 2 || $12 != $4 || $9 != $4) print "rank " $1 }')
-[ -z "$bad" ] && echo "ok: device 0 per task, visible = own GPU, 2 threads, tp index = local rank" ||
+bad=$(rows | awk '{ if ($3 != $10 || $4 != $11 || $5 != 0 || $6 != 2 || $12 != $4 || $13 != $4 || $9 != $4) print "rank " $1 }')
+[ -z "$bad" ] && echo "ok: device 0 per task, visible = gpu = own GPU, 2 threads, tp index = local rank" ||
   fail "inconsistent rows: $bad"
 
 # 3. One task seeing 4 GPUs: CUDA stops at once naming the command that works; CPU only notes it.

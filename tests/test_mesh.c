@@ -203,6 +203,13 @@ Test(mesh, device_lists) {
   /* --gpus-per-node=4 --ntasks-per-node=4: a shared list -> the local rank */
   cr_expect_eq(dt_mesh_device_ordinal(3, 4), 3);
   cr_expect_eq(dt_mesh_device_ordinal(2, -1), 2);
+  char g[16];
+  cr_expect_eq(dt_devlist_entry("4,5,6,7", 2, g, sizeof g), 1);
+  cr_expect_str_eq(g, "6");
+  cr_expect_eq(dt_devlist_entry("GPU-aa, GPU-bb", 1, g, sizeof g), 1);
+  cr_expect_str_eq(g, "GPU-bb");
+  cr_expect_eq(dt_devlist_entry("0,1", 2, g, sizeof g), 0);
+  cr_expect_str_eq(g, "-");
 }
 
 Test(mesh, resolve) {

@@ -58,22 +58,29 @@ static dt_status_t init_weights(dt_trainer_t *tr, float *host) {
   return tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, 0, n, host);
 }
 
-static dt_status_t derive_batch(dt_trainer_t *tr) {
-  const dt_config_t *c = &tr->cfg;
-  int dp = tr->mesh.dp;
-  tr->B = c->micro_batch;
-  tr->T = c->seq_len;
+dt_status_t dt_train_batch_plan(const dt_config_t *c, const char *name, int world, int *dp, int *accum) {
+  *dp = c->dp;
+  DT_TRY(dt_mesh_resolve(world, dp, c->tp, c->pp));
   if (c->global_batch > 0) {
-    if (c->global_batch % (c->micro_batch * dp) != 0)
-      return DT_ERR(DT_ERR_CONFIG, "%s: train.global_batch: %d is not a multiple of micro_batch*dp = %d*%d",
-                    tr->cfg_name, c->global_batch, c->micro_batch, dp);
-    tr->accum = c->global_batch / (c->micro_batch * dp);
-    if (c->grad_accum > 0 && c->grad_accum != tr->accum)
-      return DT_ERR(DT_ERR_CONFIG, "%s: train.grad_accum: %d disagrees with global_batch/(micro_batch*dp) = %d",
-                    tr->cfg_name, c->grad_accum, tr->accum);
+    if (c->global_batch % (c->micro_batch * *dp) != 0)
+      return DT_ERR(DT_ERR_CONFIG,
+                    "%s: train.global_batch: %d is not a multiple of micro_batch*dp = %d*%d (dp from %d ranks)", name,
+                    c->global_batch, c->micro_batch, *dp, world);
+    *accum = c->global_batch / (c->micro_batch * *dp);
+    if (c->grad_accum > 0 && c->grad_accum != *accum)
+      return DT_ERR(DT_ERR_CONFIG, "%s: train.grad_accum: %d disagrees with global_batch/(micro_batch*dp) = %d", name,
+                    c->grad_accum, *accum);
   } else {
-    tr->accum = c->grad_accum > 0 ? c->grad_accum : 1;
+    *accum = c->grad_accum > 0 ? c->grad_accum : 1;
   }
+  return DT_OK;
+}
+
+static dt_status_t derive_batch(dt_trainer_t *tr) {
+  int dp = 0;
+  DT_TRY(dt_train_batch_plan(&tr->cfg, tr->cfg_name, tr->mesh.size, &dp, &tr->accum));
+  tr->B = tr->cfg.micro_batch;
+  tr->T = tr->cfg.seq_len;
   tr->global_batch = tr->B * tr->accum * dp;
   return DT_OK;
 }

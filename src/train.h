@@ -38,6 +38,9 @@ typedef struct {
   int resumed_step;        /* step restored from a checkpoint, -1 none */
 } dt_trainer_t;
 
+/* Data-parallel size and micro-steps per optimizer step for `world` ranks. Pure (no MPI), so a
+ * bad launch is reported identically by every rank before any collective. */
+dt_status_t dt_train_batch_plan(const dt_config_t *c, const char *name, int world, int *dp, int *accum);
 /* Everything for training: model set-up, data, identical weights on all ranks (or resume). */
 dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name);
 /* Only the launch layout, the layout and the backend (used by `dtrain eval`). */

@@ -71,8 +71,11 @@ static int train_main(int argc, char **argv) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   dt_err_set_rank(rank);
+  int world = 1, dp, accum;
+  MPI_Comm_size(MPI_COMM_WORLD, &world);
   dt_config_t cfg;
   dt_status_t st = dt_cli_load_config(&cfg, argv[1], argc - 2, argv + 2);
+  if (st == DT_OK) st = dt_train_batch_plan(&cfg, argv[1], world, &dp, &accum);
   if (st != DT_OK) {
     /* Same file on every rank, same verdict: rank 0 says it, all exit 2 without work. */
     if (rank == 0) fprintf(stderr, "dtrain: %s\n", dt_err_msg());

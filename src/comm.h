@@ -53,11 +53,34 @@ struct dt_comm {
   void *impl;
 };
 
-size_t dt_dtype_size(dt_dtype_t t);
+/* In-place forms (send == recv is always accepted; buffers that overlap otherwise are an error):
+ *   allreduce, broadcast: send == recv.
+ *   reduce_scatter: recv == send (result in the first recvcount elements, MPI_IN_PLACE style) or
+ *                   recv == send + rank*recvcount (result in this rank's own block, NCCL style).
+ *   allgather:      send == recv + rank*sendcount (this rank's block already in place, MPI and
+ *                   NCCL style) or send == recv (this rank's data in block 0; it is moved first).
+ * DT_AVG: sum, then divide by the communicator size (F32/F64 only; integer types are rejected).
+ * Counts above INT_MAX elements are rejected. */
 
-/* MPI communicator over a duplicate of `mpi_comm` (an MPI_Comm passed as void* to keep mpi.h out). */
+size_t dt_dtype_size(dt_dtype_t t);
+const char *dt_dtype_name(dt_dtype_t t);
+
+/* MPI communicator over a duplicate of `*(const MPI_Comm *)mpi_comm` (a pointer to an MPI_Comm,
+ * passed as void* to keep mpi.h out). The duplicate returns errors (MPI_ERRORS_RETURN); every
+ * MPI call is checked and a failure records file, line, rank, host and MPI's message.
+ * send/recv use one tag (DT_COMM_MPI_TAG) on the private duplicate: messages between a pair of
+ * ranks match in the order they were posted (MPI's non-overtaking rule), as with NCCL.
+ * Inside group_start/group_end, calls with req == NULL are started and completed at the
+ * outermost group_end (so a blocking send/recv ring in a group cannot deadlock). */
 dt_status_t dt_comm_mpi_create(const void *mpi_comm, dt_comm_t **out);
+/* Copy the communicator's MPI_Comm into *(MPI_Comm *)mpi_comm_out (for MPI-IO / HDF5). */
+dt_status_t dt_comm_mpi_handle(const dt_comm_t *c, void *mpi_comm_out);
 extern const dt_comm_ops_t dt_comm_mpi_ops;
+#define DT_COMM_MPI_TAG 7411
+
+/* Top level only: print nothing, abort every rank of the job (MPI_Abort on MPI_COMM_WORLD when
+ * MPI is initialised), never returns. Library code returns errors instead. */
+void dt_comm_abort(int code) __attribute__((noreturn));
 
 #ifdef __cplusplus
 }

@@ -331,10 +331,6 @@ dt_status_t dt_config_validate(const dt_config_t *cfg, const char *name) {
     where(cfg, name, "train", "min_lr", w, sizeof w);
     return DT_ERR(DT_ERR_CONFIG, "%s: %g is larger than lr %g", w, cfg->min_lr, cfg->lr);
   }
-  if (cfg->warmup > cfg->steps && cfg->steps > 0) {
-    where(cfg, name, "train", "warmup", w, sizeof w);
-    return DT_ERR(DT_ERR_CONFIG, "%s: %d is more than steps %d", w, cfg->warmup, cfg->steps);
-  }
   if (cfg->train[0] == '\0') {
     where(cfg, name, "data", "train", w, sizeof w);
     return DT_ERR(DT_ERR_CONFIG, "%s: must name the training shards", w);

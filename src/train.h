@@ -36,8 +36,14 @@ typedef struct {
   int stopped_by_signal;
   int saved_step;          /* step of the last checkpoint written by this run, -1 none */
   int resumed_step;        /* step restored from a checkpoint, -1 none */
+  double t_allreduce_full; /* one blocking all-reduce of all gradients, measured at start (dp > 1) */
+  double t_comm_wait_sum;  /* time waiting for gradient all-reduces after backward, summed */
+  int n_timed_steps;
 } dt_trainer_t;
 
+/* Data-parallel size and micro-steps per optimizer step for `world` ranks. Pure (no MPI), so a
+ * bad launch is reported identically by every rank before any collective. */
+dt_status_t dt_train_batch_plan(const dt_config_t *c, const char *name, int world, int *dp, int *accum);
 /* Everything for training: model set-up, data, identical weights on all ranks (or resume). */
 dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name);
 /* Only the launch layout, the layout and the backend (used by `dtrain eval`). */

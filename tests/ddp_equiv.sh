@@ -29,3 +29,18 @@ for n in ("dp2", "dp4"):
         assert rel <= 1e-5, f"{n} step {b['step']}: loss {b['loss']} vs dp1 {a['loss']} (rel {rel:.2e})"
 print(f"dp=1/2/4 losses agree at all 20 steps; worst relative difference {worst:.2e} (limit 1e-5)")
 PY
+
+# Launch mismatches are one clear line (from rank 0 only) and exit status 2, before any work.
+check_mismatch() {
+  local want=$1
+  shift
+  local status=0
+  mpi 3 "$DTRAIN" "$cfg" "$@" > "$t/mm.out" 2> "$t/mm.err" || status=$?
+  cat "$t/mm.err"
+  [ "$status" -eq 2 ] || { echo "FAIL: exit status $status, want 2"; exit 1; }
+  [ "$(grep -c '^dtrain: ' "$t/mm.err")" -eq 1 ] || { echo "FAIL: want exactly one error line"; exit 1; }
+  grep -q "$want" "$t/mm.err" || { echo "FAIL: message lacks '$want'"; exit 1; }
+}
+check_mismatch "dp=2 x tp=1 x pp=1 = 2 ranks but the world has 3 ranks" parallel.dp=2
+check_mismatch "train.global_batch: 8 is not a multiple of micro_batch\*dp = 4\*3"
+echo "ddp_equiv: OK"

@@ -75,7 +75,6 @@ Test(config, consistency) {
   expect_invalid("[train]\nmicro_batch = 4\nglobal_batch = 10\n", "t.ini:3: train.global_batch: 10 is not a multiple of micro_batch 4");
   expect_invalid("[train]\nmicro_batch = 4\ngrad_accum = 3\nglobal_batch = 16\n", "not a multiple of micro_batch*grad_accum = 12");
   expect_invalid("[train]\nlr = 1e-3\nmin_lr = 1e-2\n", "t.ini:3: train.min_lr");
-  expect_invalid("[train]\nsteps = 10\nwarmup = 20\n", "train.warmup: 20 is more than steps 10");
   expect_invalid("[parallel]\ntp = 2\n", "not yet supported");
   dt_config_t c;
   cr_assert_eq(parse(&c, "[model]\nn_head = 3\n"), DT_OK);

@@ -7,7 +7,7 @@ t=$(tmpdir)
 trap 'rm -rf "$t"' EXIT
 cd "$top_builddir"
 run "$DTRAIN" "$top_srcdir/inputs/tiny.ini" train.steps=60 train.warmup=10 train.eval_every=30 \
-  log.every=10 log.metrics="$t/m.jsonl" checkpoint.dir="$t/ckpt" | tee "$t/out"
+  log.every=1 log.metrics="$t/m.jsonl" checkpoint.dir="$t/ckpt" | tee "$t/out"
 "$PY" - "$t/m.jsonl" <<'PY'
 import json, math, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]

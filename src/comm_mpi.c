@@ -1,0 +1,498 @@
+/* MPI communicator (dt_comm_mpi_ops) on host buffers: blocking MPI collectives when req == NULL,
+ * otherwise the nonblocking forms with a heap request that dt_comm wait/test complete and free.
+ * Work MPI cannot do (the DT_AVG division, moving an in-place block) is recorded in the request
+ * and done at completion. Also DT_MPI_CHECK's error recorder and dt_comm_abort. */
+#include "comm.h"
+
+#include <limits.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "mpi_check.h"
+
+typedef struct {
+  MPI_Comm comm;
+  int group_depth;          /* nesting of group_start */
+  dt_comm_req_t **pending;  /* requests deferred to the outermost group_end */
+  int n_pending, cap_pending;
+} mpi_impl_t;
+
+struct dt_comm_req {
+  MPI_Request mreq;
+  /* after completion: copy move_bytes from move_src to move_dst, then divide scale_n elements
+   * of type t at scale by scale_div (scale_div 0 = nothing to do) */
+  void *move_dst;
+  const void *move_src;
+  size_t move_bytes;
+  void *scale;
+  size_t scale_n;
+  dt_dtype_t t;
+  int scale_div;
+};
+
+/* ---- errors ------------------------------------------------------------------------------ */
+
+const char *dt__hostname(void) {
+  static char host[256];
+  if (!host[0]) {
+    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "unknown-host");
+    host[sizeof host - 1] = '\0';
+  }
+  return host;
+}
+
+static int err_world_rank(void) {
+  if (dt_err_rank() >= 0) return dt_err_rank();
+  int init = 0, fin = 0, r = -1;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  if (init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+dt_status_t dt__mpi_error(int rc, const char *call, const char *file, int line) {
+  char estr[MPI_MAX_ERROR_STRING + 1] = "";
+  int elen = 0;
+  if (MPI_Error_string(rc, estr, &elen) != MPI_SUCCESS) snprintf(estr, sizeof estr, "error code %d", rc);
+  int fn = (int)strcspn(call, "(");
+  return dt_err_set(DT_ERR_MPI, file, line, "%s:%d: rank %d (host %s): %.*s failed: %s", file, line,
+                    err_world_rank(), dt__hostname(), fn, call, estr);
+}
+
+void dt_comm_abort(int code) {
+  int init = 0, fin = 0;
+  MPI_Initialized(&init);
+  MPI_Finalized(&fin);
+  fflush(stdout);
+  fflush(stderr);
+  if (init && !fin) MPI_Abort(MPI_COMM_WORLD, code);
+  _exit(code);
+}
+
+/* ---- types ------------------------------------------------------------------------------- */
+
+size_t dt_dtype_size(dt_dtype_t t) {
+  switch (t) {
+    case DT_F32: return 4;
+    case DT_F64: return 8;
+    case DT_I32: return 4;
+    case DT_I64: return 8;
+    case DT_U8: return 1;
+  }
+  return 0;
+}
+
+const char *dt_dtype_name(dt_dtype_t t) {
+  switch (t) {
+    case DT_F32: return "f32";
+    case DT_F64: return "f64";
+    case DT_I32: return "i32";
+    case DT_I64: return "i64";
+    case DT_U8: return "u8";
+  }
+  return "?";
+}
+
+static dt_status_t mpi_type(dt_dtype_t t, MPI_Datatype *out) {
+  switch (t) {
+    case DT_F32: *out = MPI_FLOAT; return DT_OK;
+    case DT_F64: *out = MPI_DOUBLE; return DT_OK;
+    case DT_I32: *out = MPI_INT32_T; return DT_OK;
+    case DT_I64: *out = MPI_INT64_T; return DT_OK;
+    case DT_U8: *out = MPI_UINT8_T; return DT_OK;
+  }
+  return DT_ERR(DT_ERR_ARG, "comm: unknown dtype %d", (int)t);
+}
+
+static dt_status_t mpi_op(dt_redop_t op, dt_dtype_t t, MPI_Op *out) {
+  switch (op) {
+    case DT_SUM: *out = MPI_SUM; return DT_OK;
+    case DT_AVG:
+      if (t != DT_F32 && t != DT_F64)
+        return DT_ERR(DT_ERR_ARG, "comm: DT_AVG needs a float type (got %s)", dt_dtype_name(t));
+      *out = MPI_SUM;
+      return DT_OK;
+    case DT_MAX: *out = MPI_MAX; return DT_OK;
+    case DT_MIN: *out = MPI_MIN; return DT_OK;
+  }
+  return DT_ERR(DT_ERR_ARG, "comm: unknown reduction %d", (int)op);
+}
+
+static dt_status_t check_count(size_t count, const char *what) {
+  if (count > (size_t)INT_MAX)
+    return DT_ERR(DT_ERR_ARG, "comm: %s count %zu exceeds INT_MAX elements (split the buffer)", what, count);
+  return DT_OK;
+}
+
+static void scale_div(void *buf, size_t n, dt_dtype_t t, int div) {
+  if (t == DT_F32) {
+    float *p = buf, d = (float)div;
+    for (size_t i = 0; i < n; i++) p[i] /= d;
+  } else if (t == DT_F64) {
+    double *p = buf, d = (double)div;
+    for (size_t i = 0; i < n; i++) p[i] /= d;
+  }
+}
+
+static int overlap(const void *a, size_t an, const void *b, size_t bn) {
+  uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+  return x < y + bn && y < x + an;
+}
+
+/* ---- requests ---------------------------------------------------------------------------- */
+
+static mpi_impl_t *impl(const dt_comm_t *c) { return (mpi_impl_t *)c->impl; }
+
+static dt_comm_req_t *req_new(void) {
+  dt_comm_req_t *r = calloc(1, sizeof *r);
+  if (r) r->mreq = MPI_REQUEST_NULL;
+  return r;
+}
+
+static void req_finish(dt_comm_req_t *r) {
+  if (r->move_bytes) memmove(r->move_dst, r->move_src, r->move_bytes);
+  if (r->scale_div) scale_div(r->scale, r->scale_n, r->t, r->scale_div);
+}
+
+/* Hand a started request to the caller, defer it to group_end, or complete it now. */
+static dt_status_t req_deliver(dt_comm_t *c, dt_comm_req_t *r, dt_comm_req_t **req) {
+  if (req) {
+    *req = r;
+    return DT_OK;
+  }
+  mpi_impl_t *m = impl(c);
+  if (m->group_depth > 0) {
+    if (m->n_pending == m->cap_pending) {
+      int cap = m->cap_pending ? 2 * m->cap_pending : 16;
+      dt_comm_req_t **p = realloc(m->pending, (size_t)cap * sizeof *p);
+      if (!p) {
+        MPI_Wait(&r->mreq, MPI_STATUS_IGNORE);
+        free(r);
+        return DT_ERR(DT_ERR_NOMEM, "comm: out of memory for group requests");
+      }
+      m->pending = p;
+      m->cap_pending = cap;
+    }
+    m->pending[m->n_pending++] = r;
+    return DT_OK;
+  }
+  return dt_comm_mpi_ops.wait(c, r);
+}
+
+#define NEW_REQ(r)                                                                  \
+  dt_comm_req_t *r = req_new();                                                     \
+  if (!r) return DT_ERR(DT_ERR_NOMEM, "comm: out of memory for a request")
+
+/* Start call (which fills r->mreq); on failure free r and return the error. */
+#define START(r, call)                                                                \
+  do {                                                                                \
+    int rc_ = (call);                                                                 \
+    if (rc_ != MPI_SUCCESS) {                                                         \
+      free(r);                                                                        \
+      return dt__mpi_error(rc_, #call, __FILE__, __LINE__);                           \
+    }                                                                                 \
+  } while (0)
+
+static int immediate(const dt_comm_t *c, dt_comm_req_t **req) { return !req && impl(c)->group_depth == 0; }
+
+/* ---- operations -------------------------------------------------------------------------- */
+
+static dt_status_t c_allreduce(dt_comm_t *c, const void *send, void *recv, size_t count, dt_dtype_t t,
+                               dt_redop_t op, void *stream, dt_comm_req_t **req) {
+  (void)stream;
+  MPI_Datatype mt;
+  MPI_Op mo;
+  DT_TRY(mpi_type(t, &mt));
+  DT_TRY(mpi_op(op, t, &mo));
+  DT_TRY(check_count(count, "allreduce"));
+  size_t bytes = count * dt_dtype_size(t);
+  if (send != recv && overlap(send, bytes, recv, bytes))
+    return DT_ERR(DT_ERR_ARG, "comm: allreduce buffers overlap without being in place");
+  const void *sb = send == recv ? MPI_IN_PLACE : send;
+  MPI_Comm comm = impl(c)->comm;
+  if (immediate(c, req)) {
+    DT_MPI_CHECK(MPI_Allreduce(sb, recv, (int)count, mt, mo, comm));
+    if (op == DT_AVG) scale_div(recv, count, t, c->size);
+    return DT_OK;
+  }
+  NEW_REQ(r);
+  START(r, MPI_Iallreduce(sb, recv, (int)count, mt, mo, comm, &r->mreq));
+  if (op == DT_AVG) {
+    r->scale = recv;
+    r->scale_n = count;
+    r->t = t;
+    r->scale_div = c->size;
+  }
+  return req_deliver(c, r, req);
+}
+
+static dt_status_t c_reduce_scatter(dt_comm_t *c, const void *send, void *recv, size_t recvcount, dt_dtype_t t,
+                                    dt_redop_t op, void *stream, dt_comm_req_t **req) {
+  (void)stream;
+  MPI_Datatype mt;
+  MPI_Op mo;
+  DT_TRY(mpi_type(t, &mt));
+  DT_TRY(mpi_op(op, t, &mo));
+  DT_TRY(check_count(recvcount, "reduce_scatter"));
+  size_t blk = recvcount * dt_dtype_size(t);
+  char *own = (char *)send + (size_t)c->rank * blk; /* NCCL-style in-place destination */
+  const void *sb = send;
+  void *rb = recv, *dst = NULL;
+  if (recv == send) {
+    sb = MPI_IN_PLACE;
+  } else if ((char *)recv == own) {
+    sb = MPI_IN_PLACE; /* MPI leaves the result in block 0; move it to this rank's block */
+    rb = (void *)send;
+    dst = recv;
+  } else if (overlap(send, blk * (size_t)c->size, recv, blk)) {
+    return DT_ERR(DT_ERR_ARG, "comm: reduce_scatter buffers overlap without being in place");
+  }
+  void *res = dst ? dst : recv;
+  MPI_Comm comm = impl(c)->comm;
+  if (immediate(c, req)) {
+    DT_MPI_CHECK(MPI_Reduce_scatter_block(sb, rb, (int)recvcount, mt, mo, comm));
+    if (dst && dst != rb) memmove(dst, rb, blk);
+    if (op == DT_AVG) scale_div(res, recvcount, t, c->size);
+    return DT_OK;
+  }
+  NEW_REQ(r);
+  START(r, MPI_Ireduce_scatter_block(sb, rb, (int)recvcount, mt, mo, comm, &r->mreq));
+  if (dst && dst != rb) {
+    r->move_dst = dst;
+    r->move_src = rb;
+    r->move_bytes = blk;
+  }
+  if (op == DT_AVG) {
+    r->scale = res;
+    r->scale_n = recvcount;
+    r->t = t;
+    r->scale_div = c->size;
+  }
+  return req_deliver(c, r, req);
+}
+
+static dt_status_t c_allgather(dt_comm_t *c, const void *send, void *recv, size_t sendcount, dt_dtype_t t,
+                               void *stream, dt_comm_req_t **req) {
+  (void)stream;
+  MPI_Datatype mt;
+  DT_TRY(mpi_type(t, &mt));
+  DT_TRY(check_count(sendcount, "allgather"));
+  size_t blk = sendcount * dt_dtype_size(t);
+  char *own = (char *)recv + (size_t)c->rank * blk;
+  const void *sb = send;
+  if ((const char *)send == own) {
+    sb = MPI_IN_PLACE;
+  } else if (send == recv) {
+    memmove(own, recv, blk); /* this rank's data sits in block 0: put it in its own block */
+    sb = MPI_IN_PLACE;
+  } else if (overlap(send, blk, recv, blk * (size_t)c->size)) {
+    return DT_ERR(DT_ERR_ARG, "comm: allgather buffers overlap without being in place");
+  }
+  MPI_Comm comm = impl(c)->comm;
+  if (immediate(c, req)) {
+    DT_MPI_CHECK(MPI_Allgather(sb, (int)sendcount, mt, recv, (int)sendcount, mt, comm));
+    return DT_OK;
+  }
+  NEW_REQ(r);
+  START(r, MPI_Iallgather(sb, (int)sendcount, mt, recv, (int)sendcount, mt, comm, &r->mreq));
+  return req_deliver(c, r, req);
+}
+
+static dt_status_t c_broadcast(dt_comm_t *c, void *buf, size_t count, dt_dtype_t t, int root, void *stream,
+                               dt_comm_req_t **req) {
+  (void)stream;
+  MPI_Datatype mt;
+  DT_TRY(mpi_type(t, &mt));
+  DT_TRY(check_count(count, "broadcast"));
+  if (root < 0 || root >= c->size)
+    return DT_ERR(DT_ERR_ARG, "comm: broadcast root %d outside 0..%d", root, c->size - 1);
+  MPI_Comm comm = impl(c)->comm;
+  if (immediate(c, req)) {
+    DT_MPI_CHECK(MPI_Bcast(buf, (int)count, mt, root, comm));
+    return DT_OK;
+  }
+  NEW_REQ(r);
+  START(r, MPI_Ibcast(buf, (int)count, mt, root, comm, &r->mreq));
+  return req_deliver(c, r, req);
+}
+
+static dt_status_t check_peer(const dt_comm_t *c, int peer, const char *what, dt_comm_req_t **req) {
+  if (peer < 0 || peer >= c->size)
+    return DT_ERR(DT_ERR_ARG, "comm: %s peer %d outside 0..%d", what, peer, c->size - 1);
+  if (peer == c->rank && immediate(c, req))
+    return DT_ERR(DT_ERR_ARG, "comm: blocking %s to itself (rank %d) would deadlock; use a request or a group",
+                  what, peer);
+  return DT_OK;
+}
+
+static dt_status_t c_send(dt_comm_t *c, const void *buf, size_t count, dt_dtype_t t, int peer, void *stream,
+                          dt_comm_req_t **req) {
+  (void)stream;
+  MPI_Datatype mt;
+  DT_TRY(mpi_type(t, &mt));
+  DT_TRY(check_count(count, "send"));
+  DT_TRY(check_peer(c, peer, "send", req));
+  MPI_Comm comm = impl(c)->comm;
+  if (immediate(c, req)) {
+    DT_MPI_CHECK(MPI_Send(buf, (int)count, mt, peer, DT_COMM_MPI_TAG, comm));
+    return DT_OK;
+  }
+  NEW_REQ(r);
+  START(r, MPI_Isend(buf, (int)count, mt, peer, DT_COMM_MPI_TAG, comm, &r->mreq));
+  return req_deliver(c, r, req);
+}
+
+static dt_status_t c_recv(dt_comm_t *c, void *buf, size_t count, dt_dtype_t t, int peer, void *stream,
+                          dt_comm_req_t **req) {
+  (void)stream;
+  MPI_Datatype mt;
+  DT_TRY(mpi_type(t, &mt));
+  DT_TRY(check_count(count, "recv"));
+  DT_TRY(check_peer(c, peer, "recv", req));
+  MPI_Comm comm = impl(c)->comm;
+  if (immediate(c, req)) {
+    DT_MPI_CHECK(MPI_Recv(buf, (int)count, mt, peer, DT_COMM_MPI_TAG, comm, MPI_STATUS_IGNORE));
+    return DT_OK;
+  }
+  NEW_REQ(r);
+  START(r, MPI_Irecv(buf, (int)count, mt, peer, DT_COMM_MPI_TAG, comm, &r->mreq));
+  return req_deliver(c, r, req);
+}
+
+static dt_status_t c_barrier(dt_comm_t *c) {
+  DT_MPI_CHECK(MPI_Barrier(impl(c)->comm));
+  return DT_OK;
+}
+
+static dt_status_t c_wait(dt_comm_t *c, dt_comm_req_t *r) {
+  (void)c;
+  if (!r) return DT_ERR(DT_ERR_ARG, "comm: wait on a NULL request");
+  MPI_Status stt;
+  int rc = MPI_Wait(&r->mreq, &stt);
+  if (rc == MPI_ERR_IN_STATUS) rc = stt.MPI_ERROR;
+  if (rc != MPI_SUCCESS) {
+    free(r);
+    return dt__mpi_error(rc, "MPI_Wait", __FILE__, __LINE__);
+  }
+  req_finish(r);
+  free(r);
+  return DT_OK;
+}
+
+static dt_status_t c_test(dt_comm_t *c, dt_comm_req_t *r, int *done) {
+  (void)c;
+  *done = 0;
+  if (!r) return DT_ERR(DT_ERR_ARG, "comm: test on a NULL request");
+  int flag = 0;
+  int rc = MPI_Test(&r->mreq, &flag, MPI_STATUS_IGNORE);
+  if (rc != MPI_SUCCESS) {
+    free(r);
+    *done = 1;
+    return dt__mpi_error(rc, "MPI_Test", __FILE__, __LINE__);
+  }
+  if (flag) {
+    req_finish(r);
+    free(r);
+    *done = 1;
+  }
+  return DT_OK;
+}
+
+static dt_status_t c_group_start(dt_comm_t *c) {
+  impl(c)->group_depth++;
+  return DT_OK;
+}
+
+static dt_status_t c_group_end(dt_comm_t *c) {
+  mpi_impl_t *m = impl(c);
+  if (m->group_depth <= 0) return DT_ERR(DT_ERR_ARG, "comm: group_end without group_start");
+  if (--m->group_depth > 0) return DT_OK;
+  dt_status_t st = DT_OK;
+  for (int i = 0; i < m->n_pending; i++) {
+    dt_status_t s = c_wait(c, m->pending[i]); /* waits all, keeps the first error */
+    if (st == DT_OK) st = s;
+  }
+  m->n_pending = 0;
+  return st;
+}
+
+/* ---- creation ---------------------------------------------------------------------------- */
+
+static dt_status_t wrap(MPI_Comm comm, dt_comm_t **out) {
+  *out = NULL;
+  DT_MPI_CHECK(MPI_Comm_set_errhandler(comm, MPI_ERRORS_RETURN));
+  dt_comm_t *c = calloc(1, sizeof *c);
+  mpi_impl_t *m = calloc(1, sizeof *m);
+  if (!c || !m) {
+    free(c);
+    free(m);
+    MPI_Comm_free(&comm);
+    return DT_ERR(DT_ERR_NOMEM, "comm: out of memory");
+  }
+  m->comm = comm;
+  c->ops = &dt_comm_mpi_ops;
+  c->impl = m;
+  DT_MPI_CHECK(MPI_Comm_rank(comm, &c->rank));
+  DT_MPI_CHECK(MPI_Comm_size(comm, &c->size));
+  *out = c;
+  return DT_OK;
+}
+
+dt_status_t dt_comm_mpi_create(const void *mpi_comm, dt_comm_t **out) {
+  *out = NULL;
+  if (!mpi_comm) return DT_ERR(DT_ERR_ARG, "comm: dt_comm_mpi_create needs a pointer to an MPI_Comm");
+  int init = 0;
+  MPI_Initialized(&init);
+  if (!init) return DT_ERR(DT_ERR_MPI, "comm: MPI is not initialised (call MPI_Init first)");
+  MPI_Comm dup;
+  DT_MPI_CHECK(MPI_Comm_dup(*(const MPI_Comm *)mpi_comm, &dup));
+  return wrap(dup, out);
+}
+
+dt_status_t dt_comm_mpi_handle(const dt_comm_t *c, void *mpi_comm_out) {
+  if (!c || c->ops != &dt_comm_mpi_ops) return DT_ERR(DT_ERR_ARG, "comm: not an MPI communicator");
+  *(MPI_Comm *)mpi_comm_out = impl(c)->comm;
+  return DT_OK;
+}
+
+static dt_status_t c_split(dt_comm_t *c, int color, int key, dt_comm_t **out) {
+  *out = NULL;
+  if (color < 0) return DT_ERR(DT_ERR_ARG, "comm: split color %d must be >= 0", color);
+  MPI_Comm nc;
+  DT_MPI_CHECK(MPI_Comm_split(impl(c)->comm, color, key, &nc));
+  return wrap(nc, out);
+}
+
+static void c_free(dt_comm_t *c) {
+  if (!c) return;
+  mpi_impl_t *m = impl(c);
+  if (m) {
+    for (int i = 0; i < m->n_pending; i++) c_wait(c, m->pending[i]);
+    free(m->pending);
+    int fin = 0;
+    MPI_Finalized(&fin);
+    if (!fin) MPI_Comm_free(&m->comm);
+    free(m);
+  }
+  free(c);
+}
+
+const dt_comm_ops_t dt_comm_mpi_ops = {
+    .name = "mpi",
+    .split = c_split,
+    .free = c_free,
+    .allreduce = c_allreduce,
+    .reduce_scatter = c_reduce_scatter,
+    .allgather = c_allgather,
+    .broadcast = c_broadcast,
+    .send = c_send,
+    .recv = c_recv,
+    .barrier = c_barrier,
+    .wait = c_wait,
+    .test = c_test,
+    .group_start = c_group_start,
+    .group_end = c_group_end,
+};

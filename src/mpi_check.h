@@ -1,0 +1,23 @@
+/* DT_MPI_CHECK: the one way dtrain calls MPI. A failing call records
+ * "file:line: rank R (host H): MPI_Xxx failed: <MPI's error string>" as the dt_err message and
+ * returns DT_ERR_MPI from the enclosing function. Only meaningful on communicators whose error
+ * handler is MPI_ERRORS_RETURN (every communicator dtrain creates). Internal header. */
+#ifndef DT_MPI_CHECK_H
+#define DT_MPI_CHECK_H
+
+#include <mpi.h>
+
+#include "status.h"
+
+/* Record the failure of `call` (its source text) with return code rc; returns DT_ERR_MPI. */
+dt_status_t dt__mpi_error(int rc, const char *call, const char *file, int line);
+/* Hostname of this process (cached, never NULL). */
+const char *dt__hostname(void);
+
+#define DT_MPI_CHECK(call)                                                           \
+  do {                                                                               \
+    int dt_mpi_rc_ = (call);                                                         \
+    if (dt_mpi_rc_ != MPI_SUCCESS) return dt__mpi_error(dt_mpi_rc_, #call, __FILE__, __LINE__); \
+  } while (0)
+
+#endif

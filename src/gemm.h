@@ -23,9 +23,10 @@ typedef enum {
  *   op(A) = A (M, K) with lda >= K      if !transA;  A^T with A (K, M), lda >= M  if transA
  *   op(B) = B (K, N) with ldb >= N      if !transB;  B^T with B (N, K), ldb >= K  if transB
  *   C (M, N) with ldc >= N. beta == 0 overwrites C without reading it (NaN in C is ignored).
- * Threads: the own engine uses omp_get_max_threads() threads (an OpenMP team inside the call);
- * BLAS uses its own setting. Not to be called concurrently from several threads that share
- * nothing but this module (each calling thread has its own packing buffers, so that is safe). */
+ * Threads: the own engine uses omp_get_max_threads() threads (an OpenMP team inside the call;
+ * one thread for products under 32 MFLOP or when called inside a parallel region); BLAS uses its
+ * own setting. Thread-safe: every thread keeps its own packing buffers (allocated on first use,
+ * about 3 MB, then reused: no allocation per call). */
 void dt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc);
 

@@ -9,6 +9,12 @@
 #include "backend.h"
 #include "kmath.h"
 #include "ops_cpu.h"
+#include "profile.h"
+
+dt_profile_t dt_profile;
+const char *const dt_prof_names[DT_PROF_N] = {"encoder", "layernorm", "matmul", "lm_head", "attention", "gelu",
+                                               "residual", "crossentropy", "zero_grad", "grad_sumsq", "adamw"};
+double dt_profile_now(void) { return omp_get_wtime(); }
 
 /* Activations for capacity (B, T), llm.c's ActivationTensors minus what can be recomputed in
  * place. Per-layer tensors are strided by the capacity so smaller (B, T) reuse the same views. */
@@ -164,31 +170,33 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
   im->have_targets = targets != NULL;
 
   const float *wte = be->params + lay->tensors[0].offset, *wpe = be->params + lay->tensors[1].offset;
-  dt_encoder_forward(a->encoded, inputs, wte, wpe, B, T, C);
+  DT_PROF(DT_PROF_ENCODER, dt_encoder_forward(a->encoded, inputs, wte, wpe, B, T, C));
   const float *x = a->encoded; /* (B,T,C) residual stream entering block l */
   for (int l = 0; l < L; l++) {
     size_t o = l * im->btc, os = l * im->bt;
     float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * o, *atty = a->atty + o, *att = a->att + l * im->attn;
     float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * o, *fchg = a->fch_gelu + 4 * o;
     float *res3 = a->residual3 + o;
-    dt_layernorm_forward(ln1, a->ln1_mean + os, a->ln1_rstd + os, x, P(be, l, DT_LN1W), P(be, l, DT_LN1B), N, C);
-    dt_matmul_forward(qkv, ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * C);
-    dt_attention_forward(atty, att, qkv, B, T, C, NH);
-    dt_matmul_forward(res2, atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), N, C, C);
-    dt_residual_forward(res2, res2, x, (size_t)N * C);
-    dt_layernorm_forward(ln2, a->ln2_mean + os, a->ln2_rstd + os, res2, P(be, l, DT_LN2W), P(be, l, DT_LN2B), N, C);
-    dt_matmul_forward(fch, ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * C);
-    dt_gelu_forward(fchg, fch, (size_t)N * 4 * C);
-    dt_matmul_forward(res3, fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), N, 4 * C, C);
-    dt_residual_forward(res3, res3, res2, (size_t)N * C);
+    DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(ln1, a->ln1_mean + os, a->ln1_rstd + os, x, P(be, l, DT_LN1W), P(be, l, DT_LN1B), N, C));
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(qkv, ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * C));
+    DT_PROF(DT_PROF_ATTENTION, dt_attention_forward(atty, att, qkv, B, T, C, NH));
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(res2, atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), N, C, C));
+    DT_PROF(DT_PROF_RESIDUAL, dt_residual_forward(res2, res2, x, (size_t)N * C));
+    DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(ln2, a->ln2_mean + os, a->ln2_rstd + os, res2, P(be, l, DT_LN2W), P(be, l, DT_LN2B), N, C));
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(fch, ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * C));
+    DT_PROF(DT_PROF_GELU, dt_gelu_forward(fchg, fch, (size_t)N * 4 * C));
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(res3, fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), N, 4 * C, C));
+    DT_PROF(DT_PROF_RESIDUAL, dt_residual_forward(res3, res3, res2, (size_t)N * C));
     x = res3;
   }
   const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
-  dt_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, be->params + lnfw->offset, be->params + lnfb->offset, N,
-                       C);
-  dt_matmul_forward(a->logits, a->lnf, wte, NULL, N, C, Vp); /* tied lm_head: logits = lnf wte^T */
+  DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, be->params + lnfw->offset, be->params + lnfb->offset, N,
+                       C));
+  /* tied lm_head: logits = lnf wte^T */
+  DT_PROF(DT_PROF_LMHEAD, dt_matmul_forward(a->logits, a->lnf, wte, NULL, N, C, Vp));
   if (targets) {
-    double m = dt_crossentropy_forward(a->losses, a->lse, a->logits, targets, N, V, Vp);
+    double m = 0.0;
+    DT_PROF(DT_PROF_XENT, m = dt_crossentropy_forward(a->losses, a->lse, a->logits, targets, N, V, Vp));
     if (loss) *loss = (float)m;
   }
   return DT_OK;
@@ -210,10 +218,10 @@ static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn re
   const float *x_last = L > 0 ? a->residual3 + (size_t)(L - 1) * im->btc : a->encoded;
 
   /* loss = mean over B*T, divided by accum */
-  dt_crossentropy_backward(a->dlogits, a->logits, a->lse, a->targets, 1.0f / ((float)N * accum), N, V, Vp);
-  dt_matmul_backward(a->dtmp, dwte, NULL, a->dlogits, a->lnf, wte, N, C, Vp);
-  dt_layernorm_backward(a->dres, be->grads + lnfw->offset, be->grads + lnfb->offset, NULL, a->dtmp, x_last,
-                        be->params + lnfw->offset, a->lnf_mean, a->lnf_rstd, N, C);
+  DT_PROF(DT_PROF_XENT, dt_crossentropy_backward(a->dlogits, a->logits, a->lse, a->targets, 1.0f / ((float)N * accum), N, V, Vp));
+  DT_PROF(DT_PROF_LMHEAD, dt_matmul_backward(a->dtmp, dwte, NULL, a->dlogits, a->lnf, wte, N, C, Vp));
+  DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, be->grads + lnfw->offset, be->grads + lnfb->offset, NULL, a->dtmp, x_last,
+                        be->params + lnfw->offset, a->lnf_mean, a->lnf_rstd, N, C));
   if (ready) ready(ctx, lay->layer_begin[L + 1], lay->layer_begin[L + 2]);
 
   for (int l = L - 1; l >= 0; l--) {
@@ -222,33 +230,33 @@ static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn re
     const float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * o, *atty = a->atty + o, *att = a->att + l * im->attn;
     const float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * o, *fchg = a->fch_gelu + 4 * o;
     /* dres holds d loss / d residual3[l] */
-    dt_matmul_backward(a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg, P(be, l, DT_FCPROJW), N,
-                       4 * C, C);
-    dt_gelu_backward(a->dfch, fch, a->dfch, (size_t)N * 4 * C);
-    dt_matmul_backward(a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, ln2, P(be, l, DT_FCW), N, C, 4 * C);
-    dt_layernorm_backward(a->dres, G(be, l, DT_LN2W), G(be, l, DT_LN2B), a->dres, a->dtmp, res2, P(be, l, DT_LN2W),
-                          a->ln2_mean + os, a->ln2_rstd + os, N, C);
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg, P(be, l, DT_FCPROJW), N,
+                       4 * C, C));
+    DT_PROF(DT_PROF_GELU, dt_gelu_backward(a->dfch, fch, a->dfch, (size_t)N * 4 * C));
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, ln2, P(be, l, DT_FCW), N, C, 4 * C));
+    DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, G(be, l, DT_LN2W), G(be, l, DT_LN2B), a->dres, a->dtmp, res2, P(be, l, DT_LN2W),
+                          a->ln2_mean + os, a->ln2_rstd + os, N, C));
     /* dres holds d loss / d residual2[l] */
-    dt_matmul_backward(a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, atty, P(be, l, DT_ATTPROJW),
-                       N, C, C);
-    dt_attention_backward(a->dqkv, a->datt, a->dtmp, qkv, att, B, T, C, NH);
-    dt_matmul_backward(a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, ln1, P(be, l, DT_QKVW), N, C, 3 * C);
-    dt_layernorm_backward(a->dres, G(be, l, DT_LN1W), G(be, l, DT_LN1B), a->dres, a->dtmp, x, P(be, l, DT_LN1W),
-                          a->ln1_mean + os, a->ln1_rstd + os, N, C);
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, atty, P(be, l, DT_ATTPROJW),
+                       N, C, C));
+    DT_PROF(DT_PROF_ATTENTION, dt_attention_backward(a->dqkv, a->datt, a->dtmp, qkv, att, B, T, C, NH));
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, ln1, P(be, l, DT_QKVW), N, C, 3 * C));
+    DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, G(be, l, DT_LN1W), G(be, l, DT_LN1B), a->dres, a->dtmp, x, P(be, l, DT_LN1W),
+                          a->ln1_mean + os, a->ln1_rstd + os, N, C));
     /* dres holds d loss / d (block l input) */
     if (ready) ready(ctx, lay->layer_begin[1 + l], lay->layer_begin[2 + l]);
   }
-  dt_encoder_backward(dwte, dwpe, a->dres, a->inputs, B, T, C);
+  DT_PROF(DT_PROF_ENCODER, dt_encoder_backward(dwte, dwpe, a->dres, a->inputs, B, T, C));
   if (ready) ready(ctx, lay->layer_begin[0], lay->layer_begin[1]);
   return DT_OK;
 }
 
 static dt_status_t cpu_zero_grad(dt_backend_t *be) {
-  memset(be->grads, 0, be->lay->n_params * sizeof(float));
+  DT_PROF(DT_PROF_ZERO_GRAD, memset(be->grads, 0, be->lay->n_params * sizeof(float)));
   return DT_OK;
 }
 
-static dt_status_t cpu_grad_sumsq(dt_backend_t *be, double *out) {
+static dt_status_t grad_sumsq_impl(dt_backend_t *be, double *out) {
   const float *g = be->grads;
   long n = (long)be->lay->n_params;
   double s = 0.0;
@@ -258,7 +266,7 @@ static dt_status_t cpu_grad_sumsq(dt_backend_t *be, double *out) {
   return DT_OK;
 }
 
-static dt_status_t cpu_adamw(dt_backend_t *be, const dt_adamw_args_t *ar) {
+static dt_status_t adamw_impl(dt_backend_t *be, const dt_adamw_args_t *ar) {
   if (ar->t < 1) return DT_ERR(DT_ERR_ARG, "cpu backend: adamw step t=%d (must be >= 1)", ar->t);
   const dt_layout_t *lay = be->lay;
   float bc1 = (float)(1.0 - pow(ar->beta1, ar->t)), bc2 = (float)(1.0 - pow(ar->beta2, ar->t));
@@ -273,6 +281,18 @@ static dt_status_t cpu_adamw(dt_backend_t *be, const dt_adamw_args_t *ar) {
       p[k] = dt_adamw_update(p[k], g[k] * gs, &m[k], &v[k], ar->lr, ar->beta1, ar->beta2, ar->eps, wd, bc1, bc2);
   }
   return DT_OK;
+}
+
+static dt_status_t cpu_grad_sumsq(dt_backend_t *be, double *out) {
+  dt_status_t st;
+  DT_PROF(DT_PROF_GRAD_SUMSQ, st = grad_sumsq_impl(be, out));
+  return st;
+}
+
+static dt_status_t cpu_adamw(dt_backend_t *be, const dt_adamw_args_t *ar) {
+  dt_status_t st;
+  DT_PROF(DT_PROF_ADAMW, st = adamw_impl(be, ar));
+  return st;
 }
 
 static float *buf_ptr(dt_backend_t *be, dt_buf_t buf) {

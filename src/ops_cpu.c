@@ -2,14 +2,35 @@
  * every matmul (called outside OpenMP regions: the linked OpenBLAS has its own thread pool).
  * Formulas and shapes are in ops_cpu.h. Parameter-gradient reductions over rows are split by
  * column blocks so every thread owns its outputs (deterministic, no atomics). */
+#include "dt_build.h"
+
 #include <cblas.h>
 #include <math.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kmath.h"
 #include "ops_cpu.h"
 
 #define COLBLK 16 /* columns per thread chunk in column reductions (one cache line) */
+
+/* The one place a matmul is computed: swap the engine here. */
+void dt_cpu_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                  int ldb, float beta, float *C, int ldc) {
+  cblas_sgemm(CblasRowMajor, transA ? CblasTrans : CblasNoTrans, transB ? CblasTrans : CblasNoTrans, M, N, K, alpha, A,
+              lda, B, ldb, beta, C, ldc);
+}
+
+const char *dt_cpu_gemm_engine(void) {
+  static char buf[256];
+#ifdef DT_HAVE_OPENBLAS
+  snprintf(buf, sizeof buf, "cblas_sgemm: OpenBLAS kernel %s, %s, %d threads", openblas_get_corename(),
+           openblas_get_config(), openblas_get_num_threads());
+#else
+  snprintf(buf, sizeof buf, "cblas_sgemm: %s", DT_BLAS_NAME);
+#endif
+  return buf;
+}
 
 void dt_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C) {
 #pragma omp parallel for schedule(static)
@@ -102,7 +123,7 @@ void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
 }
 
 void dt_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
+  dt_cpu_sgemm(0, 1, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
   if (!bias) return;
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
@@ -114,9 +135,9 @@ void dt_matmul_forward(float *out, const float *inp, const float *weight, const 
 void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, int N, int C, int OC) {
   if (dinp) /* (N,OC) x (OC,C) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+    dt_cpu_sgemm(0, 0, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
   /* (OC,N) x (N,C), accumulated */
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  dt_cpu_sgemm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
   if (!dbias) return;
   int nblk = (OC + COLBLK - 1) / COLBLK;
 #pragma omp parallel for schedule(static)
@@ -140,7 +161,7 @@ void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++) {
       const float *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f,
+      dt_cpu_sgemm(0, 1, T, T, hs, scale, q, C3, k, C3, 0.0f,
                   att + ((size_t)b * NH + h) * T * T, T);
     }
   /* causal softmax per row */
@@ -163,7 +184,7 @@ void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T
   for (int b = 0; b < B; b++)
     for (int h = 0; h < NH; h++) {
       const float *v = qkv + (size_t)b * T * C3 + 2 * C + h * hs;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, att + ((size_t)b * NH + h) * T * T, T,
+      dt_cpu_sgemm(0, 0, T, hs, T, 1.0f, att + ((size_t)b * NH + h) * T * T, T,
                   v, C3, 0.0f, out + (size_t)b * T * C + h * hs, C);
     }
 }
@@ -178,10 +199,10 @@ void dt_attention_backward(float *dqkv, float *scratch, const float *dout, const
       const float *a = att + ((size_t)b * NH + h) * T * T;
       const float *g = dout + (size_t)b * T * C + h * hs;
       /* datt = dout_h v^T: (T,hs) x (hs,T) */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, g, C, v, C3, 0.0f,
+      dt_cpu_sgemm(0, 1, T, T, hs, 1.0f, g, C, v, C3, 0.0f,
                   scratch + ((size_t)b * NH + h) * T * T, T);
       /* dv = att^T dout_h: (T,T)^T x (T,hs) */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, g, C, 0.0f,
+      dt_cpu_sgemm(1, 0, T, hs, T, 1.0f, a, T, g, C, 0.0f,
                   dqkv + (size_t)b * T * C3 + 2 * C + h * hs, C3);
     }
   /* softmax backward in place: dpre = att * (datt - <att, datt>), zero above the diagonal */
@@ -201,8 +222,8 @@ void dt_attention_backward(float *dqkv, float *scratch, const float *dout, const
       const float *dp = scratch + ((size_t)b * NH + h) * T * T;
       float *dq = dqkv + (size_t)b * T * C3 + h * hs, *dk = dq + C;
       /* dq = dpre k * scale: (T,T) x (T,hs);  dk = dpre^T q * scale */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dp, T, k, C3, 0.0f, dq, C3);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dp, T, q, C3, 0.0f, dk, C3);
+      dt_cpu_sgemm(0, 0, T, hs, T, scale, dp, T, k, C3, 0.0f, dq, C3);
+      dt_cpu_sgemm(1, 0, T, hs, T, scale, dp, T, q, C3, 0.0f, dk, C3);
     }
 }
 

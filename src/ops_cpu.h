@@ -15,6 +15,13 @@
 
 #include <stddef.h>
 
+/* C = alpha op(A) op(B) + beta C, row-major, cblas semantics (op = transpose if trans*). Every
+ * matmul of the CPU backend goes through this one function (the engine is chosen inside). */
+void dt_cpu_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                  int ldb, float beta, float *C, int ldc);
+/* One line naming the engine behind dt_cpu_sgemm (library, kernel, threads), for logs. */
+const char *dt_cpu_gemm_engine(void);
+
 /* out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
  * out (B,T,C), inp (B,T) int, wte (Vp,C), wpe (T,C) */
 void dt_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C);

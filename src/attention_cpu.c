@@ -55,14 +55,14 @@ void dt_attention_forward(float *out, float *lse, float *scratch, const float *q
 
 /* p = exp(s - lse) for j < n, 0 beyond; then ds = p (dp - <p, dp>) in dp. */
 DT_CPU_VEC static void softmax_backward_row(float *restrict p, float *restrict dp, float lse, int n, int nk) {
-  float dot = 0.0f;
-#pragma omp simd reduction(+ : dot)
-  for (int j = 0; j < n; j++) {
-    p[j] = dt_expf(p[j] - lse);
-    dot += p[j] * dp[j];
-  }
+  double dot = 0.0; /* in double: rows of ds sum to ~0 exactly (the key-bias gradient is 0) */
 #pragma omp simd
-  for (int j = 0; j < n; j++) dp[j] = p[j] * (dp[j] - dot);
+  for (int j = 0; j < n; j++) p[j] = dt_expf(p[j] - lse);
+#pragma omp simd reduction(+ : dot)
+  for (int j = 0; j < n; j++) dot += (double)p[j] * dp[j];
+  const float dotf = (float)dot;
+#pragma omp simd
+  for (int j = 0; j < n; j++) dp[j] = p[j] * (dp[j] - dotf);
   for (int j = n; j < nk; j++) p[j] = dp[j] = 0.0f;
 }
 

@@ -261,9 +261,14 @@ DT_CPU_VEC double dt_crossentropy_forward(float *losses, float *lse, const float
     float mx = -INFINITY;
 #pragma omp simd reduction(max : mx)
     for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-    double s = 0.0;
-#pragma omp simd reduction(+ : s)
-    for (int v = 0; v < V; v++) s += dt_expf(z[v] - mx);
+    double s = 0.0; /* float partial sums over chunks (vectorizes), chunks added in double */
+    for (int v0 = 0; v0 < V; v0 += 1024) {
+      int v1 = v0 + 1024 < V ? v0 + 1024 : V;
+      float cs = 0.0f;
+#pragma omp simd reduction(+ : cs)
+      for (int v = v0; v < v1; v++) cs += dt_expf(z[v] - mx);
+      s += cs;
+    }
     float l = mx + (float)log(s);
     lse[i] = l;
     losses[i] = l - z[targets[i]];

@@ -183,9 +183,9 @@ DT_CPU_VEC void dt_layernorm_backward(float *dinp, float *dweight, float *dbias,
 DT_CPU_VEC static void prefill(float *out, const float *bias, const float *resid, int N, int OC) {
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
-    float *restrict o = out + (size_t)i * OC;
+    float *o = out + (size_t)i * OC; /* may alias resid */
     if (resid) {
-      const float *restrict r = resid + (size_t)i * OC;
+      const float *r = resid + (size_t)i * OC;
       if (bias) {
 #pragma omp simd
         for (int j = 0; j < OC; j++) o[j] = r[j] + bias[j];

@@ -385,6 +385,64 @@ static double obj_matmul(void *p) {
   return dot(c->out, c->R, (size_t)c->N * c->OC);
 }
 
+/* dt_cpu_sgemm against a double reference in all transpose combinations, with leading dimensions
+ * larger than the matrix, alpha/beta, shapes big enough to be split across threads along M
+ * (M >= N) and along N (M < N) with ragged split points, and once from inside a parallel region. */
+static void check_sgemm(int tA, int tB, int M, int N, int K, int in_parallel) {
+  int lda = (tA ? M : K) + 3, ldb = (tB ? K : N) + 5, ldc = N + 7;
+  size_t na = (size_t)(tA ? K : M) * lda, nb = (size_t)(tB ? N : K) * ldb, nc = (size_t)M * ldc;
+  float *A = malloc(na * sizeof(float)), *Bm = malloc(nb * sizeof(float)), *Cm = malloc(nc * sizeof(float));
+  double *ref = malloc(nc * sizeof(double));
+  fill_normal(A, na, 1, 101), fill_normal(Bm, nb, 1, 102), fill_normal(Cm, nc, 1, 103);
+  const float alpha = 0.75f, beta = -0.5f;
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < ldc; j++) {
+      double acc = 0;
+      for (int k = 0; k < K; k++)
+        acc += (double)(tA ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) *
+               (tB ? Bm[(size_t)j * ldb + k] : Bm[(size_t)k * ldb + j]);
+      ref[(size_t)i * ldc + j] = j < N ? alpha * acc + beta * (double)Cm[(size_t)i * ldc + j] : Cm[(size_t)i * ldc + j];
+    }
+  if (in_parallel) {
+#pragma omp parallel num_threads(2)
+#pragma omp single
+    dt_cpu_sgemm(tA, tB, M, N, K, alpha, A, lda, Bm, ldb, beta, Cm, ldc);
+  } else {
+    dt_cpu_sgemm(tA, tB, M, N, K, alpha, A, lda, Bm, ldb, beta, Cm, ldc);
+  }
+  char what[96];
+  snprintf(what, sizeof what, "sgemm tA=%d tB=%d M=%d N=%d K=%d parallel=%d (incl. untouched ldc padding)", tA, tB, M,
+           N, K, in_parallel);
+  expect_close(what, Cm, ref, nc, 1e-5);
+  free(A), free(Bm), free(Cm), free(ref);
+}
+
+Test(ops, sgemm_split) {
+  int nt = omp_get_max_threads();
+  omp_set_num_threads(2);
+  for (int tA = 0; tA < 2; tA++)
+    for (int tB = 0; tB < 2; tB++) {
+      check_sgemm(tA, tB, 203, 150, 90, 0); /* split along M */
+      check_sgemm(tA, tB, 70, 301, 110, 0); /* split along N */
+      check_sgemm(tA, tB, 70, 301, 110, 1);
+    }
+  omp_set_num_threads(nt);
+}
+
+Test(ops, residual_and_fused_matmul) {
+  enum { N = 5, C = 7, OC = 9 };
+  float x[N * C], w[OC * C], b[OC], r[N * OC], out[N * OC], ref[N * OC], s[N * OC];
+  fill_normal(x, N * C, 1, 41), fill_normal(w, OC * C, 1, 42), fill_normal(b, OC, 1, 43), fill_normal(r, N * OC, 1, 44);
+  dt_matmul_forward(ref, x, w, b, N, C, OC);
+  dt_residual_forward(s, ref, r, N * OC);
+  for (int i = 0; i < N * OC; i++) cr_assert_float_eq(s[i], ref[i] + r[i], 0.0f);
+  dt_matmul_residual_forward(out, x, w, b, r, N, C, OC);
+  for (int i = 0; i < N * OC; i++) cr_assert_float_eq(out[i], s[i], 1e-5f * (1 + fabsf(s[i])), "element %d", i);
+  memcpy(out, r, sizeof out); /* in place: out aliases resid */
+  dt_matmul_residual_forward(out, x, w, b, out, N, C, OC);
+  for (int i = 0; i < N * OC; i++) cr_assert_float_eq(out[i], s[i], 1e-5f * (1 + fabsf(s[i])), "in place, element %d", i);
+}
+
 Test(grad, matmul) {
   enum { N = 6, C = 8, OC = 20 };
   float x[N * C], w[OC * C], b[OC], out[N * OC], R[N * OC], dx[N * C], dw[OC * C] = {0}, db[OC] = {0};

@@ -7,8 +7,15 @@
 #include <string.h>
 
 #include "backend.h"
+#include "gemm.h"
 #include "kmath.h"
 #include "ops_cpu.h"
+#include "profile.h"
+
+dt_profile_t dt_profile;
+const char *const dt_prof_names[DT_PROF_N] = {"encoder", "layernorm", "matmul", "lm_head", "attention", "gelu",
+                                               "residual", "crossentropy", "zero_grad", "grad_sumsq", "adamw"};
+double dt_profile_now(void) { return omp_get_wtime(); }
 
 /* Activations for capacity (B, T), llm.c's ActivationTensors minus what can be recomputed in
  * place. Per-layer tensors are strided by the capacity so smaller (B, T) reuse the same views. */
@@ -17,7 +24,7 @@ typedef struct {
   float *ln1, *ln1_mean, *ln1_rstd; /* (L,B,T,C), (L,B,T), (L,B,T) */
   float *qkv;                /* (L,B,T,3C) */
   float *atty;               /* (L,B,T,C) */
-  float *att;                /* (L, attention scratch) softmax probabilities */
+  float *att_lse;            /* (L,B,NH,T) attention row logsumexp */
   float *residual2;          /* (L,B,T,C) */
   float *ln2, *ln2_mean, *ln2_rstd;
   float *fch, *fch_gelu;     /* (L,B,T,4C) */
@@ -30,7 +37,7 @@ typedef struct {
   float *dtmp;               /* (B,T,C) */
   float *dqkv;               /* (B,T,3C) */
   float *dfch;               /* (B,T,4C) */
-  float *datt;               /* attention scratch */
+  float *attscr;             /* per-thread attention scratch (dt_attention_scratch_floats) */
   float *dlogits;            /* (B,T,Vp) */
   int *inputs, *targets;     /* (B,T) copies of the last forward's batch */
 } cpu_acts_t;
@@ -38,7 +45,8 @@ typedef struct {
 typedef struct {
   float *arena;
   cpu_acts_t a;
-  size_t bt, btc, attn; /* capacity strides: B*T, B*T*C, attention scratch */
+  size_t bt, btc, bth;  /* capacity strides: B*T, B*T*C, B*NH*T */
+  int nthr;             /* OpenMP threads the attention scratch is sized for */
   int B, T;             /* last forward */
   int have_fwd, have_targets;
 } cpu_impl_t;
@@ -67,8 +75,8 @@ static void cpu_free(dt_backend_t *be) {
 }
 
 /* Carve the activation arena; with base == NULL only count. Returns floats used. */
-static size_t carve(cpu_acts_t *a, float *base, const dt_dims_t *d, int B, int T) {
-  size_t off = 0, L = d->L, bt = (size_t)B * T, C = d->C, attn = dt_attention_scratch_floats(B, T, d->NH);
+static size_t carve(cpu_acts_t *a, float *base, const dt_dims_t *d, int B, int T, int nthr) {
+  size_t off = 0, L = d->L, bt = (size_t)B * T, C = d->C;
 #define TAKE(field, n)                               \
   do {                                               \
     a->field = base ? base + off : NULL;             \
@@ -80,7 +88,7 @@ static size_t carve(cpu_acts_t *a, float *base, const dt_dims_t *d, int B, int T
   TAKE(ln1_rstd, L * bt);
   TAKE(qkv, L * bt * 3 * C);
   TAKE(atty, L * bt * C);
-  TAKE(att, L * attn);
+  TAKE(att_lse, L * bt * d->NH);
   TAKE(residual2, L * bt * C);
   TAKE(ln2, L * bt * C);
   TAKE(ln2_mean, L * bt);
@@ -98,7 +106,7 @@ static size_t carve(cpu_acts_t *a, float *base, const dt_dims_t *d, int B, int T
   TAKE(dtmp, bt * C);
   TAKE(dqkv, bt * 3 * C);
   TAKE(dfch, bt * 4 * C);
-  TAKE(datt, attn);
+  TAKE(attscr, dt_attention_scratch_floats(T, nthr));
   TAKE(dlogits, bt * d->Vp);
 #undef TAKE
   return off;
@@ -114,6 +122,7 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
   if (B < 1 || T < 1 || T > lay->d.T)
     return DT_ERR(DT_ERR_ARG, "cpu backend: bad micro-batch B=%d T=%d (model T=%d)", B, T, lay->d.T);
   if (threads > 0) omp_set_num_threads(threads);
+  DT_TRY(dt_gemm_init()); /* DT_GEMM=auto|own|blas */
   cpu_impl_t *im = calloc(1, sizeof *im);
   if (!im) return DT_ERR(DT_ERR_NOMEM, "cpu backend: out of memory");
   be->impl = im;
@@ -122,7 +131,8 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
   be->grads = alloc_floats(n);
   be->m = alloc_floats(n);
   be->v = alloc_floats(n);
-  size_t nact = carve(&im->a, NULL, &lay->d, B, T);
+  im->nthr = omp_get_max_threads();
+  size_t nact = carve(&im->a, NULL, &lay->d, B, T, im->nthr);
   im->arena = alloc_floats(nact);
   im->a.inputs = calloc((size_t)B * T, sizeof(int));
   im->a.targets = calloc((size_t)B * T, sizeof(int));
@@ -131,10 +141,10 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
     return DT_ERR(DT_ERR_NOMEM, "cpu backend: cannot allocate 4 x %zu parameter floats + %zu activation floats", n,
                   nact);
   }
-  carve(&im->a, im->arena, &lay->d, B, T);
+  carve(&im->a, im->arena, &lay->d, B, T, im->nthr);
   im->bt = (size_t)B * T;
   im->btc = im->bt * lay->d.C;
-  im->attn = dt_attention_scratch_floats(B, T, lay->d.NH);
+  im->bth = im->bt * lay->d.NH;
   return DT_OK;
 }
 
@@ -164,31 +174,31 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
   im->have_targets = targets != NULL;
 
   const float *wte = be->params + lay->tensors[0].offset, *wpe = be->params + lay->tensors[1].offset;
-  dt_encoder_forward(a->encoded, inputs, wte, wpe, B, T, C);
+  DT_PROF(DT_PROF_ENCODER, dt_encoder_forward(a->encoded, inputs, wte, wpe, B, T, C));
   const float *x = a->encoded; /* (B,T,C) residual stream entering block l */
   for (int l = 0; l < L; l++) {
     size_t o = l * im->btc, os = l * im->bt;
-    float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * o, *atty = a->atty + o, *att = a->att + l * im->attn;
+    float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * o, *atty = a->atty + o, *alse = a->att_lse + l * im->bth;
     float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * o, *fchg = a->fch_gelu + 4 * o;
     float *res3 = a->residual3 + o;
-    dt_layernorm_forward(ln1, a->ln1_mean + os, a->ln1_rstd + os, x, P(be, l, DT_LN1W), P(be, l, DT_LN1B), N, C);
-    dt_matmul_forward(qkv, ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * C);
-    dt_attention_forward(atty, att, qkv, B, T, C, NH);
-    dt_matmul_forward(res2, atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), N, C, C);
-    dt_residual_forward(res2, res2, x, (size_t)N * C);
-    dt_layernorm_forward(ln2, a->ln2_mean + os, a->ln2_rstd + os, res2, P(be, l, DT_LN2W), P(be, l, DT_LN2B), N, C);
-    dt_matmul_forward(fch, ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * C);
-    dt_gelu_forward(fchg, fch, (size_t)N * 4 * C);
-    dt_matmul_forward(res3, fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), N, 4 * C, C);
-    dt_residual_forward(res3, res3, res2, (size_t)N * C);
+    DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(ln1, a->ln1_mean + os, a->ln1_rstd + os, x, P(be, l, DT_LN1W), P(be, l, DT_LN1B), N, C));
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(qkv, ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * C));
+    DT_PROF(DT_PROF_ATTENTION, dt_attention_forward(atty, alse, a->attscr, qkv, B, T, C, NH, im->nthr));
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_residual_forward(res2, atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), x, N, C, C));
+    DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(ln2, a->ln2_mean + os, a->ln2_rstd + os, res2, P(be, l, DT_LN2W), P(be, l, DT_LN2B), N, C));
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(fch, ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * C));
+    DT_PROF(DT_PROF_GELU, dt_gelu_forward(fchg, fch, (size_t)N * 4 * C));
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_residual_forward(res3, fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), res2, N, 4 * C, C));
     x = res3;
   }
   const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
-  dt_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, be->params + lnfw->offset, be->params + lnfb->offset, N,
-                       C);
-  dt_matmul_forward(a->logits, a->lnf, wte, NULL, N, C, Vp); /* tied lm_head: logits = lnf wte^T */
+  DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, be->params + lnfw->offset, be->params + lnfb->offset, N,
+                       C));
+  /* tied lm_head: logits = lnf wte^T */
+  DT_PROF(DT_PROF_LMHEAD, dt_matmul_forward(a->logits, a->lnf, wte, NULL, N, C, Vp));
   if (targets) {
-    double m = dt_crossentropy_forward(a->losses, a->lse, a->logits, targets, N, V, Vp);
+    double m = 0.0;
+    DT_PROF(DT_PROF_XENT, m = dt_crossentropy_forward(a->losses, a->lse, a->logits, targets, N, V, Vp));
     if (loss) *loss = (float)m;
   }
   return DT_OK;
@@ -210,69 +220,101 @@ static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn re
   const float *x_last = L > 0 ? a->residual3 + (size_t)(L - 1) * im->btc : a->encoded;
 
   /* loss = mean over B*T, divided by accum */
-  dt_crossentropy_backward(a->dlogits, a->logits, a->lse, a->targets, 1.0f / ((float)N * accum), N, V, Vp);
-  dt_matmul_backward(a->dtmp, dwte, NULL, a->dlogits, a->lnf, wte, N, C, Vp);
-  dt_layernorm_backward(a->dres, be->grads + lnfw->offset, be->grads + lnfb->offset, NULL, a->dtmp, x_last,
-                        be->params + lnfw->offset, a->lnf_mean, a->lnf_rstd, N, C);
+  DT_PROF(DT_PROF_XENT, dt_crossentropy_backward(a->dlogits, a->logits, a->lse, a->targets, 1.0f / ((float)N * accum), N, V, Vp));
+  DT_PROF(DT_PROF_LMHEAD, dt_matmul_backward(a->dtmp, dwte, NULL, a->dlogits, a->lnf, wte, N, C, Vp));
+  DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, be->grads + lnfw->offset, be->grads + lnfb->offset, NULL, a->dtmp, x_last,
+                        be->params + lnfw->offset, a->lnf_mean, a->lnf_rstd, N, C));
   if (ready) ready(ctx, lay->layer_begin[L + 1], lay->layer_begin[L + 2]);
 
   for (int l = L - 1; l >= 0; l--) {
     size_t o = l * im->btc, os = l * im->bt;
     const float *x = l > 0 ? a->residual3 + o - im->btc : a->encoded;
-    const float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * o, *atty = a->atty + o, *att = a->att + l * im->attn;
+    const float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * o, *atty = a->atty + o, *alse = a->att_lse + l * im->bth;
     const float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * o, *fchg = a->fch_gelu + 4 * o;
     /* dres holds d loss / d residual3[l] */
-    dt_matmul_backward(a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg, P(be, l, DT_FCPROJW), N,
-                       4 * C, C);
-    dt_gelu_backward(a->dfch, fch, a->dfch, (size_t)N * 4 * C);
-    dt_matmul_backward(a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, ln2, P(be, l, DT_FCW), N, C, 4 * C);
-    dt_layernorm_backward(a->dres, G(be, l, DT_LN2W), G(be, l, DT_LN2B), a->dres, a->dtmp, res2, P(be, l, DT_LN2W),
-                          a->ln2_mean + os, a->ln2_rstd + os, N, C);
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg, P(be, l, DT_FCPROJW), N,
+                       4 * C, C));
+    DT_PROF(DT_PROF_GELU, dt_gelu_backward(a->dfch, fch, a->dfch, (size_t)N * 4 * C));
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, ln2, P(be, l, DT_FCW), N, C, 4 * C));
+    DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, G(be, l, DT_LN2W), G(be, l, DT_LN2B), a->dres, a->dtmp, res2, P(be, l, DT_LN2W),
+                          a->ln2_mean + os, a->ln2_rstd + os, N, C));
     /* dres holds d loss / d residual2[l] */
-    dt_matmul_backward(a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, atty, P(be, l, DT_ATTPROJW),
-                       N, C, C);
-    dt_attention_backward(a->dqkv, a->datt, a->dtmp, qkv, att, B, T, C, NH);
-    dt_matmul_backward(a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, ln1, P(be, l, DT_QKVW), N, C, 3 * C);
-    dt_layernorm_backward(a->dres, G(be, l, DT_LN1W), G(be, l, DT_LN1B), a->dres, a->dtmp, x, P(be, l, DT_LN1W),
-                          a->ln1_mean + os, a->ln1_rstd + os, N, C);
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, atty, P(be, l, DT_ATTPROJW),
+                       N, C, C));
+    DT_PROF(DT_PROF_ATTENTION, dt_attention_backward(a->dqkv, a->attscr, a->dtmp, qkv, alse, B, T, C, NH, im->nthr));
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, ln1, P(be, l, DT_QKVW), N, C, 3 * C));
+    DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, G(be, l, DT_LN1W), G(be, l, DT_LN1B), a->dres, a->dtmp, x, P(be, l, DT_LN1W),
+                          a->ln1_mean + os, a->ln1_rstd + os, N, C));
     /* dres holds d loss / d (block l input) */
     if (ready) ready(ctx, lay->layer_begin[1 + l], lay->layer_begin[2 + l]);
   }
-  dt_encoder_backward(dwte, dwpe, a->dres, a->inputs, B, T, C);
+  DT_PROF(DT_PROF_ENCODER, dt_encoder_backward(dwte, dwpe, a->dres, a->inputs, B, T, C));
   if (ready) ready(ctx, lay->layer_begin[0], lay->layer_begin[1]);
   return DT_OK;
 }
 
+/* memset split across the threads (one thread cannot saturate memory bandwidth) */
+static void zero_floats(float *x, size_t n) {
+  const size_t chunk = 1 << 16;
+  long nchunk = (long)((n + chunk - 1) / chunk);
+#pragma omp parallel for schedule(static)
+  for (long c = 0; c < nchunk; c++) {
+    size_t lo = (size_t)c * chunk, len = lo + chunk < n ? chunk : n - lo;
+    memset(x + lo, 0, len * sizeof(float));
+  }
+}
+
 static dt_status_t cpu_zero_grad(dt_backend_t *be) {
-  memset(be->grads, 0, be->lay->n_params * sizeof(float));
+  DT_PROF(DT_PROF_ZERO_GRAD, zero_floats(be->grads, be->lay->n_params));
+  return DT_OK;
+}
+
+DT_CPU_VEC static double sumsq(const float *restrict g, long n) {
+  double s = 0.0;
+#pragma omp parallel for simd schedule(static) reduction(+ : s)
+  for (long i = 0; i < n; i++) s += (double)g[i] * g[i];
+  return s;
+}
+
+static dt_status_t grad_sumsq_impl(dt_backend_t *be, double *out) {
+  *out = sumsq(be->grads, (long)be->lay->n_params);
+  return DT_OK;
+}
+
+/* One pass over the arena in one parallel region: each tensor is split statically over the
+ * threads (no barrier between tensors; they are disjoint). */
+DT_CPU_VEC static void adamw_arena(const dt_layout_t *lay, float *params, const float *grads, float *mom, float *var,
+                                   const dt_adamw_args_t *ar, float bc1, float bc2) {
+  const float lr = ar->lr, b1 = ar->beta1, b2 = ar->beta2, eps = ar->eps, gs = ar->grad_scale;
+#pragma omp parallel
+  for (int i = 0; i < lay->n_tensors; i++) {
+    const dt_tensor_t *t = &lay->tensors[i];
+    float *restrict p = params + t->offset, *restrict m = mom + t->offset, *restrict v = var + t->offset;
+    const float *restrict g = grads + t->offset;
+    const float wd = t->decay ? ar->weight_decay : 0.0f;
+    const long n = (long)t->rows * t->cols;
+#pragma omp for simd schedule(static) nowait
+    for (long k = 0; k < n; k++) p[k] = dt_adamw_update(p[k], g[k] * gs, &m[k], &v[k], lr, b1, b2, eps, wd, bc1, bc2);
+  }
+}
+
+static dt_status_t adamw_impl(dt_backend_t *be, const dt_adamw_args_t *ar) {
+  if (ar->t < 1) return DT_ERR(DT_ERR_ARG, "cpu backend: adamw step t=%d (must be >= 1)", ar->t);
+  float bc1 = (float)(1.0 - pow(ar->beta1, ar->t)), bc2 = (float)(1.0 - pow(ar->beta2, ar->t));
+  adamw_arena(be->lay, be->params, be->grads, be->m, be->v, ar, bc1, bc2);
   return DT_OK;
 }
 
 static dt_status_t cpu_grad_sumsq(dt_backend_t *be, double *out) {
-  const float *g = be->grads;
-  long n = (long)be->lay->n_params;
-  double s = 0.0;
-#pragma omp parallel for schedule(static) reduction(+ : s)
-  for (long i = 0; i < n; i++) s += (double)g[i] * g[i];
-  *out = s;
-  return DT_OK;
+  dt_status_t st;
+  DT_PROF(DT_PROF_GRAD_SUMSQ, st = grad_sumsq_impl(be, out));
+  return st;
 }
 
 static dt_status_t cpu_adamw(dt_backend_t *be, const dt_adamw_args_t *ar) {
-  if (ar->t < 1) return DT_ERR(DT_ERR_ARG, "cpu backend: adamw step t=%d (must be >= 1)", ar->t);
-  const dt_layout_t *lay = be->lay;
-  float bc1 = (float)(1.0 - pow(ar->beta1, ar->t)), bc2 = (float)(1.0 - pow(ar->beta2, ar->t));
-  for (int i = 0; i < lay->n_tensors; i++) {
-    const dt_tensor_t *t = &lay->tensors[i];
-    float *p = be->params + t->offset, *m = be->m + t->offset, *v = be->v + t->offset;
-    const float *g = be->grads + t->offset;
-    float wd = t->decay ? ar->weight_decay : 0.0f, gs = ar->grad_scale;
-    long n = (long)t->rows * t->cols;
-#pragma omp parallel for schedule(static)
-    for (long k = 0; k < n; k++)
-      p[k] = dt_adamw_update(p[k], g[k] * gs, &m[k], &v[k], ar->lr, ar->beta1, ar->beta2, ar->eps, wd, bc1, bc2);
-  }
-  return DT_OK;
+  dt_status_t st;
+  DT_PROF(DT_PROF_ADAMW, st = adamw_impl(be, ar));
+  return st;
 }
 
 static float *buf_ptr(dt_backend_t *be, dt_buf_t buf) {

@@ -1,90 +1,165 @@
-/* GPT-2 layer kernels on the CPU: OpenMP over rows/columns for elementwise work, cblas_sgemm for
- * every matmul (called outside OpenMP regions: the linked OpenBLAS has its own thread pool).
+/* GPT-2 layer kernels on the CPU (all but attention, see attention_cpu.c): one OpenMP thread pool
+ * for everything. dt_cpu_sgemm is the single matmul entry point; it splits a large product across
+ * the OpenMP threads and runs the engine single-threaded in each (BLAS threading is switched off
+ * so two thread pools never spin against each other). Elementwise loops are `omp simd` with the
+ * per-element math from kmath.h, compiled for AVX-512, AVX2 and baseline x86-64 (DT_CPU_VEC).
  * Formulas and shapes are in ops_cpu.h. Parameter-gradient reductions over rows are split by
  * column blocks so every thread owns its outputs (deterministic, no atomics). */
+#include "dt_build.h"
+
 #include <cblas.h>
 #include <math.h>
+#include <omp.h>
+#include <stdio.h>
 #include <string.h>
 
+#include "gemm.h"
 #include "kmath.h"
 #include "ops_cpu.h"
 
-#define COLBLK 16 /* columns per thread chunk in column reductions (one cache line) */
+#define COLBLK 64         /* columns per thread chunk in column reductions (4 cache lines) */
+#define SPLIT_FLOPS 4e6   /* below this a matmul runs on one thread */
+#define SPLIT_ALIGN 16    /* split points are multiples of this many rows/columns */
 
-void dt_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C) {
+/* ---- matmul engine ------------------------------------------------------------------------- */
+
+static void engine(int tA, int tB, int M, int N, int K, float alpha, const float *A, int lda, const float *B, int ldb,
+                   float beta, float *C, int ldc) {
+  dt_sgemm(tA, tB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+}
+
+/* BLAS runs single-threaded inside our OpenMP threads. */
+__attribute__((constructor)) static void engine_single_threaded(void) {
+#ifdef DT_HAVE_OPENBLAS
+  openblas_set_num_threads(1);
+#endif
+}
+
+void dt_cpu_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                  int ldb, float beta, float *C, int ldc) {
+  int nt = omp_in_parallel() ? 1 : omp_get_max_threads();
+  /* The own AVX-512 engine threads (and shares its packed panels) by itself. */
+  if (nt <= 1 || 2.0 * M * N * K < SPLIT_FLOPS || dt_gemm_engine() == DT_GEMM_OWN) {
+    engine(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  const int split_m = M >= N, len = split_m ? M : N;
+#pragma omp parallel num_threads(nt)
+  {
+    int t = omp_get_thread_num(), n = omp_get_num_threads();
+    int per = ((len + n - 1) / n + SPLIT_ALIGN - 1) / SPLIT_ALIGN * SPLIT_ALIGN;
+    int lo = t * per, hi = lo + per < len ? lo + per : len;
+    if (lo < hi) {
+      if (split_m) /* rows lo..hi of C and of op(A) */
+        engine(transA, transB, hi - lo, N, K, alpha, transA ? A + lo : A + (size_t)lo * lda, lda, B, ldb, beta,
+               C + (size_t)lo * ldc, ldc);
+      else /* columns lo..hi of C and of op(B) */
+        engine(transA, transB, M, hi - lo, K, alpha, A, lda, transB ? B + (size_t)lo * ldb : B + lo, ldb, beta, C + lo,
+               ldc);
+    }
+  }
+}
+
+const char *dt_cpu_gemm_engine(void) {
+  static char buf[256];
+  if (dt_gemm_engine() == DT_GEMM_OWN) return dt_gemm_engine_name();
+#ifdef DT_HAVE_OPENBLAS
+  snprintf(buf, sizeof buf, "cblas_sgemm: OpenBLAS kernel %s, %s, %d BLAS thread(s) per OpenMP thread",
+           openblas_get_corename(), openblas_get_config(), openblas_get_num_threads());
+#else
+  snprintf(buf, sizeof buf, "cblas_sgemm: %s", DT_BLAS_NAME);
+#endif
+  return buf;
+}
+
+/* ---- encoder ------------------------------------------------------------------------------- */
+
+DT_CPU_VEC void dt_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T,
+                                   int C) {
 #pragma omp parallel for schedule(static)
   for (int bt = 0; bt < B * T; bt++) {
-    float *o = out + (size_t)bt * C;
-    const float *e = wte + (size_t)inp[bt] * C, *p = wpe + (size_t)(bt % T) * C;
+    float *restrict o = out + (size_t)bt * C;
+    const float *restrict e = wte + (size_t)inp[bt] * C, *restrict p = wpe + (size_t)(bt % T) * C;
+#pragma omp simd
     for (int c = 0; c < C; c++) o[c] = e[c] + p[c];
   }
 }
 
-void dt_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C) {
+DT_CPU_VEC void dt_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T,
+                                    int C) {
   int nblk = (C + COLBLK - 1) / COLBLK;
 #pragma omp parallel for schedule(static)
   for (int k = 0; k < nblk; k++) { /* threads own column blocks of dwte: repeated tokens don't race */
     int c0 = k * COLBLK, c1 = c0 + COLBLK < C ? c0 + COLBLK : C;
     for (int bt = 0; bt < B * T; bt++) {
-      float *d = dwte + (size_t)inp[bt] * C;
-      const float *g = dout + (size_t)bt * C;
+      float *restrict d = dwte + (size_t)inp[bt] * C;
+      const float *restrict g = dout + (size_t)bt * C;
+#pragma omp simd
       for (int c = c0; c < c1; c++) d[c] += g[c];
     }
   }
 #pragma omp parallel for schedule(static)
   for (int t = 0; t < T; t++) {
-    float *d = dwpe + (size_t)t * C;
+    float *restrict d = dwpe + (size_t)t * C;
     for (int b = 0; b < B; b++) {
-      const float *g = dout + ((size_t)b * T + t) * C;
+      const float *restrict g = dout + ((size_t)b * T + t) * C;
+#pragma omp simd
       for (int c = 0; c < C; c++) d[c] += g[c];
     }
   }
 }
 
-void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                          const float *bias, int N, int C) {
+/* ---- layernorm ----------------------------------------------------------------------------- */
+
+DT_CPU_VEC void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                                     const float *bias, int N, int C) {
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
-    const float *x = inp + (size_t)i * C;
-    double s = 0.0, s2 = 0.0;
+    const float *restrict x = inp + (size_t)i * C;
+    float *restrict o = out + (size_t)i * C;
+    float s = 0.0f, s2 = 0.0f;
+#pragma omp simd reduction(+ : s)
     for (int c = 0; c < C; c++) s += x[c];
-    double m = s / C;
+    float m = s / C;
+#pragma omp simd reduction(+ : s2)
     for (int c = 0; c < C; c++) s2 += (x[c] - m) * (x[c] - m);
-    float r = (float)(1.0 / sqrt(s2 / C + 1e-5));
-    float mf = (float)m;
-    float *o = out + (size_t)i * C;
-    for (int c = 0; c < C; c++) o[c] = (x[c] - mf) * r * weight[c] + bias[c];
-    mean[i] = mf;
+    float r = dt_ln_rstd(s2 / C);
+#pragma omp simd
+    for (int c = 0; c < C; c++) o[c] = (x[c] - m) * r * weight[c] + bias[c];
+    mean[i] = m;
     rstd[i] = r;
   }
 }
 
-void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dresid, const float *dout,
-                           const float *inp, const float *weight, const float *mean, const float *rstd, int N,
-                           int C) {
+DT_CPU_VEC void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dresid,
+                                      const float *dout, const float *inp, const float *weight, const float *mean,
+                                      const float *rstd, int N, int C) {
   /* parameter grads first: they read only inputs, and dinp may alias dresid */
   int nblk = (C + COLBLK - 1) / COLBLK;
 #pragma omp parallel for schedule(static)
   for (int k = 0; k < nblk; k++) {
-    int c0 = k * COLBLK, c1 = c0 + COLBLK < C ? c0 + COLBLK : C;
+    int c0 = k * COLBLK, w = c0 + COLBLK < C ? COLBLK : C - c0;
     float dw[COLBLK] = {0}, db[COLBLK] = {0};
     for (int i = 0; i < N; i++) {
-      const float *x = inp + (size_t)i * C, *g = dout + (size_t)i * C;
-      for (int c = c0; c < c1; c++) {
-        dw[c - c0] += g[c] * (x[c] - mean[i]) * rstd[i];
-        db[c - c0] += g[c];
+      const float *restrict x = inp + (size_t)i * C + c0, *restrict g = dout + (size_t)i * C + c0;
+      float m = mean[i], r = rstd[i];
+#pragma omp simd
+      for (int c = 0; c < w; c++) {
+        dw[c] += g[c] * (x[c] - m) * r;
+        db[c] += g[c];
       }
     }
-    for (int c = c0; c < c1; c++) {
-      dweight[c] += dw[c - c0];
-      dbias[c] += db[c - c0];
+    for (int c = 0; c < w; c++) {
+      dweight[c0 + c] += dw[c];
+      dbias[c0 + c] += db[c];
     }
   }
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
-    const float *x = inp + (size_t)i * C, *g = dout + (size_t)i * C;
+    const float *restrict x = inp + (size_t)i * C, *restrict g = dout + (size_t)i * C;
     float m = mean[i], r = rstd[i];
     float gm = 0.0f, gnm = 0.0f;
+#pragma omp simd reduction(+ : gm, gnm)
     for (int c = 0; c < C; c++) {
       float wg = weight[c] * g[c];
       gm += wg;
@@ -92,145 +167,110 @@ void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
     }
     gm /= C;
     gnm /= C;
-    float *d = dinp + (size_t)i * C;
-    const float *dr = dresid ? dresid + (size_t)i * C : NULL;
-    for (int c = 0; c < C; c++) {
-      float v = r * (weight[c] * g[c] - gm - (x[c] - m) * r * gnm);
-      d[c] = dr ? dr[c] + v : v;
+    float *d = dinp + (size_t)i * C; /* may alias dresid */
+    if (dresid) {
+      const float *dr = dresid + (size_t)i * C;
+#pragma omp simd
+      for (int c = 0; c < C; c++) d[c] = dr[c] + dt_ln_dx(weight[c] * g[c], (x[c] - m) * r, gm, gnm, r);
+    } else {
+#pragma omp simd
+      for (int c = 0; c < C; c++) d[c] = dt_ln_dx(weight[c] * g[c], (x[c] - m) * r, gm, gnm, r);
+    }
+  }
+}
+
+/* ---- matmul -------------------------------------------------------------------------------- */
+
+/* out rows = bias (+ resid rows), so the matmul can accumulate with beta = 1. */
+DT_CPU_VEC static void prefill(float *out, const float *bias, const float *resid, int N, int OC) {
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < N; i++) {
+    float *o = out + (size_t)i * OC; /* may alias resid */
+    if (resid) {
+      const float *r = resid + (size_t)i * OC;
+      if (bias) {
+#pragma omp simd
+        for (int j = 0; j < OC; j++) o[j] = r[j] + bias[j];
+      } else if (o != r) {
+        memcpy(o, r, (size_t)OC * sizeof(float));
+      }
+    } else {
+      memcpy(o, bias, (size_t)OC * sizeof(float));
     }
   }
 }
 
 void dt_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC) {
-  cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, N, OC, C, 1.0f, inp, C, weight, C, 0.0f, out, OC);
-  if (!bias) return;
+  if (bias) prefill(out, bias, NULL, N, OC);
+  dt_cpu_sgemm(0, 1, N, OC, C, 1.0f, inp, C, weight, C, bias ? 1.0f : 0.0f, out, OC);
+}
+
+void dt_matmul_residual_forward(float *out, const float *inp, const float *weight, const float *bias,
+                                const float *resid, int N, int C, int OC) {
+  prefill(out, bias, resid, N, OC);
+  dt_cpu_sgemm(0, 1, N, OC, C, 1.0f, inp, C, weight, C, 1.0f, out, OC);
+}
+
+DT_CPU_VEC static void bias_backward(float *dbias, const float *dout, int N, int OC) {
+  int nblk = (OC + COLBLK - 1) / COLBLK;
 #pragma omp parallel for schedule(static)
-  for (int i = 0; i < N; i++) {
-    float *o = out + (size_t)i * OC;
-    for (int j = 0; j < OC; j++) o[j] += bias[j];
+  for (int k = 0; k < nblk; k++) {
+    int o0 = k * COLBLK, w = o0 + COLBLK < OC ? COLBLK : OC - o0;
+    float acc[COLBLK] = {0};
+    for (int i = 0; i < N; i++) {
+      const float *restrict g = dout + (size_t)i * OC + o0;
+#pragma omp simd
+      for (int o = 0; o < w; o++) acc[o] += g[o];
+    }
+    for (int o = 0; o < w; o++) dbias[o0 + o] += acc[o];
   }
 }
 
 void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, int N, int C, int OC) {
   if (dinp) /* (N,OC) x (OC,C) */
-    cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
+    dt_cpu_sgemm(0, 0, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
   /* (OC,N) x (N,C), accumulated */
-  cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-  if (!dbias) return;
-  int nblk = (OC + COLBLK - 1) / COLBLK;
-#pragma omp parallel for schedule(static)
-  for (int k = 0; k < nblk; k++) {
-    int o0 = k * COLBLK, o1 = o0 + COLBLK < OC ? o0 + COLBLK : OC;
-    float acc[COLBLK] = {0};
-    for (int i = 0; i < N; i++) {
-      const float *g = dout + (size_t)i * OC;
-      for (int o = o0; o < o1; o++) acc[o - o0] += g[o];
-    }
-    for (int o = o0; o < o1; o++) dbias[o] += acc[o - o0];
-  }
+  dt_cpu_sgemm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
+  if (dbias) bias_backward(dbias, dout, N, OC);
 }
 
-size_t dt_attention_scratch_floats(int B, int T, int NH) { return (size_t)B * NH * T * T; }
+/* ---- elementwise --------------------------------------------------------------------------- */
 
-void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH) {
-  const int hs = C / NH, C3 = 3 * C;
-  const float scale = 1.0f / sqrtf((float)hs);
-  /* pre-attention scores q k^T * scale for all (b, h): (T,hs) x (hs,T); upper triangle masked below */
-  for (int b = 0; b < B; b++)
-    for (int h = 0; h < NH; h++) {
-      const float *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, scale, q, C3, k, C3, 0.0f,
-                  att + ((size_t)b * NH + h) * T * T, T);
-    }
-  /* causal softmax per row */
-#pragma omp parallel for schedule(static)
-  for (long r = 0; r < (long)B * NH * T; r++) {
-    int t = (int)(r % T);
-    float *a = att + (size_t)r * T;
-    float mx = -INFINITY;
-    for (int j = 0; j <= t; j++) mx = a[j] > mx ? a[j] : mx;
-    float s = 0.0f;
-    for (int j = 0; j <= t; j++) {
-      a[j] = expf(a[j] - mx);
-      s += a[j];
-    }
-    float inv = 1.0f / s;
-    for (int j = 0; j <= t; j++) a[j] *= inv;
-    for (int j = t + 1; j < T; j++) a[j] = 0.0f;
-  }
-  /* out_h = att v: (T,T) x (T,hs) */
-  for (int b = 0; b < B; b++)
-    for (int h = 0; h < NH; h++) {
-      const float *v = qkv + (size_t)b * T * C3 + 2 * C + h * hs;
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, 1.0f, att + ((size_t)b * NH + h) * T * T, T,
-                  v, C3, 0.0f, out + (size_t)b * T * C + h * hs, C);
-    }
-}
-
-void dt_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *att,
-                           int B, int T, int C, int NH) {
-  const int hs = C / NH, C3 = 3 * C;
-  const float scale = 1.0f / sqrtf((float)hs);
-  for (int b = 0; b < B; b++)
-    for (int h = 0; h < NH; h++) {
-      const float *v = qkv + (size_t)b * T * C3 + 2 * C + h * hs;
-      const float *a = att + ((size_t)b * NH + h) * T * T;
-      const float *g = dout + (size_t)b * T * C + h * hs;
-      /* datt = dout_h v^T: (T,hs) x (hs,T) */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasTrans, T, T, hs, 1.0f, g, C, v, C3, 0.0f,
-                  scratch + ((size_t)b * NH + h) * T * T, T);
-      /* dv = att^T dout_h: (T,T)^T x (T,hs) */
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, 1.0f, a, T, g, C, 0.0f,
-                  dqkv + (size_t)b * T * C3 + 2 * C + h * hs, C3);
-    }
-  /* softmax backward in place: dpre = att * (datt - <att, datt>), zero above the diagonal */
-#pragma omp parallel for schedule(static)
-  for (long r = 0; r < (long)B * NH * T; r++) {
-    int t = (int)(r % T);
-    float *d = scratch + (size_t)r * T;
-    const float *a = att + (size_t)r * T;
-    float dot = 0.0f;
-    for (int j = 0; j <= t; j++) dot += a[j] * d[j];
-    for (int j = 0; j <= t; j++) d[j] = a[j] * (d[j] - dot);
-    for (int j = t + 1; j < T; j++) d[j] = 0.0f;
-  }
-  for (int b = 0; b < B; b++)
-    for (int h = 0; h < NH; h++) {
-      const float *q = qkv + (size_t)b * T * C3 + h * hs, *k = q + C;
-      const float *dp = scratch + ((size_t)b * NH + h) * T * T;
-      float *dq = dqkv + (size_t)b * T * C3 + h * hs, *dk = dq + C;
-      /* dq = dpre k * scale: (T,T) x (T,hs);  dk = dpre^T q * scale */
-      cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, T, hs, T, scale, dp, T, k, C3, 0.0f, dq, C3);
-      cblas_sgemm(CblasRowMajor, CblasTrans, CblasNoTrans, T, hs, T, scale, dp, T, q, C3, 0.0f, dk, C3);
-    }
-}
-
-void dt_gelu_forward(float *out, const float *inp, size_t n) {
-#pragma omp parallel for schedule(static)
+DT_CPU_VEC void dt_gelu_forward(float *out, const float *inp, size_t n) {
+#pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; i++) out[i] = dt_gelu(inp[i]);
 }
 
-void dt_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
-#pragma omp parallel for schedule(static)
+DT_CPU_VEC void dt_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n) {
+#pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; i++) dinp[i] = dt_gelu_grad(inp[i]) * dout[i];
 }
 
-void dt_residual_forward(float *out, const float *a, const float *b, size_t n) {
-#pragma omp parallel for schedule(static)
+DT_CPU_VEC void dt_residual_forward(float *out, const float *a, const float *b, size_t n) {
+#pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; i++) out[i] = a[i] + b[i];
 }
 
-double dt_crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets, int N, int V,
-                               int Vp) {
+/* ---- cross-entropy ------------------------------------------------------------------------- */
+
+DT_CPU_VEC double dt_crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets, int N,
+                                          int V, int Vp) {
   double total = 0.0;
 #pragma omp parallel for schedule(static) reduction(+ : total)
   for (int i = 0; i < N; i++) {
-    const float *z = logits + (size_t)i * Vp;
+    const float *restrict z = logits + (size_t)i * Vp;
     float mx = -INFINITY;
+#pragma omp simd reduction(max : mx)
     for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
-    double s = 0.0;
-    for (int v = 0; v < V; v++) s += expf(z[v] - mx);
+    double s = 0.0; /* float partial sums over chunks (vectorizes), chunks added in double */
+    for (int v0 = 0; v0 < V; v0 += 1024) {
+      int v1 = v0 + 1024 < V ? v0 + 1024 : V;
+      float cs = 0.0f;
+#pragma omp simd reduction(+ : cs)
+      for (int v = v0; v < v1; v++) cs += dt_expf(z[v] - mx);
+      s += cs;
+    }
     float l = mx + (float)log(s);
     lse[i] = l;
     losses[i] = l - z[targets[i]];
@@ -239,13 +279,15 @@ double dt_crossentropy_forward(float *losses, float *lse, const float *logits, c
   return total / N;
 }
 
-void dt_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
-                              float dloss, int N, int V, int Vp) {
+DT_CPU_VEC void dt_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+                                         float dloss, int N, int V, int Vp) {
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
-    const float *z = logits + (size_t)i * Vp;
-    float *d = dlogits + (size_t)i * Vp;
-    for (int v = 0; v < V; v++) d[v] = expf(z[v] - lse[i]) * dloss;
+    const float *restrict z = logits + (size_t)i * Vp;
+    float *restrict d = dlogits + (size_t)i * Vp;
+    float l = lse[i];
+#pragma omp simd
+    for (int v = 0; v < V; v++) d[v] = dt_expf(z[v] - l) * dloss;
     d[targets[i]] -= dloss;
     for (int v = V; v < Vp; v++) d[v] = 0.0f;
   }

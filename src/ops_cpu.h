@@ -15,6 +15,21 @@
 
 #include <stddef.h>
 
+/* Hot kernels are compiled for AVX-512, AVX2 and baseline x86-64 and picked at load time (GCC
+ * function multiversioning), so one binary runs everywhere and vectorizes where it can. */
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__CUDACC__)
+#define DT_CPU_VEC __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
+#else
+#define DT_CPU_VEC
+#endif
+
+/* C = alpha op(A) op(B) + beta C, row-major, cblas semantics (op = transpose if trans*). Every
+ * matmul of the CPU backend goes through this one function (the engine is chosen inside). */
+void dt_cpu_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda, const float *B,
+                  int ldb, float beta, float *C, int ldc);
+/* One line naming the engine behind dt_cpu_sgemm (library, kernel, threads), for logs. */
+const char *dt_cpu_gemm_engine(void);
+
 /* out[b,t,:] = wte[inp[b,t],:] + wpe[t,:]
  * out (B,T,C), inp (B,T) int, wte (Vp,C), wpe (T,C) */
 void dt_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C);
@@ -32,26 +47,33 @@ void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
                            const float *inp, const float *weight, const float *mean, const float *rstd, int N,
                            int C);
 
-/* out = inp W^T + bias.  out (N,OC), inp (N,C), weight (OC,C), bias (OC) or NULL. cblas_sgemm. */
+/* out = inp W^T + bias.  out (N,OC), inp (N,C), weight (OC,C), bias (OC) or NULL. dt_cpu_sgemm. */
 void dt_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC);
+/* out = resid + inp W^T + bias (residual add fused; out may alias resid).  resid (N,OC) */
+void dt_matmul_residual_forward(float *out, const float *inp, const float *weight, const float *bias,
+                                const float *resid, int N, int C, int OC);
 /* dinp = dout W (if dinp != NULL); dweight += dout^T inp; dbias += sum_N dout (if dbias != NULL).
  * dinp (N,C), dweight (OC,C), dbias (OC), dout (N,OC) */
 void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, int N, int C, int OC);
 
-/* Causal multi-head self-attention (no projections).
- * qkv (B,T,3C) holds q | k | v, head h at channels h*hs..h*hs+hs-1 of each part.
- *   att[b,h,t,:] = softmax_{j<=t}(q_t . k_j / sqrt(hs)), 0 for j > t;  out[b,t,h*hs:] = sum_j att[t,j] v_j
- * out (B,T,C), att (B,NH,T,T) (kept for backward). Matmuls per (b,h) through cblas_sgemm.
- * The (B,NH,T,T) probabilities are held in a buffer sized by dt_attention_scratch_floats, so a tiled
- * implementation can replace it without touching callers. */
-size_t dt_attention_scratch_floats(int B, int T, int NH);
-void dt_attention_forward(float *out, float *att, const float *qkv, int B, int T, int C, int NH);
-/* dqkv = d(out)/d(qkv)^T dout (written); scratch (B,NH,T,T) is overwritten.
- *   datt = dout_h v^T;  dpre[t,j] = att[t,j] (datt[t,j] - sum_k att[t,k] datt[t,k]);
- *   dq = dpre k / sqrt(hs);  dk = dpre^T q / sqrt(hs);  dv = att^T dout_h */
-void dt_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *att,
-                           int B, int T, int C, int NH);
+/* Causal multi-head self-attention (no projections), flash-attention style: no (T,T) matrix is
+ * kept. qkv (B,T,3C) holds q | k | v, head h at channels h*hs..h*hs+hs-1 of each part.
+ *   s[t,j] = q_t . k_j / sqrt(hs) for j <= t;  lse[b,h,t] = log sum_{j<=t} exp(s[t,j])
+ *   out[b,t,h*hs:] = sum_{j<=t} exp(s[t,j] - lse) v_j
+ * Work is split over (b, h) across `nthr` OpenMP threads; each thread takes query blocks of
+ * DT_ATT_QB rows against all keys up to the block's end (two dt_cpu_sgemm calls per block) in its
+ * slice of `scratch`, which holds dt_attention_scratch_floats(T, nthr) floats.
+ * out (B,T,C), lse (B,NH,T) (kept for backward). */
+#define DT_ATT_QB 64
+size_t dt_attention_scratch_floats(int T, int nthr);
+void dt_attention_forward(float *out, float *lse, float *scratch, const float *qkv, int B, int T, int C, int NH,
+                          int nthr);
+/* dqkv = d(out)/d(qkv)^T dout (written), recomputing the probabilities p = exp(s - lse) per block:
+ *   dp = dout_h v^T;  ds[t,j] = p[t,j] (dp[t,j] - sum_k p[t,k] dp[t,k]);
+ *   dq = ds k / sqrt(hs);  dk = ds^T q / sqrt(hs);  dv = p^T dout_h */
+void dt_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *lse,
+                           int B, int T, int C, int NH, int nthr);
 
 /* out = gelu_tanh(inp) (kmath.h dt_gelu); out, inp (n) */
 void dt_gelu_forward(float *out, const float *inp, size_t n);

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "ckpt.h"
+#include "ops_cpu.h"
 #include "optim.h"
 #include "timer.h"
 
@@ -298,7 +299,8 @@ static void print_header(dt_trainer_t *tr) {
   fprintf(o, "# data: %s: %d shards, %llu tokens, %llu samples of T+1\n", tr->cfg.train,
           dt_data_num_shards(tr->train), (unsigned long long)dt_data_num_tokens(tr->train),
           (unsigned long long)dt_data_num_samples(tr->train));
-  fprintf(o, "# backend: %s, %d threads per rank\n", tr->be.ops->name, tr->mesh.threads);
+  fprintf(o, "# backend: %s, %d threads per rank, matmul: %s\n", tr->be.ops->name, tr->mesh.threads,
+          tr->be.ops == &dt_backend_cpu ? dt_cpu_gemm_engine() : "cuBLAS");
   fprintf(o, "# FLOPs per token = 6*(12*L*C^2 + C*Vp) + 12*L*T*C = %.4g (fwd+bwd, full TxT attention)\n",
           tr->flops_per_token);
 }

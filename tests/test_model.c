@@ -294,6 +294,24 @@ Test(model, init_statistics) {
   dt_layout_free(&lay);
 }
 
+/* ---- vectorizable math (kmath.h) against libm in double --------------------------------------- */
+
+Test(kmath, expf_tanhf) {
+  double worst_e = 0, worst_t = 0;
+  for (int i = -800000; i <= 800000; i++) {
+    float x = (float)(i * 1.1e-4); /* [-88, 88] */
+    double e = exp((double)x), t = tanh((double)x);
+    if (x >= -87.3f && x <= 88.3f) worst_e = fmax(worst_e, fabs(dt_expf(x) - e) / e);
+    worst_t = fmax(worst_t, fabs(dt_tanhf(x) - t) / fmax(fabs(t), 1e-30));
+  }
+  cr_expect(worst_e < 3e-7, "dt_expf relative error %.3e", worst_e);
+  cr_expect(worst_t < 3e-7, "dt_tanhf relative error %.3e", worst_t);
+  cr_expect_eq(dt_expf(-INFINITY), 0.0f);
+  cr_expect_eq(dt_expf(-100.0f), 0.0f);
+  cr_expect(isnan(dt_expf(NAN)) && isnan(dt_tanhf(NAN)));
+  cr_expect(dt_tanhf(1e-30f) == 1e-30f && dt_tanhf(-40.0f) == -1.0f && dt_tanhf(0.0f) == 0.0f);
+}
+
 /* ---- per-layer gradient checks ------------------------------------------------------------------ */
 
 /* Each context holds double copies of the layer inputs, the random output weighting R (the
@@ -367,6 +385,64 @@ static double obj_matmul(void *p) {
   return dot(c->out, c->R, (size_t)c->N * c->OC);
 }
 
+/* dt_cpu_sgemm against a double reference in all transpose combinations, with leading dimensions
+ * larger than the matrix, alpha/beta, shapes big enough to be split across threads along M
+ * (M >= N) and along N (M < N) with ragged split points, and once from inside a parallel region. */
+static void check_sgemm(int tA, int tB, int M, int N, int K, int in_parallel) {
+  int lda = (tA ? M : K) + 3, ldb = (tB ? K : N) + 5, ldc = N + 7;
+  size_t na = (size_t)(tA ? K : M) * lda, nb = (size_t)(tB ? N : K) * ldb, nc = (size_t)M * ldc;
+  float *A = malloc(na * sizeof(float)), *Bm = malloc(nb * sizeof(float)), *Cm = malloc(nc * sizeof(float));
+  double *ref = malloc(nc * sizeof(double));
+  fill_normal(A, na, 1, 101), fill_normal(Bm, nb, 1, 102), fill_normal(Cm, nc, 1, 103);
+  const float alpha = 0.75f, beta = -0.5f;
+  for (int i = 0; i < M; i++)
+    for (int j = 0; j < ldc; j++) {
+      double acc = 0;
+      for (int k = 0; k < K; k++)
+        acc += (double)(tA ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) *
+               (tB ? Bm[(size_t)j * ldb + k] : Bm[(size_t)k * ldb + j]);
+      ref[(size_t)i * ldc + j] = j < N ? alpha * acc + beta * (double)Cm[(size_t)i * ldc + j] : Cm[(size_t)i * ldc + j];
+    }
+  if (in_parallel) {
+#pragma omp parallel num_threads(2)
+#pragma omp single
+    dt_cpu_sgemm(tA, tB, M, N, K, alpha, A, lda, Bm, ldb, beta, Cm, ldc);
+  } else {
+    dt_cpu_sgemm(tA, tB, M, N, K, alpha, A, lda, Bm, ldb, beta, Cm, ldc);
+  }
+  char what[96];
+  snprintf(what, sizeof what, "sgemm tA=%d tB=%d M=%d N=%d K=%d parallel=%d (incl. untouched ldc padding)", tA, tB, M,
+           N, K, in_parallel);
+  expect_close(what, Cm, ref, nc, 1e-5);
+  free(A), free(Bm), free(Cm), free(ref);
+}
+
+Test(ops, sgemm_split) {
+  int nt = omp_get_max_threads();
+  omp_set_num_threads(2);
+  for (int tA = 0; tA < 2; tA++)
+    for (int tB = 0; tB < 2; tB++) {
+      check_sgemm(tA, tB, 203, 150, 90, 0); /* split along M */
+      check_sgemm(tA, tB, 70, 301, 110, 0); /* split along N */
+      check_sgemm(tA, tB, 70, 301, 110, 1);
+    }
+  omp_set_num_threads(nt);
+}
+
+Test(ops, residual_and_fused_matmul) {
+  enum { N = 5, C = 7, OC = 9 };
+  float x[N * C], w[OC * C], b[OC], r[N * OC], out[N * OC], ref[N * OC], s[N * OC];
+  fill_normal(x, N * C, 1, 41), fill_normal(w, OC * C, 1, 42), fill_normal(b, OC, 1, 43), fill_normal(r, N * OC, 1, 44);
+  dt_matmul_forward(ref, x, w, b, N, C, OC);
+  dt_residual_forward(s, ref, r, N * OC);
+  for (int i = 0; i < N * OC; i++) cr_assert_float_eq(s[i], ref[i] + r[i], 0.0f);
+  dt_matmul_residual_forward(out, x, w, b, r, N, C, OC);
+  for (int i = 0; i < N * OC; i++) cr_assert_float_eq(out[i], s[i], 1e-5f * (1 + fabsf(s[i])), "element %d", i);
+  memcpy(out, r, sizeof out); /* in place: out aliases resid */
+  dt_matmul_residual_forward(out, x, w, b, out, N, C, OC);
+  for (int i = 0; i < N * OC; i++) cr_assert_float_eq(out[i], s[i], 1e-5f * (1 + fabsf(s[i])), "in place, element %d", i);
+}
+
 Test(grad, matmul) {
   enum { N = 6, C = 8, OC = 20 };
   float x[N * C], w[OC * C], b[OC], out[N * OC], R[N * OC], dx[N * C], dw[OC * C] = {0}, db[OC] = {0};
@@ -397,31 +473,48 @@ static double obj_attention(void *p) {
   return dot(c->out, c->R, (size_t)c->B * c->T * c->C);
 }
 
-Test(grad, attention) {
-  enum { B = 2, T = 5, C = 12, NH = 3 };
-  float qkv[B * T * 3 * C], out[B * T * C], R[B * T * C], dqkv[B * T * 3 * C];
-  float *att = malloc(sizeof(float) * dt_attention_scratch_floats(B, T, NH));
-  float *scr = malloc(sizeof(float) * dt_attention_scratch_floats(B, T, NH));
-  fill_normal(qkv, B * T * 3 * C, 1, 13), fill_normal(R, B * T * C, 1, 14);
-  for (int i = 0; i < B * T * 3 * C; i++) dqkv[i] = 1e6f;
-  dt_attention_forward(out, att, qkv, B, T, C, NH);
-  dt_attention_backward(dqkv, scr, R, qkv, att, B, T, C, NH);
-  /* causal probabilities: rows sum to 1, zero above the diagonal */
-  for (int r = 0; r < B * NH * T; r++) {
-    double s = 0;
-    for (int j = 0; j < T; j++) {
-      if (j > r % T) cr_assert_eq(att[r * T + j], 0.0f);
-      s += att[r * T + j];
-    }
-    cr_expect(fabs(s - 1) < 1e-6);
-  }
-  lctx_t c = {.B = B, .T = T, .C = C, .NH = NH, .x = to_double(qkv, B * T * 3 * C),
-              .out = malloc(sizeof(double) * B * T * C), .R = to_double(R, B * T * C)};
-  obj_attention(&c);
-  expect_close("attention forward", out, c.out, B * T * C, 1e-6);
-  fd_check("attention dqkv", c.x, B * T * 3 * C, dqkv, obj_attention, &c);
-  free(c.x), free(c.out), free(c.R), free(att), free(scr);
+/* Reference logsumexp of the causal scores, (B,NH,T). */
+static void ref_attention_lse(double *lse, const double *qkv, int B, int T, int C, int NH) {
+  int hs = C / NH;
+  for (int b = 0; b < B; b++)
+    for (int h = 0; h < NH; h++)
+      for (int t = 0; t < T; t++) {
+        double s = 0;
+        for (int j = 0; j <= t; j++) {
+          double w = 0;
+          for (int e = 0; e < hs; e++)
+            w += qkv[(size_t)(b * T + t) * 3 * C + h * hs + e] * qkv[(size_t)(b * T + j) * 3 * C + C + h * hs + e];
+          s += exp(w / sqrt((double)hs));
+        }
+        lse[((size_t)b * NH + h) * T + t] = log(s);
+      }
 }
+
+/* Forward (output and logsumexp) and FD check of backward; T > DT_ATT_QB exercises several query
+ * blocks, a partial last block and keys spanning blocks. */
+static void check_attention(int B, int T, int C, int NH, int nthr, uint64_t seed) {
+  size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+  float *qkv = malloc(nq * sizeof(float)), *out = malloc(no * sizeof(float)), *R = malloc(no * sizeof(float));
+  float *dqkv = malloc(nq * sizeof(float)), *lse = malloc(nl * sizeof(float));
+  float *scr = malloc(dt_attention_scratch_floats(T, nthr) * sizeof(float));
+  fill_normal(qkv, nq, 1, seed), fill_normal(R, no, 1, seed + 1);
+  for (size_t i = 0; i < nq; i++) dqkv[i] = 1e6f; /* every element must be written */
+  dt_attention_forward(out, lse, scr, qkv, B, T, C, NH, nthr);
+  dt_attention_backward(dqkv, scr, R, qkv, lse, B, T, C, NH, nthr);
+  lctx_t c = {.B = B, .T = T, .C = C, .NH = NH, .x = to_double(qkv, nq), .out = malloc(sizeof(double) * no),
+              .R = to_double(R, no)};
+  double *lref = malloc(nl * sizeof(double));
+  ref_attention_lse(lref, c.x, B, T, C, NH);
+  expect_close("attention logsumexp", lse, lref, nl, 1e-6);
+  obj_attention(&c);
+  expect_close("attention forward", out, c.out, no, 1e-6);
+  fd_check("attention dqkv", c.x, nq, dqkv, obj_attention, &c);
+  free(c.x), free(c.out), free(c.R), free(lref), free(qkv), free(out), free(R), free(dqkv), free(lse), free(scr);
+}
+
+Test(grad, attention) { check_attention(2, 5, 12, 3, 2, 13); }
+
+Test(grad, attention_blocks) { check_attention(1, DT_ATT_QB + 9, 8, 2, 2, 31); }
 
 static double obj_gelu(void *p) {
   lctx_t *c = p;

@@ -1,0 +1,227 @@
+/* bench/step: time GPT-2 training steps of the CPU backend on random tokens and compare with the
+ * sgemm ceiling measured in the same run (and optionally PyTorch). Built by plain `make` as a
+ * noinst program (bench/step in the build dir); it is a benchmark, not a test.
+ *
+ * usage: bench/step [--config FILE.ini] [--layers 12 --heads 12 --embd 768 --vocab 50257
+ *                   --batch 4 --seq 256 --threads 2 --steps 5 --warmup 2] [--torch] [--python PY]
+ * --config takes [model] n_layer/n_head/n_embd/vocab_size/seq_len, [train] micro_batch/threads
+ * from an .ini (dt_config_load); flags after it override. Prints medians over --steps steps. */
+#include "dt_build.h"
+
+#include <math.h>
+#include <omp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "backend.h"
+#include "config.h"
+#include "model.h"
+#include "ops_cpu.h"
+#include "optim.h"
+#include "profile.h"
+
+#ifndef DT_SRCDIR
+#define DT_SRCDIR "."
+#endif
+
+typedef struct {
+  int L, NH, C, V, B, T, threads, steps, warmup, torch;
+  const char *python, *script;
+} opts_t;
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *x, int n) {
+  qsort(x, (size_t)n, sizeof *x, cmp_double);
+  return n % 2 ? x[n / 2] : 0.5 * (x[n / 2 - 1] + x[n / 2]);
+}
+
+static int parse_args(opts_t *o, int argc, char **argv) {
+  struct { const char *flag; int *dst; } ints[] = {
+      {"--layers", &o->L}, {"--heads", &o->NH},   {"--embd", &o->C},   {"--vocab", &o->V},     {"--batch", &o->B},
+      {"--seq", &o->T},    {"--threads", &o->threads}, {"--steps", &o->steps}, {"--warmup", &o->warmup}};
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--torch")) { o->torch = 1; continue; }
+    if (i + 1 >= argc) { fprintf(stderr, "step: %s needs a value\n", a); return 2; }
+    const char *v = argv[++i];
+    if (!strcmp(a, "--python")) { o->python = v; continue; }
+    if (!strcmp(a, "--script")) { o->script = v; continue; }
+    if (!strcmp(a, "--config")) {
+      dt_config_t cfg;
+      dt_config_defaults(&cfg);
+      if (dt_config_load(&cfg, v) != DT_OK) { fprintf(stderr, "step: %s\n", dt_err_msg()); return 2; }
+      o->L = cfg.n_layer, o->NH = cfg.n_head, o->C = cfg.n_embd, o->V = cfg.vocab_size, o->T = cfg.seq_len;
+      o->B = cfg.micro_batch;
+      if (cfg.threads > 0) o->threads = cfg.threads;
+      continue;
+    }
+    size_t k = 0;
+    for (; k < sizeof ints / sizeof ints[0]; k++)
+      if (!strcmp(a, ints[k].flag)) break;
+    char *end;
+    long x = strtol(v, &end, 10);
+    if (k == sizeof ints / sizeof ints[0] || *end || x < 0 || x > (1L << 30)) {
+      fprintf(stderr, "step: bad option %s %s\n", a, v);
+      return 2;
+    }
+    *ints[k].dst = (int)x;
+  }
+  if (o->L < 1 || o->NH < 1 || o->C % o->NH || o->V < 2 || o->B < 1 || o->T < 1 || o->threads < 1 || o->steps < 1) {
+    fprintf(stderr, "step: need layers, heads, batch, seq, threads, steps >= 1, vocab >= 2, embd divisible by heads\n");
+    return 2;
+  }
+  return 0;
+}
+
+/* The sgemm ceiling on the model's forward matmul shapes, through dt_cpu_sgemm (the engine the
+ * backend uses): out (N,OC) = inp (N,K) W^T, W (OC,K). Returns the FLOP-weighted GFLOP/s
+ * (total FLOPs of one forward's matmuls / their total time) and prints each shape. */
+static double sgemm_ceiling(int N, int C, int Vp, int L) {
+  struct { int K, OC, count; const char *what; } sh[] = {
+      {C, 3 * C, L, "qkv   (BT x C) x (C x 3C)"}, {C, C, L, "proj  (BT x C) x (C x C)"},
+      {C, 4 * C, L, "fc    (BT x C) x (C x 4C)"}, {4 * C, C, L, "fcprj (BT x 4C) x (4C x C)"},
+      {C, Vp, 1, "head  (BT x C) x (C x Vp)"}};
+  size_t maxa = (size_t)N * 4 * C, maxw = (size_t)Vp * C > (size_t)16 * C * C ? (size_t)Vp * C : (size_t)16 * C * C;
+  size_t maxo = (size_t)N * (Vp > 4 * C ? Vp : 4 * C);
+  float *A = malloc(maxa * sizeof(float)), *W = malloc(maxw * sizeof(float)), *O = malloc(maxo * sizeof(float));
+  if (!A || !W || !O) { fprintf(stderr, "step: out of memory for the sgemm ceiling\n"); exit(1); }
+  dt_rng_t r;
+  dt_rng_seed(&r, 3);
+  for (size_t i = 0; i < maxa; i++) A[i] = (float)dt_rng_uniform(&r) - 0.5f;
+  for (size_t i = 0; i < maxw; i++) W[i] = (float)dt_rng_uniform(&r) - 0.5f;
+  memset(O, 0, maxo * sizeof(float));
+  double tot_f = 0, tot_t = 0;
+  for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++) {
+    double f = 2.0 * N * sh[s].K * sh[s].OC, t[5];
+    dt_cpu_sgemm(0, 1, N, sh[s].OC, sh[s].K, 1.0f, A, sh[s].K, W, sh[s].K, 0.0f, O, sh[s].OC); /* warm */
+    for (int k = 0; k < 5; k++) {
+      double t0 = omp_get_wtime();
+      dt_cpu_sgemm(0, 1, N, sh[s].OC, sh[s].K, 1.0f, A, sh[s].K, W, sh[s].K, 0.0f, O, sh[s].OC);
+      t[k] = omp_get_wtime() - t0;
+    }
+    double tm = median(t, 5);
+    printf("#   sgemm %-28s N=%-6d %8.2f ms %7.1f GFLOP/s\n", sh[s].what, N, tm * 1e3, f / tm * 1e-9);
+    tot_f += f * sh[s].count;
+    tot_t += tm * sh[s].count;
+  }
+  free(A), free(W), free(O);
+  return tot_f / tot_t * 1e-9;
+}
+
+#define CK(x)                                                                  \
+  do {                                                                         \
+    if ((x) != DT_OK) {                                                        \
+      fprintf(stderr, "step: %s failed: %s\n", #x, dt_err_msg());              \
+      return 1;                                                                \
+    }                                                                          \
+  } while (0)
+
+int main(int argc, char **argv) {
+  opts_t o = {.L = 12, .NH = 12, .C = 768, .V = 50257, .B = 4, .T = 256, .threads = 2, .steps = 5, .warmup = 2,
+              .python = "/usr/bin/python3", .script = DT_SRCDIR "/bench/torch_gpt2.py"};
+  int rc = parse_args(&o, argc, argv);
+  if (rc) return rc;
+  dt_dims_t d = {.L = o.L, .NH = o.NH, .C = o.C, .V = o.V, .Vp = (o.V + 127) / 128 * 128, .T = o.T};
+  dt_layout_t lay;
+  CK(dt_layout_init(&lay, d));
+  dt_backend_t be;
+  CK(dt_backend_cpu.init(&be, &lay, o.B, o.T, o.threads));
+  dt_model_init_params(&lay, be.params, 1337);
+  const int N = o.B * o.T;
+  int *inp = malloc((size_t)N * sizeof(int)), *tgt = malloc((size_t)N * sizeof(int));
+  dt_rng_t r;
+  dt_rng_seed(&r, 42);
+  for (int i = 0; i < N; i++) inp[i] = (int)(dt_rng_next(&r) % (uint64_t)o.V), tgt[i] = (int)(dt_rng_next(&r) % (uint64_t)o.V);
+
+  const char *ct = getenv("OPENBLAS_CORETYPE"), *l2 = getenv("OPENBLAS_L2_SIZE");
+  printf("# bench/step: L=%d NH=%d C=%d V=%d Vp=%d B=%d T=%d threads=%d params=%zu steps=%d warmup=%d\n", d.L, d.NH,
+         d.C, d.V, d.Vp, o.B, o.T, o.threads, lay.n_params_true, o.steps, o.warmup);
+  printf("# blas: %s (%s); OPENBLAS_CORETYPE=%s OPENBLAS_L2_SIZE=%s; omp_get_max_threads=%d\n", DT_BLAS_NAME,
+         dt_cpu_gemm_engine(), ct ? ct : "(unset)", l2 ? l2 : "(unset)", omp_get_max_threads());
+
+  enum { PH_TOTAL, PH_FWD, PH_BWD, PH_OPT, PH_N };
+  int n = o.steps;
+  double *ph[PH_N], *prof[DT_PROF_N];
+  for (int k = 0; k < PH_N; k++) ph[k] = calloc((size_t)n, sizeof(double));
+  for (int k = 0; k < DT_PROF_N; k++) prof[k] = calloc((size_t)n, sizeof(double));
+  dt_adamw_args_t aw = {.lr = 1e-4f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  float loss = 0;
+  dt_profile.enabled = 1;
+  for (int s = 0; s < o.warmup + n; s++) {
+    memset(dt_profile.sec, 0, sizeof dt_profile.sec);
+    double t0 = omp_get_wtime();
+    CK(be.ops->zero_grad(&be));
+    CK(be.ops->forward(&be, inp, tgt, o.B, o.T, &loss));
+    double t1 = omp_get_wtime();
+    CK(be.ops->backward(&be, 1, NULL, NULL));
+    double t2 = omp_get_wtime();
+    double ss = 0;
+    CK(be.ops->grad_sumsq(&be, &ss));
+    aw.grad_scale = dt_clip_scale(sqrt(ss), 1.0);
+    aw.t = s + 1;
+    CK(be.ops->adamw(&be, &aw));
+    double t3 = omp_get_wtime();
+    if (!isfinite(loss)) { fprintf(stderr, "step: loss is %g at step %d\n", loss, s); return 1; }
+    if (s < o.warmup) continue;
+    int i = s - o.warmup;
+    ph[PH_TOTAL][i] = t3 - t0, ph[PH_FWD][i] = t1 - t0, ph[PH_BWD][i] = t2 - t1, ph[PH_OPT][i] = t3 - t2;
+    for (int k = 0; k < DT_PROF_N; k++) prof[k][i] = dt_profile.sec[k];
+  }
+  struct rusage ru;
+  getrusage(RUSAGE_SELF, &ru);
+  double med[PH_N];
+  for (int k = 0; k < PH_N; k++) med[k] = median(ph[k], n);
+  double fpt = dt_model_flops_per_token(&d, o.T), gflop = fpt * N * 1e-9;
+  printf("# step medians (ms): total %.1f  forward %.1f (incl. zero_grad)  backward %.1f  optimizer %.1f "
+         "(grad_sumsq + adamw)\n", med[PH_TOTAL] * 1e3, med[PH_FWD] * 1e3, med[PH_BWD] * 1e3, med[PH_OPT] * 1e3);
+  printf("# per op kind (median ms, share of the median step):\n");
+  double accounted = 0;
+  for (int k = 0; k < DT_PROF_N; k++) {
+    double m = median(prof[k], n);
+    accounted += m;
+    printf("#   %-13s %9.1f ms %5.1f%%\n", dt_prof_names[k], m * 1e3, 100 * m / med[PH_TOTAL]);
+  }
+  printf("#   %-13s %9.1f ms %5.1f%%\n", "(other)", (med[PH_TOTAL] - accounted) * 1e3,
+         100 * (med[PH_TOTAL] - accounted) / med[PH_TOTAL]);
+  printf("# final loss %.4f; peak RSS %.0f MiB\n", loss, ru.ru_maxrss / 1024.0);
+  be.ops->free(&be);
+  double ceil = sgemm_ceiling(N, d.C, d.Vp, d.L);
+  double ach = gflop / med[PH_TOTAL];
+  printf("RESULT dtrain step_ms=%.1f tok_s=%.0f gflop_per_step=%.1f gflops=%.1f sgemm_ceiling_gflops=%.1f "
+         "of_ceiling=%.0f%% peak_rss_mb=%.0f\n",
+         med[PH_TOTAL] * 1e3, N / med[PH_TOTAL], gflop, ach, ceil, 100 * ach / ceil, ru.ru_maxrss / 1024.0);
+  fflush(stdout);
+  if (o.torch) {
+    char cmd[2048];
+    snprintf(cmd, sizeof cmd,
+             "%s %s --layers %d --heads %d --embd %d --vocab %d --batch %d --seq %d --threads %d --steps %d --warmup %d",
+             o.python, o.script, o.L, o.NH, o.C, o.V, o.B, o.T, o.threads, o.steps, o.warmup);
+    printf("# + %s\n", cmd);
+    fflush(stdout);
+    FILE *p = popen(cmd, "r");
+    char line[512];
+    double tms = -1;
+    while (p && fgets(line, sizeof line, p)) {
+      printf("RESULT %s", line);
+      const char *q = strstr(line, "step_ms=");
+      if (q) tms = atof(q + 8);
+    }
+    int st = p ? pclose(p) : -1;
+    if (st != 0 || tms <= 0) {
+      fprintf(stderr, "step: the PyTorch comparison failed (exit status %d)\n", st);
+      return 1;
+    }
+    printf("RESULT ratio torch_ms/dtrain_ms=%.2f (>1: dtrain faster)\n", tms / (med[PH_TOTAL] * 1e3));
+  }
+  for (int k = 0; k < PH_N; k++) free(ph[k]);
+  for (int k = 0; k < DT_PROF_N; k++) free(prof[k]);
+  free(inp), free(tgt);
+  dt_layout_free(&lay);
+  return 0;
+}

@@ -21,6 +21,7 @@ static void usage(FILE *out) {
           "       dtrain prep [--help] OUTPREFIX FILE...        text files -> byte-level token shards\n"
           "       dtrain layout [--help] ...                    print the rank/device layout of this launch\n"
           "       dtrain eval CONFIG --checkpoint FILE --data SHARDS [--batches N]   loss of a checkpoint\n"
+          "       dtrain bench-comm [--help] [--max-bytes N] ...   time and check the communicator's collectives\n"
           "       dtrain --help | --version\n"
           "\n"
           "Run under srun, sbatch or mpirun for several ranks; one rank per device or CPU socket.\n"
@@ -110,6 +111,7 @@ int dt_main(int argc, char **argv) {
   if (!strcmp(cmd, "prep")) return dt_prep_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "layout")) return dt_layout_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "eval")) return dt_eval_main(argc - 1, argv + 1);
+  if (!strcmp(cmd, "bench-comm")) return dt_bench_comm_main(argc - 1, argv + 1);
   if (cmd[0] == '-') {
     fprintf(stderr, "dtrain: unknown option '%s' (see dtrain --help)\n", cmd);
     return 2;

@@ -4,6 +4,7 @@
  * no rank is left waiting in a collective. */
 #include "cli.h"
 
+#include <hdf5.h>
 #include <mpi.h>
 #include <omp.h>
 #include <stdio.h>
@@ -33,6 +34,22 @@ static void usage(FILE *out) {
           "Configuration keys (.ini sections):\n",
           DT_EXIT_REQUEUE);
   dt_config_help(out);
+}
+
+/* Version of dtrain and of the libraries it runs on (validation/ records them). MPI allows
+ * MPI_Get_library_version before MPI_Init. */
+static void print_version(void) {
+  char mv[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+  int n = 0;
+  MPI_Get_library_version(mv, &n);
+  mv[strcspn(mv, "\n,")] = '\0';
+  unsigned maj = 0, min = 0, rel = 0;
+  H5get_libversion(&maj, &min, &rel);
+  printf("dtrain %s\n", PACKAGE_VERSION);
+  printf("mpi: %s\n", mv);
+  printf("hdf5: %u.%u.%u\n", maj, min, rel);
+  printf("blas: %s\n", DT_BLAS_NAME);
+  printf("nccl: not used by this build (no NCCL communicator yet)\n");
 }
 
 dt_status_t dt_cli_load_config(dt_config_t *cfg, const char *path, int n_over, char **over) {
@@ -105,7 +122,7 @@ int dt_main(int argc, char **argv) {
     return 0;
   }
   if (!strcmp(cmd, "--version")) {
-    printf("dtrain %s\n", PACKAGE_VERSION);
+    print_version();
     return 0;
   }
   if (!strcmp(cmd, "prep")) return dt_prep_main(argc - 1, argv + 1);

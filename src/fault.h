@@ -8,8 +8,8 @@
  *                  multiplied by DT_FAULT_BAD_MATH_SCALE after the all-reduce (wrong arithmetic
  *                  in one layer on one rank)
  *   slow_rank      this rank sleeps DT_FAULT_SLOW_RANK_S seconds in every step from `step` on
- *   bad_allreduce  results of blocking allreduce/reduce_scatter/allgather on this rank get +1 in
- *                  one element (MPI communicator, comm_mpi.c)
+ *   bad_allreduce  float (f32/f64) results of blocking allreduce/reduce_scatter/allgather on this
+ *                  rank get +1 in one element (MPI communicator, comm_mpi.c)
  * validation/ (tests/validation.sh) plants each and expects the matching check to fail. */
 #ifndef DT_FAULT_H
 #define DT_FAULT_H

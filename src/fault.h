@@ -6,7 +6,7 @@
  *                  but incomplete, as after a lost flush); rank 0 decides (rank field: 0 or '*')
  *   bad_math       from `step` on, this rank's gradients of the first transformer block are
  *                  multiplied by DT_FAULT_BAD_MATH_SCALE after the all-reduce (wrong arithmetic
- *                  in one layer on one rank)
+ *                  in one layer on one rank; CPU backend only: host gradient arena)
  *   slow_rank      this rank sleeps DT_FAULT_SLOW_RANK_S seconds in every step from `step` on
  *   bad_allreduce  float (f32/f64) results of blocking allreduce/reduce_scatter/allgather on this
  *                  rank get +1 in one element (MPI communicator, comm_mpi.c)

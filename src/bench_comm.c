@@ -194,7 +194,7 @@ static int parse_bytes(const char *s, size_t *out) {
   else if (*end == 'M' || *end == 'm') v <<= 20, end++;
   else if (*end == 'G' || *end == 'g') v <<= 30, end++;
   if (*end == 'B' || *end == 'i') end++;
-  if (*end || v < 1 || v > (1ULL << 40)) return -1;
+  if (*end || v < 1 || v > (1ULL << 32)) return -1; /* 4 GiB: counts stay below INT_MAX */
   *out = (size_t)v;
   return 0;
 }

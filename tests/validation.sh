@@ -59,6 +59,7 @@ for pair in bad_allreduce@1:collectives bad_math@0:3:numerics ckpt_noflush@0:che
     "$top_srcdir/validation/run" --system ci --workdir "$DIR/${fault%%@*}" --timeout 120 > "$log" 2>&1
   rc=$?
   sed -n '/^# summary:/,/^# failed checks/p' "$log"
+  grep "^not ok" "$log"
   got=$(sed -n 's/^# failed checks: //p' "$log")
   first=${got%%,*}
   [ $rc -ne 0 ] || { cat "$log"; fail "DTRAIN_FAULT=$fault: the suite passed (exit 0)"; }

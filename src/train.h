@@ -36,6 +36,9 @@ typedef struct {
   int stopped_by_signal;
   int saved_step;          /* step of the last checkpoint written by this run, -1 none */
   int resumed_step;        /* step restored from a checkpoint, -1 none */
+  double t_allreduce_full; /* one blocking all-reduce of all gradients, measured at start (dp > 1) */
+  double t_comm_wait_sum;  /* time waiting for gradient all-reduces after backward, summed */
+  int n_timed_steps;
 } dt_trainer_t;
 
 /* Data-parallel size and micro-steps per optimizer step for `world` ranks. Pure (no MPI), so a

@@ -39,7 +39,7 @@ VALIDATION_OUTPUT="$DIR/clean-%j.out" VALIDATION_SBATCH_ARGS="--time=10" timeout
   "$top_srcdir/validation/validate.sbatch" --system ci --workdir "$DIR/clean" --junit "$DIR/clean.xml" \
   --timeout 120 > "$DIR/clean.log" 2>&1
 rc=$?
-grep -v '^ \+[0-9]' "$DIR/clean.log" # the bench-comm rows are in the log file
+grep -v '^# \+[0-9]' "$DIR/clean.log" # the bench-comm rows are in the log file
 [ $rc -eq 0 ] || fail "clean validation run exited $rc"
 grep -q '^# failed checks: none' "$DIR/clean.log" || fail "clean run: summary does not say 'failed checks: none'"
 n_ok=$(grep -c '^ok [0-9]' "$DIR/clean.log")

@@ -4,6 +4,7 @@
  * no rank is left waiting in a collective. */
 #include "cli.h"
 
+#include <hdf5.h>
 #include <mpi.h>
 #include <omp.h>
 #include <stdio.h>
@@ -21,6 +22,7 @@ static void usage(FILE *out) {
           "       dtrain prep [--help] OUTPREFIX FILE...        text files -> byte-level token shards\n"
           "       dtrain layout [--help] ...                    print the rank/device layout of this launch\n"
           "       dtrain eval CONFIG --checkpoint FILE --data SHARDS [--batches N]   loss of a checkpoint\n"
+          "       dtrain bench-comm [--help] [--max-bytes N] ...   time and check the communicator's collectives\n"
           "       dtrain --help | --version\n"
           "\n"
           "Run under srun, sbatch or mpirun for several ranks; one rank per device or CPU socket.\n"
@@ -32,6 +34,22 @@ static void usage(FILE *out) {
           "Configuration keys (.ini sections):\n",
           DT_EXIT_REQUEUE);
   dt_config_help(out);
+}
+
+/* Version of dtrain and of the libraries it runs on (validation/ records them). MPI allows
+ * MPI_Get_library_version before MPI_Init. */
+static void print_version(void) {
+  char mv[MPI_MAX_LIBRARY_VERSION_STRING] = "";
+  int n = 0;
+  MPI_Get_library_version(mv, &n);
+  mv[strcspn(mv, "\n,")] = '\0';
+  unsigned maj = 0, min = 0, rel = 0;
+  H5get_libversion(&maj, &min, &rel);
+  printf("dtrain %s\n", PACKAGE_VERSION);
+  printf("mpi: %s\n", mv);
+  printf("hdf5: %u.%u.%u\n", maj, min, rel);
+  printf("blas: %s\n", DT_BLAS_NAME);
+  printf("nccl: not used by this build (no NCCL communicator yet)\n");
 }
 
 dt_status_t dt_cli_load_config(dt_config_t *cfg, const char *path, int n_over, char **over) {
@@ -104,12 +122,13 @@ int dt_main(int argc, char **argv) {
     return 0;
   }
   if (!strcmp(cmd, "--version")) {
-    printf("dtrain %s\n", PACKAGE_VERSION);
+    print_version();
     return 0;
   }
   if (!strcmp(cmd, "prep")) return dt_prep_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "layout")) return dt_layout_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "eval")) return dt_eval_main(argc - 1, argv + 1);
+  if (!strcmp(cmd, "bench-comm")) return dt_bench_comm_main(argc - 1, argv + 1);
   if (cmd[0] == '-') {
     fprintf(stderr, "dtrain: unknown option '%s' (see dtrain --help)\n", cmd);
     return 2;

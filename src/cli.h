@@ -12,4 +12,7 @@ int dt_main(int argc, char **argv);
  * On error the message is recorded (dt_err_msg) and DT_ERR_CONFIG returned. */
 dt_status_t dt_cli_load_config(dt_config_t *cfg, const char *path, int n_over, char **over);
 
+/* `dtrain bench-comm ...` (bench_comm.c): collective benchmark; returns the exit status. */
+int dt_bench_comm_main(int argc, char **argv);
+
 #endif

@@ -3,6 +3,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 int dt_fault(const char *name, int rank, int step) {
   const char *f = getenv("DTRAIN_FAULT");
@@ -19,4 +20,14 @@ int dt_fault(const char *name, int rank, int step) {
   }
   if (*end == ':' && step >= 0) return step >= atoi(end + 1);
   return 1;
+}
+
+void dt_fault_scale(float *x, size_t n, float s) {
+  for (size_t i = 0; i < n; i++) x[i] *= s;
+}
+
+void dt_fault_sleep(double seconds) {
+  struct timespec ts = {.tv_sec = (time_t)seconds, .tv_nsec = (long)((seconds - (double)(time_t)seconds) * 1e9)};
+  while (nanosleep(&ts, &ts) != 0) {
+  }
 }

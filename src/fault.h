@@ -1,11 +1,29 @@
 /* Test-only fault injection, for the test suite and validation/ to prove they catch failures.
  * DTRAIN_FAULT="name@rank[:step]" plants one fault on one rank (all ranks when rank is '*'),
  * from `step` on (default: at once). Never set it in production. Names in use:
- *   ckpt_kill   SIGKILL this rank in the middle of writing a checkpoint's datasets */
+ *   ckpt_kill      SIGKILL this rank in the middle of writing a checkpoint's datasets
+ *   ckpt_noflush   a checkpoint whose completion marker is never written (the file is committed
+ *                  but incomplete, as after a lost flush); rank 0 decides (rank field: 0 or '*')
+ *   bad_math       from `step` on, this rank's gradients of the first transformer block are
+ *                  multiplied by DT_FAULT_BAD_MATH_SCALE after the all-reduce (wrong arithmetic
+ *                  in one layer on one rank; CPU backend only: host gradient arena)
+ *   slow_rank      this rank sleeps DT_FAULT_SLOW_RANK_S seconds in every step from `step` on
+ *   bad_allreduce  float (f32/f64) results of blocking allreduce/reduce_scatter/allgather on this
+ *                  rank get +1 in one element (MPI communicator, comm_mpi.c)
+ * validation/ (tests/validation.sh) plants each and expects the matching check to fail. */
 #ifndef DT_FAULT_H
 #define DT_FAULT_H
 
 /* 1 when DTRAIN_FAULT names `name` for this rank at this step (step < 0: any step). */
 int dt_fault(const char *name, int rank, int step);
+
+#include <stddef.h>
+
+#define DT_FAULT_BAD_MATH_SCALE 4.0f
+#define DT_FAULT_SLOW_RANK_S 0.5
+
+/* Helpers the hooks call: x[0..n) *= s; sleep for `seconds`. */
+void dt_fault_scale(float *x, size_t n, float s);
+void dt_fault_sleep(double seconds);
 
 #endif

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "ckpt.h"
+#include "fault.h"
 #include "ops_cpu.h"
 #include "optim.h"
 #include "timer.h"
@@ -242,6 +243,9 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
     tr->t_comm_wait_sum += tr->ddp.t_comm_wait;
     tr->n_timed_steps++;
   }
+  if (dt_fault("bad_math", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: block 1's grads */
+    dt_fault_scale(be->grads + tr->lay.layer_begin[1], tr->lay.layer_begin[2] - tr->lay.layer_begin[1], DT_FAULT_BAD_MATH_SCALE);
+  if (dt_fault("slow_rank", tr->mesh.rank, tr->step + 1)) dt_fault_sleep(DT_FAULT_SLOW_RANK_S); /* test-only */
   double sumsq = 0;
   DT_TRY(be->ops->grad_sumsq(be, &sumsq));
   double norm = sqrt(sumsq);

@@ -1,0 +1,70 @@
+#!/bin/bash
+# The validation suite (validation/) tested on the local Slurm cluster (2 virtual nodes x 2 ranks,
+# CPU backend, system `ci`):
+#  1. clean: validation/validate.sbatch --system ci submits itself with sbatch --wait; every check
+#     passes, exit 0, TAP and JUnit XML written;
+#  2. each planted fault (DTRAIN_FAULT, src/fault.h) under salloc: validation/run exits nonzero and
+#     the first failing check in its summary is the one that should catch it:
+#       bad_allreduce@1 -> collectives   bad_math@0:3 -> numerics
+#       ckpt_noflush@0  -> checkpoint    slow_rank@1  -> throughput
+set -u
+: "${top_srcdir:?}" "${top_builddir:?}"
+CLUSTER="$top_srcdir/scripts/slurm-cluster.sh"
+for v in $(env | sed -n 's/^\(SLURM_[A-Za-z0-9_]*\|PMIX_[A-Za-z0-9_]*\|OMPI_COMM_WORLD_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
+unset CUDA_VISIBLE_DEVICES RANK WORLD_SIZE LOCAL_RANK DTRAIN_FAULT
+export PATH=$PATH:/usr/sbin
+source "$top_srcdir/tests/lib.sh"
+set +e
+ensure_data
+
+DIR=$(mktemp -d /tmp/dtrain-valid.XXXXXX)
+cleanup() { "$CLUSTER" stop "$DIR" 2>/dev/null; rm -rf "$DIR"; }
+trap cleanup EXIT
+echo "\$ $CLUSTER start $DIR 2"
+# a loaded machine can miss slurm-cluster.sh's 10 s start-up window: one more try
+env_line=$("$CLUSTER" start "$DIR" 2) || { "$CLUSTER" stop "$DIR"; sleep 2; env_line=$("$CLUSTER" start "$DIR" 2); } ||
+  { tail -20 "$DIR"/log/slurmctld.log; echo "FAIL: the cluster did not start"; exit 1; }
+eval "$env_line"
+# virtual nodes share one host: TCP over loopback between them; 4 ranks on 2 cores must yield
+export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_mpi_yield_when_idle=1
+export DTRAIN="$top_builddir/dtrain"
+cd "$top_builddir"
+fail() { echo "FAIL: $*"; exit 1; }
+t_start=$(date +%s)
+
+# 1. clean run through the sbatch wrapper
+echo "\$ VALIDATION_OUTPUT=$DIR/clean-%j.out $top_srcdir/validation/validate.sbatch --system ci --workdir $DIR/clean --junit $DIR/clean.xml --timeout 120"
+t0=$(date +%s)
+VALIDATION_OUTPUT="$DIR/clean-%j.out" VALIDATION_SBATCH_ARGS="--time=10" timeout 600 \
+  "$top_srcdir/validation/validate.sbatch" --system ci --workdir "$DIR/clean" --junit "$DIR/clean.xml" \
+  --timeout 120 > "$DIR/clean.log" 2>&1
+rc=$?
+grep -v '^# \+[0-9]' "$DIR/clean.log" # the bench-comm rows are in the log file
+[ $rc -eq 0 ] || fail "clean validation run exited $rc"
+grep -q '^# failed checks: none' "$DIR/clean.log" || fail "clean run: summary does not say 'failed checks: none'"
+n_ok=$(grep -c '^ok [0-9]' "$DIR/clean.log")
+[ "$n_ok" -eq 7 ] || fail "clean run: $n_ok of 7 TAP lines are ok"
+grep -q '<testsuite name="dtrain-validation.ci" tests="7" failures="0"' "$DIR/clean.xml" || fail "JUnit XML: want 7 tests, 0 failures"
+grep -q 'throughput/scaling_efficiency' "$DIR/clean.log" || fail "no scaling efficiency (1 node vs 2 nodes) in the summary"
+echo "ok: clean run passed all 7 checks in $(($(date +%s) - t0)) s (TAP + JUnit XML)"
+
+# 2. planted faults: the suite must fail and name the right check first
+for pair in bad_allreduce@1:collectives bad_math@0:3:numerics ckpt_noflush@0:checkpoint slow_rank@1:throughput; do
+  fault=${pair%:*}
+  want=${pair##*:}
+  log="$DIR/fault-${fault%%@*}.log"
+  t0=$(date +%s)
+  echo "\$ DTRAIN_FAULT=$fault salloc -N 2 --ntasks-per-node=2 --cpus-per-task=1 $top_srcdir/validation/run --system ci --workdir $DIR/${fault%%@*} --timeout 120"
+  DTRAIN_FAULT=$fault timeout 600 salloc -N 2 --ntasks-per-node=2 --cpus-per-task=1 --time=10 \
+    "$top_srcdir/validation/run" --system ci --workdir "$DIR/${fault%%@*}" --timeout 120 > "$log" 2>&1
+  rc=$?
+  sed -n '/^# summary:/,/^# failed checks/p' "$log"
+  grep "^not ok" "$log"
+  got=$(sed -n 's/^# failed checks: //p' "$log")
+  first=${got%%,*}
+  [ $rc -ne 0 ] || { cat "$log"; fail "DTRAIN_FAULT=$fault: the suite passed (exit 0)"; }
+  [ "$first" = "$want" ] || { cat "$log"; fail "DTRAIN_FAULT=$fault: first failing check is '$first', want '$want'"; }
+  grep -q "^not ok [0-9]* - $want:" "$log" || fail "DTRAIN_FAULT=$fault: no 'not ok' TAP line for $want"
+  echo "ok: DTRAIN_FAULT=$fault -> exit $rc, failing checks: $got ($(($(date +%s) - t0)) s)"
+done
+echo "validation: OK ($(($(date +%s) - t_start)) s)"

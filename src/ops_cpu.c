@@ -53,7 +53,7 @@ void dt_layernorm_forward(float *out, float *mean, float *rstd, const float *inp
     float r = (float)(1.0 / sqrt(s2 / C + 1e-5));
     float mf = (float)m;
     float *o = out + (size_t)i * C;
-    for (int c = 0; c < C; c++) o[c] = (x[c] - mf) * r * weight[c] + bias[c];
+    for (int c = 0; c < C; c++) o[c] = dt_ln_apply(x[c], mf, r, weight[c], bias[c]);
     mean[i] = mf;
     rstd[i] = r;
   }
@@ -95,7 +95,7 @@ void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
     float *d = dinp + (size_t)i * C;
     const float *dr = dresid ? dresid + (size_t)i * C : NULL;
     for (int c = 0; c < C; c++) {
-      float v = r * (weight[c] * g[c] - gm - (x[c] - m) * r * gnm);
+      float v = dt_ln_dinp(x[c], m, r, weight[c], g[c], gm, gnm);
       d[c] = dr ? dr[c] + v : v;
     }
   }

@@ -12,6 +12,13 @@ pkgs=(
   slurm-wlm slurm-client munge libpmix-dev
   r-cran-janeaustenr
 )
+# With a CUDA toolkit that lacks cuobjdump (as here): PyPI's nvidia-cuda-cuobjdump for
+# tests/cuda_elf.sh (which skips without it).
+if [ -x /usr/local/cuda/bin/nvcc ] && [ ! -x /usr/local/cuda/bin/cuobjdump ] &&
+  ! /usr/bin/python3 -m pip show -q nvidia-cuda-cuobjdump >/dev/null 2>&1; then
+  /usr/bin/python3 -m pip install -q --break-system-packages nvidia-cuda-cuobjdump ||
+    echo "install-deps: warning: could not install cuobjdump; tests/cuda_elf.sh will skip"
+fi
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")

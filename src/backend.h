@@ -10,6 +10,10 @@
 #include "model.h"
 #include "status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct dt_backend dt_backend_t;
 
 /* Called by backward each time the gradients in arena range [lo, hi) are final for this
@@ -55,6 +59,9 @@ struct dt_backend {
   int B, T;                      /* activation capacity */
   int threads;
   void *impl;                    /* backend-private state */
+  int device;                    /* CUDA: device ordinal, set by the caller before init (CPU: unused) */
+  void *comm_stream;             /* CUDA: cudaStream_t on which gradient communication for ranges
+                                    passed to ready() is ordered after their backward; NULL for CPU */
 };
 
 extern const dt_backend_ops_t dt_backend_cpu;
@@ -65,4 +72,7 @@ extern const dt_backend_ops_t dt_backend_cuda;
 extern const dt_backend_ops_t *const dt_backends[];
 const dt_backend_ops_t *dt_backend_find(const char *name);
 
+#ifdef __cplusplus
+}
+#endif
 #endif

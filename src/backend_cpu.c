@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "dt_build.h" /* DT_HAVE_CUDA (before backend.h): the registry lists the CUDA backend first */
 #include "backend.h"
 #include "gemm.h"
 #include "kmath.h"

@@ -94,6 +94,10 @@ static int train_main(int argc, char **argv) {
   dt_config_t cfg;
   dt_status_t st = dt_cli_load_config(&cfg, argv[1], argc - 2, argv + 2);
   if (st == DT_OK) st = dt_train_batch_plan(&cfg, argv[1], world, &dp, &accum);
+  const dt_backend_ops_t *ops = NULL;
+  int devices = 0;
+  if (st == DT_OK) st = dt_train_pick_backend(&cfg, argv[1], &ops, &devices); /* collective, same verdict */
+  if (st == DT_ERR_MPI) return fail(st, 1);
   if (st != DT_OK) {
     /* Same file on every rank, same verdict: rank 0 says it, all exit 2 without work. */
     if (rank == 0) fprintf(stderr, "dtrain: %s\n", dt_err_msg());

@@ -56,7 +56,7 @@ const dt_config_key_t dt_config_keys[] = {
   {"checkpoint", "keep",   DT_KEY_INT, OFF(ckpt_keep),  "3", 1, 1 << 20, NULL, "keep the newest K checkpoints"},
   {"checkpoint", "resume", DT_KEY_STR, OFF(resume),     "auto", 0, 0, NULL, "auto (newest complete checkpoint in dir) | never | PATH"},
 
-  {"system", "backend", DT_KEY_ENUM, OFF(backend), "auto", 0, 0, "auto|cpu|cuda", "compute backend; auto = CUDA when a device is visible, else CPU"},
+  {"system", "backend", DT_KEY_ENUM, OFF(backend), "auto", 0, 0, "auto|cpu|cuda", "compute backend; auto = cuda when built in and every rank has a usable GPU, else cpu (with a note)"},
   {NULL, NULL, 0, 0, 0, NULL, 0, 0, NULL, NULL},
 };
 /* clang-format on */

@@ -70,11 +70,11 @@ int dt_eval_main(int argc, char **argv) {
     st = DT_ERR(DT_ERR_DATA, "%s: has only %llu batches of %d x %d, --batches %d asked", data,
                 (unsigned long long)(dt_data_num_samples(d) / (uint64_t)tr.B), tr.B, tr.T, batches);
   if (st == DT_OK) {
-    dt_ckpt_arenas_t a = dt_ckpt_arenas_full(tr.be.params, NULL, NULL);
-    if (tr.be.ops != &dt_backend_cpu)
-      st = DT_ERR(DT_ERR_UNSUPPORTED, "eval: checkpoints are implemented for the CPU backend only");
-    else
-      st = dt_ckpt_load(NULL, ckpt, &tr.lay, &a, NULL);
+    int dev = tr.be.ops != &dt_backend_cpu; /* device backend: load into the host copy, then send it */
+    dt_ckpt_arenas_t a = dt_ckpt_arenas_full(dev ? tr.host_arena : tr.be.params, NULL, NULL);
+    st = dt_ckpt_load(NULL, ckpt, &tr.lay, &a, NULL);
+    if (st == DT_OK && dev)
+      st = tr.be.ops->copy_from_host(&tr.be, DT_BUF_PARAMS, 0, tr.lay.n_params, tr.host_arena);
   }
   if (st == DT_OK) st = dt_trainer_eval(&tr, d, batches, &loss);
   if (st != DT_OK) {

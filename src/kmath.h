@@ -83,13 +83,100 @@ DT_HD static inline float dt_adamw_update(float p, float g, float *m, float *v, 
 }
 
 /* LayerNorm: 1 / sqrt(var + 1e-5) from the biased variance over C (PyTorch's eps). */
-DT_HD static inline float dt_ln_rstd(float var) { return 1.0f / sqrtf(var + 1e-5f); }
+DT_HD static inline float dt_ln_rstd(float var) { return 1.0f / sqrtf(var + 1e-5f); /* DT_LN_EPS */ }
 
 /* LayerNorm backward for one element, with n = (x - mean) * rstd, g = weight * dout and the row
  * means gm = mean_C(g), gnm = mean_C(g * n):  dx = rstd * (g - gm - n * gnm). */
 DT_HD static inline float dt_ln_dx(float g, float n, float gm, float gnm, float rstd) {
   return rstd * (g - gm - n * gnm);
 }
+
+
+/* ---- added for CUDA ---- */
+/* Layernorm, softmax and cross-entropy pieces shared by ops_cpu.c and cuda/kernels.cu. A GPU
+ * row kernel computes the same partial sums in a different order (warp/block reductions), so
+ * the row functions below are the reference the CPU tests check against double precision and
+ * the per-element functions are bit-identical on both sides. */
+#define DT_LN_EPS 1e-5f
+
+/* (dt_ln_rstd above: rstd = 1 / sqrt(var + DT_LN_EPS), var the biased variance over the row.) */
+
+/* y = (x - mean) * rstd * w + b */
+DT_HD static inline float dt_ln_apply(float x, float mean, float rstd, float w, float b) {
+  return (x - mean) * rstd * w + b;
+}
+
+/* Row statistics by two passes (mean, then the centred sum of squares). x (C) */
+DT_HD static inline void dt_ln_row_stats(const float *x, int C, float *mean, float *rstd) {
+  float s = 0.0f, s2 = 0.0f;
+  for (int c = 0; c < C; c++) s += x[c];
+  float m = s / (float)C;
+  for (int c = 0; c < C; c++) s2 += (x[c] - m) * (x[c] - m);
+  *mean = m;
+  *rstd = dt_ln_rstd(s2 / (float)C);
+}
+
+/* Backward row sums, with g = w * dout and n = (x - mean) * rstd:
+ * *gm = mean_C(g), *gnm = mean_C(g * n).  x, dout, w (C) */
+DT_HD static inline void dt_ln_row_bwd_sums(const float *x, const float *dout, const float *w, float mean, float rstd,
+                                            int C, float *gm, float *gnm) {
+  float a = 0.0f, b = 0.0f;
+  for (int c = 0; c < C; c++) {
+    float wg = w[c] * dout[c];
+    a += wg;
+    b += wg * (x[c] - mean) * rstd;
+  }
+  *gm = a / (float)C;
+  *gnm = b / (float)C;
+}
+
+/* d loss / d x for one element of the row (without the residual term):
+ * rstd * (w dout - gm - n gnm), n = (x - mean) rstd. */
+DT_HD static inline float dt_ln_dinp(float x, float mean, float rstd, float w, float dout, float gm, float gnm) {
+  return rstd * (w * dout - gm - (x - mean) * rstd * gnm);
+}
+
+/* Online softmax normaliser: (max, sum of exp(z - max)) updated with one value z.
+ * Start from max = -INFINITY, sum = 0. */
+DT_HD static inline void dt_softmax_online(float *mx, float *sum, float z) {
+  if (z > *mx) {
+    *sum = *sum * expf(*mx - z) + 1.0f;
+    *mx = z;
+  } else {
+    *sum += expf(z - *mx);
+  }
+}
+
+/* Merge two online states (mx2, sum2) into (mx, sum); either may be empty (max = -INFINITY). */
+DT_HD static inline void dt_softmax_merge(float *mx, float *sum, float mx2, float sum2) {
+  if (mx2 == -INFINITY) return;
+  if (*mx == -INFINITY) {
+    *mx = mx2;
+    *sum = sum2;
+    return;
+  }
+  float m = *mx > mx2 ? *mx : mx2;
+  *sum = *sum * expf(*mx - m) + sum2 * expf(mx2 - m);
+  *mx = m;
+}
+
+/* log sum_v exp(z_v) from an online state. */
+DT_HD static inline float dt_softmax_lse(float mx, float sum) { return mx + logf(sum); }
+
+/* Row log-sum-exp over z (n) by the online rule, one element at a time. */
+DT_HD static inline float dt_row_lse(const float *z, int n) {
+  float mx = -INFINITY, sum = 0.0f;
+  for (int v = 0; v < n; v++) dt_softmax_online(&mx, &sum, z[v]);
+  return dt_softmax_lse(mx, sum);
+}
+
+/* Cross-entropy gradient for one logit: (softmax(z) - [v == target]) * dloss, softmax = exp(z - lse). */
+DT_HD static inline float dt_ce_dlogit(float z, float lse, int is_target, float dloss) {
+  return (expf(z - lse) - (is_target ? 1.0f : 0.0f)) * dloss;
+}
+
+/* Softmax backward for one entry: a (d - <a, d>), a the probability, d the upstream gradient. */
+DT_HD static inline float dt_softmax_bwd(float a, float d, float dot) { return a * (d - dot); }
 
 #endif
 

@@ -9,10 +9,18 @@
 
 #include "status.h"
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 /* Record the failure of `call` (its source text) with return code rc; returns DT_ERR_MPI. */
 dt_status_t dt__mpi_error(int rc, const char *call, const char *file, int line);
 /* Hostname of this process (cached, never NULL). */
 const char *dt__hostname(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #define DT_MPI_CHECK(call)                                                           \
   do {                                                                               \

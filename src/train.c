@@ -13,8 +13,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <mpi.h>
+
 #include "ckpt.h"
+#include "dt_build.h"
+#include "dt_cuda.h"
 #include "fault.h"
+#include "mpi_check.h"
 #include "ops_cpu.h"
 #include "optim.h"
 #include "timer.h"
@@ -89,27 +94,73 @@ static dt_status_t derive_batch(dt_trainer_t *tr) {
   return DT_OK;
 }
 
-static const dt_backend_ops_t *pick_backend(const dt_trainer_t *tr) {
-  if (!strcmp(tr->cfg.backend, "cuda")) return dt_backend_find("cuda");
-  return dt_backend_find("cpu");
+/* Collective over MPI_COMM_WORLD: the same verdict on every rank. */
+dt_status_t dt_train_pick_backend(const dt_config_t *cfg, const char *cfg_name, const dt_backend_ops_t **ops,
+                                  int *devices) {
+  static int noted; /* the auto fallback note, once per process */
+  int rank = 0, size = 1;
+  DT_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &rank));
+  DT_MPI_CHECK(MPI_Comm_size(MPI_COMM_WORLD, &size));
+  *devices = dt_cuda_device_count();
+  /* the lowest rank without a GPU tells the others its host and reason */
+  int mine = *devices == 0 ? rank : size, first = size;
+  DT_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  struct {
+    char host[64], why[192];
+  } b;
+  memset(&b, 0, sizeof b);
+  if (first < size) {
+    if (rank == first) {
+      snprintf(b.host, sizeof b.host, "%s", dt__hostname());
+      snprintf(b.why, sizeof b.why, "%s", dt_cuda_device_error());
+    }
+    DT_MPI_CHECK(MPI_Bcast(&b, (int)sizeof b, MPI_BYTE, first, MPI_COMM_WORLD));
+  }
+  if (!strcmp(cfg->backend, "cpu")) {
+    *ops = &dt_backend_cpu;
+    return DT_OK;
+  }
+  if (!strcmp(cfg->backend, "cuda")) {
+    *ops = dt_backend_find("cuda");
+    if (!*ops)
+      return DT_ERR(DT_ERR_UNSUPPORTED, "%s: system.backend: 'cuda' is not built into this dtrain (configure --with-cuda)",
+                    cfg_name);
+    if (first < size)
+      return DT_ERR(DT_ERR_LAUNCH, "%s: system.backend = cuda but rank %d (host %s) has no usable GPU (%s); use cpu or auto",
+                    cfg_name, first, b.host, b.why);
+    return DT_OK;
+  }
+  *ops = first == size ? dt_backend_find("cuda") : &dt_backend_cpu;
+  if (!*ops) *ops = &dt_backend_cpu; /* auto in a build without CUDA: quietly the CPU */
+  int cuda_built = dt_backend_find("cuda") != NULL;
+  if (cuda_built && first < size && rank == 0 && !noted)
+    fprintf(stderr, "dtrain: system.backend = auto: rank %d (host %s) has no usable GPU (%s): using the CPU backend\n",
+            first, b.host, b.why);
+  noted = 1;
+  return DT_OK;
 }
 
 dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name) {
   memset(tr, 0, sizeof *tr);
   tr->cfg = *cfg;
   tr->cfg_name = cfg_name;
-  dt_mesh_opts_t mo = {.cuda = !strcmp(cfg->backend, "cuda"), .runtime_devices = -1, .threads = cfg->threads,
+  const dt_backend_ops_t *ops = NULL;
+  int devices = 0;
+  DT_TRY(dt_train_pick_backend(cfg, cfg_name, &ops, &devices));
+  int cuda = ops != &dt_backend_cpu;
+  dt_mesh_opts_t mo = {.cuda = cuda, .runtime_devices = cuda ? devices : -1, .threads = cfg->threads,
                        .dp = cfg->dp, .tp = cfg->tp, .pp = cfg->pp, .args = cfg_name};
   DT_TRY(dt_mesh_init(&tr->mesh, &mo));
   DT_TRY(derive_batch(tr));
   dt_dims_t d = dt_dims_from_config(&tr->cfg);
   DT_TRY(dt_layout_init(&tr->lay, d));
-  const dt_backend_ops_t *ops = pick_backend(tr);
-  if (!ops)
-    return DT_ERR(DT_ERR_UNSUPPORTED, "%s: system.backend: '%s' is not built into this dtrain", cfg_name,
-                  cfg->backend);
   tr->be.ops = ops;
+  tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
   DT_TRY(ops->init(&tr->be, &tr->lay, tr->B, tr->T, tr->mesh.threads));
+  if (cuda) { /* host copies of params, m, v for checkpoints */
+    tr->host_arena = malloc(3 * sizeof(float) * tr->lay.n_params);
+    if (!tr->host_arena) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
+  }
   tr->inputs = malloc(sizeof(int) * (size_t)tr->B * (size_t)tr->T);
   tr->targets = malloc(sizeof(int) * (size_t)tr->B * (size_t)tr->T);
   if (!tr->inputs || !tr->targets) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
@@ -117,12 +168,32 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   return DT_OK;
 }
 
-/* Host views of the backend's arenas for checkpoints (the CPU backend's arenas are host memory). */
-static dt_status_t host_arenas(dt_trainer_t *tr, int with_optim, dt_ckpt_arenas_t *a) {
-  if (tr->be.ops != &dt_backend_cpu)
-    return DT_ERR(DT_ERR_UNSUPPORTED, "checkpoints are implemented for the CPU backend only");
-  *a = dt_ckpt_arenas_full(tr->be.params, with_optim ? tr->be.m : NULL, with_optim ? tr->be.v : NULL);
+/* Host views of the backend's arenas for checkpoints: the CPU backend's arenas themselves, or
+ * for a device backend the host copies (filled from the device when fetch = 1; after a load,
+ * push_arenas sends them back). */
+static dt_status_t host_arenas(dt_trainer_t *tr, int with_optim, int fetch, dt_ckpt_arenas_t *a) {
+  if (tr->be.ops == &dt_backend_cpu) {
+    *a = dt_ckpt_arenas_full(tr->be.params, with_optim ? tr->be.m : NULL, with_optim ? tr->be.v : NULL);
+    return DT_OK;
+  }
+  size_t n = tr->lay.n_params;
+  float *p = tr->host_arena, *m = p + n, *v = m + n;
+  if (fetch) {
+    DT_TRY(tr->be.ops->copy_to_host(&tr->be, DT_BUF_PARAMS, 0, n, p));
+    if (with_optim) DT_TRY(tr->be.ops->copy_to_host(&tr->be, DT_BUF_M, 0, n, m));
+    if (with_optim) DT_TRY(tr->be.ops->copy_to_host(&tr->be, DT_BUF_V, 0, n, v));
+  }
+  *a = dt_ckpt_arenas_full(p, with_optim ? m : NULL, with_optim ? v : NULL);
   return DT_OK;
+}
+
+static dt_status_t push_arenas(dt_trainer_t *tr) {
+  if (tr->be.ops == &dt_backend_cpu) return DT_OK;
+  size_t n = tr->lay.n_params;
+  float *p = tr->host_arena, *m = p + n, *v = m + n;
+  DT_TRY(tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, 0, n, p));
+  DT_TRY(tr->be.ops->copy_from_host(&tr->be, DT_BUF_M, 0, n, m));
+  return tr->be.ops->copy_from_host(&tr->be, DT_BUF_V, 0, n, v);
 }
 
 /* Restore parameters, moments and position per checkpoint.resume (auto | never | PATH). */
@@ -130,7 +201,7 @@ static dt_status_t resume(dt_trainer_t *tr) {
   const char *r = tr->cfg.resume;
   if (!strcmp(r, "never")) return DT_OK;
   dt_ckpt_arenas_t a;
-  DT_TRY(host_arenas(tr, 1, &a));
+  DT_TRY(host_arenas(tr, 1, 0, &a));
   dt_ckpt_state_t st;
   memset(&st, 0, sizeof st);
   char path[DT_PATH_MAX] = "";
@@ -148,6 +219,7 @@ static dt_status_t resume(dt_trainer_t *tr) {
     s = dt_ckpt_load(NULL, path, &tr->lay, &a, &st);
   }
   if (s != DT_OK) return s;
+  DT_TRY(push_arenas(tr));
   tr->step = (int)st.step;
   tr->sample_pos = (uint64_t)st.data_pos;
   tr->tokens_seen = (uint64_t)st.tokens;
@@ -165,7 +237,7 @@ static dt_status_t resume(dt_trainer_t *tr) {
 
 dt_status_t dt_trainer_save(dt_trainer_t *tr) {
   dt_ckpt_arenas_t a;
-  DT_TRY(host_arenas(tr, 1, &a));
+  DT_TRY(host_arenas(tr, 1, 1, &a));
   char *ini = dt_config_to_string(&tr->cfg);
   uint64_t n = dt_data_num_samples(tr->train);
   dt_ckpt_state_t st = {.step = tr->step, .tokens = (int64_t)tr->tokens_seen, .data_pos = (int64_t)tr->sample_pos,
@@ -193,14 +265,22 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
   tr->saved_step = -1;
   tr->resumed_step = -1;
   DT_TRY(resume(tr));
-  DT_TRY(dt_ddp_init(&tr->ddp, tr->mesh.dp_comm, tr->be.grads, tr->lay.n_params, tr->lay.layer_begin,
-                     tr->lay.d.L + 2, (size_t)cfg->bucket_mb << 20));
+  dt_comm_t *grad_comm = tr->mesh.dp_comm;
+  if (tr->be.comm_stream && tr->mesh.dp > 1) { /* device gradients: NCCL over the dp group */
+    MPI_Comm dpc;
+    DT_TRY(dt_comm_mpi_handle(tr->mesh.dp_comm, &dpc));
+    DT_TRY(dt_comm_nccl_create(&dpc, tr->mesh.device, 0, &tr->dev_dp_comm));
+    grad_comm = tr->dev_dp_comm;
+  }
+  DT_TRY(dt_ddp_init(&tr->ddp, grad_comm, tr->be.grads, tr->lay.n_params, tr->lay.layer_begin, tr->lay.d.L + 2,
+                     (size_t)cfg->bucket_mb << 20));
+  tr->ddp.stream = tr->be.comm_stream;
   if (tr->mesh.dp > 1) { /* reference: one blocking all-reduce of every gradient, nothing to hide behind */
-    dt_comm_t *c = tr->mesh.dp_comm;
     DT_TRY(be_zero(tr));
-    DT_TRY(c->ops->barrier(c));
+    DT_TRY(tr->mesh.dp_comm->ops->barrier(tr->mesh.dp_comm));
     double t0 = dt_time_now();
-    DT_TRY(c->ops->allreduce(c, tr->be.grads, tr->be.grads, tr->lay.n_params, DT_F32, DT_AVG, NULL, NULL));
+    DT_TRY(grad_comm->ops->allreduce(grad_comm, tr->be.grads, tr->be.grads, tr->lay.n_params, DT_F32, DT_AVG,
+                                     tr->ddp.stream, NULL));
     tr->t_allreduce_full = dt_time_now() - t0;
   }
   if (is_root(tr)) DT_TRY(dt_metrics_open(&tr->metrics, cfg->metrics));
@@ -210,6 +290,8 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
 void dt_trainer_free(dt_trainer_t *tr) {
   dt_metrics_close(&tr->metrics);
   dt_ddp_free(&tr->ddp);
+  if (tr->dev_dp_comm) tr->dev_dp_comm->ops->free(tr->dev_dp_comm);
+  free(tr->host_arena);
   free(tr->inputs);
   free(tr->targets);
   if (tr->train) dt_data_close(tr->train);

@@ -29,6 +29,8 @@ typedef struct {
   dt_metrics_t metrics;
   int B, T, accum, global_batch; /* global_batch = B * accum * dp sequences per step */
   int *inputs, *targets;   /* (B, T) host */
+  float *host_arena;       /* device backends: host copies of params, m, v (3 x n_params) for checkpoints */
+  dt_comm_t *dev_dp_comm;  /* device backends with dp > 1: NCCL over the dp group (gradients) */
   int step;                /* optimizer steps completed */
   uint64_t sample_pos;     /* global sample index of the next step's first sample */
   uint64_t tokens_seen;
@@ -44,6 +46,14 @@ typedef struct {
 /* Data-parallel size and micro-steps per optimizer step for `world` ranks. Pure (no MPI), so a
  * bad launch is reported identically by every rank before any collective. */
 dt_status_t dt_train_batch_plan(const dt_config_t *c, const char *name, int world, int *dp, int *accum);
+/* The backend for system.backend (collective over MPI_COMM_WORLD, same verdict on every rank):
+ * cpu; cuda, an error naming the first rank without a usable GPU (DT_ERR_LAUNCH) or that cuda is
+ * not built in; auto = cuda when it is built in and every rank has a GPU, else cpu with one note
+ * on stderr from rank 0 (CUDA builds only, once per process). *devices = this rank's CUDA
+ * device count. dt_trainer_init_model calls it; the CLI calls it first, so a bad choice is
+ * reported once by rank 0 before any other work. */
+dt_status_t dt_train_pick_backend(const dt_config_t *cfg, const char *cfg_name, const dt_backend_ops_t **ops,
+                                  int *devices);
 /* Everything for training: model set-up, data, identical weights on all ranks (or resume). */
 dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name);
 /* Only the launch layout, the layout and the backend (used by `dtrain eval`). */

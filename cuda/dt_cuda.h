@@ -1,0 +1,41 @@
+/* What the C side of dtrain sees of CUDA: the device count used to pick a backend, and the NCCL
+ * communicator (dt_comm_ops_t on device buffers, cuda/comm_nccl.cu). In a build without CUDA
+ * (src/cuda_none.c) the count is 0 and the NCCL calls return DT_ERR_UNSUPPORTED. */
+#ifndef DT_CUDA_H
+#define DT_CUDA_H
+
+#include <stddef.h>
+
+#include "comm.h"
+#include "status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Usable CUDA devices on this process; 0 when CUDA is not built in, there is no driver or no
+ * device (any cudaGetDeviceCount error counts as no GPU). */
+int dt_cuda_device_count(void);
+/* Why the count is 0 (the CUDA runtime's message, or "built without CUDA"); "" when it is not. */
+const char *dt_cuda_device_error(void);
+
+/* NCCL's unique id (128 bytes): rank 0 of the MPI communicator `*(const MPI_Comm *)mpi_comm`
+ * creates it with ncclGetUniqueId and broadcasts it; every rank gets the same bytes in id. */
+#define DT_NCCL_ID_BYTES 128
+dt_status_t dt_comm_nccl_unique_id(const void *mpi_comm, unsigned char id[DT_NCCL_ID_BYTES]);
+
+/* NCCL communicator over the ranks of `*(const MPI_Comm *)mpi_comm` (collective over it): the
+ * unique id above, cudaSetDevice(device), ncclCommInitRank. Buffers are device pointers, stream
+ * a cudaStream_t (NULL = the communicator's own stream). timeout_s > 0: a call that waits on
+ * NCCL (wait, test, group_end, a blocking collective) polls ncclCommGetAsyncError and aborts the
+ * communicator (ncclCommAbort) after that many seconds without completion, returning
+ * DT_ERR_NCCL naming rank, host, device and the collective in flight. timeout_s <= 0: the
+ * environment's DTRAIN_NCCL_TIMEOUT (seconds), else 600. If initialisation fails on any rank,
+ * every rank returns an error (agreed over MPI: nobody is left in ncclCommInitRank's peers). */
+dt_status_t dt_comm_nccl_create(const void *mpi_comm, int device, double timeout_s, dt_comm_t **out);
+extern const dt_comm_ops_t dt_comm_nccl_ops;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

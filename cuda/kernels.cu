@@ -1,0 +1,365 @@
+/* GPT-2 layer kernels (see kernels.h). Each kernel is a thin loop over the per-element and
+ * per-row pieces of src/kmath.h, so tests/test_kmath.c checks the arithmetic they run; launch
+ * geometry comes from cuda_launch.h (tested on the CPU by tests/test_cuda_launch.c).
+ * Elementwise kernels are grid-stride loops; layernorm and the attention softmax give a warp
+ * to a row; the cross-entropy gives a block to a row of the vocabulary. */
+#include "kernels.h"
+
+#include "cuda_check.h"
+#include "cuda_launch.h"
+#include "kmath.h"
+
+#define FULL_MASK 0xffffffffu
+
+/* grid-stride loop over [0, n) */
+#define FOR_N(i, n) \
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+__device__ static inline float warp_sum(float v) {
+  for (int o = DT_CUDA_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+  return v;
+}
+
+__device__ static inline void warp_merge_softmax(float *mx, float *sum) {
+  for (int o = DT_CUDA_WARP / 2; o > 0; o >>= 1) {
+    float m2 = __shfl_xor_sync(FULL_MASK, *mx, o), s2 = __shfl_xor_sync(FULL_MASK, *sum, o);
+    dt_softmax_merge(mx, sum, m2, s2);
+  }
+}
+
+/* This thread's warp's row in a warp-per-row launch (may be >= rows: then it returns). */
+__device__ static inline size_t warp_row(void) {
+  return ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / DT_CUDA_WARP;
+}
+
+/* ---- encoder ------------------------------------------------------------------------------ */
+
+__global__ static void encoder_forward_k(float *out, const int *inp, const float *wte, const float *wpe, int T, int C,
+                                         size_t n) {
+  FOR_N(i, n) {
+    size_t bt = i / C;
+    int c = (int)(i % C), t = (int)(bt % T);
+    out[i] = wte[(size_t)inp[bt] * C + c] + wpe[(size_t)t * C + c];
+  }
+}
+
+__global__ static void encoder_backward_wte_k(float *dwte, const float *dout, const int *inp, int C, size_t n) {
+  FOR_N(i, n) {
+    size_t bt = i / C;
+    atomicAdd(&dwte[(size_t)inp[bt] * C + i % C], dout[i]);
+  }
+}
+
+__global__ static void encoder_backward_wpe_k(float *dwpe, const float *dout, int B, int T, int C) {
+  FOR_N(i, (size_t)T * C) {
+    float s = 0.0f;
+    for (int b = 0; b < B; b++) s += dout[(size_t)b * T * C + i];
+    dwpe[i] += s;
+  }
+}
+
+dt_status_t dt_cu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C,
+                                  cudaStream_t s) {
+  size_t n = (size_t)B * T * C;
+  encoder_forward_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(out, inp, wte, wpe, T, C, n);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C,
+                                   cudaStream_t s) {
+  size_t n = (size_t)B * T * C;
+  encoder_backward_wte_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(dwte, dout, inp, C, n);
+  DT_KERNEL_CHECK();
+  encoder_backward_wpe_k<<<dt_cuda_grid((size_t)T * C, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(dwpe, dout, B, T, C);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+/* ---- layernorm ---------------------------------------------------------------------------- */
+
+__global__ static void layernorm_forward_k(float *out, float *mean, float *rstd, const float *inp, const float *w,
+                                           const float *b, int N, int C) {
+  size_t row = warp_row();
+  int lane = threadIdx.x % DT_CUDA_WARP;
+  if (row >= (size_t)N) return;
+  const float *x = inp + row * C;
+  float s = 0.0f;
+  for (int c = lane; c < C; c += DT_CUDA_WARP) s += x[c];
+  float m = warp_sum(s) / (float)C;
+  float s2 = 0.0f;
+  for (int c = lane; c < C; c += DT_CUDA_WARP) s2 += (x[c] - m) * (x[c] - m);
+  float r = dt_ln_rstd(warp_sum(s2) / (float)C);
+  float *o = out + row * C;
+  for (int c = lane; c < C; c += DT_CUDA_WARP) o[c] = dt_ln_apply(x[c], m, r, w[c], b[c]);
+  if (lane == 0) {
+    mean[row] = m;
+    rstd[row] = r;
+  }
+}
+
+__global__ static void layernorm_backward_dinp_k(float *dinp, const float *dresid, const float *dout,
+                                                 const float *inp, const float *w, const float *mean,
+                                                 const float *rstd, int N, int C) {
+  size_t row = warp_row();
+  int lane = threadIdx.x % DT_CUDA_WARP;
+  if (row >= (size_t)N) return;
+  const float *x = inp + row * C, *g = dout + row * C;
+  float m = mean[row], r = rstd[row], a = 0.0f, bb = 0.0f;
+  for (int c = lane; c < C; c += DT_CUDA_WARP) {
+    float wg = w[c] * g[c];
+    a += wg;
+    bb += wg * (x[c] - m) * r;
+  }
+  float gm = warp_sum(a) / (float)C, gnm = warp_sum(bb) / (float)C;
+  float *d = dinp + row * C;
+  const float *dr = dresid ? dresid + row * C : NULL;
+  for (int c = lane; c < C; c += DT_CUDA_WARP) {
+    float v = dt_ln_dinp(x[c], m, r, w[c], g[c], gm, gnm);
+    d[c] = dr ? dr[c] + v : v;
+  }
+}
+
+/* Column reductions: a (32 x 8) block owns 32 columns; its 8 thread rows stride over the N rows,
+ * then add up in shared memory (fixed order: deterministic). */
+#define COLS_X 32
+#define COLS_Y 8
+
+__global__ static void layernorm_backward_params_k(float *dw, float *db, const float *dout, const float *inp,
+                                                   const float *mean, const float *rstd, int N, int C) {
+  __shared__ float sw[COLS_Y][COLS_X], sb[COLS_Y][COLS_X];
+  int c = blockIdx.x * COLS_X + threadIdx.x;
+  float aw = 0.0f, ab = 0.0f;
+  if (c < C)
+    for (int i = threadIdx.y; i < N; i += COLS_Y) {
+      float g = dout[(size_t)i * C + c];
+      aw += g * (inp[(size_t)i * C + c] - mean[i]) * rstd[i];
+      ab += g;
+    }
+  sw[threadIdx.y][threadIdx.x] = aw;
+  sb[threadIdx.y][threadIdx.x] = ab;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < C) {
+    for (int y = 1; y < COLS_Y; y++) {
+      aw += sw[y][threadIdx.x];
+      ab += sb[y][threadIdx.x];
+    }
+    dw[c] += aw;
+    db[c] += ab;
+  }
+}
+
+__global__ static void col_sum_k(float *dst, const float *src, int N, int OC) {
+  __shared__ float sh[COLS_Y][COLS_X];
+  int j = blockIdx.x * COLS_X + threadIdx.x;
+  float a = 0.0f;
+  if (j < OC)
+    for (int i = threadIdx.y; i < N; i += COLS_Y) a += src[(size_t)i * OC + j];
+  sh[threadIdx.y][threadIdx.x] = a;
+  __syncthreads();
+  if (threadIdx.y == 0 && j < OC) {
+    for (int y = 1; y < COLS_Y; y++) a += sh[y][threadIdx.x];
+    dst[j] += a;
+  }
+}
+
+dt_status_t dt_cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                                    const float *bias, int N, int C, cudaStream_t s) {
+  layernorm_forward_k<<<dt_cuda_warp_rows_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(out, mean, rstd, inp, weight,
+                                                                                         bias, N, C);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+dt_status_t dt_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dresid,
+                                     const float *dout, const float *inp, const float *weight, const float *mean,
+                                     const float *rstd, int N, int C, cudaStream_t s) {
+  /* parameter grads first: they read only inputs, and dinp may alias dresid */
+  dim3 blk(COLS_X, COLS_Y);
+  layernorm_backward_params_k<<<dt_cuda_grid(C, COLS_X), blk, 0, s>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
+  DT_KERNEL_CHECK();
+  layernorm_backward_dinp_k<<<dt_cuda_warp_rows_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(
+      dinp, dresid, dout, inp, weight, mean, rstd, N, C);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+/* ---- matmul helpers ----------------------------------------------------------------------- */
+
+__global__ static void add_bias_k(float *out, const float *bias, int OC, size_t n) {
+  FOR_N(i, n) out[i] += bias[i % OC];
+}
+
+dt_status_t dt_cu_add_bias(float *out, const float *bias, int N, int OC, cudaStream_t s) {
+  size_t n = (size_t)N * OC;
+  add_bias_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(out, bias, OC, n);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+dt_status_t dt_cu_col_sum(float *dst, const float *src, int N, int OC, cudaStream_t s) {
+  dim3 blk(COLS_X, COLS_Y);
+  col_sum_k<<<dt_cuda_grid(OC, COLS_X), blk, 0, s>>>(dst, src, N, OC);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+/* ---- attention softmax -------------------------------------------------------------------- */
+
+__global__ static void softmax_causal_k(float *att, int rows, int T) {
+  size_t r = warp_row();
+  int lane = threadIdx.x % DT_CUDA_WARP;
+  if (r >= (size_t)rows) return;
+  int t = (int)(r % T);
+  float *a = att + r * T;
+  float mx = -INFINITY, sum = 0.0f;
+  for (int j = lane; j <= t; j += DT_CUDA_WARP) dt_softmax_online(&mx, &sum, a[j]);
+  warp_merge_softmax(&mx, &sum);
+  float inv = 1.0f / sum;
+  for (int j = lane; j < T; j += DT_CUDA_WARP) a[j] = j <= t ? expf(a[j] - mx) * inv : 0.0f;
+}
+
+__global__ static void softmax_causal_backward_k(float *d, const float *att, int rows, int T) {
+  size_t r = warp_row();
+  int lane = threadIdx.x % DT_CUDA_WARP;
+  if (r >= (size_t)rows) return;
+  int t = (int)(r % T);
+  float *dr = d + r * T;
+  const float *a = att + r * T;
+  float dot = 0.0f;
+  for (int j = lane; j <= t; j += DT_CUDA_WARP) dot += a[j] * dr[j];
+  dot = warp_sum(dot);
+  for (int j = lane; j < T; j += DT_CUDA_WARP) dr[j] = j <= t ? dt_softmax_bwd(a[j], dr[j], dot) : 0.0f;
+}
+
+dt_status_t dt_cu_softmax_causal(float *att, int rows, int T, cudaStream_t s) {
+  softmax_causal_k<<<dt_cuda_warp_rows_grid(rows, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(att, rows, T);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+dt_status_t dt_cu_softmax_causal_backward(float *d, const float *att, int rows, int T, cudaStream_t s) {
+  softmax_causal_backward_k<<<dt_cuda_warp_rows_grid(rows, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(d, att, rows, T);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+/* ---- elementwise -------------------------------------------------------------------------- */
+
+__global__ static void gelu_forward_k(float *out, const float *inp, size_t n) { FOR_N(i, n) out[i] = dt_gelu(inp[i]); }
+
+__global__ static void gelu_backward_k(float *dinp, const float *inp, const float *dout, size_t n) {
+  FOR_N(i, n) dinp[i] = dt_gelu_grad(inp[i]) * dout[i];
+}
+
+__global__ static void residual_k(float *out, const float *a, const float *b, size_t n) {
+  FOR_N(i, n) out[i] = a[i] + b[i];
+}
+
+dt_status_t dt_cu_gelu_forward(float *out, const float *inp, size_t n, cudaStream_t s) {
+  gelu_forward_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(out, inp, n);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+dt_status_t dt_cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, cudaStream_t s) {
+  gelu_backward_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(dinp, inp, dout, n);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+dt_status_t dt_cu_residual_forward(float *out, const float *a, const float *b, size_t n, cudaStream_t s) {
+  residual_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(out, a, b, n);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+/* ---- softmax + cross-entropy over the vocabulary ------------------------------------------ */
+
+__global__ static void crossentropy_forward_k(float *losses, float *lse, const float *logits, const int *targets,
+                                              int V, int Vp) {
+  __shared__ float smx[1024 / DT_CUDA_WARP], ssum[1024 / DT_CUDA_WARP];
+  size_t i = blockIdx.x;
+  const float *z = logits + i * Vp;
+  float mx = -INFINITY, sum = 0.0f;
+  for (int v = threadIdx.x; v < V; v += blockDim.x) dt_softmax_online(&mx, &sum, z[v]);
+  warp_merge_softmax(&mx, &sum);
+  int warp = threadIdx.x / DT_CUDA_WARP, lane = threadIdx.x % DT_CUDA_WARP, nw = blockDim.x / DT_CUDA_WARP;
+  if (lane == 0) {
+    smx[warp] = mx;
+    ssum[warp] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    float m = smx[0], s = ssum[0];
+    for (int w = 1; w < nw; w++) dt_softmax_merge(&m, &s, smx[w], ssum[w]);
+    float l = dt_softmax_lse(m, s);
+    lse[i] = l;
+    losses[i] = l - z[targets[i]];
+  }
+}
+
+__global__ static void crossentropy_backward_k(float *dlogits, const float *logits, const float *lse,
+                                               const int *targets, float dloss, int V, int Vp, size_t n) {
+  FOR_N(k, n) {
+    size_t i = k / Vp;
+    int v = (int)(k % Vp);
+    dlogits[k] = v < V ? dt_ce_dlogit(logits[k], lse[i], v == targets[i], dloss) : 0.0f;
+  }
+}
+
+dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets, int N,
+                                       int V, int Vp, cudaStream_t s) {
+  if (N < 1) return DT_OK;
+  crossentropy_forward_k<<<N, dt_cuda_row_block(V), 0, s>>>(losses, lse, logits, targets, V, Vp);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+                                        float dloss, int N, int V, int Vp, cudaStream_t s) {
+  size_t n = (size_t)N * Vp;
+  crossentropy_backward_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(dlogits, logits, lse, targets,
+                                                                                   dloss, V, Vp, n);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+/* ---- optimizer and gradient norm ---------------------------------------------------------- */
+
+__global__ static void adamw_k(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
+                               float beta2, float eps, float wd, float bc1, float bc2, float gscale) {
+  FOR_N(i, n) {
+    float mi = m[i], vi = v[i];
+    p[i] = dt_adamw_update(p[i], g[i] * gscale, &mi, &vi, lr, beta1, beta2, eps, wd, bc1, bc2);
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+dt_status_t dt_cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
+                        float eps, float wd, float bc1, float bc2, float gscale, cudaStream_t s) {
+  adamw_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(p, g, m, v, n, lr, beta1, beta2, eps, wd, bc1,
+                                                                   bc2, gscale);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+__global__ static void sumsq_partial_k(double *partial, const float *g, size_t n) {
+  __shared__ double sh[DT_CUDA_BLOCK];
+  double a = 0.0;
+  FOR_N(i, n) a += (double)g[i] * g[i];
+  sh[threadIdx.x] = a;
+  __syncthreads();
+  for (int o = DT_CUDA_BLOCK / 2; o > 0; o >>= 1) {
+    if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partial[blockIdx.x] = sh[0];
+}
+
+dt_status_t dt_cu_sumsq_partial(double *partial, const float *g, size_t n, cudaStream_t s) {
+  sumsq_partial_k<<<DT_CUDA_SUMSQ_BLOCKS, DT_CUDA_BLOCK, 0, s>>>(partial, g, n);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}

@@ -1,0 +1,49 @@
+/* GPT-2 layer kernels on the GPU, the twins of src/ops_cpu.h: same names with dt_cu_ in front,
+ * same argument order (outputs, inputs/weights, dims) and the same formulas (read ops_cpu.h for
+ * them), plus the stream. All pointers are device pointers. Parameter gradients accumulate (+=),
+ * activation gradients are written (=). Matmuls are not here: backend_cuda.cu calls cuBLAS.
+ * Every launcher checks the launch and returns DT_ERR_CUDA on failure. Internal (C++). */
+#ifndef DT_CU_KERNELS_H
+#define DT_CU_KERNELS_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+#include "status.h"
+
+/* out (B,T,C) = wte[inp] + wpe;  dwte[inp] += dout (atomicAdd), dwpe += sum_b dout */
+dt_status_t dt_cu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C,
+                                  cudaStream_t s);
+dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C,
+                                   cudaStream_t s);
+/* out (N,C), mean (N), rstd (N): one warp per row */
+dt_status_t dt_cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
+                                    const float *bias, int N, int C, cudaStream_t s);
+/* dinp = dresid + ...(dresid may be NULL, dinp == dresid allowed); dweight, dbias += */
+dt_status_t dt_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dresid,
+                                     const float *dout, const float *inp, const float *weight, const float *mean,
+                                     const float *rstd, int N, int C, cudaStream_t s);
+/* out (N,OC) += bias (OC) broadcast over rows */
+dt_status_t dt_cu_add_bias(float *out, const float *bias, int N, int OC, cudaStream_t s);
+/* dst (OC) += sum over N rows of src (N,OC) */
+dt_status_t dt_cu_col_sum(float *dst, const float *src, int N, int OC, cudaStream_t s);
+/* causal softmax in place on rows of att (B*NH*T rows of T, row r has t = r % T) */
+dt_status_t dt_cu_softmax_causal(float *att, int rows, int T, cudaStream_t s);
+/* d (rows of T) = att * (d - <att, d>) on j <= t, 0 above the diagonal */
+dt_status_t dt_cu_softmax_causal_backward(float *d, const float *att, int rows, int T, cudaStream_t s);
+dt_status_t dt_cu_gelu_forward(float *out, const float *inp, size_t n, cudaStream_t s);
+dt_status_t dt_cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, cudaStream_t s);
+dt_status_t dt_cu_residual_forward(float *out, const float *a, const float *b, size_t n, cudaStream_t s);
+/* losses (N), lse (N) from logits (N,Vp) over the first V columns: one block per row */
+dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets, int N,
+                                       int V, int Vp, cudaStream_t s);
+/* dlogits (N,Vp) written; padded columns v >= V get 0 */
+dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+                                        float dloss, int N, int V, int Vp, cudaStream_t s);
+/* one AdamW step over n elements (kmath.h dt_adamw_update) */
+dt_status_t dt_cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
+                        float eps, float wd, float bc1, float bc2, float gscale, cudaStream_t s);
+/* partial[DT_CUDA_SUMSQ_BLOCKS] = per-block double sums of g^2 over (n); the caller adds them */
+dt_status_t dt_cu_sumsq_partial(double *partial, const float *g, size_t n, cudaStream_t s);
+
+#endif

@@ -1,0 +1,11 @@
+#!/bin/sh
+# Regenerate docs/ptxas-report.txt: recompile the CUDA objects of a configured build directory
+# with -Xptxas -v and keep ptxas's per-kernel registers / shared memory / spill lines, with the
+# kernel names demangled. Usage: scripts/ptxas-report.sh BUILD_DIR > docs/ptxas-report.txt
+set -eu
+b=${1:?usage: $0 BUILD_DIR}
+cd "$b"
+for o in cuda/kernels.o cuda/backend_cuda.o cuda/comm_nccl.o; do
+  echo "== $o"
+  make -s -B "$o" NVCC_PTXAS_V="-Xptxas -v" 2>&1 | grep -v '^ptxas info    : Compile time\|^ *NVCC' | c++filt
+done

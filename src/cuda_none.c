@@ -1,0 +1,21 @@
+/* The CUDA entry points of cuda/dt_cuda.h in a build without CUDA (--without-cuda or no nvcc):
+ * no devices, and the NCCL communicator reports that it is not built in. */
+#include "dt_cuda.h"
+
+int dt_cuda_device_count(void) { return 0; }
+
+const char *dt_cuda_device_error(void) { return "this dtrain is built without CUDA"; }
+
+dt_status_t dt_comm_nccl_unique_id(const void *mpi_comm, unsigned char id[DT_NCCL_ID_BYTES]) {
+  (void)mpi_comm;
+  (void)id;
+  return DT_ERR(DT_ERR_UNSUPPORTED, "NCCL: this dtrain is built without CUDA");
+}
+
+dt_status_t dt_comm_nccl_create(const void *mpi_comm, int device, double timeout_s, dt_comm_t **out) {
+  (void)mpi_comm;
+  (void)device;
+  (void)timeout_s;
+  *out = NULL;
+  return DT_ERR(DT_ERR_UNSUPPORTED, "NCCL: this dtrain is built without CUDA");
+}

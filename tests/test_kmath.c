@@ -1,0 +1,180 @@
+/* The per-element and per-row arithmetic of src/kmath.h that the CPU backend and the CUDA kernels
+ * share, against independent double-precision references: GELU and its derivative (central
+ * finite differences of the double GELU), AdamW (hand-computed values), the layernorm row
+ * statistics and backward terms, the online softmax and its merge (any split of a row gives the
+ * row's log-sum-exp), the cross-entropy gradient and the softmax backward. */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+
+#include "kmath.h"
+#include "model.h"
+
+static double gelu_d(double x) { return 0.5 * x * (1 + tanh(sqrt(2 / M_PI) * (x + 0.044715 * x * x * x))); }
+
+/* deterministic values in [-a, a) */
+static void fill(float *x, int n, double a, uint64_t seed) {
+  dt_rng_t r;
+  dt_rng_seed(&r, seed);
+  for (int i = 0; i < n; i++) x[i] = (float)((2 * dt_rng_uniform(&r) - 1) * a);
+}
+
+Test(kmath, gelu_value_and_derivative_vs_double) {
+  for (double x = -6; x <= 6; x += 0.05) {
+    cr_expect(fabs(dt_gelu((float)x) - gelu_d((float)x)) < 2e-6 + 1e-6 * fabs(x), "gelu(%g)", x);
+    double h = 1e-4, xf = (float)x;
+    double fd = (gelu_d(xf + h) - gelu_d(xf - h)) / (2 * h);
+    cr_expect(fabs(dt_gelu_grad((float)x) - fd) < 2e-6, "gelu'(%g) = %.9g, finite difference %.9g", x,
+              dt_gelu_grad((float)x), fd);
+  }
+}
+
+/* One step from p = 2, m = v = 0 with g = -1, lr = 0.01, beta1 = 0.9, beta2 = 0.99, eps = 1e-8,
+ * wd = 0 (t = 1: bc1 = 0.1, bc2 = 0.01):
+ *   m = -0.1, v = 0.01;  denom = sqrt(0.01)/sqrt(0.01) + 1e-8 = 1.00000001
+ *   p = 2 - (0.01/0.1) * (-0.1) / 1.00000001 = 2.0099999999   (Adam's first step moves by lr)
+ * and with wd = 0.5: p first becomes 2 - 0.01*0.5*2 = 1.99, then 1.99 + 0.01 = 2.0 (to 1e-8). */
+Test(kmath, adamw_first_step_by_hand) {
+  float m = 0, v = 0;
+  float p = dt_adamw_update(2.0f, -1.0f, &m, &v, 0.01f, 0.9f, 0.99f, 1e-8f, 0.0f, 0.1f, 0.01f);
+  cr_expect_float_eq(m, -0.1f, 1e-7);
+  cr_expect_float_eq(v, 0.01f, 1e-8);
+  cr_expect(fabs(p - 2.01) < 2e-6, "p = %.9g, expected 2.01", p);
+  m = v = 0;
+  p = dt_adamw_update(2.0f, -1.0f, &m, &v, 0.01f, 0.9f, 0.99f, 1e-8f, 0.5f, 0.1f, 0.01f);
+  cr_expect(fabs(p - 2.0) < 2e-6, "with decay p = %.9g, expected 2.0", p);
+}
+
+Test(kmath, layernorm_row_vs_double) {
+  enum { C = 96 };
+  float x[C], w[C], b[C], g[C];
+  for (int trial = 0; trial < 4; trial++) {
+    fill(x, C, 3.0, 10 + trial);
+    for (int c = 0; c < C; c++) x[c] += 5.0f * trial; /* a large mean: the two-pass variance must hold */
+    fill(w, C, 1.5, 20 + trial);
+    fill(b, C, 0.5, 30 + trial);
+    fill(g, C, 1.0, 40 + trial);
+    double s = 0, s2 = 0;
+    for (int c = 0; c < C; c++) s += x[c];
+    double md = s / C;
+    for (int c = 0; c < C; c++) s2 += (x[c] - md) * (x[c] - md);
+    double rd = 1 / sqrt(s2 / C + 1e-5);
+    float mean, rstd;
+    dt_ln_row_stats(x, C, &mean, &rstd);
+    cr_expect(fabs(mean - md) < 1e-5 * (1 + fabs(md)), "mean %.9g vs %.9g", mean, md);
+    cr_expect(fabs(rstd - rd) < 1e-5 * rd, "rstd %.9g vs %.9g", rstd, rd);
+    /* backward: y = n w + b, n = (x - mean) rstd; dx from the double formula */
+    double gm = 0, gnm = 0;
+    for (int c = 0; c < C; c++) {
+      double n = (x[c] - md) * rd;
+      gm += (double)w[c] * g[c];
+      gnm += (double)w[c] * g[c] * n;
+    }
+    gm /= C;
+    gnm /= C;
+    float fgm, fgnm;
+    dt_ln_row_bwd_sums(x, g, w, mean, rstd, C, &fgm, &fgnm);
+    cr_expect(fabs(fgm - gm) < 1e-5, "mean(w g) %.9g vs %.9g", fgm, gm);
+    cr_expect(fabs(fgnm - gnm) < 1e-5, "mean(w g n) %.9g vs %.9g", fgnm, gnm);
+    for (int c = 0; c < C; c++) {
+      double n = (x[c] - md) * rd;
+      double dx = rd * ((double)w[c] * g[c] - gm - n * gnm);
+      float f = dt_ln_dinp(x[c], mean, rstd, w[c], g[c], fgm, fgnm);
+      cr_expect(fabs(f - dx) < 1e-4 * (1 + fabs(dx)), "dx[%d] %.9g vs %.9g", c, f, dx);
+      double y = n * w[c] + b[c];
+      cr_expect(fabs(dt_ln_apply(x[c], mean, rstd, w[c], b[c]) - y) < 1e-5 * (1 + fabs(y)), "y[%d]", c);
+    }
+  }
+}
+
+/* The layernorm backward terms are the gradient of sum_c g_c y_c: check dx by finite differences
+ * of the double forward (so the formula itself is tested, not only its float evaluation). */
+Test(kmath, layernorm_dinp_is_the_gradient) {
+  enum { C = 16 };
+  float x[C], w[C], g[C];
+  fill(x, C, 2.0, 1);
+  fill(w, C, 1.5, 2);
+  fill(g, C, 1.0, 3);
+  float mean, rstd, gm, gnm;
+  dt_ln_row_stats(x, C, &mean, &rstd);
+  dt_ln_row_bwd_sums(x, g, w, mean, rstd, C, &gm, &gnm);
+  for (int k = 0; k < C; k++) {
+    double f[2];
+    for (int sgn = 0; sgn < 2; sgn++) {
+      double xx[C], h = sgn ? -1e-5 : 1e-5, s = 0, s2 = 0, o = 0;
+      for (int c = 0; c < C; c++) xx[c] = x[c] + (c == k ? h : 0);
+      for (int c = 0; c < C; c++) s += xx[c];
+      double m = s / C;
+      for (int c = 0; c < C; c++) s2 += (xx[c] - m) * (xx[c] - m);
+      double r = 1 / sqrt(s2 / C + 1e-5);
+      for (int c = 0; c < C; c++) o += g[c] * ((xx[c] - m) * r * w[c]);
+      f[sgn] = o;
+    }
+    double fd = (f[0] - f[1]) / 2e-5;
+    float an = dt_ln_dinp(x[k], mean, rstd, w[k], g[k], gm, gnm);
+    cr_expect(fabs(an - fd) < 1e-3 * (1 + fabs(fd)), "dx[%d] = %.7g, finite difference %.7g", k, an, fd);
+  }
+}
+
+Test(kmath, online_softmax_and_merge_vs_double) {
+  enum { V = 1000 };
+  float *z = malloc(V * sizeof *z);
+  fill(z, V, 8.0, 99);
+  z[17] = 40.0f; /* a dominant logit: the running max must rescale the sum */
+  double mx = -INFINITY, s = 0;
+  for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+  for (int v = 0; v < V; v++) s += exp(z[v] - mx);
+  double lse = mx + log(s);
+  cr_expect(fabs(dt_row_lse(z, V) - lse) < 1e-5 * fabs(lse), "row lse %.9g vs %.9g", dt_row_lse(z, V), lse);
+  /* any split into strided parts (as a warp or block reduces) merges to the same lse */
+  int parts[] = {2, 7, 32, 256, 1024};
+  for (size_t k = 0; k < sizeof parts / sizeof parts[0]; k++) {
+    int P = parts[k];
+    float m = -INFINITY, sum = 0;
+    for (int p = 0; p < P; p++) {
+      float pm = -INFINITY, ps = 0;
+      for (int v = p; v < V; v += P) dt_softmax_online(&pm, &ps, z[v]);
+      dt_softmax_merge(&m, &sum, pm, ps); /* some parts are empty when P > V */
+    }
+    cr_expect(fabs(dt_softmax_lse(m, sum) - lse) < 1e-5 * fabs(lse), "%d parts: lse %.9g vs %.9g", P,
+              dt_softmax_lse(m, sum), lse);
+  }
+  free(z);
+}
+
+Test(kmath, crossentropy_gradient_vs_double) {
+  enum { V = 50 };
+  float z[V];
+  fill(z, V, 4.0, 5);
+  float lse = dt_row_lse(z, V);
+  double mx = -INFINITY, s = 0;
+  for (int v = 0; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+  for (int v = 0; v < V; v++) s += exp(z[v] - mx);
+  int target = 13;
+  double dloss = 0.125, total = 0;
+  for (int v = 0; v < V; v++) {
+    double p = exp(z[v] - mx) / s, ref = (p - (v == target)) * dloss;
+    float d = dt_ce_dlogit(z[v], lse, v == target, (float)dloss);
+    cr_expect(fabs(d - ref) < 1e-6, "dlogit[%d] %.9g vs %.9g", v, d, ref);
+    total += d;
+  }
+  cr_expect(fabs(total) < 1e-6, "cross-entropy gradient sums to %g, not 0", total);
+}
+
+Test(kmath, softmax_backward_vs_double) {
+  enum { T = 12 };
+  float a[T], d[T];
+  fill(d, T, 1.0, 8);
+  float raw[T];
+  fill(raw, T, 3.0, 9);
+  float lse = dt_row_lse(raw, T);
+  for (int j = 0; j < T; j++) a[j] = expf(raw[j] - lse);
+  double dot = 0;
+  for (int j = 0; j < T; j++) dot += (double)a[j] * d[j];
+  /* reference: Jacobian of softmax, J_jk = a_j (delta_jk - a_k), times d */
+  for (int j = 0; j < T; j++) {
+    double ref = 0;
+    for (int k = 0; k < T; k++) ref += (double)a[j] * ((j == k) - a[k]) * d[k];
+    cr_expect(fabs(dt_softmax_bwd(a[j], d[j], (float)dot) - ref) < 1e-6, "dpre[%d]", j);
+  }
+}

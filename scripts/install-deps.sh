@@ -10,8 +10,20 @@ pkgs=(
   libopenblas-dev libcriterion-dev
   python3-torch python3-h5py python3-numpy
   slurm-wlm slurm-client munge libpmix-dev
-  r-cran-janeaustenr
+  r-cran-janeaustenr python3-pip
 )
+missing=()
+for p in "${pkgs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  echo "install-deps: all ${#pkgs[@]} packages present"
+else
+  echo "install-deps: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -q
+  apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
 # With a CUDA toolkit that lacks cuobjdump (as here): PyPI's nvidia-cuda-cuobjdump for
 # tests/cuda_elf.sh (which skips without it).
 if [ -x /usr/local/cuda/bin/nvcc ] && [ ! -x /usr/local/cuda/bin/cuobjdump ] &&
@@ -19,15 +31,4 @@ if [ -x /usr/local/cuda/bin/nvcc ] && [ ! -x /usr/local/cuda/bin/cuobjdump ] &&
   /usr/bin/python3 -m pip install -q --break-system-packages nvidia-cuda-cuobjdump ||
     echo "install-deps: warning: could not install cuobjdump; tests/cuda_elf.sh will skip"
 fi
-missing=()
-for p in "${pkgs[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
-done
-if [ ${#missing[@]} -eq 0 ]; then
-  echo "install-deps: all ${#pkgs[@]} packages present"
-  exit 0
-fi
-echo "install-deps: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-apt-get update -q
-apt-get install -y -q --no-install-recommends "${missing[@]}"
+

@@ -29,7 +29,8 @@ static void usage(FILE *out) {
           "Keys given on the command line override the file. Exit status: 0 done, 1 runtime error,\n"
           "2 bad configuration or usage, %d stopped by SIGUSR1/SIGTERM after a checkpoint (requeue).\n"
           "\n"
-          "Not yet supported: tensor/pipeline parallelism (parallel.tp/pp must be 1), the CUDA backend.\n"
+          "Not yet supported: tensor/pipeline parallelism (parallel.tp/pp must be 1), ZeRO, mixed precision.\n"
+          "The CUDA backend and NCCL are compiled in when configured but have never run on a GPU.\n"
           "\n"
           "Configuration keys (.ini sections):\n",
           DT_EXIT_REQUEUE);

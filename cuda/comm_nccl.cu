@@ -367,30 +367,6 @@ static dt_status_t c_group_end(dt_comm_t *c) {
 
 /* ---- creation ----------------------------------------------------------------------------- */
 
-/* Every rank gets the first failing rank's status and message (so all return the same error). */
-static dt_status_t agree(MPI_Comm w, dt_status_t st) {
-  int rank = 0, size = 1;
-  DT_MPI_CHECK(MPI_Comm_rank(w, &rank));
-  DT_MPI_CHECK(MPI_Comm_size(w, &size));
-  int mine = st != DT_OK ? rank : size, first = size;
-  DT_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, w));
-  if (first == size) return DT_OK;
-  struct {
-    int code;
-    char msg[1020];
-  } b;
-  memset(&b, 0, sizeof b);
-  if (rank == first) {
-    b.code = (int)st;
-    snprintf(b.msg, sizeof b.msg, "%s", dt_err_msg());
-  }
-  DT_MPI_CHECK(MPI_Bcast(&b, (int)sizeof b, MPI_BYTE, first, w));
-  if (rank != first) {
-    dt_err_clear();
-    dt_err_set((dt_status_t)b.code, __FILE__, __LINE__, "%s", b.msg);
-  }
-  return (dt_status_t)b.code;
-}
 
 extern "C" dt_status_t dt_comm_nccl_unique_id(const void *mpi_comm, unsigned char id[DT_NCCL_ID_BYTES]) {
   MPI_Comm mc = *(const MPI_Comm *)mpi_comm;
@@ -491,7 +467,7 @@ extern "C" dt_status_t dt_comm_nccl_create(const void *mpi_comm, int device, dou
   dt_status_t st = new_comm(&c, rank, size, timeout_from_env(timeout_s));
   if (st == DT_OK) st = select_device(c, device);
   /* nobody enters ncclCommInitRank unless every rank can (no peer waiting for a missing rank) */
-  dt_status_t ag = agree(mc, st);
+  dt_status_t ag = dt_mpi_agree(mc, st);
   if (ag != DT_OK) {
     if (c && ag != DT_ERR_MPI) nccl_release(c, 0);
     return ag;
@@ -509,7 +485,7 @@ extern "C" dt_status_t dt_comm_nccl_create(const void *mpi_comm, int device, dou
     st = settle(c, rc, m->inflight);
   }
   if (st == DT_OK) st = local_setup(c);
-  ag = agree(mc, st);
+  ag = dt_mpi_agree(mc, st);
   if (ag != DT_OK) { /* every rank drops its half-made communicator */
     if (ag != DT_ERR_MPI) nccl_release(c, 0);
     return ag;

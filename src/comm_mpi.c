@@ -508,3 +508,27 @@ const dt_comm_ops_t dt_comm_mpi_ops = {
     .group_start = c_group_start,
     .group_end = c_group_end,
 };
+
+dt_status_t dt_mpi_agree(MPI_Comm comm, dt_status_t st) {
+  int rank = 0, size = 1;
+  DT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  DT_MPI_CHECK(MPI_Comm_size(comm, &size));
+  int mine = st != DT_OK ? rank : size, first = size;
+  DT_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
+  if (first == size) return DT_OK;
+  struct {
+    int code;
+    char msg[1020];
+  } b;
+  memset(&b, 0, sizeof b);
+  if (rank == first) {
+    b.code = (int)st;
+    snprintf(b.msg, sizeof b.msg, "%s", dt_err_msg());
+  }
+  DT_MPI_CHECK(MPI_Bcast(&b, (int)sizeof b, MPI_BYTE, first, comm));
+  if (rank != first) {
+    dt_err_clear();
+    dt_err_set((dt_status_t)b.code, __FILE__, __LINE__, "%s", b.msg);
+  }
+  return (dt_status_t)b.code;
+}

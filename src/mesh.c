@@ -15,28 +15,6 @@
 
 /* ---- mesh -------------------------------------------------------------------------------- */
 
-/* Every rank returns the same status: the lowest failing rank's, with its message. */
-static dt_status_t agree(MPI_Comm w, int rank, int size, dt_status_t st) {
-  int mine = st != DT_OK ? rank : size, first = size;
-  DT_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, w));
-  if (first == size) return DT_OK;
-  struct {
-    int code;
-    char msg[1020];
-  } b;
-  memset(&b, 0, sizeof b);
-  if (rank == first) {
-    b.code = (int)st;
-    snprintf(b.msg, sizeof b.msg, "%s", dt_err_msg());
-  }
-  DT_MPI_CHECK(MPI_Bcast(&b, (int)sizeof b, MPI_BYTE, first, w));
-  if (rank != first) {
-    dt_err_clear();
-    dt_err_set((dt_status_t)b.code, __FILE__, __LINE__, "%s", b.msg);
-  }
-  return (dt_status_t)b.code;
-}
-
 /* The one-task-sees-several-GPUs rule and the device count checks (this rank's view). */
 static dt_status_t check_devices(dt_mesh_t *m, const dt_mesh_opts_t *o, const char *list_src) {
   int G = m->node_devices;
@@ -175,7 +153,7 @@ dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
     m->threads = dt_mesh_threads(o->threads, &m->env, omp_get_max_threads(), &m->threads_src);
     st = mesh_local(m, o, node);
   }
-  if ((st = agree(w, m->rank, m->size, st)) != DT_OK) goto fail;
+  if ((st = dt_mpi_agree(w, st)) != DT_OK) goto fail;
 
   /* the process mesh (same inputs on every rank, so the same answer) */
   m->dp = o->dp;

@@ -15,6 +15,9 @@ extern "C" {
 
 /* Record the failure of `call` (its source text) with return code rc; returns DT_ERR_MPI. */
 dt_status_t dt__mpi_error(int rc, const char *call, const char *file, int line);
+/* Collective over comm: every rank returns the status of the lowest failing rank, with that
+ * rank's dt_err message recorded (DT_OK when no rank failed), so no rank goes on alone. */
+dt_status_t dt_mpi_agree(MPI_Comm comm, dt_status_t st);
 /* Hostname of this process (cached, never NULL). */
 const char *dt__hostname(void);
 

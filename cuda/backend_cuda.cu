@@ -464,37 +464,19 @@ static dt_status_t cu_adamw(dt_backend_t *be, const dt_adamw_args_t *ar) {
 
 /* ---- copies ------------------------------------------------------------------------------- */
 
-static float *buf_ptr(dt_backend_t *be, dt_buf_t buf) {
-  switch (buf) {
-    case DT_BUF_PARAMS: return be->params;
-    case DT_BUF_GRADS: return be->grads;
-    case DT_BUF_M: return be->m;
-    case DT_BUF_V: return be->v;
-  }
-  return NULL;
-}
-
-static dt_status_t check_range(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count) {
-  if (!buf_ptr(be, buf)) return DT_ERR(DT_ERR_ARG, "cuda backend: unknown buffer %d", (int)buf);
-  if (off > be->lay->n_params || count > be->lay->n_params - off)
-    return DT_ERR(DT_ERR_ARG, "cuda backend: copy of %zu floats at %zu exceeds the arena of %zu", count, off,
-                  be->lay->n_params);
-  return DT_OK;
-}
-
 static dt_status_t cu_copy_to_host(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, float *dst) {
-  DT_TRY(check_range(be, buf, off, count));
+  DT_TRY(dt_backend_check_range(be, buf, off, count));
   DT_TRY(join_comm(impl(be)));
   DT_CUDA_CHECK(cudaStreamSynchronize(impl(be)->compute));
-  DT_CUDA_CHECK(cudaMemcpy(dst, buf_ptr(be, buf) + off, count * sizeof(float), cudaMemcpyDeviceToHost));
+  DT_CUDA_CHECK(cudaMemcpy(dst, dt_backend_buf(be, buf) + off, count * sizeof(float), cudaMemcpyDeviceToHost));
   return DT_OK;
 }
 
 static dt_status_t cu_copy_from_host(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, const float *src) {
-  DT_TRY(check_range(be, buf, off, count));
+  DT_TRY(dt_backend_check_range(be, buf, off, count));
   DT_TRY(join_comm(impl(be)));
   DT_CUDA_CHECK(cudaStreamSynchronize(impl(be)->compute));
-  DT_CUDA_CHECK(cudaMemcpy(buf_ptr(be, buf) + off, src, count * sizeof(float), cudaMemcpyHostToDevice));
+  DT_CUDA_CHECK(cudaMemcpy(dt_backend_buf(be, buf) + off, src, count * sizeof(float), cudaMemcpyHostToDevice));
   return DT_OK;
 }
 

@@ -71,6 +71,10 @@ extern const dt_backend_ops_t dt_backend_cuda;
 /* NULL-terminated registry. */
 extern const dt_backend_ops_t *const dt_backends[];
 const dt_backend_ops_t *dt_backend_find(const char *name);
+/* The arena `buf` of a backend (host or device pointer), NULL for an unknown buffer. */
+float *dt_backend_buf(dt_backend_t *be, dt_buf_t buf);
+/* DT_ERR_ARG unless [off, off + count) lies inside a known arena (for copy_to/from_host). */
+dt_status_t dt_backend_check_range(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count);
 
 #ifdef __cplusplus
 }

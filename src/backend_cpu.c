@@ -1,12 +1,12 @@
 /* The CPU backend (dt_backend_cpu): GPT-2 forward/backward over the ops_cpu.h kernels, AdamW and
- * the arena copies, plus the backend registry. All memory (params, grads, m, v, activations and
+ * the arena copies. All memory (params, grads, m, v, activations and
  * activation-gradient scratch) is allocated in init; forward/backward/adamw allocate nothing. */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dt_build.h" /* DT_HAVE_CUDA (before backend.h): the registry lists the CUDA backend first */
+#include "dt_build.h"
 #include "backend.h"
 #include "gemm.h"
 #include "kmath.h"
@@ -318,33 +318,15 @@ static dt_status_t cpu_adamw(dt_backend_t *be, const dt_adamw_args_t *ar) {
   return st;
 }
 
-static float *buf_ptr(dt_backend_t *be, dt_buf_t buf) {
-  switch (buf) {
-  case DT_BUF_PARAMS: return be->params;
-  case DT_BUF_GRADS: return be->grads;
-  case DT_BUF_M: return be->m;
-  case DT_BUF_V: return be->v;
-  }
-  return NULL;
-}
-
-static dt_status_t check_range(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count) {
-  if (!buf_ptr(be, buf)) return DT_ERR(DT_ERR_ARG, "cpu backend: unknown buffer %d", (int)buf);
-  if (off > be->lay->n_params || count > be->lay->n_params - off)
-    return DT_ERR(DT_ERR_ARG, "cpu backend: copy of %zu floats at %zu exceeds the arena of %zu", count, off,
-                  be->lay->n_params);
-  return DT_OK;
-}
-
 static dt_status_t cpu_copy_to_host(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, float *dst) {
-  DT_TRY(check_range(be, buf, off, count));
-  memcpy(dst, buf_ptr(be, buf) + off, count * sizeof(float));
+  DT_TRY(dt_backend_check_range(be, buf, off, count));
+  memcpy(dst, dt_backend_buf(be, buf) + off, count * sizeof(float));
   return DT_OK;
 }
 
 static dt_status_t cpu_copy_from_host(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, const float *src) {
-  DT_TRY(check_range(be, buf, off, count));
-  memcpy(buf_ptr(be, buf) + off, src, count * sizeof(float));
+  DT_TRY(dt_backend_check_range(be, buf, off, count));
+  memcpy(dt_backend_buf(be, buf) + off, src, count * sizeof(float));
   return DT_OK;
 }
 
@@ -368,19 +350,3 @@ const dt_backend_ops_t dt_backend_cpu = {
     .copy_from_host = cpu_copy_from_host,
     .logits_to_host = cpu_logits_to_host,
 };
-
-/* Preferred first: "auto" picks dt_backends[0]. */
-const dt_backend_ops_t *const dt_backends[] = {
-#ifdef DT_HAVE_CUDA
-    &dt_backend_cuda,
-#endif
-    &dt_backend_cpu,
-    NULL,
-};
-
-const dt_backend_ops_t *dt_backend_find(const char *name) {
-  if (!name || strcmp(name, "auto") == 0) return dt_backends[0];
-  for (int i = 0; dt_backends[i]; i++)
-    if (strcmp(dt_backends[i]->name, name) == 0) return dt_backends[i];
-  return NULL;
-}

@@ -209,6 +209,14 @@ static int immediate(const dt_comm_t *c, dt_comm_req_t **req) { return !req && i
 
 /* ---- operations -------------------------------------------------------------------------- */
 
+/* DT_AVG on a nonblocking request: divide by the group size when the request completes. */
+static void defer_avg(dt_comm_req_t *r, void *buf, size_t n, dt_dtype_t t, int size) {
+  r->scale = buf;
+  r->scale_n = n;
+  r->t = t;
+  r->scale_div = size;
+}
+
 static dt_status_t c_allreduce(dt_comm_t *c, const void *send, void *recv, size_t count, dt_dtype_t t,
                                dt_redop_t op, void *stream, dt_comm_req_t **req) {
   (void)stream;
@@ -230,12 +238,7 @@ static dt_status_t c_allreduce(dt_comm_t *c, const void *send, void *recv, size_
   }
   NEW_REQ(r);
   START(r, MPI_Iallreduce(sb, recv, (int)count, mt, mo, comm, &r->mreq));
-  if (op == DT_AVG) {
-    r->scale = recv;
-    r->scale_n = count;
-    r->t = t;
-    r->scale_div = c->size;
-  }
+  if (op == DT_AVG) defer_avg(r, recv, count, t, c->size);
   return req_deliver(c, r, req);
 }
 
@@ -276,12 +279,7 @@ static dt_status_t c_reduce_scatter(dt_comm_t *c, const void *send, void *recv, 
     r->move_src = rb;
     r->move_bytes = blk;
   }
-  if (op == DT_AVG) {
-    r->scale = res;
-    r->scale_n = recvcount;
-    r->t = t;
-    r->scale_div = c->size;
-  }
+  if (op == DT_AVG) defer_avg(r, res, recvcount, t, c->size);
   return req_deliver(c, r, req);
 }
 

@@ -1,41 +1,73 @@
 #!/usr/bin/env bash
-# Checkpoint I/O benchmark: write and read time of a GPT-2 124M checkpoint with AdamW state
-# (~1.5 GB) from 1, 2 and 4 ranks, next to dd writing the same number of bytes to the same disk
-# in the same run. Prints a table; a benchmark, not a test.
-#   usage: bench/ckpt_io.sh [DIR] [REPEATS]     (run from a build tree with ./dtrain and data/)
+# Checkpoint I/O benchmark: write and read bandwidth of a GPT-2 124M checkpoint with AdamW state
+# (~1.5 GB) from 1, 2 and 4 ranks, next to dd moving the same number of bytes on the same disk in
+# the same run (interleaved: dd and dtrain alternate in every repetition). A benchmark, not a test.
+#   usage: bench/ckpt_io.sh [DIR] [REPEATS] [RANKS...]   (run from a build tree with ./dtrain and data/)
+#   e.g.   bench/ckpt_io.sh /tmp/ckptio 3 1 2 4
+# Both sides are measured the same way:
+#   write: dd if=/dev/zero bs=16M conv=fsync (data on disk when dd exits) vs dtrain's own timer of
+#          the committed save (collective HDF5 write with checksums, flush, fsync, rename, dir fsync).
+#   read:  the file's pages are dropped from the page cache first (dd iflag=nocache count=0, i.e.
+#          posix_fadvise DONTNEED on that file only; no root needed), then dd if=FILE bs=16M
+#          of=/dev/null vs dtrain's timer of the load (open, checks, read, CRC32C verification,
+#          transposes into the arenas, allgather between ranks).
+# CKPT_IO_PHASES=1 also prints dtrain's per-phase times (DTRAIN_CKPT_TIMES) to stderr; DTRAIN_CKPT_INDEP=1
+# makes the HDF5 transfers independent at the MPI-IO level (H5FD_MPIO_INDIVIDUAL_IO) to compare with
+# the default two-phase collective I/O.
 set -euo pipefail
 DIR=${1:-$(mktemp -d /tmp/dtrain-ckptio.XXXXXX)}
 REP=${2:-3}
+shift $(( $# > 2 ? 2 : $# ))
+RANKS=${*:-1 2 4}
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 D=${DTRAIN:-./dtrain}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1
+MPIRUN=${MPIRUN:-mpirun}
+# 4 ranks on 2 cores: idle ranks must yield instead of busy-polling the cores away.
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMP_NUM_THREADS=1 OMPI_MCA_mpi_yield_when_idle=1
+[ "${CKPT_IO_PHASES:-0}" = 1 ] && export DTRAIN_CKPT_TIMES=1
 mkdir -p "$DIR"
 args=(train.steps=0 train.micro_batch=1 train.global_batch=0 train.grad_accum=1 "data.train=data/austen_train_*.bin"
-      data.val= log.metrics= checkpoint.keep=1)
+      data.val= log.metrics= checkpoint.keep=1 system.backend=cpu)
 median() { sort -g | awk '{a[NR]=$1} END {print (NR%2 ? a[(NR+1)/2] : (a[NR/2]+a[NR/2+1])/2)}'; }
-echo "# checkpoint I/O, GPT-2 124M + AdamW moments, dir $DIR ($(df -h "$DIR" | awk 'NR==2{print $1}')), medians of $REP"
-printf "# %-6s %10s %10s %10s %10s %12s\n" ranks bytes write_s read_s write_GB/s dd_GB/s
-for n in 1 2 4; do
-  w=(); r=(); dd_t=()
+now() { date +%s.%N; }
+since() { awk -v a="$1" -v b="$(now)" 'BEGIN{print b - a}'; }
+drop() { dd if="$1" iflag=nocache count=0 status=none; } # evict this file's (clean) pages
+cached() { command -v fincore >/dev/null && fincore -nb -o RES "$1" | awk '{print $1}' || echo "?"; }
+dev=$(df -P "$DIR" | awk 'NR==2{print $1}')
+fs=$(df -PT "$DIR" | awk 'NR==2{print $2}')
+echo "# checkpoint I/O: GPT-2 124M + AdamW moments ($SRC/inputs/gpt2.ini), dir $DIR on $dev ($fs), $REP repetitions, medians"
+echo "# $(getconf _NPROCESSORS_ONLN) cores; $($MPIRUN --version 2>/dev/null | head -1); OMPI_MCA_mpi_yield_when_idle=1"
+printf "# %-5s %11s %9s %9s %8s %8s %9s %9s %8s %8s\n" ranks bytes dd_w_MB/s w_MB/s w_s w/dd dd_r_MB/s r_MB/s r_s r/dd
+for n in $RANKS; do
+  w=(); r=(); ddw=(); ddr=(); bytes=0; left=""
   for i in $(seq 1 "$REP"); do
     rm -rf "$DIR/c$n"
-    out=$(mpirun --oversubscribe --bind-to none -n "$n" "$D" "$SRC/inputs/gpt2.ini" "${args[@]}" checkpoint.dir="$DIR/c$n" checkpoint.resume=never)
+    out=$($MPIRUN --oversubscribe --bind-to none -n "$n" "$D" "$SRC/inputs/gpt2.ini" "${args[@]}" checkpoint.dir="$DIR/c$n" checkpoint.resume=never)
     w+=("$(echo "$out" | sed -n 's/^# checkpoint: .*(step 0, \([0-9.]*\) s)$/\1/p')")
     f=$(ls "$DIR/c$n"/ckpt_*.h5)
-    sync
-    out=$(mpirun --oversubscribe --bind-to none -n "$n" "$D" "$SRC/inputs/gpt2.ini" "${args[@]}" checkpoint.dir="$DIR/c$n" checkpoint.resume="$f")
-    r+=("$(echo "$out" | sed -n 's/^# resume: .*read in \([0-9.]*\) s)$/\1/p')")
     bytes=$(stat -c %s "$f")
-    t0=$(date +%s.%N)
+    t0=$(now) # dd write of the same size, fsync'd
     dd if=/dev/zero of="$DIR/dd.bin" bs=16M count=$(( (bytes + 16777215) / 16777216 )) conv=fsync status=none
-    t1=$(date +%s.%N)
-    dd_t+=("$(awk -v a="$t0" -v b="$t1" 'BEGIN{print b - a}')")
+    ddw+=("$(since "$t0")")
+    drop "$DIR/dd.bin"
+    left="$left $(cached "$DIR/dd.bin")"
+    t0=$(now)
+    dd if="$DIR/dd.bin" of=/dev/null bs=16M status=none
+    ddr+=("$(since "$t0")")
     rm -f "$DIR/dd.bin"
+    drop "$f"
+    left="$left $(cached "$f")"
+    out=$($MPIRUN --oversubscribe --bind-to none -n "$n" "$D" "$SRC/inputs/gpt2.ini" "${args[@]}" checkpoint.dir="$DIR/c$n" checkpoint.resume="$f")
+    r+=("$(echo "$out" | sed -n 's/^# resume: .*read in \([0-9.]*\) s)$/\1/p')")
   done
-  ws=$(printf '%s\n' "${w[@]}" | median); rs=$(printf '%s\n' "${r[@]}" | median); ds=$(printf '%s\n' "${dd_t[@]}" | median)
-  awk -v n="$n" -v b="$bytes" -v w="$ws" -v r="$rs" -v d="$ds" \
-    'BEGIN{printf "  %-6d %10d %10.2f %10.2f %10.2f %12.2f\n", n, b, w, r, b / w / 1e9, b / d / 1e9}'
+  ws=$(printf '%s\n' "${w[@]}" | median); rs=$(printf '%s\n' "${r[@]}" | median)
+  dws=$(printf '%s\n' "${ddw[@]}" | median); drs=$(printf '%s\n' "${ddr[@]}" | median)
+  ddwb=$(( (bytes + 16777215) / 16777216 * 16777216 ))
+  awk -v n="$n" -v b="$bytes" -v db="$ddwb" -v w="$ws" -v r="$rs" -v dw="$dws" -v dr="$drs" 'BEGIN{
+    printf "  %-5d %11d %9.0f %9.0f %8.2f %7.0f%% %9.0f %9.0f %8.2f %7.0f%%\n", n, b, db / dw / 1e6, b / w / 1e6, w,
+      100 * (b / w) / (db / dw), db / dr / 1e6, b / r / 1e6, r, 100 * (b / r) / (db / dr)}'
+  echo "#   ($n ranks) write s: ${w[*]}; dd write s: ${ddw[*]}; read s: ${r[*]}; dd read s: ${ddr[*]}; bytes cached after the drop:$left"
 done
-echo "# write_s: dtrain's collective HDF5 write incl. checksums, fsync, rename, directory fsync (its own timer);"
-echo "# read_s: open, checksum verification and load (page cache warm: the file was just written)."
-echo "# dd: dd if=/dev/zero bs=16M conv=fsync of the same number of bytes to the same directory."
+echo "# w/dd, r/dd: dtrain's MB/s over dd's MB/s (goal >= 70%). dd writes the size rounded up to 16 MiB blocks"
+echo "# (its MB/s uses its own byte count). Write times include fsync on both sides; reads start with the"
+echo "# file's pages dropped on both sides ('bytes cached after the drop' should be 0)."

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "ckpt_int.h"
+#include "timer.h"
 
 static const char *group_path[DT_CKPT_GROUPS] = {"/model", "/optim/exp_avg", "/optim/exp_avg_sq"};
 
@@ -27,6 +28,16 @@ int dt_ckpt__faulty(MPI_Comm comm, const char *phase) {
   int rank;
   MPI_Comm_rank(comm, &rank);
   return fault_phase && rank == fault_rank && strcmp(fault_phase, phase) == 0;
+}
+
+/* Phase timer for bench/ckpt_io.sh: with DTRAIN_CKPT_TIMES set, rank 0 of comm prints
+ * "# ckpt-time <what> <seconds>" to stderr (seconds since `t0`); a no-op otherwise. */
+void dt_ckpt__time(MPI_Comm comm, const char *what, double t0) {
+  static int on = -1;
+  if (on < 0) on = getenv("DTRAIN_CKPT_TIMES") != NULL;
+  int rank;
+  MPI_Comm_rank(comm, &rank);
+  if (on && rank == 0) fprintf(stderr, "# ckpt-time %-16s %8.3f s\n", what, dt_time_now() - t0);
 }
 
 MPI_Comm dt_ckpt__comm(const void *mpi_comm) { return mpi_comm ? *(const MPI_Comm *)mpi_comm : MPI_COMM_WORLD; }
@@ -190,6 +201,48 @@ size_t dt_ckpt__local_index(const dt_tensor_t *t, const fbox_t *b, hsize_t i, hs
   const dt_ckpt_range_t *r = b->src;
   size_t rr = t->ndim == 2 && t->hf_transpose ? j : i, cc = t->ndim == 2 && t->hf_transpose ? i : j;
   return r->off + (rr - (size_t)r->row0) * r->ld + (cc - (size_t)r->col0);
+}
+
+/* dst[c * ldd + r] = src[r * lds + c] for r < nr, c < nc: 8x8 tiles (AVX2 when the CPU has it),
+ * so both sides are read and written in cache lines instead of one strided float at a time. */
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+__attribute__((target("avx2"))) static void tile8_avx2(const float *s, size_t lds, float *d, size_t ldd) {
+  __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + lds), r2 = _mm256_loadu_ps(s + 2 * lds),
+         r3 = _mm256_loadu_ps(s + 3 * lds), r4 = _mm256_loadu_ps(s + 4 * lds), r5 = _mm256_loadu_ps(s + 5 * lds),
+         r6 = _mm256_loadu_ps(s + 6 * lds), r7 = _mm256_loadu_ps(s + 7 * lds);
+  __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
+         t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
+         t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
+  __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE), u2 = _mm256_shuffle_ps(t1, t3, 0x44),
+         u3 = _mm256_shuffle_ps(t1, t3, 0xEE), u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
+         u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+  _mm256_storeu_ps(d, _mm256_permute2f128_ps(u0, u4, 0x20));
+  _mm256_storeu_ps(d + ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
+  _mm256_storeu_ps(d + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
+  _mm256_storeu_ps(d + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
+  _mm256_storeu_ps(d + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
+  _mm256_storeu_ps(d + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
+  _mm256_storeu_ps(d + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
+  _mm256_storeu_ps(d + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
+}
+#endif
+
+static void tile8_c(const float *s, size_t lds, float *d, size_t ldd) {
+  for (int r = 0; r < 8; r++)
+    for (int c = 0; c < 8; c++) d[c * ldd + r] = s[r * lds + c];
+}
+
+void dt_ckpt__transpose(const float *src, size_t lds, size_t nr, size_t nc, float *dst, size_t ldd) {
+  void (*tile)(const float *, size_t, float *, size_t) = tile8_c;
+#if defined(__x86_64__) && defined(__GNUC__)
+  if (__builtin_cpu_supports("avx2")) tile = tile8_avx2;
+#endif
+  size_t r8 = nr / 8 * 8, c8 = nc / 8 * 8;
+  for (size_t r = 0; r < r8; r += 8) /* source rows in 8s: 8 read streams, dst written 8 floats wide */
+    for (size_t c = 0; c < c8; c += 8) tile(src + r * lds + c, lds, dst + c * ldd + r, ldd);
+  for (size_t r = 0; r < nr; r++) /* edges */
+    for (size_t c = r < r8 ? c8 : 0; c < nc; c++) dst[c * ldd + r] = src[r * lds + c];
 }
 
 /* ---- HDF5 attribute helpers -------------------------------------------------------------- */

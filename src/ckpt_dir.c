@@ -12,6 +12,7 @@
 
 #include "ckpt.h"
 #include "ckpt_int.h"
+#include "timer.h"
 
 /* Step of "ckpt_<digits>.h5", or -1. */
 static long long name_step(const char *n) {
@@ -136,10 +137,12 @@ dt_status_t dt_ckpt_save(const void *mpi_comm, const char *dir, int keep, const 
   if (access(dir, W_OK | X_OK) < 0) st = DT_ERR(DT_ERR_IO, "%s: checkpoint directory not writable: %s", dir, strerror(errno));
   DT_TRY(dt_ckpt__agree(comm, st));
 
+  double t0 = dt_time_now();
   st = dt_ckpt_write(mpi_comm, tmp, lay, a, st_in);
   if (st == DT_OK && dt_ckpt__faulty(comm, "commit")) st = DT_ERR(DT_ERR_IO, "%s: simulated commit failure (test hook)", final);
   else if (st == DT_OK && rank == 0) st = commit(dir, tmp, final, base, keep);
   st = dt_ckpt__agree(comm, st);
+  dt_ckpt__time(comm, "save: committed", t0);
   if (st != DT_OK && rank == 0) unlink(tmp);
   if (st == DT_OK && path) snprintf(path, path_size, "%s", final);
   return st;

@@ -17,6 +17,8 @@ const char *dt_ckpt__h5msg(char *buf, size_t n);
 void dt_ckpt__h5_quiet(void);
 /* 1 if the test hook asks this rank to fail at `phase`. */
 int dt_ckpt__faulty(MPI_Comm comm, const char *phase);
+/* DTRAIN_CKPT_TIMES set: rank 0 prints "# ckpt-time <what> <s since t0>" to stderr (benchmarks). */
+void dt_ckpt__time(MPI_Comm comm, const char *what, double t0);
 /* Communicator from the API's `const void *mpi_comm` (NULL = MPI_COMM_WORLD). */
 MPI_Comm dt_ckpt__comm(const void *mpi_comm);
 
@@ -64,6 +66,8 @@ herr_t dt_ckpt__select_box(hid_t sp, const fshape_t *f, const fbox_t *b, H5S_sel
 void dt_ckpt__split_first(const fshape_t *f, int rank, int size, hsize_t *a, hsize_t *z);
 /* Boxes of rs on tensor ti as file boxes sorted by first column; returns their number. */
 int dt_ckpt__boxes_of(const dt_layout_t *lay, const dt_ckpt_ranges_t *rs, int ti, fbox_t *out);
+/* dst (nc, nr; leading dim ldd) = transpose of src (nr, nc; leading dim lds). */
+void dt_ckpt__transpose(const float *src, size_t lds, size_t nr, size_t nc, float *dst, size_t ldd);
 /* Floats in the largest tensor (file shape). */
 size_t dt_ckpt__max_tensor(const dt_layout_t *lay);
 herr_t dt_ckpt__attr_put(hid_t loc, const char *name, hid_t ftype, hid_t mtype, const void *val);

@@ -4,6 +4,7 @@
 #include <errno.h>
 #include <hdf5.h>
 #include <limits.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -11,6 +12,7 @@
 #include "ckpt.h"
 #include "ckpt_int.h"
 #include "crc32c.h"
+#include "timer.h"
 
 /* ---- read --------------------------------------------------------------------------------- */
 
@@ -149,15 +151,40 @@ static dt_status_t open_dsets(hid_t file, const dt_layout_t *lay, dsets_t *D, ui
 static void unpack(const dt_layout_t *lay, int ti, const fshape_t *f, const float *full, const fbox_t *bx, int nb,
                    float *local, int zero_pad) {
   const dt_tensor_t *t = &lay->tensors[ti];
-  for (int b = 0; b < nb; b++)
-    for (hsize_t i = bx[b].r0; i < bx[b].r1; i++) {
-      if (t->ndim == 2 && t->hf_transpose)
-        for (hsize_t j = bx[b].c0; j < bx[b].c1; j++) local[dt_ckpt__local_index(t, &bx[b], i, j)] = full[i * f->FC + j];
-      else
-        memcpy(local + dt_ckpt__local_index(t, &bx[b], i, bx[b].c0), full + i * f->FC + bx[b].c0, (bx[b].c1 - bx[b].c0) * sizeof(float));
+  for (int b = 0; b < nb; b++) {
+    const fbox_t *x = &bx[b];
+    if (t->ndim == 2 && t->hf_transpose) { /* file (rows, cols) -> our (cols, rows), in 8x8 tiles */
+      dt_ckpt__transpose(full + x->r0 * f->FC + x->c0, f->FC, x->r1 - x->r0, x->c1 - x->c0,
+                         local + dt_ckpt__local_index(t, x, x->r0, x->c0), x->src->ld);
+      continue;
     }
+    for (hsize_t i = x->r0; i < x->r1; i++)
+      memcpy(local + dt_ckpt__local_index(t, x, i, x->c0), full + i * f->FC + x->c0, (x->c1 - x->c0) * sizeof(float));
+  }
   if (zero_pad && dt_ckpt__is_wte(t) && t->rows > lay->d.V)
     memset(local + t->offset + (size_t)lay->d.V * (size_t)t->cols, 0, (size_t)(t->rows - lay->d.V) * (size_t)t->cols * sizeof(float));
+}
+
+/* One tensor's unpack, run on a helper thread while the next tensor is read (no HDF5 in here). */
+typedef struct {
+  const dt_layout_t *lay;
+  int ti, nb, zero_pad;
+  fshape_t f;
+  const float *full;
+  const fbox_t *bx;
+  float *local;
+} job_t;
+
+static void *unpack_thread(void *p) {
+  job_t *j = p;
+  unpack(j->lay, j->ti, &j->f, j->full, j->bx, j->nb, j->local, j->zero_pad);
+  return NULL;
+}
+
+/* 1 if tensor ti's boxes bx are the whole tensor, contiguous in file order in the arena. */
+static int in_place(const dt_tensor_t *t, const fshape_t *f, const fbox_t *bx, int nb) {
+  return nb == 1 && !(t->ndim == 2 && t->hf_transpose) && bx[0].r0 == 0 && bx[0].r1 == f->FR && bx[0].c0 == 0 &&
+         bx[0].c1 == f->FC && (f->FR == 1 || bx[0].src->ld == f->FC);
 }
 
 dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout_t *lay, const dt_ckpt_arenas_t *a,
@@ -174,11 +201,15 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   dsets_t D;
   memset(&D, 0, sizeof D);
   hid_t fapl = -1, dxpl = -1, file = -1;
-  float *stage = NULL;
+  float *stg[2] = {NULL, NULL};
   uint32_t *stored = NULL, *crcs = NULL;
   int *cnt = NULL, *dsp = NULL;
-  fbox_t *bx = NULL;
+  fbox_t *bx[2] = {NULL, NULL};
+  pthread_t th;
+  int running = 0; /* an unpack thread to join */
+  job_t job[2];
 
+  double t0 = dt_time_now(), t_rd = 0, t_crc = 0, t_ag = 0, t_un = 0, tp;
   /* Phase 1 (local). */
   dt_status_t st = DT_OK;
   int optim = a->m != NULL;
@@ -187,13 +218,21 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   if (st == DT_OK && optim) st = dt_ckpt__ranges_resolve(lay, &a->optim, 0, rank, size, &rg[1]);
   if (st == DT_OK) st = dt_ckpt__dsets_init(&D, lay, optim ? 3 : 1);
   if (st == DT_OK) {
-    stage = malloc(dt_ckpt__max_tensor(lay) * sizeof(float));
     stored = calloc((size_t)D.n_ds, sizeof *stored);
     crcs = calloc((size_t)size, sizeof *crcs);
     cnt = calloc((size_t)size, sizeof *cnt);
     dsp = calloc((size_t)size, sizeof *dsp);
-    bx = malloc((size_t)(rg[0].n > rg[1].n ? rg[0].n : rg[1].n) * sizeof *bx + 1);
-    if (!stage || !stored || !crcs || !cnt || !dsp || !bx) st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
+    for (int k = 0; k < 2; k++) bx[k] = malloc((size_t)(rg[0].n > rg[1].n ? rg[0].n : rg[1].n) * sizeof(fbox_t) + 1);
+    size_t need = 1; /* two stage buffers, each the largest tensor that is not read in place */
+    for (int d = 0; bx[0] && d < D.n_ds; d++) {
+      int ti = d % lay->n_tensors;
+      fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[ti]);
+      int nb = dt_ckpt__boxes_of(lay, &rg[d >= lay->n_tensors], ti, bx[0]);
+      if (!in_place(&lay->tensors[ti], &f, bx[0], nb) && f.FR * f.FC > need) need = f.FR * f.FC;
+    }
+    for (int k = 0; k < 2; k++) stg[k] = malloc(need * sizeof(float));
+    if (!stg[0] || !stg[1] || !stored || !crcs || !cnt || !dsp || !bx[0] || !bx[1])
+      st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
   }
   if (st == DT_OK && dt_ckpt__max_tensor(lay) >= INT_MAX) st = DT_ERR(DT_ERR_UNSUPPORTED, "%s: tensor too large for MPI counts", path);
   FILE *probe = st == DT_OK ? fopen(path, "rb") : NULL;
@@ -207,6 +246,7 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
   dxpl = H5Pcreate(H5P_DATASET_XFER);
   H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+  if (getenv("DTRAIN_CKPT_INDEP")) H5Pset_dxpl_mpio_collective_opt(dxpl, H5FD_MPIO_INDIVIDUAL_IO);
   file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
   if (file < 0) st = dt_ckpt__h5err(path, "/", "cannot open as HDF5 (truncated or not HDF5?)");
   if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
@@ -214,7 +254,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   if (st == DT_OK) st = open_dsets(file, lay, &D, stored, path);
   if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
 
-  /* Phase 3: per dataset: read 1/P, checksum it, allgather tensor and CRCs, verify, unpack. */
+  /* Phase 3: per dataset: read 1/P, checksum it, allgather tensor and CRCs, verify, unpack; the
+   * unpack (transposes) of tensor d runs on a helper thread while d + 1 is read. */
   for (int d = 0; d < D.n_ds; d++) {
     int ti = d % lay->n_tensors, gi = d / lay->n_tensors;
     fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[ti]);
@@ -224,46 +265,74 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
       cnt[r] = (int)((hi - lo) * unit), dsp[r] = (int)(lo * unit);
     }
     dt_ckpt__split_first(&f, rank, size, &lo, &hi);
+    /* The whole tensor as one contiguous box in file order (non-transposed, full arena): read and
+     * gather it in place, no staging copy. Otherwise stage it and unpack. */
+    fbox_t *b = bx[d & 1];
+    int nb = dt_ckpt__boxes_of(lay, &rg[gi ? 1 : 0], ti, b);
+    float *local = gi == 0 ? a->params : gi == 1 ? a->m : a->v, *buf = stg[d & 1];
+    if (in_place(&lay->tensors[ti], &f, b, nb)) buf = local + dt_ckpt__local_index(&lay->tensors[ti], &b[0], 0, 0);
     hid_t fsp = H5Dget_space(D.ds[d]);
     hsize_t mc = hi > lo ? (hi - lo) * unit : 1;
     hid_t msp = H5Screate_simple(1, &mc, NULL);
     hsize_t start[2] = {lo, 0}, count[2] = {hi - lo, unit};
     if (hi > lo) H5Sselect_hyperslab(fsp, H5S_SELECT_SET, start, NULL, count, NULL);
     else H5Sselect_none(fsp), H5Sselect_none(msp);
-    if (H5Dread(D.ds[d], H5T_NATIVE_FLOAT, msp, fsp, dxpl, stage + dsp[rank]) < 0) st = dt_ckpt__h5err(path, D.names[d], "cannot read");
+    tp = dt_time_now();
+    if (H5Dread(D.ds[d], H5T_NATIVE_FLOAT, msp, fsp, dxpl, buf + dsp[rank]) < 0) st = dt_ckpt__h5err(path, D.names[d], "cannot read");
+    t_rd += dt_time_now() - tp;
     H5Sclose(msp);
     H5Sclose(fsp);
     if (st == DT_OK && dt_ckpt__faulty(comm, "read")) st = DT_ERR(DT_ERR_IO, "%s: %s: simulated read failure (test hook)", path, D.names[d]);
     if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
-    uint32_t mine = dt_crc32c(0, stage + dsp[rank], (size_t)cnt[rank] * sizeof(float)), crc = 0;
+    tp = dt_time_now();
+    uint32_t mine = dt_crc32c(0, buf + dsp[rank], (size_t)cnt[rank] * sizeof(float)), crc = 0;
+    t_crc += dt_time_now() - tp, tp = dt_time_now();
     MPI_Allgather(&mine, 1, MPI_UINT32_T, crcs, 1, MPI_UINT32_T, comm);
-    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, stage, cnt, dsp, MPI_FLOAT, comm);
+    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, cnt, dsp, MPI_FLOAT, comm);
+    t_ag += dt_time_now() - tp;
     for (int r = 0; r < size; r++) crc = r == 0 ? crcs[0] : dt_crc32c_combine(crc, crcs[r], (uint64_t)cnt[r] * sizeof(float));
     if (crc != stored[d]) { /* same verdict on every rank */
       st = DT_ERR(DT_ERR_CKPT, "%s: %s: CRC32C mismatch: stored 0x%08x, data 0x%08x (corrupt file)", path, D.names[d], stored[d], crc);
       goto out;
     }
-    int nb = dt_ckpt__boxes_of(lay, &rg[gi ? 1 : 0], ti, bx);
-    unpack(lay, ti, &f, stage, bx, nb, gi == 0 ? a->params : gi == 1 ? a->m : a->v, (gi ? a->optim : a->model).full);
+    tp = dt_time_now();
+    if (running) pthread_join(th, NULL); /* the previous tensor's unpack (it used the other buffers) */
+    running = 0;
+    t_un += dt_time_now() - tp;
+    job[d & 1] = (job_t){lay, ti, buf == stg[d & 1] ? nb : 0, (gi ? a->optim : a->model).full, f, buf, b, local};
+    if (job[d & 1].nb == 0 || pthread_create(&th, NULL, unpack_thread, &job[d & 1]) != 0) unpack_thread(&job[d & 1]);
+    else running = 1;
   }
+  tp = dt_time_now();
+  if (running) pthread_join(th, NULL);
+  running = 0;
+  t_un += dt_time_now() - tp;
+  dt_ckpt__time(comm, "read: tensors", t0);
+  dt_ckpt__time(comm, "  H5Dread", dt_time_now() - t_rd);
+  dt_ckpt__time(comm, "  crc", dt_time_now() - t_crc);
+  dt_ckpt__time(comm, "  allgather", dt_time_now() - t_ag);
+  dt_ckpt__time(comm, "  unpack wait", dt_time_now() - t_un);
 
   /* Phase 4: the rest of the state. */
   st = read_state_data(file, &s, dxpl, path);
   st = dt_ckpt__agree(comm, st);
 
 out:
+  if (running) pthread_join(th, NULL);
   dt_ckpt__dsets_free(&D);
   if (file >= 0) H5Fclose(file);
   if (fapl >= 0) H5Pclose(fapl);
   if (dxpl >= 0) H5Pclose(dxpl);
   dt_ckpt_ranges_free(&rg[0]);
   dt_ckpt_ranges_free(&rg[1]);
-  free(stage);
+  free(stg[0]);
+  free(stg[1]);
   free(stored);
   free(crcs);
   free(cnt);
   free(dsp);
-  free(bx);
+  free(bx[0]);
+  free(bx[1]);
   if (st == DT_OK && st_out) *st_out = s;
   else dt_ckpt_state_free(&s);
   return st;

@@ -2,18 +2,22 @@
  * and joins one collective H5Dwrite per dataset; the per-rank CRC32C runs are tiled and combined
  * on rank 0 into each dataset's checksum; state and the completion marker come last. */
 #include <errno.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <limits.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ckpt.h"
 #include "ckpt_int.h"
 #include "fault.h"
 #include "crc32c.h"
 #include "dt_build.h"
+#include "timer.h"
 
 typedef struct { uint64_t ds, off, len; uint32_t crc, pad; } seg_t;
 
@@ -22,21 +26,22 @@ typedef struct {
   size_t n, cap;
 } segs_t;
 
-static dt_status_t segs_add(segs_t *g, uint64_t ds, uint64_t off, const void *data, uint64_t len) {
+/* Runs on the packing thread: no DT_ERR here (one global message buffer); -1 = out of memory. */
+static int segs_add(segs_t *g, uint64_t ds, uint64_t off, const void *data, uint64_t len) {
   if (g->n && g->s[g->n - 1].ds == ds && g->s[g->n - 1].off + g->s[g->n - 1].len == off) {
     seg_t *l = &g->s[g->n - 1]; /* continues the previous run: extend its CRC */
     l->crc = dt_crc32c(l->crc, data, len);
     l->len += len;
-    return DT_OK;
+    return 0;
   }
   if (g->n == g->cap) {
     size_t cap = g->cap ? 2 * g->cap : 256;
     seg_t *s = realloc(g->s, cap * sizeof *s);
-    if (!s) return DT_ERR(DT_ERR_NOMEM, "checkpoint: out of memory (checksum segments)");
+    if (!s) return -1;
     g->s = s, g->cap = cap;
   }
   g->s[g->n++] = (seg_t){ds, off, len, dt_crc32c(0, data, len), 0};
-  return DT_OK;
+  return 0;
 }
 
 static int seg_cmp(const void *a, const void *b) {
@@ -139,31 +144,108 @@ static dt_status_t write_state(hid_t file, const dt_ckpt_state_t *s, const char 
   return st;
 }
 
-/* Pack this rank's boxes of one tensor in file order, select them, record CRC runs. */
-static dt_status_t pack(const dt_tensor_t *t, const fshape_t *f, const fbox_t *bx, int nb, const float *local,
-                        float *stage, hid_t fsp, hsize_t *count, segs_t *segs, uint64_t ds) {
+/* One tensor's packing, run on a helper thread while the previous tensor is written (HDF5 is
+ * not thread safe: no HDF5 call in here). */
+typedef struct {
+  const dt_tensor_t *t;
+  fshape_t f;
+  fbox_t *bx;         /* this rank's boxes of t, file coordinates */
+  int nb;
+  const float *local; /* the arena */
+  float *stage;
+  segs_t *segs;       /* CRC runs (one job at a time touches them) */
+  uint64_t ds;
+  hsize_t count;      /* out: floats to write */
+  const float *buf;   /* out: what to hand to H5Dwrite */
+  int failed;         /* out: out of memory */
+} job_t;
+
+/* 1 if the job's data is one contiguous run of the arena (written from there, no stage). */
+static int direct(const job_t *j) {
+  const fbox_t *x = &j->bx[0];
+  return j->nb == 1 && !(j->t->ndim == 2 && j->t->hf_transpose) && (x->src->ld == x->c1 - x->c0 || x->r1 - x->r0 == 1);
+}
+
+/* Pack the boxes in file order and record CRC runs. Conv1D weights are transposed in panels of
+ * file rows that are checksummed while they are still in cache; a contiguous box is not copied. */
+#define PANEL 32 /* file rows per transpose panel: 32 x 3072 floats = 384 KiB, within L2 */
+static int pack(job_t *j) {
+  const dt_tensor_t *t = j->t;
+  const fshape_t *f = &j->f;
+  const fbox_t *bx = j->bx;
+  float *stage = j->stage;
   hsize_t k = 0, rmin = (hsize_t)-1, rmax = 0;
-  for (int b = 0; b < nb; b++) {
-    if (dt_ckpt__select_box(fsp, f, &bx[b], b == 0 ? H5S_SELECT_SET : H5S_SELECT_OR) < 0)
-      return dt_ckpt__h5err("checkpoint", t->name, "cannot select hyperslab");
+  int tr = t->ndim == 2 && t->hf_transpose;
+  j->buf = stage;
+  if (j->nb == 1) { /* the common case (full arenas, tensor shards): one box, block copies */
+    const fbox_t *x = &bx[0];
+    hsize_t nr = x->r1 - x->r0, w = x->c1 - x->c0;
+    size_t ld = x->src->ld;
+    const float *src = j->local + dt_ckpt__local_index(t, x, x->r0, x->c0);
+    j->count = nr * w;
+    if (tr) {
+      for (hsize_t i = 0; i < nr; i += PANEL) {
+        hsize_t n = nr - i < PANEL ? nr - i : PANEL;
+        dt_ckpt__transpose(src + i, ld, w, n, stage + i * w, w); /* our (w rows, n cols) -> file (n, w) */
+        for (hsize_t q = i; q < i + n; q++)
+          if (segs_add(j->segs, j->ds, ((x->r0 + q) * f->FC + x->c0) * sizeof(float), stage + q * w, w * sizeof(float)) < 0) return -1;
+      }
+      return 0;
+    }
+    if (direct(j)) j->buf = src;
+    for (hsize_t q = 0; q < nr; q++) {
+      const float *row = src + q * ld;
+      if (j->buf == stage) row = memcpy(stage + q * w, row, w * sizeof(float));
+      if (segs_add(j->segs, j->ds, ((x->r0 + q) * f->FC + x->c0) * sizeof(float), row, w * sizeof(float)) < 0) return -1;
+    }
+    return 0;
+  }
+  for (int b = 0; b < j->nb; b++) {
     if (bx[b].r0 < rmin) rmin = bx[b].r0;
     if (bx[b].r1 > rmax) rmax = bx[b].r1;
   }
-  for (hsize_t i = rmin; nb && i < rmax; i++)
-    for (int b = 0; b < nb; b++) {
+  for (hsize_t i = rmin; j->nb && i < rmax; i++) /* several boxes (ZeRO flat slices): row by row */
+    for (int b = 0; b < j->nb; b++) {
       const fbox_t *x = &bx[b];
       if (i < x->r0 || i >= x->r1) continue;
       float *dst = stage + k;
-      if (t->ndim == 2 && t->hf_transpose) {
-        for (hsize_t j = x->c0; j < x->c1; j++) stage[k++] = local[dt_ckpt__local_index(t, x, i, j)];
+      if (tr) {
+        for (hsize_t c = x->c0; c < x->c1; c++) stage[k++] = j->local[dt_ckpt__local_index(t, x, i, c)];
       } else {
-        memcpy(dst, local + dt_ckpt__local_index(t, x, i, x->c0), (x->c1 - x->c0) * sizeof(float));
+        memcpy(dst, j->local + dt_ckpt__local_index(t, x, i, x->c0), (x->c1 - x->c0) * sizeof(float));
         k += x->c1 - x->c0;
       }
-      DT_TRY(segs_add(segs, ds, (i * f->FC + x->c0) * sizeof(float), dst, (x->c1 - x->c0) * sizeof(float)));
+      if (segs_add(j->segs, j->ds, (i * f->FC + x->c0) * sizeof(float), dst, (x->c1 - x->c0) * sizeof(float)) < 0) return -1;
     }
-  *count = k;
-  return DT_OK;
+  j->count = k;
+  return 0;
+}
+
+static void *pack_thread(void *p) {
+  job_t *j = p;
+  j->failed = pack(j) < 0;
+  return NULL;
+}
+
+/* Describe dataset d's job (no packing yet). */
+static void job_init(job_t *j, const dt_layout_t *lay, const dt_ckpt_arenas_t *a, const dt_ckpt_ranges_t *rg, int d,
+                     fbox_t *bx, float *stage, segs_t *segs) {
+  int ti = d % lay->n_tensors, gi = d / lay->n_tensors;
+  *j = (job_t){.t = &lay->tensors[ti], .f = dt_ckpt__fshape(lay, &lay->tensors[ti]), .bx = bx,
+               .nb = dt_ckpt__boxes_of(lay, &rg[gi ? 1 : 0], ti, bx), .local = gi == 0 ? a->params : gi == 1 ? a->m : a->v,
+               .stage = stage, .segs = segs, .ds = (uint64_t)d};
+}
+
+/* Start the kernel's write-back of the file's dirty pages without waiting for it (Linux
+ * sync_file_range), so the disk works while we pack the next tensors and the final flush only
+ * waits for the tail: without it the page cache holds all 1.5 GB until the fsync at the end
+ * and the disk idles meanwhile. fd < 0 or another OS: nothing. */
+static void start_writeback(int fd) {
+#if defined(__linux__) && defined(SYNC_FILE_RANGE_WRITE)
+  if (fd >= 0) (void)sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE);
+#else
+  (void)fd;
+#endif
 }
 
 /* Rank 0: check that the runs of each dataset tile it exactly, and combine their CRCs. */
@@ -204,11 +286,14 @@ dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layou
   dsets_t D;
   memset(&D, 0, sizeof D);
   hid_t fapl = -1, dxpl = -1, file = -1, g = -1;
+  int wb_fd = -1;          /* our own descriptor of the file, only for start_writeback */
+  uint64_t unsynced = 0;   /* bytes this rank wrote since the last start_writeback */
   float *stage = NULL;
   segs_t segs = {0};
   seg_t *all = NULL;
   uint32_t *crc = NULL;
 
+  double t0 = dt_time_now(), t_pack = 0, t_h5 = 0, t_wb = 0, t_cr = 0;
   /* Phase 1 (local): state from rank 0, ranges, buffers. */
   dt_status_t st = state_bcast(comm, rank, st_in, &s, &ini);
   int optim = a->m != NULL, omin, omax;
@@ -221,8 +306,6 @@ dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layou
   if (st == DT_OK) st = check_disjoint(lay, &rg[0], "model");
   if (st == DT_OK && optim) st = check_disjoint(lay, &rg[1], "optim");
   if (st == DT_OK) st = dt_ckpt__dsets_init(&D, lay, optim ? 3 : 1);
-  if (st == DT_OK && !(stage = malloc(dt_ckpt__max_tensor(lay) * sizeof(float))))
-    st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory for the staging buffer", path);
   if (st == DT_OK && dt_ckpt__faulty(comm, "open")) st = DT_ERR(DT_ERR_IO, "%s: simulated open failure (test hook)", path);
   if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
 
@@ -231,9 +314,11 @@ dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layou
   H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
   dxpl = H5Pcreate(H5P_DATASET_XFER);
   H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+  if (getenv("DTRAIN_CKPT_INDEP")) H5Pset_dxpl_mpio_collective_opt(dxpl, H5FD_MPIO_INDIVIDUAL_IO);
   file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   if (file < 0) st = dt_ckpt__h5err(path, "/", "cannot create file");
   if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
+  wb_fd = open(path, O_WRONLY | O_CLOEXEC); /* optional: -1 only costs the early write-back */
 
   /* Phase 3: groups, root attributes. */
   const char *grps[] = {"/model", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"};
@@ -248,42 +333,83 @@ dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layou
     st = dt_ckpt__h5err(path, "/", "cannot write attributes");
   if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
 
-  /* Phase 4: tensors, one collective write each. */
-  fbox_t *bx = malloc((size_t)(rg[0].n > rg[1].n ? rg[0].n : rg[1].n) * sizeof *bx + 1);
-  if (!bx) st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
-  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
+  /* Phase 4: tensors, one collective write each; tensor d + 1 is packed on a helper thread while
+   * d is written (two stage buffers the size of the largest tensor that needs staging). */
+  int nbx = rg[0].n > rg[1].n ? rg[0].n : rg[1].n;
+  fbox_t *bx[2] = {malloc((size_t)nbx * sizeof(fbox_t) + 1), malloc((size_t)nbx * sizeof(fbox_t) + 1)};
+  job_t job[2];
+  size_t need = 1;
+  for (int d = 0; bx[0] && d < D.n_ds; d++) {
+    job_init(&job[0], lay, a, rg, d, bx[0], NULL, NULL);
+    size_t n = 0;
+    for (int b = 0; b < job[0].nb; b++) n += (size_t)((bx[0][b].r1 - bx[0][b].r0) * (bx[0][b].c1 - bx[0][b].c0));
+    if (!direct(&job[0]) && n > need) need = n;
+  }
+  float *stg[2] = {malloc(need * sizeof(float)), malloc(need * sizeof(float))};
+  stage = stg[0];
+  if (!bx[0] || !bx[1] || !stg[0] || !stg[1]) st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory for the staging buffers", path);
+  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) {
+    free(bx[0]), free(bx[1]), free(stg[1]);
+    goto out;
+  }
   hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
   H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
   H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+  job_init(&job[0], lay, a, rg, 0, bx[0], stg[0], &segs);
+  double tp = dt_time_now();
+  pack_thread(&job[0]);
+  t_pack += dt_time_now() - tp;
   for (int d = 0; d < D.n_ds; d++) {
-    int ti = d % lay->n_tensors, gi = d / lay->n_tensors;
-    const dt_tensor_t *t = &lay->tensors[ti];
-    const float *local = gi == 0 ? a->params : gi == 1 ? a->m : a->v;
-    fshape_t f = dt_ckpt__fshape(lay, t);
-    hid_t fsp = H5Screate_simple(f.ndim, f.dims, NULL), msp = -1;
+    job_t *J = &job[d & 1], *N = &job[(d + 1) & 1];
+    pthread_t th;
+    int running = 0;
+    if (d + 1 < D.n_ds) { /* start packing the next tensor */
+      job_init(N, lay, a, rg, d + 1, bx[(d + 1) & 1], stg[(d + 1) & 1], &segs);
+      running = pthread_create(&th, NULL, pack_thread, N) == 0;
+      if (!running) pack_thread(N); /* no thread: pack it here, in order */
+    }
+    hid_t fsp = H5Screate_simple(J->f.ndim, J->f.dims, NULL), msp = -1;
+    double tc = dt_time_now();
     D.ds[d] = H5Dcreate2(file, D.names[d], H5T_IEEE_F32LE, fsp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+    t_cr += dt_time_now() - tc;
     if (D.ds[d] < 0) st = dt_ckpt__h5err(path, D.names[d], "cannot create dataset");
-    int nb = dt_ckpt__boxes_of(lay, &rg[gi ? 1 : 0], ti, bx);
-    hsize_t count = 0;
-    if (st == DT_OK) st = pack(t, &f, bx, nb, local, stage, fsp, &count, &segs, (uint64_t)d);
-    if (st == DT_OK) { /* pack only fails on local problems before the collective: agree first */
-      hsize_t mc = count ? count : 1;
+    if (st == DT_OK && J->failed) st = DT_ERR(DT_ERR_NOMEM, "%s: %s: out of memory (checksum runs)", path, D.names[d]);
+    for (int b = 0; st == DT_OK && b < J->nb; b++)
+      if (dt_ckpt__select_box(fsp, &J->f, &J->bx[b], b == 0 ? H5S_SELECT_SET : H5S_SELECT_OR) < 0)
+        st = dt_ckpt__h5err(path, D.names[d], "cannot select hyperslab");
+    if (st == DT_OK) { /* local problems are agreed on before the collective write */
+      hsize_t mc = J->count ? J->count : 1;
       msp = H5Screate_simple(1, &mc, NULL);
-      if (!count) H5Sselect_none(msp), H5Sselect_none(fsp);
+      if (!J->count) H5Sselect_none(msp), H5Sselect_none(fsp);
     }
     st = dt_ckpt__agree(comm, st);
-    if (st == DT_OK && H5Dwrite(D.ds[d], H5T_NATIVE_FLOAT, msp, fsp, dxpl, stage) < 0)
+    tp = dt_time_now();
+    if (st == DT_OK && H5Dwrite(D.ds[d], H5T_NATIVE_FLOAT, msp, fsp, dxpl, J->buf) < 0)
       st = dt_ckpt__h5err(path, D.names[d], "cannot write dataset");
+    t_h5 += dt_time_now() - tp;
+    tp = dt_time_now();
+    if ((unsynced += J->count * sizeof(float)) >= (32u << 20)) start_writeback(wb_fd), unsynced = 0;
+    t_wb += dt_time_now() - tp;
     if (st == DT_OK && dt_ckpt__faulty(comm, "write")) st = DT_ERR(DT_ERR_IO, "%s: %s: simulated write failure (test hook)", path, D.names[d]);
     if (d == D.n_ds / 2 && dt_fault("ckpt_kill", dt_err_rank(), -1)) raise(SIGKILL); /* test-only, fault.h */
     if (msp >= 0) H5Sclose(msp);
     H5Sclose(fsp);
+    tp = dt_time_now();
+    if (running) pthread_join(th, NULL);
+    t_pack += dt_time_now() - tp; /* waiting for the packer */
     if ((st = dt_ckpt__agree(comm, st)) != DT_OK) break;
   }
   H5Pclose(dcpl);
-  free(bx);
+  free(bx[0]);
+  free(bx[1]);
+  free(stg[1]);
   if (st != DT_OK) goto out;
 
+  dt_ckpt__time(comm, "write: tensors", t0);
+  dt_ckpt__time(comm, "  pack+crc wait", dt_time_now() - t_pack);
+  dt_ckpt__time(comm, "  H5Dwrite", dt_time_now() - t_h5);
+  dt_ckpt__time(comm, "  H5Dcreate", dt_time_now() - t_cr);
+  dt_ckpt__time(comm, "  writeback", dt_time_now() - t_wb);
   /* Phase 5: CRC runs to rank 0, tiling check and combination, CRCs back to all. */
   int mine = (int)(segs.n * sizeof(seg_t)), *cnt = NULL, *dsp = NULL, total = 0;
   if (rank == 0) cnt = calloc((size_t)size, sizeof *cnt), dsp = calloc((size_t)size, sizeof *dsp);
@@ -312,6 +438,7 @@ dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layou
   if (st == DT_OK) st = write_state(file, &s, ini, size, rank, lay, dxpl, path);
   if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
 
+  dt_ckpt__time(comm, "write: crc+state", t0);
   /* Phase 7: everything flushed, then the completion marker. */
   int one = 1;
   if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) st = dt_ckpt__h5err(path, "/", "cannot flush");
@@ -322,8 +449,10 @@ dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layou
 
 out:
   dt_ckpt__dsets_free(&D);
+  if (wb_fd >= 0) close(wb_fd);
   if (file >= 0 && H5Fclose(file) < 0 && st == DT_OK) st = dt_ckpt__h5err(path, "/", "cannot close file");
   if (file >= 0) st = dt_ckpt__agree(comm, st);
+  dt_ckpt__time(comm, "write: closed", t0);
   if (fapl >= 0) H5Pclose(fapl);
   if (dxpl >= 0) H5Pclose(dxpl);
   dt_ckpt_ranges_free(&rg[0]);

@@ -797,3 +797,28 @@ Test(model, bad_input_and_registry) {
   be.ops->free(&be);
   dt_layout_free(&lay);
 }
+
+Test(model, logits_survive_the_inplace_backward) {
+  /* backward turns the logits buffer into dlogits in place; logits_to_host recomputes them,
+   * bitwise equal, until a parameter update, after which it (and a repeated backward) refuse */
+  dt_layout_t lay;
+  dt_backend_t be;
+  int inp[MB * MT], tgt[MB * MT];
+  tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
+  size_t n = (size_t)MB * MT * tiny.Vp;
+  float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
+  cr_assert_eq(be.ops->zero_grad(&be), DT_OK);
+  cr_assert_eq(be.ops->forward(&be, inp, tgt, MB, MT, NULL), DT_OK);
+  cr_assert_eq(be.ops->logits_to_host(&be, a), DT_OK);
+  cr_assert_eq(be.ops->backward(&be, 1, NULL, NULL), DT_OK);
+  cr_assert_eq(be.ops->logits_to_host(&be, b), DT_OK);
+  cr_expect_eq(memcmp(a, b, n * sizeof(float)), 0, "logits after backward differ from the forward's");
+  dt_adamw_args_t aw = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .grad_scale = 1.0f, .t = 1};
+  cr_assert_eq(be.ops->adamw(&be, &aw), DT_OK);
+  cr_expect_eq(be.ops->logits_to_host(&be, b), DT_ERR_ARG);
+  cr_expect_eq(be.ops->backward(&be, 1, NULL, NULL), DT_ERR_ARG);
+  dt_err_clear();
+  free(a), free(b);
+  be.ops->free(&be);
+  dt_layout_free(&lay);
+}

@@ -79,38 +79,65 @@ static int parse_args(opts_t *o, int argc, char **argv) {
   return 0;
 }
 
-/* The sgemm ceiling on the model's forward matmul shapes, through dt_cpu_sgemm (the engine the
- * backend uses): out (N,OC) = inp (N,K) W^T, W (OC,K). Returns the FLOP-weighted GFLOP/s
- * (total FLOPs of one forward's matmuls / their total time) and prints each shape. */
-static double sgemm_ceiling(int N, int C, int Vp, int L) {
-  struct { int K, OC, count; const char *what; } sh[] = {
-      {C, 3 * C, L, "qkv   (BT x C) x (C x 3C)"}, {C, C, L, "proj  (BT x C) x (C x C)"},
-      {C, 4 * C, L, "fc    (BT x C) x (C x 4C)"}, {4 * C, C, L, "fcprj (BT x 4C) x (4C x C)"},
-      {C, Vp, 1, "head  (BT x C) x (C x Vp)"}};
+/* The sgemm ceiling on the model's matmul shapes, through dt_cpu_sgemm (the engine the backend
+ * uses), in all three forms a training step runs them (ops_cpu.c): forward out (N,OC) = inp (N,K)
+ * W^T [NT], backward dinp (N,K) = dout (N,OC) W [NN] and dW (OC,K) += dout^T inp [TN]. Measured
+ * in two rounds, before and after the timed steps, so that a machine whose load changes during
+ * the run affects the ceiling and the step alike; each (shape, form) time is the median of all
+ * its samples. Returns the FLOP-weighted GFLOP/s (one step's matmul FLOPs / their total time). */
+enum { SH_N = 5, FORMS = 3, CEIL_REPS = 3, CEIL_MAX = 2 * CEIL_REPS };
+typedef struct {
+  int N, C, Vp, L, n;
+  double t[SH_N][FORMS][CEIL_MAX];
+} ceil_t;
+
+static void ceiling_round(ceil_t *c) {
+  const int N = c->N, C = c->C, Vp = c->Vp;
+  const int K[SH_N] = {C, C, C, 4 * C, C}, OC[SH_N] = {3 * C, C, 4 * C, C, Vp};
   size_t maxa = (size_t)N * 4 * C, maxw = (size_t)Vp * C > (size_t)16 * C * C ? (size_t)Vp * C : (size_t)16 * C * C;
   size_t maxo = (size_t)N * (Vp > 4 * C ? Vp : 4 * C);
   float *A = malloc(maxa * sizeof(float)), *W = malloc(maxw * sizeof(float)), *O = malloc(maxo * sizeof(float));
-  if (!A || !W || !O) { fprintf(stderr, "step: out of memory for the sgemm ceiling\n"); exit(1); }
+  float *G = malloc(maxw * sizeof(float));
+  if (!A || !W || !O || !G) { fprintf(stderr, "step: out of memory for the sgemm ceiling\n"); exit(1); }
   dt_rng_t r;
   dt_rng_seed(&r, 3);
   for (size_t i = 0; i < maxa; i++) A[i] = (float)dt_rng_uniform(&r) - 0.5f;
   for (size_t i = 0; i < maxw; i++) W[i] = (float)dt_rng_uniform(&r) - 0.5f;
-  memset(O, 0, maxo * sizeof(float));
-  double tot_f = 0, tot_t = 0;
-  for (size_t s = 0; s < sizeof sh / sizeof sh[0]; s++) {
-    double f = 2.0 * N * sh[s].K * sh[s].OC, t[5];
-    dt_cpu_sgemm(0, 1, N, sh[s].OC, sh[s].K, 1.0f, A, sh[s].K, W, sh[s].K, 0.0f, O, sh[s].OC); /* warm */
-    for (int k = 0; k < 5; k++) {
-      double t0 = omp_get_wtime();
-      dt_cpu_sgemm(0, 1, N, sh[s].OC, sh[s].K, 1.0f, A, sh[s].K, W, sh[s].K, 0.0f, O, sh[s].OC);
-      t[k] = omp_get_wtime() - t0;
+  for (size_t i = 0; i < maxo; i++) O[i] = (float)dt_rng_uniform(&r) - 0.5f;
+  memset(G, 0, maxw * sizeof(float));
+  for (int rep = -1; rep < CEIL_REPS; rep++) /* rep -1 warms up */
+    for (int s = 0; s < SH_N; s++)
+      for (int f = 0; f < FORMS; f++) {
+        double t0 = omp_get_wtime();
+        if (f == 0) dt_cpu_sgemm(0, 1, N, OC[s], K[s], 1.0f, A, K[s], W, K[s], 0.0f, O, OC[s]);
+        if (f == 1) dt_cpu_sgemm(0, 0, N, K[s], OC[s], 1.0f, O, OC[s], W, K[s], 0.0f, A, K[s]);
+        if (f == 2) dt_cpu_sgemm(1, 0, OC[s], K[s], N, 1.0f, O, OC[s], A, K[s], 1.0f, G, K[s]);
+        if (rep >= 0) c->t[s][f][c->n + rep] = omp_get_wtime() - t0;
+      }
+  c->n += CEIL_REPS;
+  free(A), free(W), free(O), free(G);
+}
+
+static double ceiling_report(ceil_t *c) {
+  const int C = c->C, K[SH_N] = {C, C, C, 4 * C, C}, OC[SH_N] = {3 * C, C, 4 * C, C, c->Vp};
+  const int count[SH_N] = {c->L, c->L, c->L, c->L, 1};
+  const char *what[SH_N] = {"qkv   (BT x C) x (C x 3C)", "proj  (BT x C) x (C x C)", "fc    (BT x C) x (C x 4C)",
+                            "fcprj (BT x 4C) x (4C x C)", "head  (BT x C) x (C x Vp)"};
+  const char *form[FORMS] = {"fwd NT", "dinp NN", "dW TN"};
+  double tot_f = 0, tot_t = 0, fwd_f = 0, fwd_t = 0;
+  for (int s = 0; s < SH_N; s++) {
+    double f = 2.0 * c->N * K[s] * OC[s], gf[FORMS];
+    for (int k = 0; k < FORMS; k++) {
+      double tm = median(c->t[s][k], c->n);
+      gf[k] = f / tm * 1e-9;
+      tot_f += f * count[s], tot_t += tm * count[s];
+      if (k == 0) fwd_f += f * count[s], fwd_t += tm * count[s];
     }
-    double tm = median(t, 5);
-    printf("#   sgemm %-28s N=%-6d %8.2f ms %7.1f GFLOP/s\n", sh[s].what, N, tm * 1e3, f / tm * 1e-9);
-    tot_f += f * sh[s].count;
-    tot_t += tm * sh[s].count;
+    printf("#   sgemm %-28s N=%-6d GFLOP/s %s %6.1f  %s %6.1f  %s %6.1f\n", what[s], c->N, form[0], gf[0], form[1], gf[1],
+           form[2], gf[2]);
   }
-  free(A), free(W), free(O);
+  printf("# sgemm ceiling: %.1f GFLOP/s over all three forms (forward NT alone: %.1f), medians of %d samples taken "
+         "before and after the steps\n", tot_f / tot_t * 1e-9, fwd_f / fwd_t * 1e-9, c->n);
   return tot_f / tot_t * 1e-9;
 }
 
@@ -128,6 +155,10 @@ int main(int argc, char **argv) {
   int rc = parse_args(&o, argc, argv);
   if (rc) return rc;
   dt_dims_t d = {.L = o.L, .NH = o.NH, .C = o.C, .V = o.V, .Vp = (o.V + 127) / 128 * 128, .T = o.T};
+  if (o.threads > 0) omp_set_num_threads(o.threads);
+  static ceil_t cl; /* first ceiling round before the backend exists (peak RSS stays the step's) */
+  cl = (ceil_t){.N = o.B * o.T, .C = d.C, .Vp = d.Vp, .L = d.L};
+  ceiling_round(&cl);
   dt_layout_t lay;
   CK(dt_layout_init(&lay, d));
   dt_backend_t be;
@@ -191,7 +222,8 @@ int main(int argc, char **argv) {
          100 * (med[PH_TOTAL] - accounted) / med[PH_TOTAL]);
   printf("# final loss %.4f; peak RSS %.0f MiB\n", loss, ru.ru_maxrss / 1024.0);
   be.ops->free(&be);
-  double ceil = sgemm_ceiling(N, d.C, d.Vp, d.L);
+  ceiling_round(&cl);
+  double ceil = ceiling_report(&cl);
   double ach = gflop / med[PH_TOTAL];
   printf("RESULT dtrain step_ms=%.1f tok_s=%.0f gflop_per_step=%.1f gflops=%.1f sgemm_ceiling_gflops=%.1f "
          "of_ceiling=%.0f%% peak_rss_mb=%.0f\n",

@@ -181,6 +181,30 @@ static void *unpack_thread(void *p) {
   return NULL;
 }
 
+/* 1 if bx is the whole Conv1D weight, stored (rows = file cols, cols = file rows) in the arena. */
+static int whole_transposed(const dt_tensor_t *t, const fshape_t *f, const fbox_t *bx, int nb) {
+  return nb == 1 && t->ndim == 2 && t->hf_transpose && bx[0].r0 == 0 && bx[0].r1 == f->FR && bx[0].c0 == 0 &&
+         bx[0].c1 == f->FC;
+}
+
+/* Several ranks, a whole Conv1D weight: each rank transposes only the file rows it read (= its
+ * columns of our storage) into the arena, then every rank broadcasts its column block (a strided
+ * MPI vector) to the others: the transposes are split P ways instead of done P times. */
+static void transpose_share(MPI_Comm comm, int size, const fshape_t *f, const float *mine, hsize_t lo, hsize_t hi,
+                            float *dst, size_t ld) {
+  if (hi > lo) dt_ckpt__transpose(mine, f->FC, hi - lo, f->FC, dst + lo, ld);
+  for (int r = 0; r < size; r++) {
+    hsize_t a, z;
+    dt_ckpt__split_first(f, r, size, &a, &z);
+    if (z == a) continue;
+    MPI_Datatype col;
+    MPI_Type_vector((int)f->FC, (int)(z - a), (int)ld, MPI_FLOAT, &col);
+    MPI_Type_commit(&col);
+    MPI_Bcast(dst + a, 1, col, r, comm);
+    MPI_Type_free(&col);
+  }
+}
+
 /* 1 if tensor ti's boxes bx are the whole tensor, contiguous in file order in the arena. */
 static int in_place(const dt_tensor_t *t, const fshape_t *f, const fbox_t *bx, int nb) {
   return nb == 1 && !(t->ndim == 2 && t->hf_transpose) && bx[0].r0 == 0 && bx[0].r1 == f->FR && bx[0].c0 == 0 &&
@@ -254,6 +278,11 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   if (st == DT_OK) st = open_dsets(file, lay, &D, stored, path);
   if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
 
+  /* Every rank holds full arenas (the same boxes everywhere): then Conv1D weights use
+   * transpose_share, a collective path all ranks must take together. */
+  int full_all[2] = {a->model.full, a->optim.full};
+  MPI_Allreduce(MPI_IN_PLACE, full_all, 2, MPI_INT, MPI_MIN, comm);
+
   /* Phase 3: per dataset: read 1/P, checksum it, allgather tensor and CRCs, verify, unpack; the
    * unpack (transposes) of tensor d runs on a helper thread while d + 1 is read. */
   for (int d = 0; d < D.n_ds; d++) {
@@ -288,12 +317,22 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     uint32_t mine = dt_crc32c(0, buf + dsp[rank], (size_t)cnt[rank] * sizeof(float)), crc = 0;
     t_crc += dt_time_now() - tp, tp = dt_time_now();
     MPI_Allgather(&mine, 1, MPI_UINT32_T, crcs, 1, MPI_UINT32_T, comm);
-    MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, cnt, dsp, MPI_FLOAT, comm);
+    int share = size > 1 && full_all[gi ? 1 : 0] && whole_transposed(&lay->tensors[ti], &f, b, nb);
+    if (!share) MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, cnt, dsp, MPI_FLOAT, comm);
     t_ag += dt_time_now() - tp;
     for (int r = 0; r < size; r++) crc = r == 0 ? crcs[0] : dt_crc32c_combine(crc, crcs[r], (uint64_t)cnt[r] * sizeof(float));
     if (crc != stored[d]) { /* same verdict on every rank */
       st = DT_ERR(DT_ERR_CKPT, "%s: %s: CRC32C mismatch: stored 0x%08x, data 0x%08x (corrupt file)", path, D.names[d], stored[d], crc);
       goto out;
+    }
+    if (share) { /* (the unpack thread of d - 1 uses the other stage buffer, which d + 1 reads into) */
+      tp = dt_time_now();
+      if (running) pthread_join(th, NULL);
+      running = 0;
+      transpose_share(comm, size, &f, buf + dsp[rank], lo, hi, local + dt_ckpt__local_index(&lay->tensors[ti], &b[0], 0, 0),
+                      b[0].src->ld);
+      t_ag += dt_time_now() - tp;
+      continue;
     }
     tp = dt_time_now();
     if (running) pthread_join(th, NULL); /* the previous tensor's unpack (it used the other buffers) */

@@ -11,9 +11,9 @@
 #          posix_fadvise DONTNEED on that file only; no root needed), then dd if=FILE bs=16M
 #          of=/dev/null vs dtrain's timer of the load (open, checks, read, CRC32C verification,
 #          transposes into the arenas, allgather between ranks).
-# CKPT_IO_PHASES=1 also prints dtrain's per-phase times (DTRAIN_CKPT_TIMES) to stderr; DTRAIN_CKPT_INDEP=1
-# makes the HDF5 transfers independent at the MPI-IO level (H5FD_MPIO_INDIVIDUAL_IO) to compare with
-# the default two-phase collective I/O.
+# CKPT_IO_PHASES=1 also prints dtrain's per-phase times (DTRAIN_CKPT_TIMES) to stderr; DTRAIN_CKPT_TWO_PHASE=1
+# switches the MPI-IO layer from independent transfers under collective HDF5 calls (the default,
+# H5FD_MPIO_INDIVIDUAL_IO) to two-phase collective buffering, for comparison.
 set -euo pipefail
 DIR=${1:-$(mktemp -d /tmp/dtrain-ckptio.XXXXXX)}
 REP=${2:-3}

@@ -314,7 +314,10 @@ dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layou
   H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
   dxpl = H5Pcreate(H5P_DATASET_XFER);
   H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
-  if (getenv("DTRAIN_CKPT_INDEP")) H5Pset_dxpl_mpio_collective_opt(dxpl, H5FD_MPIO_INDIVIDUAL_IO);
+  /* Collective HDF5 calls, independent MPI-IO underneath: every rank's part of a dataset is one
+   * contiguous run of MBs, which two-phase buffering only reshuffles (measured: 4 ranks on 2
+   * cores 2.3 s instead of 4-5 s in H5Dwrite). DTRAIN_CKPT_TWO_PHASE=1 restores two-phase I/O. */
+  if (!getenv("DTRAIN_CKPT_TWO_PHASE")) H5Pset_dxpl_mpio_collective_opt(dxpl, H5FD_MPIO_INDIVIDUAL_IO);
   file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
   if (file < 0) st = dt_ckpt__h5err(path, "/", "cannot create file");
   if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;

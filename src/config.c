@@ -46,7 +46,7 @@ const dt_config_key_t dt_config_keys[] = {
   {"data", "val",     DT_KEY_STR,  OFF(val),     "", 0, 0, NULL, "glob of validation token shards; empty = none"},
   {"data", "shuffle", DT_KEY_BOOL, OFF(shuffle), "true", 0, 0, NULL, "shuffle training samples each epoch (seeded)"},
 
-  {"log", "metrics", DT_KEY_STR, OFF(metrics),   "", 0, 0, NULL, "JSONL metrics file written by rank 0; empty = none"},
+  {"log", "metrics", DT_KEY_STR, OFF(metrics),   "", 0, 0, NULL, "JSONL metrics file written by rank 0; with {rank} in the name every rank writes its own; empty = none"},
   {"log", "every",   DT_KEY_INT, OFF(log_every), "1", 1, 1 << 30, NULL, "print a step row every N steps"},
 
   {"parallel", "dp",        DT_KEY_INT, OFF(dp),        "0", 0, 1 << 20, NULL, "data-parallel ranks; 0 = auto (world size / (tp*pp))"},

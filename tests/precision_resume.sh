@@ -6,6 +6,7 @@
 # (not the initial 1024/0/0): a resume that lost any of it would grow the scale at the wrong
 # step or use another AdamW step count, and the losses would differ. Every logged loss, loss
 # scale and skip flag must be bitwise identical, and so must the final weights and moments.
+# Also: a checkpoint without the skipped_steps attribute (older files) resumes with 0 skipped.
 source "$top_srcdir/tests/lib.sh"
 ensure_data
 t=$(tmpdir)
@@ -46,4 +47,11 @@ sb = {k: fb["state"].attrs[k] for k in sa}
 assert sa == sb, (sa, sb)
 print(f"final checkpoints: {n} tensors bitwise identical; scaler state {sa} identical")
 PY
+# A file written before mixed precision has no skipped_steps attribute: it reads as 0.
+cp "$t/b/ckpt_00000009.h5" "$t/old.h5"
+run "$PY" -c 'import h5py, sys; del h5py.File(sys.argv[1], "r+")["state"].attrs["skipped_steps"]' "$t/old.h5"
+mpi 2 "$DTRAIN" "$cfg" "${opts[@]}" train.steps=10 checkpoint.dir="$t/o" checkpoint.resume="$t/old.h5" > "$t/o.out"
+grep '^# resume: loss' "$t/o.out"
+grep -q '^# resume: loss scale 2048, 1 clean steps since the last overflow or growth, 0 steps skipped' "$t/o.out" ||
+  { echo "FAIL: a file without skipped_steps did not read as 0 skipped"; exit 1; }
 echo "precision_resume: OK"

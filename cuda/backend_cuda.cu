@@ -3,8 +3,9 @@
  * grads, m, v) and the activations are device memory carved like the CPU backend's; everything
  * is allocated in init. Work runs on a compute stream; backward records an event per finished
  * gradient group and makes the communication stream (be->comm_stream) wait on it before it calls
- * ready(), so NCCL all-reduces enqueued there overlap the rest of backward. Also
- * dt_cuda_device_count. */
+ * ready(), so NCCL all-reduces enqueued there overlap the rest of backward. Mixed precision
+ * (bf16/fp16) rounds at the same points as backend_cpu.c (STORE, precision.h) with the same
+ * kmath.h functions, in fp32 storage: compiled, never run on a GPU. Also dt_cuda_device_count. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,11 +136,12 @@ static void cu_free(dt_backend_t *be) {
     free(im->h_partial);
     free(im);
   }
+  if (be->wparams != be->params) cudaFree(be->wparams);
   cudaFree(be->params);
   cudaFree(be->grads);
   cudaFree(be->m);
   cudaFree(be->v);
-  be->params = be->grads = be->m = be->v = NULL;
+  be->params = be->grads = be->m = be->v = be->wparams = NULL;
   be->impl = NULL;
   be->comm_stream = NULL;
 }
@@ -180,6 +182,22 @@ static dt_status_t init_all(dt_backend_t *be, cu_impl_t *im) {
   im->btc = bt * lay->d.C;
   im->attn = cu_attn_floats(be->B, be->T, lay->d.NH);
   be->comm_stream = im->comm;
+  be->wparams = be->params;
+  be->precision = DT_PREC_FP32;
+  be->loss_scale = 1.0f;
+  return DT_OK;
+}
+
+/* bf16/fp16: a device working copy of the parameters, rounded from the master in forward. */
+static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
+  if (!dt_precision_name(p)) return DT_ERR(DT_ERR_ARG, "cuda backend: unknown precision %d", (int)p);
+  if (p != DT_PREC_FP32 && be->wparams == be->params) {
+    DT_CUDA_CHECK(cudaSetDevice(impl(be)->device));
+    float *w = NULL;
+    DT_TRY(alloc_zero((void **)&w, be->lay->n_params * sizeof(float)));
+    be->wparams = w;
+  }
+  be->precision = (int)p;
   return DT_OK;
 }
 
@@ -292,8 +310,13 @@ static dt_status_t attention_backward(cu_impl_t *im, float *dqkv, float *scratch
 
 /* ---- forward / backward ------------------------------------------------------------------- */
 
+/* An activation or activation gradient just written: round it to the storage precision (no-op
+ * in fp32). The same points as backend_cpu.c. */
+#define STORE(x, n) DT_TRY(dt_cu_round_copy((x), (x), (size_t)(n), be->precision, s))
+
+/* Parameter views read by forward/backward: the working copy (the master itself in fp32). */
 static const float *P(const dt_backend_t *be, int l, int which) {
-  return be->params + dt_layout_block(be->lay, l, which)->offset;
+  return be->wparams + dt_layout_block(be->lay, l, which)->offset;
 }
 static float *G(const dt_backend_t *be, int l, int which) { return be->grads + dt_layout_block(be->lay, l, which)->offset; }
 
@@ -320,8 +343,11 @@ static dt_status_t cu_forward(dt_backend_t *be, const int *inputs, const int *ta
   im->have_fwd = 1;
   im->have_targets = targets != NULL;
 
-  const float *wte = be->params + lay->tensors[0].offset, *wpe = be->params + lay->tensors[1].offset;
+  if (be->wparams != be->params)
+    DT_TRY(dt_cu_round_copy(be->wparams, be->params, lay->n_params, be->precision, s));
+  const float *wte = be->wparams + lay->tensors[0].offset, *wpe = be->wparams + lay->tensors[1].offset;
   DT_TRY(dt_cu_encoder_forward(a->encoded, im->inputs, wte, wpe, B, T, C, s));
+  STORE(a->encoded, (size_t)N * C);
   const float *x = a->encoded;
   for (int l = 0; l < L; l++) {
     size_t o = l * im->btc, os = l * im->bt;
@@ -330,22 +356,32 @@ static dt_status_t cu_forward(dt_backend_t *be, const int *inputs, const int *ta
     float *res3 = a->residual3 + o;
     DT_TRY(dt_cu_layernorm_forward(ln1, a->ln1_mean + os, a->ln1_rstd + os, x, P(be, l, DT_LN1W), P(be, l, DT_LN1B),
                                    N, C, s));
+    STORE(ln1, (size_t)N * C);
     DT_TRY(matmul_forward(im, qkv, ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * C));
+    STORE(qkv, (size_t)N * 3 * C);
     DT_TRY(attention_forward(im, atty, att, qkv, B, T, C, NH));
+    STORE(atty, (size_t)N * C);
     DT_TRY(matmul_forward(im, res2, atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), N, C, C));
     DT_TRY(dt_cu_residual_forward(res2, res2, x, (size_t)N * C, s));
+    STORE(res2, (size_t)N * C); /* once after the residual add, like the CPU's fused matmul + residual */
     DT_TRY(dt_cu_layernorm_forward(ln2, a->ln2_mean + os, a->ln2_rstd + os, res2, P(be, l, DT_LN2W), P(be, l, DT_LN2B),
                                    N, C, s));
+    STORE(ln2, (size_t)N * C);
     DT_TRY(matmul_forward(im, fch, ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * C));
+    STORE(fch, (size_t)N * 4 * C);
     DT_TRY(dt_cu_gelu_forward(fchg, fch, (size_t)N * 4 * C, s));
+    STORE(fchg, (size_t)N * 4 * C);
     DT_TRY(matmul_forward(im, res3, fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), N, 4 * C, C));
     DT_TRY(dt_cu_residual_forward(res3, res3, res2, (size_t)N * C, s));
+    STORE(res3, (size_t)N * C);
     x = res3;
   }
   const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
-  DT_TRY(dt_cu_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, be->params + lnfw->offset,
-                                 be->params + lnfb->offset, N, C, s));
+  DT_TRY(dt_cu_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, be->wparams + lnfw->offset,
+                                 be->wparams + lnfb->offset, N, C, s));
+  STORE(a->lnf, (size_t)N * C);
   DT_TRY(matmul_forward(im, a->logits, a->lnf, wte, NULL, N, C, Vp)); /* tied lm_head */
+  STORE(a->logits, (size_t)N * Vp);
   if (targets) {
     DT_TRY(dt_cu_crossentropy_forward(a->losses, a->lse, a->logits, im->targets, N, V, Vp, s));
     DT_CUDA_CHECK(cudaMemcpyAsync(im->h_losses, a->losses, (size_t)N * sizeof(float), cudaMemcpyDeviceToHost, s));
@@ -379,16 +415,19 @@ static dt_status_t cu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn rea
   if (accum < 1) return DT_ERR(DT_ERR_ARG, "cuda backend: backward with accum=%d (must be >= 1)", accum);
   DT_CUDA_CHECK(cudaSetDevice(im->device));
 
-  const float *wte = be->params + lay->tensors[0].offset;
+  const float *wte = be->wparams + lay->tensors[0].offset;
   float *dwte = be->grads + lay->tensors[0].offset, *dwpe = be->grads + lay->tensors[1].offset;
   const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
   const float *x_last = L > 0 ? a->residual3 + (size_t)(L - 1) * im->btc : a->encoded;
 
-  DT_TRY(dt_cu_crossentropy_backward(a->dlogits, a->logits, a->lse, im->targets, 1.0f / ((float)N * accum), N, V, Vp,
-                                     s));
+  DT_TRY(dt_cu_crossentropy_backward(a->dlogits, a->logits, a->lse, im->targets, be->loss_scale / ((float)N * accum), N,
+                                     V, Vp, s));
+  STORE(a->dlogits, (size_t)N * Vp);
   DT_TRY(matmul_backward(im, a->dtmp, dwte, NULL, a->dlogits, a->lnf, wte, N, C, Vp));
+  STORE(a->dtmp, (size_t)N * C);
   DT_TRY(dt_cu_layernorm_backward(a->dres, be->grads + lnfw->offset, be->grads + lnfb->offset, NULL, a->dtmp, x_last,
-                                  be->params + lnfw->offset, a->lnf_mean, a->lnf_rstd, N, C, s));
+                                  be->wparams + lnfw->offset, a->lnf_mean, a->lnf_rstd, N, C, s));
+  STORE(a->dres, (size_t)N * C);
   DT_TRY(group_ready(be, L + 1, ready, ctx));
 
   for (int l = L - 1; l >= 0; l--) {
@@ -398,18 +437,26 @@ static dt_status_t cu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn rea
     const float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * o, *fchg = a->fch_gelu + 4 * o;
     DT_TRY(matmul_backward(im, a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg,
                            P(be, l, DT_FCPROJW), N, 4 * C, C));
+    STORE(a->dfch, (size_t)N * 4 * C);
     DT_TRY(dt_cu_gelu_backward(a->dfch, fch, a->dfch, (size_t)N * 4 * C, s));
+    STORE(a->dfch, (size_t)N * 4 * C);
     DT_TRY(matmul_backward(im, a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, ln2, P(be, l, DT_FCW), N, C,
                            4 * C));
+    STORE(a->dtmp, (size_t)N * C);
     DT_TRY(dt_cu_layernorm_backward(a->dres, G(be, l, DT_LN2W), G(be, l, DT_LN2B), a->dres, a->dtmp, res2,
                                     P(be, l, DT_LN2W), a->ln2_mean + os, a->ln2_rstd + os, N, C, s));
+    STORE(a->dres, (size_t)N * C);
     DT_TRY(matmul_backward(im, a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, atty,
                            P(be, l, DT_ATTPROJW), N, C, C));
+    STORE(a->dtmp, (size_t)N * C);
     DT_TRY(attention_backward(im, a->dqkv, a->datt, a->dtmp, qkv, att, B, T, C, NH));
+    STORE(a->dqkv, (size_t)N * 3 * C);
     DT_TRY(matmul_backward(im, a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, ln1, P(be, l, DT_QKVW), N, C,
                            3 * C));
+    STORE(a->dtmp, (size_t)N * C);
     DT_TRY(dt_cu_layernorm_backward(a->dres, G(be, l, DT_LN1W), G(be, l, DT_LN1B), a->dres, a->dtmp, x,
                                     P(be, l, DT_LN1W), a->ln1_mean + os, a->ln1_rstd + os, N, C, s));
+    STORE(a->dres, (size_t)N * C);
     DT_TRY(group_ready(be, 1 + l, ready, ctx));
   }
   DT_TRY(dt_cu_encoder_backward(dwte, dwpe, a->dres, im->inputs, B, T, C, s));
@@ -492,5 +539,5 @@ static dt_status_t cu_logits_to_host(dt_backend_t *be, float *dst) {
 
 extern "C" const dt_backend_ops_t dt_backend_cuda = {
     "cuda",          cu_init,         cu_free,         cu_forward,        cu_backward,      cu_zero_grad,
-    cu_grad_sumsq,   cu_adamw,        cu_copy_to_host, cu_copy_from_host, cu_logits_to_host,
+    cu_grad_sumsq,   cu_adamw,        cu_copy_to_host, cu_copy_from_host, cu_logits_to_host, cu_set_precision,
 };

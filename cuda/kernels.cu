@@ -8,6 +8,7 @@
 #include "cuda_check.h"
 #include "cuda_launch.h"
 #include "kmath.h"
+#include "precision.h"
 
 #define FULL_MASK 0xffffffffu
 
@@ -264,6 +265,18 @@ dt_status_t dt_cu_gelu_forward(float *out, const float *inp, size_t n, cudaStrea
 
 dt_status_t dt_cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, cudaStream_t s) {
   gelu_backward_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(dinp, inp, dout, n);
+  DT_KERNEL_CHECK();
+  return DT_OK;
+}
+
+/* storage-precision rounding (precision.h): dst = round(src), dst == src allowed */
+__global__ static void round_k(float *dst, const float *src, size_t n, int prec) {
+  FOR_N(i, n) dst[i] = dt_prec_round1(src[i], prec);
+}
+
+dt_status_t dt_cu_round_copy(float *dst, const float *src, size_t n, int prec, cudaStream_t s) {
+  if (prec == DT_PREC_FP32 && dst == src) return DT_OK;
+  round_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(dst, src, n, prec);
   DT_KERNEL_CHECK();
   return DT_OK;
 }

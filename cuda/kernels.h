@@ -40,6 +40,10 @@ dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const float *l
 /* dlogits (N,Vp) written; padded columns v >= V get 0 */
 dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
                                         float dloss, int N, int V, int Vp, cudaStream_t s);
+/* dst (n) = src rounded to the storage precision prec (precision.h; dst == src allowed, fp32 in
+ * place is a no-op). Mixed precision stores nothing in 16 bits on the GPU yet: this emulates the
+ * storage rounding exactly as the CPU backend does (UNTESTED on a GPU). */
+dt_status_t dt_cu_round_copy(float *dst, const float *src, size_t n, int prec, cudaStream_t s);
 /* one AdamW step over n elements (kmath.h dt_adamw_update) */
 dt_status_t dt_cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
                         float eps, float wd, float bc1, float bc2, float gscale, cudaStream_t s);

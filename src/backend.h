@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include "model.h"
+#include "precision.h"
 #include "status.h"
 
 #ifdef __cplusplus
@@ -38,7 +39,8 @@ typedef struct {
    * inputs, targets: host int32 (B, T). B and T may be smaller than at init. */
   dt_status_t (*forward)(dt_backend_t *be, const int *inputs, const int *targets, int B, int T, float *loss);
   /* Backward pass of the last forward; gradients ACCUMULATE (+=) into the grads arena, scaled so
-   * that the loss is divided by `accum` (micro-steps per optimizer step). */
+   * that the loss is divided by `accum` (micro-steps per optimizer step) and multiplied by
+   * be->loss_scale. */
   dt_status_t (*backward)(dt_backend_t *be, int accum, dt_grad_ready_fn ready, void *ctx);
   dt_status_t (*zero_grad)(dt_backend_t *be);
   /* Sum of squares of the gradients arena (float64 accumulation). */
@@ -50,12 +52,22 @@ typedef struct {
   dt_status_t (*copy_from_host)(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, const float *src);
   /* Logits of the last forward: (B, T, Vp) host copy, for tests. May be NULL if unsupported. */
   dt_status_t (*logits_to_host)(dt_backend_t *be, float *dst);
+  /* Storage precision of the working parameters, activations and activation gradients
+   * (precision.h); init leaves fp32. Call after init, before forward: allocates the working copy
+   * be->wparams for bf16/fp16. */
+  dt_status_t (*set_precision)(dt_backend_t *be, dt_precision_t p);
 } dt_backend_ops_t;
 
 struct dt_backend {
   const dt_backend_ops_t *ops;
   const dt_layout_t *lay;
-  float *params, *grads, *m, *v; /* arenas of lay->n_params floats (host or device) */
+  float *params, *grads, *m, *v; /* arenas of lay->n_params floats (host or device); params is the
+                                    fp32 master that AdamW updates and checkpoints hold */
+  float *wparams;                /* the parameters forward/backward read: == params in fp32, else a
+                                    copy rounded to `precision` at the start of every forward */
+  int precision;                 /* dt_precision_t, set by set_precision (init: fp32) */
+  float loss_scale;              /* backward differentiates loss * loss_scale (init: 1; fp16 loss
+                                    scaling sets it before backward) */
   int B, T;                      /* activation capacity */
   int threads;
   void *impl;                    /* backend-private state */

@@ -1,6 +1,9 @@
 /* The CPU backend (dt_backend_cpu): GPT-2 forward/backward over the ops_cpu.h kernels, AdamW and
  * the arena copies. All memory (params, grads, m, v, activations and
- * activation-gradient scratch) is allocated in init; forward/backward/adamw allocate nothing. */
+ * activation-gradient scratch) is allocated in init (and set_precision); forward/backward/adamw
+ * allocate nothing. bf16/fp16 storage is emulated: STORE() rounds each activation and activation
+ * gradient right after the op writing it, and forward reads a rounded copy of the parameters
+ * (the rounding points are listed in precision.h). */
 #include <math.h>
 #include <omp.h>
 #include <stdlib.h>
@@ -11,6 +14,7 @@
 #include "gemm.h"
 #include "kmath.h"
 #include "ops_cpu.h"
+#include "precision.h"
 #include "profile.h"
 
 dt_profile_t dt_profile;
@@ -64,6 +68,7 @@ static void *alloc_floats(size_t n) {
 static void cpu_free(dt_backend_t *be) {
   cpu_impl_t *im = be->impl;
   if (im) {
+    if (be->wparams != be->params) free(be->wparams);
     free(im->arena);
     free(im->a.inputs);
     free(im->a.targets);
@@ -73,7 +78,7 @@ static void cpu_free(dt_backend_t *be) {
   free(be->grads);
   free(be->m);
   free(be->v);
-  be->params = be->grads = be->m = be->v = NULL;
+  be->params = be->grads = be->m = be->v = be->wparams = NULL;
   be->impl = NULL;
 }
 
@@ -144,14 +149,35 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
                   nact);
   }
   carve(&im->a, im->arena, &lay->d, B, T, im->nthr);
+  be->wparams = be->params;
+  be->precision = DT_PREC_FP32;
+  be->loss_scale = 1.0f;
   im->bt = (size_t)B * T;
   im->btc = im->bt * lay->d.C;
   im->bth = im->bt * lay->d.NH;
   return DT_OK;
 }
 
+static dt_status_t cpu_set_precision(dt_backend_t *be, dt_precision_t p) {
+  if (!dt_precision_name(p)) return DT_ERR(DT_ERR_ARG, "cpu backend: unknown precision %d", (int)p);
+  if (p != DT_PREC_FP32 && be->wparams == be->params) {
+    be->wparams = alloc_floats(be->lay->n_params);
+    if (!be->wparams) {
+      be->wparams = be->params;
+      return DT_ERR(DT_ERR_NOMEM, "cpu backend: cannot allocate the %s working copy of %zu parameters",
+                    dt_precision_name(p), be->lay->n_params);
+    }
+  }
+  be->precision = (int)p;
+  return DT_OK;
+}
+
+/* An activation or activation gradient just written: round it to the storage precision. */
+#define STORE(x, n) dt_prec_round((x), (size_t)(n), (dt_precision_t)be->precision)
+
+/* Parameter views read by forward/backward: the working copy (the master itself in fp32). */
 static const float *P(const dt_backend_t *be, int l, int which) {
-  return be->params + dt_layout_block(be->lay, l, which)->offset;
+  return be->wparams + dt_layout_block(be->lay, l, which)->offset;
 }
 static float *G(const dt_backend_t *be, int l, int which) { return be->grads + dt_layout_block(be->lay, l, which)->offset; }
 
@@ -193,8 +219,10 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
   im->have_fwd = 1;
   im->have_targets = targets != NULL;
 
-  const float *wte = be->params + lay->tensors[0].offset, *wpe = be->params + lay->tensors[1].offset;
+  if (be->wparams != be->params) dt_prec_round_copy(be->wparams, be->params, lay->n_params, be->precision);
+  const float *wte = be->wparams + lay->tensors[0].offset, *wpe = be->wparams + lay->tensors[1].offset;
   DT_PROF(DT_PROF_ENCODER, dt_encoder_forward(a->encoded, inputs, wte, wpe, B, T, C));
+  STORE(a->encoded, N * C);
   const float *x = a->encoded; /* (B,T,C) residual stream entering block l */
   for (int l = 0; l < L; l++) {
     size_t o = l * im->btc, os = l * im->bt;
@@ -202,20 +230,30 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
     float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * o, *fchg = a->fch_gelu + 4 * o;
     float *res3 = a->residual3 + o;
     DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(ln1, a->ln1_mean + os, a->ln1_rstd + os, x, P(be, l, DT_LN1W), P(be, l, DT_LN1B), N, C));
+    STORE(ln1, N * C);
     DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(qkv, ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * C));
+    STORE(qkv, N * 3 * C);
     DT_PROF(DT_PROF_ATTENTION, dt_attention_forward(atty, alse, a->attscr, qkv, B, T, C, NH, im->nthr));
+    STORE(atty, N * C);
     DT_PROF(DT_PROF_MATMUL, dt_matmul_residual_forward(res2, atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), x, N, C, C));
+    STORE(res2, N * C);
     DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(ln2, a->ln2_mean + os, a->ln2_rstd + os, res2, P(be, l, DT_LN2W), P(be, l, DT_LN2B), N, C));
+    STORE(ln2, N * C);
     DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(fch, ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * C));
+    STORE(fch, N * 4 * C);
     DT_PROF(DT_PROF_GELU, dt_gelu_forward(fchg, fch, (size_t)N * 4 * C));
+    STORE(fchg, N * 4 * C);
     DT_PROF(DT_PROF_MATMUL, dt_matmul_residual_forward(res3, fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), res2, N, 4 * C, C));
+    STORE(res3, N * C);
     x = res3;
   }
   const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
-  DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, be->params + lnfw->offset, be->params + lnfb->offset, N,
+  DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, be->wparams + lnfw->offset, be->wparams + lnfb->offset, N,
                        C));
+  STORE(a->lnf, N * C);
   /* tied lm_head: logits = lnf wte^T */
   DT_PROF(DT_PROF_LMHEAD, dt_matmul_forward(a->logits, a->lnf, wte, NULL, N, C, Vp));
+  STORE(a->logits, (size_t)N * Vp);
   im->logits_gone = 0;
   im->logits_gen = im->param_gen;
   if (targets) {
@@ -236,23 +274,27 @@ static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn re
     return DT_ERR(DT_ERR_ARG, "cpu backend: backward needs a preceding forward with targets");
   if (accum < 1) return DT_ERR(DT_ERR_ARG, "cpu backend: backward with accum=%d (must be >= 1)", accum);
 
-  const float *wte = be->params + lay->tensors[0].offset;
+  const float *wte = be->wparams + lay->tensors[0].offset;
   float *dwte = be->grads + lay->tensors[0].offset, *dwpe = be->grads + lay->tensors[1].offset;
   const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
   const float *x_last = L > 0 ? a->residual3 + (size_t)(L - 1) * im->btc : a->encoded;
 
-  /* loss = mean over B*T, divided by accum; dlogits replace the logits in place (one (B,T,Vp)
-   * buffer instead of two: 206 MB less at GPT-2 124M, B=4, T=256) */
+  /* loss = mean over B*T, divided by accum, times the loss scale (1 unless fp16); dlogits replace
+   * the logits in place (one (B,T,Vp) buffer instead of two: 206 MB less at GPT-2 124M, B=4, T=256) */
   if (im->logits_gone) { /* a repeated backward: recompute the logits the first one consumed */
     if (im->param_gen != im->logits_gen)
       return DT_ERR(DT_ERR_ARG, "cpu backend: backward again after a parameter update needs a new forward");
     DT_PROF(DT_PROF_LMHEAD, dt_matmul_forward(a->logits, a->lnf, wte, NULL, N, C, Vp));
+    STORE(a->logits, (size_t)N * Vp);
   }
-  DT_PROF(DT_PROF_XENT, xent_backward_inplace(a->logits, a->lse, a->targets, 1.0f / ((float)N * accum), N, V, Vp));
+  DT_PROF(DT_PROF_XENT, xent_backward_inplace(a->logits, a->lse, a->targets, be->loss_scale / ((float)N * accum), N, V, Vp));
+  STORE(a->logits, (size_t)N * Vp);
   im->logits_gone = 1;
   DT_PROF(DT_PROF_LMHEAD, dt_matmul_backward(a->dtmp, dwte, NULL, a->logits, a->lnf, wte, N, C, Vp));
+  STORE(a->dtmp, N * C);
   DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, be->grads + lnfw->offset, be->grads + lnfb->offset, NULL, a->dtmp, x_last,
-                        be->params + lnfw->offset, a->lnf_mean, a->lnf_rstd, N, C));
+                        be->wparams + lnfw->offset, a->lnf_mean, a->lnf_rstd, N, C));
+  STORE(a->dres, N * C);
   if (ready) ready(ctx, lay->layer_begin[L + 1], lay->layer_begin[L + 2]);
 
   for (int l = L - 1; l >= 0; l--) {
@@ -263,17 +305,25 @@ static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn re
     /* dres holds d loss / d residual3[l] */
     DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg, P(be, l, DT_FCPROJW), N,
                        4 * C, C));
+    STORE(a->dfch, N * 4 * C);
     DT_PROF(DT_PROF_GELU, dt_gelu_backward(a->dfch, fch, a->dfch, (size_t)N * 4 * C));
+    STORE(a->dfch, N * 4 * C);
     DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, ln2, P(be, l, DT_FCW), N, C, 4 * C));
+    STORE(a->dtmp, N * C);
     DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, G(be, l, DT_LN2W), G(be, l, DT_LN2B), a->dres, a->dtmp, res2, P(be, l, DT_LN2W),
                           a->ln2_mean + os, a->ln2_rstd + os, N, C));
+    STORE(a->dres, N * C);
     /* dres holds d loss / d residual2[l] */
     DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, atty, P(be, l, DT_ATTPROJW),
                        N, C, C));
+    STORE(a->dtmp, N * C);
     DT_PROF(DT_PROF_ATTENTION, dt_attention_backward(a->dqkv, a->attscr, a->dtmp, qkv, alse, B, T, C, NH, im->nthr));
+    STORE(a->dqkv, N * 3 * C);
     DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, ln1, P(be, l, DT_QKVW), N, C, 3 * C));
+    STORE(a->dtmp, N * C);
     DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, G(be, l, DT_LN1W), G(be, l, DT_LN1B), a->dres, a->dtmp, x, P(be, l, DT_LN1W),
                           a->ln1_mean + os, a->ln1_rstd + os, N, C));
+    STORE(a->dres, N * C);
     /* dres holds d loss / d (block l input) */
     if (ready) ready(ctx, lay->layer_begin[1 + l], lay->layer_begin[2 + l]);
   }
@@ -388,4 +438,5 @@ const dt_backend_ops_t dt_backend_cpu = {
     .copy_to_host = cpu_copy_to_host,
     .copy_from_host = cpu_copy_from_host,
     .logits_to_host = cpu_logits_to_host,
+    .set_precision = cpu_set_precision,
 };

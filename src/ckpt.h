@@ -31,7 +31,9 @@ typedef struct {
   int n_rng;                  /* words used in rng (0..DT_CKPT_RNG_MAX) */
   uint64_t rng[DT_CKPT_RNG_MAX];
   double loss_scale;          /* mixed-precision loss scale (1 = none) */
-  int64_t loss_scale_growth;  /* steps since the last overflow */
+  int64_t loss_scale_growth;  /* fp16: consecutive unskipped steps since the last overflow or growth */
+  int64_t skipped_steps;      /* optimizer updates skipped for inf/NaN gradients (fp16); AdamW's
+                                 step count is step - skipped_steps (absent in older files: 0) */
   int dp, tp, pp;             /* parallel layout that wrote it */
   const char *ini;            /* save: effective ini text (NULL = ""); load: malloc'd, free with dt_ckpt_state_free */
   char version[64];           /* save: ignored, PACKAGE_VERSION is stored; load: the writer's version */

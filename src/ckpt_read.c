@@ -61,6 +61,10 @@ static dt_status_t read_state(hid_t file, dt_ckpt_state_t *s, const char *path) 
   dt_status_t st = DT_OK;
   for (size_t i = 0; i < sizeof at / sizeof at[0] && st == DT_OK; i++)
     if (dt_ckpt__attr_get(g, at[i].k, at[i].mt, at[i].v) < 0) st = dt_ckpt__h5err(path, "/state", at[i].k);
+  s->skipped_steps = 0; /* optional: files before mixed precision do not have it */
+  if (st == DT_OK && H5Aexists(g, "skipped_steps") > 0 &&
+      dt_ckpt__attr_get(g, "skipped_steps", H5T_NATIVE_INT64, &s->skipped_steps) < 0)
+    st = dt_ckpt__h5err(path, "/state", "skipped_steps");
   H5Gclose(g);
   return st;
 }

@@ -117,6 +117,7 @@ static dt_status_t write_state(hid_t file, const dt_ckpt_state_t *s, const char 
       {"seed", &s->seed, H5T_STD_U64LE, H5T_NATIVE_UINT64},
       {"loss_scale", &s->loss_scale, H5T_IEEE_F64LE, H5T_NATIVE_DOUBLE},
       {"loss_scale_growth", &s->loss_scale_growth, H5T_STD_I64LE, H5T_NATIVE_INT64},
+      {"skipped_steps", &s->skipped_steps, H5T_STD_I64LE, H5T_NATIVE_INT64},
       {"dp", &s->dp, H5T_STD_I32LE, H5T_NATIVE_INT},
       {"tp", &s->tp, H5T_STD_I32LE, H5T_NATIVE_INT},
       {"pp", &s->pp, H5T_STD_I32LE, H5T_NATIVE_INT},

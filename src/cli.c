@@ -29,8 +29,11 @@ static void usage(FILE *out) {
           "Keys given on the command line override the file. Exit status: 0 done, 1 runtime error,\n"
           "2 bad configuration or usage, %d stopped by SIGUSR1/SIGTERM after a checkpoint (requeue).\n"
           "\n"
-          "Not yet supported: tensor/pipeline parallelism (parallel.tp/pp must be 1), ZeRO, mixed precision.\n"
-          "The CUDA backend and NCCL are compiled in when configured but have never run on a GPU.\n"
+          "Not yet supported: tensor/pipeline parallelism (parallel.tp/pp must be 1), ZeRO.\n"
+          "train.precision = bf16 | fp16 (fp16 with dynamic loss scaling) works on the CPU backend by rounding\n"
+          "float storage (emulated: for numerics, not speed).\n"
+          "The CUDA backend and NCCL are compiled in when configured but have never run on a GPU; its\n"
+          "bf16/fp16 also rounds fp32 storage (no 16-bit storage or tensor-core matmuls yet).\n"
           "\n"
           "Configuration keys (.ini sections):\n",
           DT_EXIT_REQUEUE);

@@ -38,12 +38,15 @@ const dt_config_key_t dt_config_keys[] = {
   {"train", "eval_every",   DT_KEY_INT,   OFF(eval_every),   "0",   0, 1 << 30, NULL, "validation loss every N steps (and at the end); 0 = off"},
   {"train", "eval_batches", DT_KEY_INT,   OFF(eval_batches), "8",   1, 1 << 20, NULL, "micro-batches per validation"},
   {"train", "threads",      DT_KEY_INT,   OFF(threads),      "0",   0, 4096, NULL, "OpenMP threads per rank; 0 = SLURM_CPUS_PER_TASK, else OpenMP's default"},
+  {"train", "precision",    DT_KEY_ENUM,  OFF(precision),    "fp32", 0, 0, "fp32|bf16|fp16", "storage precision of working weights, activations and activation gradients (fp32 master weights, AdamW state and gradient accumulation in every mode); fp16 adds dynamic loss scaling (README: Mixed precision)"},
+  {"train", "loss_scale_init",   DT_KEY_FLOAT, OFF(loss_scale_init),   "65536", 1, 1e30, NULL, "fp16 only: initial loss scale, a power of two (GradScaler init_scale)"},
+  {"train", "loss_scale_window", DT_KEY_INT,   OFF(loss_scale_window), "2000", 1, 1 << 30, NULL, "fp16 only: double the loss scale after this many consecutive steps without inf/NaN gradients (GradScaler growth_interval); a step with inf/NaN on any rank is skipped and halves it"},
 
   {"data", "train",   DT_KEY_STR,  OFF(train),   "data/austen_train_*.bin", 0, 0, NULL, "glob of training token shards (llm.c format)"},
   {"data", "val",     DT_KEY_STR,  OFF(val),     "", 0, 0, NULL, "glob of validation token shards; empty = none"},
   {"data", "shuffle", DT_KEY_BOOL, OFF(shuffle), "true", 0, 0, NULL, "shuffle training samples each epoch (seeded)"},
 
-  {"log", "metrics", DT_KEY_STR, OFF(metrics),   "", 0, 0, NULL, "JSONL metrics file written by rank 0; empty = none"},
+  {"log", "metrics", DT_KEY_STR, OFF(metrics),   "", 0, 0, NULL, "JSONL metrics file written by rank 0; with {rank} in the name every rank writes its own; empty = none"},
   {"log", "every",   DT_KEY_INT, OFF(log_every), "1", 1, 1 << 30, NULL, "print a step row every N steps"},
 
   {"parallel", "dp",        DT_KEY_INT, OFF(dp),        "0", 0, 1 << 20, NULL, "data-parallel ranks; 0 = auto (world size / (tp*pp))"},
@@ -334,6 +337,11 @@ dt_status_t dt_config_validate(const dt_config_t *cfg, const char *name) {
   if (cfg->train[0] == '\0') {
     where(cfg, name, "data", "train", w, sizeof w);
     return DT_ERR(DT_ERR_CONFIG, "%s: must name the training shards", w);
+  }
+  int exp2 = 0;
+  if (frexp(cfg->loss_scale_init, &exp2) != 0.5) {
+    where(cfg, name, "train", "loss_scale_init", w, sizeof w);
+    return DT_ERR(DT_ERR_CONFIG, "%s: %g is not a power of two (unscaling must be exact)", w, cfg->loss_scale_init);
   }
   if (cfg->tp > 1 || cfg->pp > 1) {
     where(cfg, name, "parallel", cfg->tp > 1 ? "tp" : "pp", w, sizeof w);

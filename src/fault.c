@@ -5,7 +5,9 @@
 #include <string.h>
 #include <time.h>
 
-int dt_fault(const char *name, int rank, int step) {
+/* The step field of DTRAIN_FAULT if it names `name` for `rank`: 1 and *step (-1 when absent);
+ * else 0. */
+static int match(const char *name, int rank, int *step) {
   const char *f = getenv("DTRAIN_FAULT");
   if (!f || !*f) return 0;
   size_t n = strlen(name);
@@ -18,8 +20,20 @@ int dt_fault(const char *name, int rank, int step) {
     long want = strtol(r, &end, 10);
     if (end == r || want != rank) return 0;
   }
-  if (*end == ':' && step >= 0) return step >= atoi(end + 1);
+  *step = *end == ':' ? atoi(end + 1) : -1;
   return 1;
+}
+
+int dt_fault(const char *name, int rank, int step) {
+  int from = -1;
+  if (!match(name, rank, &from)) return 0;
+  return from < 0 || step < 0 || step >= from;
+}
+
+int dt_fault_at(const char *name, int rank, int step) {
+  int at = -1;
+  if (!match(name, rank, &at)) return 0;
+  return step == (at < 0 ? 1 : at);
 }
 
 void dt_fault_scale(float *x, size_t n, float s) {

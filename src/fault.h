@@ -1,6 +1,7 @@
 /* Test-only fault injection, for the test suite and validation/ to prove they catch failures.
  * DTRAIN_FAULT="name@rank[:step]" plants one fault on one rank (all ranks when rank is '*'),
- * from `step` on (default: at once). Never set it in production. Names in use:
+ * from `step` on (default: at once; faults marked "at" only at exactly that step). Never set it
+ * in production. Names in use:
  *   ckpt_kill      SIGKILL this rank in the middle of writing a checkpoint's datasets
  *   ckpt_noflush   a checkpoint whose completion marker is never written (the file is committed
  *                  but incomplete, as after a lost flush); rank 0 decides (rank field: 0 or '*')
@@ -10,12 +11,18 @@
  *   slow_rank      this rank sleeps DT_FAULT_SLOW_RANK_S seconds in every step from `step` on
  *   bad_allreduce  float (f32/f64) results of blocking allreduce/reduce_scatter/allgather on this
  *                  rank get +1 in one element (MPI communicator, comm_mpi.c)
+ *   grad_inf       at exactly step `step` (1-based), one gradient of this rank (the first of
+ *                  block 0) becomes +inf after the all-reduce, before the norm: with
+ *                  precision = fp16 every rank must skip that step and halve the loss scale
+ *                  (tests/precision_scaler.sh); otherwise the run stops on the non-finite norm
  * validation/ (tests/validation.sh) plants each and expects the matching check to fail. */
 #ifndef DT_FAULT_H
 #define DT_FAULT_H
 
 /* 1 when DTRAIN_FAULT names `name` for this rank at this step (step < 0: any step). */
 int dt_fault(const char *name, int rank, int step);
+/* 1 when DTRAIN_FAULT names `name` for this rank with exactly this step (no step given: step 1). */
+int dt_fault_at(const char *name, int rank, int step);
 
 #include <stddef.h>
 

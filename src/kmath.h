@@ -178,5 +178,54 @@ DT_HD static inline float dt_ce_dlogit(float z, float lse, int is_target, float 
 /* Softmax backward for one entry: a (d - <a, d>), a the probability, d the upstream gradient. */
 DT_HD static inline float dt_softmax_bwd(float a, float d, float dot) { return a * (d - dot); }
 
+/* ---- storage precision (mixed precision, src/precision.h) ---- */
+/* Float <-> bits without aliasing problems, on host and device. */
+DT_HD static inline uint32_t dt_f2u(float x) {
+#ifdef __CUDA_ARCH__
+  return __float_as_uint(x);
+#else
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+#endif
+}
+DT_HD static inline float dt_u2f(uint32_t u) {
+#ifdef __CUDA_ARCH__
+  return __uint_as_float(u);
+#else
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+#endif
+}
+
+/* x rounded to the nearest bfloat16 (8 exponent bits, 7 stored mantissa bits), ties to even,
+ * returned as the float of the same value (bf16 is the top half of a float). Overflow rounds
+ * to +-inf as IEEE RNE does (|x| >= 0x1.ffp127 ties up), inf stays inf, NaN stays a (quiet)
+ * NaN, float subnormals round like any other value (bf16 has the same exponent range).
+ * Integer form: add 0x7fff + (bit 16) and clear the low 16 bits. */
+DT_HD static inline float dt_round_bf16(float x) {
+  uint32_t u = dt_f2u(x);
+  uint32_t r = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+  r = (u & 0x7fffffffu) > 0x7f800000u ? ((u | 0x00400000u) & 0xffff0000u) : r; /* NaN: quiet, keep sign */
+  return dt_u2f(r);
+}
+
+/* x rounded to the nearest IEEE 754 binary16 value (5 exponent bits, 10 mantissa bits), ties to
+ * even, returned as a float. |x| >= 65520 (the midpoint above the largest half, 65504) becomes
+ * +-inf; below 2^-14 the result is a half subnormal (multiples of 2^-24; |x| <= 2^-25 gives
+ * +-0); inf stays inf, NaN stays a (quiet) NaN. Normal range: the bf16 trick at bit 13.
+ * Subnormal range: (|x| + 0.5f) - 0.5f, whose float sum has ulp 2^-24 and rounds to nearest
+ * even in hardware (no fast-math: the compiler must not fold it). */
+DT_HD static inline float dt_round_fp16(float x) {
+  uint32_t u = dt_f2u(x), sign = u & 0x80000000u, a = u & 0x7fffffffu;
+  uint32_t rn = (a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u;
+  rn = rn > 0x477fe000u ? 0x7f800000u : rn; /* above 65504: inf */
+  float sub = (dt_u2f(a) + 0.5f) - 0.5f;
+  uint32_t r = a < 0x38800000u ? dt_f2u(sub) : rn; /* 0x38800000 = 2^-14, the smallest normal half */
+  r = a > 0x7f800000u ? (a | 0x00400000u) : r;    /* NaN */
+  return dt_u2f(r | sign);
+}
+
 #endif
 

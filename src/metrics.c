@@ -2,6 +2,7 @@
 #include "metrics.h"
 
 #include <errno.h>
+#include <math.h>
 #include <string.h>
 
 dt_status_t dt_metrics_open(dt_metrics_t *m, const char *jsonl_path) {
@@ -14,12 +15,25 @@ dt_status_t dt_metrics_open(dt_metrics_t *m, const char *jsonl_path) {
   return DT_OK;
 }
 
+dt_status_t dt_metrics_open_rank(dt_metrics_t *m, const char *jsonl_path, int rank) {
+  char path[4096];
+  const char *at = jsonl_path ? strstr(jsonl_path, "{rank}") : NULL;
+  if (at) {
+    int n = snprintf(path, sizeof path, "%.*s%d%s", (int)(at - jsonl_path), jsonl_path, rank, at + 6);
+    if (n < 0 || (size_t)n >= sizeof path) return DT_ERR(DT_ERR_CONFIG, "%s: metrics path too long", jsonl_path);
+  }
+  DT_TRY(dt_metrics_open(m, at ? path : jsonl_path));
+  if (rank != 0) m->out = NULL;
+  return DT_OK;
+}
+
 void dt_metrics_close(dt_metrics_t *m) {
   if (m->jsonl) fclose(m->jsonl);
   m->jsonl = NULL;
 }
 
 void dt_metrics_header(dt_metrics_t *m) {
+  if (!m->out) return;
   fprintf(m->out, "# %6s %10s %10s %10s %10s %11s %9s %10s\n", "step", "loss", "lr", "grad_norm", "ms",
           "tok/s", "GFLOP/s", "val_loss");
   fflush(m->out);
@@ -28,15 +42,20 @@ void dt_metrics_header(dt_metrics_t *m) {
 void dt_metrics_row(dt_metrics_t *m, const dt_step_row_t *r) {
   char val[32] = "-";
   if (r->val_loss >= 0) snprintf(val, sizeof val, "%.6f", r->val_loss);
-  fprintf(m->out, "  %6d %10.6f %10.3e %10.4f %10.1f %11.0f %9.2f %10s\n", r->step, r->loss, r->lr, r->grad_norm,
-          r->ms, r->tok_per_s, r->gflops, val);
-  fflush(m->out);
+  if (m->out) {
+    fprintf(m->out, "  %6d %10.6f %10.3e %10.4f %10.1f %11.0f %9.2f %10s\n", r->step, r->loss, r->lr, r->grad_norm,
+            r->ms, r->tok_per_s, r->gflops, val);
+    fflush(m->out);
+  }
   if (m->jsonl) {
+    char gn[32] = "null"; /* JSON has no inf/NaN (an fp16 step skipped for inf gradients) */
+    if (isfinite(r->grad_norm)) snprintf(gn, sizeof gn, "%.9g", r->grad_norm);
     fprintf(m->jsonl,
-            "{\"step\": %d, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %.9g, \"ms\": %.3f, \"tok_per_s\": %.1f, "
+            "{\"step\": %d, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %s, \"ms\": %.3f, \"tok_per_s\": %.1f, "
             "\"gflops\": %.3f",
-            r->step, r->loss, r->lr, r->grad_norm, r->ms, r->tok_per_s, r->gflops);
+            r->step, r->loss, r->lr, gn, r->ms, r->tok_per_s, r->gflops);
     fprintf(m->jsonl, ", \"sample0\": %llu, \"samples\": %d", r->sample0, r->samples);
+    if (r->loss_scale > 0) fprintf(m->jsonl, ", \"loss_scale\": %.17g, \"skipped\": %d", r->loss_scale, r->skipped);
     if (r->val_loss >= 0) fprintf(m->jsonl, ", \"val_loss\": %.17g", r->val_loss);
     fprintf(m->jsonl, "}\n");
     fflush(m->jsonl);

@@ -19,14 +19,19 @@ typedef struct {
   double val_loss;   /* < 0: not evaluated this step */
   unsigned long long sample0; /* global sample indices consumed: [sample0, sample0 + samples) */
   int samples;
+  double loss_scale; /* fp16: the loss scale this step's backward used; 0 = no loss scaling */
+  int skipped;       /* fp16: 1 when inf/NaN gradients (on any rank) skipped the update */
 } dt_step_row_t;
 
 typedef struct {
-  FILE *out;         /* stdout */
+  FILE *out;         /* stdout, or NULL (ranks other than 0) */
   FILE *jsonl;       /* or NULL */
 } dt_metrics_t;
 
 dt_status_t dt_metrics_open(dt_metrics_t *m, const char *jsonl_path);
+/* Per rank: "{rank}" in jsonl_path is replaced by `rank` (every rank then writes its own file);
+ * rank 0 prints the table on stdout, other ranks only write their file. */
+dt_status_t dt_metrics_open_rank(dt_metrics_t *m, const char *jsonl_path, int rank);
 void dt_metrics_close(dt_metrics_t *m);
 void dt_metrics_header(dt_metrics_t *m);
 void dt_metrics_row(dt_metrics_t *m, const dt_step_row_t *r);

@@ -157,6 +157,11 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   tr->be.ops = ops;
   tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
   DT_TRY(ops->init(&tr->be, &tr->lay, tr->B, tr->T, tr->mesh.threads));
+  dt_precision_t prec = DT_PREC_FP32;
+  if (dt_precision_parse(cfg->precision, &prec) != 0)
+    return DT_ERR(DT_ERR_CONFIG, "%s: train.precision: '%s' is not one of fp32|bf16|fp16", cfg_name, cfg->precision);
+  DT_TRY(ops->set_precision(&tr->be, prec));
+  dt_scaler_init(&tr->scaler, prec == DT_PREC_FP16, cfg->loss_scale_init, cfg->loss_scale_window);
   if (cuda) { /* host copies of params, m, v for checkpoints */
     tr->host_arena = malloc(3 * sizeof(float) * tr->lay.n_params);
     if (!tr->host_arena) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
@@ -196,6 +201,33 @@ static dt_status_t push_arenas(dt_trainer_t *tr) {
   return tr->be.ops->copy_from_host(&tr->be, DT_BUF_V, 0, n, v);
 }
 
+/* The precision a checkpoint was written with, from its effective ini (files without the key:
+ * fp32). */
+static dt_precision_t ckpt_precision(const char *ini) {
+  dt_config_t c;
+  dt_config_defaults(&c);
+  dt_precision_t p = DT_PREC_FP32;
+  if (!ini || dt_config_parse_text(&c, ini, "checkpoint config_ini") != DT_OK) {
+    dt_err_clear();
+    return p;
+  }
+  dt_precision_parse(c.precision, &p);
+  return p;
+}
+
+/* Loss-scaler state from a checkpoint: scale and growth tracker only if it was written by an
+ * fp16 run (else the scaler starts at loss_scale_init); the skipped-step count always (AdamW t). */
+static void resume_scaler(dt_trainer_t *tr, const dt_ckpt_state_t *st) {
+  tr->scaler.skipped = st->skipped_steps;
+  if (!tr->scaler.enabled) return;
+  if (ckpt_precision(st->ini) == DT_PREC_FP16 && st->loss_scale > 0) {
+    tr->scaler.scale = (float)st->loss_scale;
+    tr->scaler.growth = st->loss_scale_growth;
+  } else if (is_root(tr)) {
+    printf("# resume: the checkpoint is not from an fp16 run: loss scale starts at %g\n", tr->scaler.scale);
+  }
+}
+
 /* Restore parameters, moments and position per checkpoint.resume (auto | never | PATH). */
 static dt_status_t resume(dt_trainer_t *tr) {
   const char *r = tr->cfg.resume;
@@ -224,9 +256,13 @@ static dt_status_t resume(dt_trainer_t *tr) {
   tr->sample_pos = (uint64_t)st.data_pos;
   tr->tokens_seen = (uint64_t)st.tokens;
   tr->resumed_step = tr->step;
+  resume_scaler(tr, &st);
   if (is_root(tr)) {
     printf("# resume: %s at step %d, sample %llu (written by dtrain %s, dp=%d tp=%d pp=%d; read in %.2f s)\n", path,
            tr->step, (unsigned long long)tr->sample_pos, st.version, st.dp, st.tp, st.pp, dt_time_now() - t0);
+    if (tr->scaler.enabled || tr->scaler.skipped)
+      printf("# resume: loss scale %g, %lld clean steps since the last overflow or growth, %lld steps skipped\n",
+             tr->scaler.scale, (long long)tr->scaler.growth, (long long)tr->scaler.skipped);
     if (st.seed != tr->cfg.seed)
       printf("# resume: note: seed %llu differs from the checkpoint's %llu (data order changes)\n",
              (unsigned long long)tr->cfg.seed, (unsigned long long)st.seed);
@@ -241,7 +277,8 @@ dt_status_t dt_trainer_save(dt_trainer_t *tr) {
   char *ini = dt_config_to_string(&tr->cfg);
   uint64_t n = dt_data_num_samples(tr->train);
   dt_ckpt_state_t st = {.step = tr->step, .tokens = (int64_t)tr->tokens_seen, .data_pos = (int64_t)tr->sample_pos,
-                        .epoch = (int64_t)(tr->sample_pos / n), .seed = tr->cfg.seed, .loss_scale = 1.0,
+                        .epoch = (int64_t)(tr->sample_pos / n), .seed = tr->cfg.seed, .loss_scale = tr->scaler.scale,
+                        .loss_scale_growth = tr->scaler.growth, .skipped_steps = tr->scaler.skipped,
                         .dp = tr->mesh.dp, .tp = tr->mesh.tp, .pp = tr->mesh.pp, .ini = ini};
   char path[DT_PATH_MAX];
   double t0 = dt_time_now();
@@ -283,7 +320,7 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
                                      tr->ddp.stream, NULL));
     tr->t_allreduce_full = dt_time_now() - t0;
   }
-  if (is_root(tr)) DT_TRY(dt_metrics_open(&tr->metrics, cfg->metrics));
+  if (is_root(tr) || strstr(cfg->metrics, "{rank}")) DT_TRY(dt_metrics_open_rank(&tr->metrics, cfg->metrics, tr->mesh.rank));
   return DT_OK;
 }
 
@@ -309,6 +346,7 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   uint64_t sample0 = tr->sample_pos;
   double lr = dt_lr_at(c, tr->step);
   DT_TRY(be->ops->zero_grad(be));
+  be->loss_scale = tr->scaler.scale; /* 1 unless fp16 */
   if (dp > 1) dt_ddp_begin(&tr->ddp);
   double loss_sum = 0;
   uint64_t slice = tr->sample_pos + (uint64_t)tr->mesh.dp_idx * (uint64_t)tr->accum * (uint64_t)tr->B;
@@ -328,15 +366,31 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   if (dt_fault("bad_math", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: block 1's grads */
     dt_fault_scale(be->grads + tr->lay.layer_begin[1], tr->lay.layer_begin[2] - tr->lay.layer_begin[1], DT_FAULT_BAD_MATH_SCALE);
   if (dt_fault("slow_rank", tr->mesh.rank, tr->step + 1)) dt_fault_sleep(DT_FAULT_SLOW_RANK_S); /* test-only */
+  if (dt_fault_at("grad_inf", tr->mesh.rank, tr->step + 1)) { /* test-only: one inf in block 0's grads */
+    float inf = INFINITY;
+    DT_TRY(be->ops->copy_from_host(be, DT_BUF_GRADS, tr->lay.layer_begin[1], 1, &inf));
+  }
   double sumsq = 0;
   DT_TRY(be->ops->grad_sumsq(be, &sumsq));
-  double norm = sqrt(sumsq);
-  if (!isfinite(norm))
+  /* fp16: every rank learns whether any rank saw inf/NaN; the step is then skipped everywhere */
+  int skip = 0;
+  const float scale = tr->scaler.scale;
+  if (tr->scaler.enabled) DT_TRY(dt_scaler_agree(&tr->scaler, tr->mesh.world, tr->mesh.rank, sumsq, &skip));
+  double norm = sqrt(sumsq) / scale; /* of the unscaled gradients (exact: scale is a power of two) */
+  if (!skip && !isfinite(norm))
     return DT_ERR(DT_ERR_NUMERIC, "rank %d: step %d: gradient norm is %g", tr->mesh.rank, tr->step + 1, norm);
-  dt_adamw_args_t a = {.lr = (float)lr, .beta1 = (float)c->beta1, .beta2 = (float)c->beta2, .eps = (float)c->eps,
-                       .weight_decay = (float)c->weight_decay, .grad_scale = dt_clip_scale(norm, c->grad_clip),
-                       .t = tr->step + 1};
-  DT_TRY(be->ops->adamw(be, &a));
+  if (!skip) { /* unscale (x 1/scale) folded into the clipping factor: both exact powers of two apart */
+    dt_adamw_args_t a = {.lr = (float)lr, .beta1 = (float)c->beta1, .beta2 = (float)c->beta2, .eps = (float)c->eps,
+                         .weight_decay = (float)c->weight_decay,
+                         .grad_scale = dt_clip_scale(norm, c->grad_clip) / scale,
+                         .t = (int)(tr->step - tr->scaler.skipped) + 1};
+    DT_TRY(be->ops->adamw(be, &a));
+  }
+  dt_scaler_update(&tr->scaler, skip);
+  if (tr->scaler.enabled && is_root(tr) && (skip || tr->scaler.scale != scale))
+    printf("# step %d: %s: loss scale %g -> %g\n", tr->step + 1,
+           skip ? "inf/NaN gradients on some rank, update skipped" : "no overflow for loss_scale_window steps", scale,
+           tr->scaler.scale);
   tr->step++;
   tr->sample_pos += (uint64_t)tr->global_batch;
   tr->tokens_seen += (uint64_t)tr->global_batch * (uint64_t)tr->T;
@@ -351,7 +405,8 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   double tokens = (double)tr->global_batch * tr->T;
   *row = (dt_step_row_t){.step = tr->step, .loss = mean_loss, .lr = lr, .grad_norm = norm, .ms = 1e3 * tmax,
                          .tok_per_s = tokens / tmax, .gflops = tr->flops_per_token * tokens / tmax * 1e-9,
-                         .val_loss = -1, .sample0 = sample0, .samples = tr->global_batch};
+                         .val_loss = -1, .sample0 = sample0, .samples = tr->global_batch,
+                         .loss_scale = tr->scaler.enabled ? scale : 0, .skipped = skip};
   return DT_OK;
 }
 
@@ -387,6 +442,13 @@ static void print_header(dt_trainer_t *tr) {
           (unsigned long long)dt_data_num_samples(tr->train));
   fprintf(o, "# backend: %s, %d threads per rank, matmul: %s\n", tr->be.ops->name, tr->mesh.threads,
           tr->be.ops == &dt_backend_cpu ? dt_cpu_gemm_engine() : "cuBLAS");
+  if (tr->be.precision != DT_PREC_FP32)
+    fprintf(o, "# precision: %s weights/activations/activation gradients, fp32 master weights and accumulation%s\n",
+            dt_precision_name((dt_precision_t)tr->be.precision),
+            tr->scaler.enabled ? "; dynamic loss scaling (GradScaler rule)" : "");
+  if (tr->scaler.enabled)
+    fprintf(o, "# loss scale: %g, x2 after %d clean steps, x0.5 and skip on inf/NaN (agreed over all ranks)\n",
+            tr->scaler.scale, tr->scaler.interval);
   fprintf(o, "# FLOPs per token = 6*(12*L*C^2 + C*Vp) + 12*L*T*C = %.4g (fwd+bwd, full TxT attention)\n",
           tr->flops_per_token);
 }
@@ -409,7 +471,7 @@ dt_status_t dt_trainer_run(dt_trainer_t *tr) {
     int last = tr->step == c->steps;
     if (tr->val && c->eval_every > 0 && (tr->step % c->eval_every == 0 || last))
       DT_TRY(dt_trainer_eval(tr, tr->val, c->eval_batches, &row.val_loss));
-    if (is_root(tr) && (tr->step % c->log_every == 0 || last || row.val_loss >= 0)) dt_metrics_row(&tr->metrics, &row);
+    if ((is_root(tr) || tr->metrics.jsonl) && (tr->step % c->log_every == 0 || last || row.val_loss >= 0)) dt_metrics_row(&tr->metrics, &row);
     /* All ranks agree whether a stop was requested. */
     int32_t sig = dt_train_signal_pending() ? 1 : 0;
     if (tr->mesh.size > 1)

@@ -13,6 +13,7 @@
 #include "mesh.h"
 #include "metrics.h"
 #include "model.h"
+#include "precision.h"
 
 /* Exit status when a signal stopped training after a checkpoint was written: the sbatch
  * templates requeue the job on it (EX_TEMPFAIL). */
@@ -41,6 +42,7 @@ typedef struct {
   double t_allreduce_full; /* one blocking all-reduce of all gradients, measured at start (dp > 1) */
   double t_comm_wait_sum;  /* time waiting for gradient all-reduces after backward, summed */
   int n_timed_steps;
+  dt_scaler_t scaler;      /* fp16 dynamic loss scaling (disabled: scale 1); skipped-step count */
 } dt_trainer_t;
 
 /* Data-parallel size and micro-steps per optimizer step for `world` ranks. Pure (no MPI), so a

@@ -89,7 +89,7 @@ static dt_ckpt_state_t mkstate(long step) {
   s.step = step, s.tokens = step * 4096 + 7, s.data_pos = step * 16 + 3, s.epoch = step / 20;
   s.seed = 0xDEADBEEFCAFEF00DULL, s.n_rng = 5;
   for (int i = 0; i < 5; i++) s.rng[i] = 0x9E3779B97F4A7C15ULL * (uint64_t)(i + 1) + (uint64_t)step;
-  s.loss_scale = 65536.0, s.loss_scale_growth = 123, s.dp = size, s.tp = 1, s.pp = 1;
+  s.loss_scale = 65536.0, s.loss_scale_growth = 123, s.skipped_steps = 9, s.dp = size, s.tp = 1, s.pp = 1;
   s.ini = INI;
   return s;
 }
@@ -119,7 +119,8 @@ static long compare(const dt_layout_t *lay, const float *p, const float *m, cons
 static void check_state(const dt_ckpt_state_t *g, long step) {
   dt_ckpt_state_t e = mkstate(step);
   CHECK(g->step == e.step && g->tokens == e.tokens && g->data_pos == e.data_pos && g->epoch == e.epoch &&
-            g->seed == e.seed && g->loss_scale == e.loss_scale && g->loss_scale_growth == e.loss_scale_growth,
+            g->seed == e.seed && g->loss_scale == e.loss_scale && g->loss_scale_growth == e.loss_scale_growth &&
+            g->skipped_steps == e.skipped_steps,
         "state scalars differ (step %lld vs %ld)", (long long)g->step, step);
   CHECK(g->n_rng == 5 && memcmp(g->rng, e.rng, sizeof(uint64_t) * 5) == 0, "rng state differs (n_rng %d)", g->n_rng);
   CHECK(g->ini && strcmp(g->ini, INI) == 0, "ini text differs: %s", g->ini ? g->ini : "(null)");

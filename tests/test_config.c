@@ -58,6 +58,9 @@ Test(config, errors) {
   expect_err("[train]\nseed=-3\n", "train.seed: '-3' is not a non-negative integer");
   expect_err("[train]\nlr_schedule=linear\n", "train.lr_schedule: 'linear' is not one of cosine|constant");
   expect_err("[data]\nshuffle=maybe\n", "data.shuffle: 'maybe' is not a boolean");
+  expect_err("[train]\n\nprecision = fp8\n", "t.ini:3: train.precision: 'fp8' is not one of fp32|bf16|fp16");
+  expect_err("[train]\nloss_scale_window = 0\n", "t.ini:2: train.loss_scale_window: 0 is out of range");
+  expect_err("[train]\nloss_scale_init = 0.5\n", "t.ini:2: train.loss_scale_init: 0.5 is out of range");
   expect_err("n_layer=1\n", "t.ini:1: n_layer: key outside of any [section]");
   expect_err("[model\n", "t.ini:1: malformed section header");
   expect_err("[model]\nn_layer\n", "t.ini:2: expected 'key = value'");
@@ -76,6 +79,8 @@ Test(config, consistency) {
   expect_invalid("[train]\nmicro_batch = 4\ngrad_accum = 3\nglobal_batch = 16\n", "not a multiple of micro_batch*grad_accum = 12");
   expect_invalid("[train]\nlr = 1e-3\nmin_lr = 1e-2\n", "t.ini:3: train.min_lr");
   expect_invalid("[parallel]\ntp = 2\n", "not yet supported");
+  expect_invalid("[train]\nprecision = fp16\nloss_scale_init = 1000\n",
+                 "t.ini:3: train.loss_scale_init: 1000 is not a power of two");
   dt_config_t c;
   cr_assert_eq(parse(&c, "[model]\nn_head = 3\n"), DT_OK);
   cr_assert_eq(dt_config_override(&c, "model.n_embd=100"), DT_OK);

@@ -2,10 +2,17 @@
  * share, against independent double-precision references: GELU and its derivative (central
  * finite differences of the double GELU), AdamW (hand-computed values), the layernorm row
  * statistics and backward terms, the online softmax and its merge (any split of a row gives the
- * row's log-sum-exp), the cross-entropy gradient and the softmax backward. */
+ * row's log-sum-exp), the cross-entropy gradient and the softmax backward; the bf16 and fp16
+ * storage rounding of mixed precision against an exact round-to-nearest-even reference in
+ * double arithmetic (every bf16/fp16 value, every midpoint and its float neighbours, overflow,
+ * subnormals, NaN, and a sweep of 21M float bit patterns; fp16 also against _Float16). */
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "kmath.h"
 #include "model.h"
@@ -177,4 +184,146 @@ Test(kmath, softmax_backward_vs_double) {
     for (int k = 0; k < T; k++) ref += (double)a[j] * ((j == k) - a[k]) * d[k];
     cr_expect(fabs(dt_softmax_bwd(a[j], d[j], (float)dot) - ref) < 1e-6, "dpre[%d]", j);
   }
+}
+
+/* ---- storage-precision rounding (dt_round_bf16, dt_round_fp16) ---------------------------- */
+
+/* Exact round-to-nearest-even of x to a binary format with p significant bits, smallest normal
+ * exponent emin (subnormals below, same quantum) and largest finite value maxv, in double
+ * arithmetic (every step below is exact for float inputs): the two grid neighbours lo <= |x| <
+ * hi, the nearer one, on a tie the one with an even multiple of the quantum; above maxv: inf.
+ * Independent of the bit tricks in kmath.h. */
+static double ref_round(double x, int p, int emin, double maxv) {
+  if (isnan(x) || isinf(x) || x == 0) return x;
+  double a = fabs(x);
+  int e;
+  frexp(a, &e); /* a = m 2^e, m in [0.5, 1): leading bit 2^(e-1) */
+  int lead = e - 1 < emin ? emin : e - 1;
+  double q = ldexp(1.0, lead - (p - 1));
+  double k = floor(a / q), lo = k * q, hi = lo + q;
+  double r = a - lo < hi - a ? lo : a - lo > hi - a ? hi : fmod(k, 2.0) == 0 ? lo : hi;
+  if (r > maxv) r = INFINITY;
+  return copysign(r, x);
+}
+#define BF16_MAX 0x1.fep127 /* (2 - 2^-7) 2^127 */
+static double ref_bf16(float x) { return ref_round(x, 8, -126, BF16_MAX); }
+static double ref_fp16(float x) { return ref_round(x, 11, -14, 65504.0); }
+
+static float from_bits(uint32_t u) {
+  float x;
+  memcpy(&x, &u, sizeof x);
+  return x;
+}
+static uint32_t bits_of(float x) {
+  uint32_t u;
+  memcpy(&u, &x, sizeof u);
+  return u;
+}
+
+/* got == want bitwise for numbers (so -0 vs +0 counts), or both NaN */
+static int same(float got, double want) {
+  if (isnan(want)) return isnan(got);
+  return bits_of(got) == bits_of((float)want);
+}
+
+/* half bits -> value, decoded with ldexp (independent of the rounding code) */
+static double half_value(uint16_t h) {
+  int s = h >> 15, e = (h >> 10) & 31, m = h & 1023;
+  double v = e == 0 ? ldexp(m, -24) : e == 31 ? (m ? NAN : INFINITY) : ldexp(1024 + m, e - 25);
+  return s ? -v : v;
+}
+
+Test(kmath, round_bf16_every_value_midpoint_and_neighbour) {
+  /* all 2^16 bf16 values stay; the midpoint between hi and hi+1 goes to the even one; one float
+   * ulp either side of it goes to the nearer; all against the double reference too */
+  long bad = 0;
+  uint32_t first = 0;
+  for (uint32_t hi = 0; hi < 65536; hi++) {
+    uint32_t u = hi << 16;
+    int finite = ((u >> 23) & 0xff) != 0xff;
+    float x = from_bits(u), mid = from_bits(u | 0x8000), below = from_bits(u | 0x7fff), above = from_bits(u | 0x8001);
+    if (!same(dt_round_bf16(x), ref_bf16(x)) || (finite && bits_of(dt_round_bf16(x)) != u)) bad++;
+    if (!finite) continue;
+    uint32_t even = (hi & 1) ? (hi + 1) << 16 : u; /* hi + 1 may carry into the exponent or reach inf */
+    if (bits_of(dt_round_bf16(mid)) != even || !same(dt_round_bf16(mid), ref_bf16(mid))) bad++;
+    if (bits_of(dt_round_bf16(below)) != u || !same(dt_round_bf16(below), ref_bf16(below))) bad++;
+    if (bits_of(dt_round_bf16(above)) != (hi + 1) << 16 || !same(dt_round_bf16(above), ref_bf16(above))) bad++;
+    if (bad && !first) first = u | 1;
+  }
+  cr_expect_eq(bad, 0, "%ld bf16 mismatches, the first near 0x%08x", bad, first & ~1u);
+}
+
+Test(kmath, round_fp16_every_value_midpoint_and_neighbour) {
+  long bad = 0;
+  for (uint32_t h = 0; h < 65536; h++) {
+    double v = half_value((uint16_t)h);
+    float x = (float)v;
+    if (!same(dt_round_fp16(x), v)) bad++, cr_log_error("half 0x%04x: %a -> %a", h, v, dt_round_fp16(x));
+    if (isnan(v) || isinf(v) || (h & 0x7fff) == 0x7bff) continue; /* the top midpoint below */
+    double w = half_value((uint16_t)(h + 1)); /* next half away from zero */
+    float mid = (float)((v + w) / 2);         /* 12 significant bits: exact in float */
+    cr_assert_eq((double)mid, (v + w) / 2);
+    double even = (h & 1) ? w : v;
+    if (!same(dt_round_fp16(mid), even) || !same(dt_round_fp16(mid), ref_fp16(mid)))
+      bad++, cr_log_error("half 0x%04x midpoint %a -> %a, want %a", h, (double)mid, dt_round_fp16(mid), even);
+    float in = nextafterf(mid, 0.0f), out = nextafterf(mid, signbit(v) ? -INFINITY : INFINITY);
+    if (!same(dt_round_fp16(in), v) || !same(dt_round_fp16(out), w)) bad++, cr_log_error("half 0x%04x neighbours", h);
+  }
+  cr_expect_eq(bad, 0, "%ld fp16 mismatches", bad);
+}
+
+Test(kmath, round_fp16_overflow_subnormals_specials) {
+  struct { float x; double want; } c[] = {
+      {65504.0f, 65504.0},       {65519.99f, 65504.0},     {65520.0f, INFINITY},     {-65520.0f, -INFINITY},
+      {1e10f, INFINITY},         {FLT_MAX, INFINITY},      {INFINITY, INFINITY},     {-INFINITY, -INFINITY},
+      {0x1p-24f, 0x1p-24},       {0x1p-25f, 0.0},          {-0x1p-25f, -0.0},        {0x1.000002p-25f, 0x1p-24},
+      {0x3p-25f, 0x1p-23},       {0x5p-25f, 0x1p-23},      {0x1p-14f, 0x1p-14},      {0x1.ff8p-15f, 0x1.ff8p-15},
+      {0x1.ffcp-15f, 0x1p-14} /* 1023.5 quanta: tie, to 1024 */, {0x1.ff4p-15f, 0x1.ffp-15} /* 1022.5: to 1022 */,   {0x1p-149f, 0.0},         {-0.0f, -0.0},            {1.0f + 0x1p-11f, 1.0},
+      {1.0f + 0x3p-11f, 1.0f + 0x1p-9f},
+  };
+  for (size_t i = 0; i < sizeof c / sizeof c[0]; i++) {
+    cr_expect(same(dt_round_fp16(c[i].x), c[i].want), "fp16(%a) = %a, want %a", (double)c[i].x,
+              (double)dt_round_fp16(c[i].x), c[i].want);
+    cr_expect(same(dt_round_fp16(c[i].x), ref_fp16(c[i].x)), "reference disagrees at %a", (double)c[i].x);
+  }
+  /* NaNs stay NaN, including signalling NaNs whose payload is only in the low bits */
+  uint32_t nans[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff800001u, 0x7f801fffu, 0x7fffffffu};
+  for (size_t i = 0; i < sizeof nans / sizeof nans[0]; i++) {
+    cr_expect(isnan(dt_round_fp16(from_bits(nans[i]))), "fp16 of NaN 0x%08x", nans[i]);
+    cr_expect(isnan(dt_round_bf16(from_bits(nans[i]))), "bf16 of NaN 0x%08x", nans[i]);
+  }
+  /* bf16: FLT_MAX is above the last midpoint (0x7f7f8000) and overflows; the midpoint itself
+   * ties to the even neighbour, which is inf; just below it stays finite */
+  cr_expect(same(dt_round_bf16(FLT_MAX), INFINITY));
+  cr_expect(same(dt_round_bf16(from_bits(0x7f7f8000u)), INFINITY));
+  cr_expect(same(dt_round_bf16(from_bits(0x7f7f7fffu)), BF16_MAX));
+  cr_expect(same(dt_round_bf16(-0.0f), -0.0));
+  cr_expect(same(dt_round_bf16(0x1p-149f), 0.0), "the smallest float subnormal is below half a bf16 quantum");
+  cr_expect(same(dt_round_bf16(0x1p-133f), 0x1p-133), "the smallest bf16 subnormal");
+}
+
+Test(kmath, round_bf16_fp16_sweep_of_float_bit_patterns) {
+  /* every 251st float bit pattern (17.1M values of every sign, exponent and mantissa) plus
+   * 2^22 pseudo-random ones, against the double reference; and against the compiler's own
+   * _Float16 conversion where it has one */
+  long bad16 = 0, badb = 0, badf = 0, n = 0;
+  uint64_t s = 0x9e3779b97f4a7c15ull;
+  for (uint64_t i = 0; i < (1ull << 32) + (1ull << 22) * 251; i += 251, n++) {
+    uint32_t u;
+    if (i < (1ull << 32)) {
+      u = (uint32_t)i;
+    } else {
+      s = s * 6364136223846793005ull + 1442695040888963407ull;
+      u = (uint32_t)(s >> 32);
+    }
+    float x = from_bits(u);
+    if (!same(dt_round_bf16(x), ref_bf16(x))) badb++;
+    if (!same(dt_round_fp16(x), ref_fp16(x))) bad16++;
+#ifdef __FLT16_MAX__
+    if (!same(dt_round_fp16(x), (double)(float)(_Float16)x)) badf++;
+#endif
+  }
+  cr_expect_eq(badb, 0, "%ld of %ld bf16 mismatches", badb, n);
+  cr_expect_eq(bad16, 0, "%ld of %ld fp16 mismatches", bad16, n);
+  cr_expect_eq(badf, 0, "%ld of %ld fp16 values differ from the compiler's _Float16", badf, n);
 }

@@ -1,0 +1,171 @@
+/* Mixed precision (src/precision.h): the loss scaler's update rule against a hand-derived
+ * GradScaler sequence, the array rounding, and the CPU backend's bf16/fp16 modes (the working
+ * copy is the rounded master, activations are stored rounded, the master is untouched, loss
+ * scaling scales the gradients exactly, an fp16 overflow shows up as a non-finite gradient). */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "backend.h"
+#include "kmath.h"
+#include "model.h"
+#include "precision.h"
+
+/* torch.cuda.amp.GradScaler(init_scale=65536, growth_factor=2, backoff_factor=0.5,
+ * growth_interval=3), found_inf per step as below. By hand, from _amp_update_scale_:
+ *   step:      1   2   3     4     5    6   7   8     9    10    11  12
+ *   found_inf: 0   0   0     0     1    0   0   0     1    1     0   0
+ *   scale:     64k 64k 128k  128k  64k  64k 64k 128k  64k  32k   32k 32k   (k = 1024, after the step)
+ *   tracker:   1   2   0     1     0    1   2   0     0    0     1   2
+ * (step 3: tracker + 1 == 3 -> grow and reset; a found_inf halves and resets.) */
+Test(precision, scaler_follows_gradscaler_by_hand) {
+  const int found[12] = {0, 0, 0, 0, 1, 0, 0, 0, 1, 1, 0, 0};
+  const float k = 1024.0f;
+  const float want_scale[12] = {64 * k, 64 * k, 128 * k, 128 * k, 64 * k, 64 * k, 64 * k, 128 * k, 64 * k, 32 * k, 32 * k, 32 * k};
+  const int want_growth[12] = {1, 2, 0, 1, 0, 1, 2, 0, 0, 0, 1, 2};
+  const int want_skipped[12] = {0, 0, 0, 0, 1, 1, 1, 1, 2, 3, 3, 3};
+  dt_scaler_t s;
+  dt_scaler_init(&s, 1, 65536.0, 3);
+  cr_assert_eq(s.scale, 65536.0f);
+  for (int i = 0; i < 12; i++) {
+    dt_scaler_update(&s, found[i]);
+    cr_expect_eq(s.scale, want_scale[i], "step %d: scale %g, want %g", i + 1, s.scale, want_scale[i]);
+    cr_expect_eq(s.growth, want_growth[i], "step %d: growth tracker %lld, want %d", i + 1, (long long)s.growth,
+                 want_growth[i]);
+    cr_expect_eq(s.skipped, want_skipped[i], "step %d: skipped %lld", i + 1, (long long)s.skipped);
+  }
+}
+
+Test(precision, scaler_never_grows_to_inf_and_disabled_is_inert) {
+  dt_scaler_t s;
+  dt_scaler_init(&s, 1, 0x1p127, 1);
+  dt_scaler_update(&s, 0);
+  cr_expect_eq(s.scale, 0x1p127f, "2^127 * 2 is inf in float: the scale must stay");
+  cr_expect_eq(s.growth, 0);
+  dt_scaler_init(&s, 0, 65536.0, 3);
+  cr_expect_eq(s.scale, 1.0f);
+  for (int i = 0; i < 5; i++) dt_scaler_update(&s, i & 1);
+  cr_expect(s.scale == 1.0f && s.growth == 0 && s.skipped == 0, "a disabled scaler changed");
+}
+
+Test(precision, names_and_array_rounding) {
+  dt_precision_t p;
+  cr_expect(dt_precision_parse("bf16", &p) == 0 && p == DT_PREC_BF16);
+  cr_expect(dt_precision_parse("fp16", &p) == 0 && p == DT_PREC_FP16);
+  cr_expect(dt_precision_parse("fp32", &p) == 0 && p == DT_PREC_FP32);
+  cr_expect(dt_precision_parse("fp8", &p) != 0);
+  cr_expect_str_eq(dt_precision_name(DT_PREC_BF16), "bf16");
+  enum { N = 10007 };
+  float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y), *z = malloc(N * sizeof *z);
+  dt_rng_t r;
+  dt_rng_seed(&r, 3);
+  for (int i = 0; i < N; i++) x[i] = (float)(dt_rng_normal(&r) * pow(10.0, (double)(i % 13) - 6));
+  for (int p2 = 0; p2 < 3; p2++) {
+    memcpy(y, x, N * sizeof *x);
+    dt_prec_round(y, N, (dt_precision_t)p2);
+    dt_prec_round_copy(z, x, N, (dt_precision_t)p2);
+    for (int i = 0; i < N; i++) {
+      float want = p2 == DT_PREC_BF16 ? dt_round_bf16(x[i]) : p2 == DT_PREC_FP16 ? dt_round_fp16(x[i]) : x[i];
+      cr_assert(memcmp(&y[i], &want, 4) == 0 && memcmp(&z[i], &want, 4) == 0, "precision %d, element %d", p2, i);
+    }
+  }
+  free(x), free(y), free(z);
+}
+
+/* ---- the CPU backend in bf16 / fp16 ---------------------------------------------------------- */
+
+static const dt_dims_t dims = {.L = 2, .NH = 2, .C = 16, .V = 37, .Vp = 128, .T = 8};
+enum { B = 2, T = 8 };
+
+static void setup(dt_layout_t *lay, dt_backend_t *be, dt_precision_t p, int *inp, int *tgt) {
+  cr_assert_eq(dt_layout_init(lay, dims), DT_OK);
+  cr_assert_eq(dt_backend_cpu.init(be, lay, B, T, 1), DT_OK, "%s", dt_err_msg());
+  cr_assert_eq(be->ops->set_precision(be, p), DT_OK, "%s", dt_err_msg());
+  dt_model_init_params(lay, be->params, 11);
+  dt_rng_t r;
+  dt_rng_seed(&r, 5);
+  for (size_t i = 0; i < lay->n_params; i++) be->params[i] += (float)(0.05 * dt_rng_normal(&r));
+  for (int i = 0; i < B * T; i++) inp[i] = (int)(dt_rng_next(&r) % dims.V), tgt[i] = (int)(dt_rng_next(&r) % dims.V);
+}
+
+static double run(dt_backend_t *be, const int *inp, const int *tgt, float loss_scale, float *grads_out) {
+  float loss = 0;
+  be->loss_scale = loss_scale;
+  cr_assert_eq(be->ops->zero_grad(be), DT_OK);
+  cr_assert_eq(be->ops->forward(be, inp, tgt, B, T, &loss), DT_OK, "%s", dt_err_msg());
+  cr_assert_eq(be->ops->backward(be, 1, NULL, NULL), DT_OK, "%s", dt_err_msg());
+  if (grads_out) memcpy(grads_out, be->grads, be->lay->n_params * sizeof(float));
+  return loss;
+}
+
+Test(precision, bf16_backend_rounds_working_copy_and_activations_not_master) {
+  dt_layout_t lay;
+  dt_backend_t be, ref;
+  int inp[B * T], tgt[B * T];
+  setup(&lay, &be, DT_PREC_BF16, inp, tgt);
+  dt_layout_t lay2;
+  setup(&lay2, &ref, DT_PREC_FP32, inp, tgt);
+  size_t n = lay.n_params;
+  cr_assert(be.wparams != be.params, "bf16 needs a separate working copy");
+  cr_assert(ref.wparams == ref.params, "fp32 reads the master itself");
+  float *master = malloc(n * sizeof *master);
+  memcpy(master, be.params, n * sizeof *master);
+  double l16 = run(&be, inp, tgt, 1.0f, NULL), l32 = run(&ref, inp, tgt, 1.0f, NULL);
+  cr_expect_eq(memcmp(master, be.params, n * sizeof *master), 0, "forward/backward changed the fp32 master");
+  size_t changed = 0;
+  for (size_t i = 0; i < n; i++) {
+    cr_assert(be.wparams[i] == dt_round_bf16(be.params[i]), "working copy %zu is not the rounded master", i);
+    changed += be.wparams[i] != be.params[i];
+  }
+  cr_expect(changed > n / 2, "only %zu of %zu parameters changed by rounding", changed, n);
+  float *logits = malloc((size_t)B * T * dims.Vp * sizeof *logits);
+  cr_assert_eq(be.ops->logits_to_host(&be, logits), DT_OK);
+  for (size_t i = 0; i < (size_t)B * T * dims.Vp; i++)
+    cr_assert(logits[i] == dt_round_bf16(logits[i]), "logit %zu = %a is not a bf16 value", i, (double)logits[i]);
+  /* bf16 keeps ~3 significant digits: the loss moves, but little */
+  cr_expect(l16 != l32 && fabs(l16 - l32) < 0.02 * l32, "bf16 loss %.9g vs fp32 %.9g", l16, l32);
+  free(master), free(logits);
+  be.ops->free(&be), ref.ops->free(&ref);
+  dt_layout_free(&lay), dt_layout_free(&lay2);
+}
+
+/* bf16 has float's exponent range, so multiplying the loss by 2^10 multiplies every rounded
+ * activation gradient and every fp32 parameter gradient by exactly 2^10. */
+Test(precision, loss_scale_scales_gradients_exactly_in_bf16) {
+  dt_layout_t lay;
+  dt_backend_t be;
+  int inp[B * T], tgt[B * T];
+  setup(&lay, &be, DT_PREC_BF16, inp, tgt);
+  size_t n = lay.n_params;
+  float *g1 = malloc(n * sizeof *g1), *g2 = malloc(n * sizeof *g2);
+  run(&be, inp, tgt, 1.0f, g1);
+  run(&be, inp, tgt, 1024.0f, g2);
+  size_t nonzero = 0;
+  for (size_t i = 0; i < n; i++) {
+    cr_assert(g2[i] == 1024.0f * g1[i], "gradient %zu: %a vs 1024 x %a", i, (double)g2[i], (double)g1[i]);
+    nonzero += g1[i] != 0.0f;
+  }
+  cr_expect(nonzero > n / 4, "only %zu nonzero gradients", nonzero);
+  free(g1), free(g2);
+  be.ops->free(&be);
+  dt_layout_free(&lay);
+}
+
+/* fp16 tops out at 65504: with a loss scale of 2^40 the logit gradients overflow to inf, and the
+ * gradient sum of squares (what the scaler checks) is no longer finite; with 2^10 it is. */
+Test(precision, fp16_overflow_reaches_the_gradient_norm) {
+  dt_layout_t lay;
+  dt_backend_t be;
+  int inp[B * T], tgt[B * T];
+  setup(&lay, &be, DT_PREC_FP16, inp, tgt);
+  double ss = 0;
+  run(&be, inp, tgt, 1024.0f, NULL);
+  cr_assert_eq(be.ops->grad_sumsq(&be, &ss), DT_OK);
+  cr_expect(isfinite(ss) && ss > 0, "scale 2^10: sum of squares %g", ss);
+  run(&be, inp, tgt, 0x1p40f, NULL);
+  cr_assert_eq(be.ops->grad_sumsq(&be, &ss), DT_OK);
+  cr_expect(!isfinite(ss), "scale 2^40: sum of squares %g should be inf/NaN", ss);
+  be.ops->free(&be);
+  dt_layout_free(&lay);
+}

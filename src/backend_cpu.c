@@ -422,7 +422,8 @@ static dt_status_t cpu_logits_to_host(dt_backend_t *be, float *dst) {
   }
   if (im->param_gen != im->logits_gen)
     return DT_ERR(DT_ERR_ARG, "cpu backend: logits requested after backward and a parameter update (run a forward first)");
-  dt_matmul_forward(dst, im->a.lnf, be->params + be->lay->tensors[0].offset, NULL, im->B * im->T, d->C, d->Vp);
+  dt_matmul_forward(dst, im->a.lnf, be->wparams + be->lay->tensors[0].offset, NULL, im->B * im->T, d->C, d->Vp);
+  STORE(dst, (size_t)im->B * im->T * d->Vp); /* as the forward stored them */
   return DT_OK;
 }
 

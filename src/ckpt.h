@@ -105,7 +105,9 @@ dt_status_t dt_ckpt_find_latest(const void *mpi_comm, const char *dir, int64_t b
                                  size_t path_size, int64_t *step);
 /* find_latest + load, falling back to older checkpoints when a load fails (e.g. a checksum
  * mismatch; reported on stderr by rank 0). path receives the file used. Shape mismatches with
- * the model are not skipped: they are returned at once (a config error, not a bad file). */
+ * the model are not skipped: they are returned at once (a config error, not a bad file).
+ * DT_ERR_CKPT only when there is no checkpoint at all; DT_ERR_IO when there were some and every one
+ * was rejected (the arenas may then hold parts of a rejected file). */
 dt_status_t dt_ckpt_load_latest(const void *mpi_comm, const char *dir, const dt_layout_t *lay,
                                 const dt_ckpt_arenas_t *a, dt_ckpt_state_t *st, char *path, size_t path_size);
 

@@ -212,12 +212,22 @@ dt_status_t dt_ckpt_load_latest(const void *mpi_comm, const char *dir, const dt_
   int rank;
   MPI_Comm_rank(comm, &rank);
   int64_t before = -1, step;
+  int skipped = 0;
   for (;;) {
-    DT_TRY(dt_ckpt_find_latest(mpi_comm, dir, before, path, path_size, &step));
+    dt_status_t f = dt_ckpt_find_latest(mpi_comm, dir, before, path, path_size, &step);
+    if (f == DT_ERR_CKPT && skipped) {
+      /* The arenas may hold parts of a rejected file: never start training on them, and never
+       * rotate the user's (possibly repairable) checkpoints away by starting over. */
+      dt_err_clear();
+      return DT_ERR(DT_ERR_IO, "%s: all %d checkpoint(s) are unusable (reasons above); move them away or set "
+                    "checkpoint.resume=never to start over", dir, skipped);
+    }
+    DT_TRY(f);
     dt_status_t s = dt_ckpt_load(mpi_comm, path, lay, a, st);
     if (s == DT_OK || s == DT_ERR_CONFIG || s == DT_ERR_NOMEM || s == DT_ERR_ARG) return s;
     if (rank == 0) fprintf(stderr, "dtrain: skipping checkpoint: %s\n", dt_err_msg());
     dt_err_clear();
     before = step;
+    skipped++;
   }
 }

@@ -55,10 +55,21 @@ with open(sys.argv[1], "r+b") as fh:
 print(f"flipped one bit at file offset {off} (inside h.1.mlp.c_fc.weight)")
 PY
   fi
+  cp "$f" "$t/$kind.bad.h5"
   mpi 2 "$DTRAIN" "$cfg" $common train.steps=21 checkpoint.dir="$t/$kind" checkpoint.resume=auto > "$t/$kind.out" 2> "$t/$kind.err"
   cat "$t/$kind.err"
   grep '^# resume' "$t/$kind.out"
   grep -q 'ckpt_00000015.h5 at step 15' "$t/$kind.out" || { echo "FAIL: $kind: did not fall back to step 15"; exit 1; }
   grep -q 'ckpt_00000020.h5' "$t/$kind.err" || { echo "FAIL: $kind: no message about the bad file"; exit 1; }
 done
+
+# 3. every checkpoint unusable: an error (no silent fresh start on half-loaded weights), files kept
+mkdir -p "$t/allbad"
+cp "$t/bitflip.bad.h5" "$t/allbad/ckpt_00000020.h5"
+status=0
+mpi 2 "$DTRAIN" "$cfg" $common train.steps=21 checkpoint.dir="$t/allbad" checkpoint.resume=auto > "$t/allbad.out" 2> "$t/allbad.err" || status=$?
+tail -n 3 "$t/allbad.err"
+[ "$status" -ne 0 ] || { echo "FAIL: all-bad: training started anyway"; exit 1; }
+grep -q 'all 1 checkpoint(s) are unusable' "$t/allbad.err" || { echo "FAIL: all-bad: no clear message"; exit 1; }
+[ "$(ls "$t/allbad")" = ckpt_00000020.h5 ] || { echo "FAIL: all-bad: directory changed: $(ls "$t/allbad")"; exit 1; }
 echo "ckpt_faults: OK"

@@ -46,7 +46,8 @@ extern "C" const char *dt_cuda_device_error(void) { return device_error; }
 
 /* ---- state -------------------------------------------------------------------------------- */
 
-/* Activations for capacity (B, T): the same tensors and carving as backend_cpu.c's cpu_acts_t. */
+/* Activations for capacity (B, T): the same tensors and carving as backend_cpu.c's cpu_acts_t.
+ * src/plan.c dt_plan_gpu_activation_floats mirrors carve() below for `dtrain plan`: change both. */
 typedef struct {
   float *encoded;
   float *ln1, *ln1_mean, *ln1_rstd;

@@ -77,6 +77,11 @@ struct dt_backend {
 };
 
 extern const dt_backend_ops_t dt_backend_cpu;
+/* Floats of the CPU backend's activation arena for capacity (B, T) with nthr OpenMP threads (the
+ * attention scratch is per thread): exactly what cpu init allocates, and what `dtrain plan`
+ * (plan.c) reports, so the two cannot drift. Not counted: the (B, T) int copies of inputs and
+ * targets. */
+size_t dt_cpu_activation_floats(const dt_dims_t *d, int B, int T, int nthr);
 #ifdef DT_HAVE_CUDA
 extern const dt_backend_ops_t dt_backend_cuda;
 #endif

@@ -119,6 +119,11 @@ static size_t carve(cpu_acts_t *a, float *base, const dt_dims_t *d, int B, int T
   return off;
 }
 
+size_t dt_cpu_activation_floats(const dt_dims_t *d, int B, int T, int nthr) {
+  cpu_acts_t a;
+  return carve(&a, NULL, d, B, T, nthr);
+}
+
 static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads) {
   memset(be, 0, sizeof *be);
   be->ops = &dt_backend_cpu;
@@ -139,7 +144,7 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
   be->m = alloc_floats(n);
   be->v = alloc_floats(n);
   im->nthr = omp_get_max_threads();
-  size_t nact = carve(&im->a, NULL, &lay->d, B, T, im->nthr);
+  size_t nact = dt_cpu_activation_floats(&lay->d, B, T, im->nthr); /* what `dtrain plan` counts */
   im->arena = alloc_floats(nact);
   im->a.inputs = calloc((size_t)B * T, sizeof(int));
   im->a.targets = calloc((size_t)B * T, sizeof(int));

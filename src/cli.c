@@ -14,6 +14,7 @@
 #include "data.h"
 #include "dt_build.h" /* autoconf: PACKAGE_VERSION */
 #include "mesh.h"
+#include "plan.h"
 #include "train.h"
 
 static void usage(FILE *out) {
@@ -23,6 +24,8 @@ static void usage(FILE *out) {
           "       dtrain layout [--help] ...                    print the rank/device layout of this launch\n"
           "       dtrain eval CONFIG --checkpoint FILE --data SHARDS [--batches N]   loss of a checkpoint\n"
           "       dtrain bench-comm [--help] [--max-bytes N] ...   time and check the communicator's collectives\n"
+          "       dtrain plan [--help] CONFIG [section.key=value ...] [--world N] [--device-mem 80GiB]\n"
+          "                                                      per-rank memory (ZeRO 0-3) and GPU roofline\n"
           "       dtrain --help | --version\n"
           "\n"
           "Run under srun, sbatch or mpirun for several ranks; one rank per device or CPU socket.\n"
@@ -109,6 +112,7 @@ static int train_main(int argc, char **argv) {
     return 2;
   }
   dt_train_install_signals();
+  dt_plan_note_baseline(); /* RSS before any model memory, for the peak-RSS line at the end */
   static dt_trainer_t tr;
   st = dt_trainer_init(&tr, &cfg, argv[1]);
   if (st == DT_OK) st = dt_trainer_run(&tr);
@@ -136,6 +140,7 @@ int dt_main(int argc, char **argv) {
   if (!strcmp(cmd, "prep")) return dt_prep_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "layout")) return dt_layout_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "eval")) return dt_eval_main(argc - 1, argv + 1);
+  if (!strcmp(cmd, "plan")) return dt_plan_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "bench-comm")) return dt_bench_comm_main(argc - 1, argv + 1);
   if (cmd[0] == '-') {
     fprintf(stderr, "dtrain: unknown option '%s' (see dtrain --help)\n", cmd);

@@ -22,6 +22,7 @@
 #include "mpi_check.h"
 #include "ops_cpu.h"
 #include "optim.h"
+#include "plan.h"
 #include "timer.h"
 
 static volatile sig_atomic_t signal_flag = 0;
@@ -460,6 +461,7 @@ dt_status_t dt_trainer_run(dt_trainer_t *tr) {
     dt_config_write(c, stdout, "#   ");
     dt_mesh_print(&tr->mesh, stdout);
     print_header(tr);
+    dt_plan_print_run(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, stdout); /* memory plan + roofline */
     dt_metrics_header(&tr->metrics);
   }
   int start = tr->step;
@@ -493,6 +495,7 @@ dt_status_t dt_trainer_run(dt_trainer_t *tr) {
            "blocking all-reduce of all gradients: %.0f%% of the all-reduce hidden behind backward\n",
            tr->ddp.n_buckets, 1e3 * wait, 1e3 * full, full > 0 ? 100.0 * fmax(0.0, 1.0 - wait / full) : 0.0);
   }
+  if (is_root(tr)) dt_plan_print_rss(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, stdout); /* measured vs plan */
   /* The final state is always saved, unless it is already on disk. */
   if (tr->saved_step != tr->step && tr->resumed_step != tr->step) DT_TRY(dt_trainer_save(tr));
   return DT_OK;

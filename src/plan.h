@@ -1,0 +1,110 @@
+/* Memory planner and roofline (`dtrain plan`, and the table rank 0 prints before training): per
+ * rank bytes of everything dtrain allocates for a configuration and layout (parameters, working
+ * copy, gradients, AdamW moments, activations, communication buffers, workspace) for ZeRO stages
+ * 0..3 side by side, and a datasheet roofline of one optimizer step on A100 and H100.
+ * dt_plan_compute is pure (no MPI, no allocation of model-sized memory) so tests check its
+ * numbers; dt_plan_print formats them. */
+#ifndef DT_PLAN_H
+#define DT_PLAN_H
+
+#include <stdio.h>
+
+#include "config.h"
+#include "model.h"
+#include "status.h"
+
+#define DT_PLAN_ZERO_STAGES 4
+#define DT_PLAN_MAX_PP 1024
+
+typedef struct {
+  dt_dims_t d;
+  int B, T, accum;    /* micro-batch, sequence length, micro-steps per optimizer step */
+  int dp, tp, pp;     /* mesh; world = dp * tp * pp */
+  int precision;      /* dt_precision_t of the working copy, activations, activation gradients */
+  int bucket_mb;      /* parallel.bucket_mb */
+  int threads;        /* CPU OpenMP threads per rank (the attention scratch is per thread) */
+  int zero;           /* configured parallel.zero, or -1 when this build has no such key */
+  double device_mem;  /* bytes per device for the fit verdict */
+} dt_plan_in_t;
+
+/* Bytes on one rank (the worst pipeline stage for that ZeRO stage). */
+typedef struct {
+  int pp_stage;       /* which pipeline stage is the worst (largest device total) */
+  double params;      /* fp32 master (the `params` arena AdamW updates) */
+  double wparams;     /* working copy forward/backward read (bf16/fp16 only; 0 in fp32 where it is
+                         the master itself). dtrain emulates 16-bit storage: 4 bytes per value */
+  double grads;       /* fp32 gradient arena */
+  double m, v;        /* AdamW moments, fp32 */
+  double gather;      /* ZeRO-3: full-size working parameters of 2 groups (current + prefetched) */
+  double comm;        /* communication staging (ZeRO-2/3: one bucket); DDP reduces in place */
+  double act_cpu, act_gpu;       /* activations (+ activation-gradient scratch) of this stage */
+  double act_cpu_rc, act_gpu_rc; /* the same with full activation recomputation (not offered) */
+  double work_cpu, work_gpu;     /* workspace: token buffers; CPU: the init staging buffer;
+                                    GPU: assumed CUDA context + cuBLAS workspace */
+  double total_cpu, total_gpu;   /* host RSS of the CPU backend / device memory of the CUDA backend */
+  double total_gpu_rc;           /* device total if activations were recomputed (not offered) */
+} dt_plan_zero_t;
+
+/* One GPU datasheet: dense peaks, HBM bandwidth and link bandwidths per direction. */
+typedef struct {
+  const char *name;
+  double fp32, tf32, bf16; /* FLOP/s, dense */
+  double hbm;              /* bytes/s */
+  double nvlink;           /* bytes/s per GPU per direction, inside a node */
+  double net;              /* bytes/s per GPU per direction between nodes (one NIC per GPU) */
+  int gpus_per_node;
+} dt_gpu_spec_t;
+
+extern const dt_gpu_spec_t dt_gpu_a100, dt_gpu_h100;
+
+/* Per rank per optimizer step, for the configured ZeRO stage. */
+typedef struct {
+  double flops;                 /* model FLOPs of this rank (fwd + bwd) */
+  double w_read, g_rw, act_rw, opt_rw; /* HBM bytes by kind, at 4 bytes per stored value */
+  double w_read16, act_rw16;           /* the same two with 2-byte storage (bf16 row) */
+  double dp_bytes[DT_PLAN_ZERO_STAGES]; /* gradient/parameter collectives, bytes sent per rank */
+  double tp_bytes, pp_bytes;    /* tensor-parallel all-reduces, pipeline sends, per rank */
+  double bubble;                /* 1F1B pipeline bubble factor 1 + (pp-1)/accum */
+} dt_plan_roof_t;
+
+typedef struct {
+  dt_plan_in_t in;
+  size_t n_arena, n_true;     /* whole model: arena floats (padding incl.), true parameters */
+  double stage_params[DT_PLAN_MAX_PP]; /* parameters (floats) per tp rank of each pipeline stage */
+  int stage_blocks[DT_PLAN_MAX_PP];    /* blocks per pipeline stage */
+  double max_group;           /* largest parameter group per tp rank (floats): ZeRO-3 gather unit */
+  dt_plan_zero_t z[DT_PLAN_ZERO_STAGES];
+  dt_plan_roof_t roof;
+} dt_plan_t;
+
+/* GPU backend activation floats for (B, T): mirrors the carve in cuda/backend_cuda.cu (which keeps
+ * the (B, NH, T, T) attention probabilities and their gradient). */
+size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T);
+
+/* The planner's input for a loaded config and a world size (0: dp*tp*pp with dp=0 read as 1).
+ * Errors (DT_ERR_CONFIG) name the key. */
+dt_status_t dt_plan_input(dt_plan_in_t *in, const dt_config_t *cfg, const char *name, int world, int threads,
+                          double device_mem);
+dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in);
+/* Predicted seconds per optimizer step: max(flops/peak, bytes/HBM) x bubble + communication,
+ * math: 0 fp32, 1 tf32, 2 bf16 (2-byte storage). Pieces into the optional outputs. */
+double dt_plan_step_time(const dt_plan_t *p, const dt_gpu_spec_t *g, int math, double *t_flops, double *t_mem,
+                         double *t_comm);
+/* The full report, each line starting with `prefix`. */
+void dt_plan_print(const dt_plan_t *p, FILE *out, const char *prefix);
+/* Parse "80GiB", "80GB", "80G" (= GiB), "8e10", ... into bytes; -1 if malformed. */
+double dt_plan_parse_bytes(const char *s);
+/* Peak resident set size of this process (VmHWM from /proc/self/status) in bytes, -1 if unknown. */
+double dt_plan_peak_rss(void);
+
+/* Remember the current RSS (VmRSS) as the process's baseline before any model memory: the CLI
+ * calls it after MPI and the backend runtime are up; dt_plan_print_rss reports plan + baseline. */
+void dt_plan_note_baseline(void);
+/* For train.c, one line each: the plan before step 1 and the measured peak RSS against it. */
+void dt_plan_print_run(const dt_config_t *cfg, const char *name, int world, int threads, FILE *out);
+void dt_plan_print_rss(const dt_config_t *cfg, const char *name, int world, int threads, FILE *out);
+
+/* `dtrain plan CONFIG [section.key=value ...] [--world N] [--device-mem 80GiB]`. */
+int dt_plan_main(int argc, char **argv);
+
+#endif

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The planner against a real run: GPT-2 124M (inputs/gpt2.ini, 124,439,808 parameters) trained 2
+# steps on the CPU backend at dp=1, B=1, T=64, fp32, on the byte-level Austen shards (token ids
+# < 256 are valid GPT-2 ids). After the last step (before the final checkpoint, which cannot be
+# switched off; it goes to a temporary directory) rank 0 prints its peak RSS (VmHWM) next to the
+# plan's host total for the CPU backend. Criteria: the plan is within 10% of the measured peak
+# (the plan leaves out the ~170 MiB the process holds before any model memory: libraries, MPI,
+# the CUDA runtime in CUDA builds), and plan + that measured pre-model RSS is within 3%.
+source "$top_srcdir/tests/lib.sh"
+ensure_data
+t=$(tmpdir)
+trap 'rm -rf "$t"' EXIT
+cd "$top_builddir"
+run "$DTRAIN" "$top_srcdir/inputs/gpt2.ini" system.backend=cpu train.threads=1 parallel.dp=1 \
+  train.micro_batch=1 train.global_batch=0 train.grad_accum=1 model.seq_len=64 train.steps=2 \
+  train.eval_every=0 train.precision=fp32 data.train="$DATA/austen_train_*.bin" data.val= log.metrics= \
+  checkpoint.dir="$t/ckpt" checkpoint.resume=never > "$t/out"
+grep -E '^# (model|plan: world|  total host)|^# memory' "$t/out"
+"$PY" - "$t/out" <<'PY'
+import re, sys
+line = [l for l in open(sys.argv[1]) if l.startswith("# memory:")]
+assert len(line) == 1, "no '# memory:' line"
+m = re.search(r"VmHWM\) ([\d.]+) MiB; planned host total \(CPU backend, zero0\) ([\d.]+) MiB.*"
+              r"\+ ([\d.]+) MiB resident before the model.* = ([\d.]+) MiB", line[0])
+assert m, line[0]
+rss, plan, base, both = map(float, m.groups())
+print(f"peak RSS {rss:.1f} MiB, plan {plan:.1f} MiB ({100*(plan-rss)/rss:+.1f}%), "
+      f"plan + pre-model RSS {base:.1f} = {both:.1f} MiB ({100*(both-rss)/rss:+.1f}%)")
+assert plan > 4 * 124439808 * 4 / 2**20, "the plan must hold at least the four fp32 arenas"
+assert abs(plan - rss) <= 0.10 * rss, "plan not within 10% of the measured peak RSS"
+assert abs(both - rss) <= 0.03 * rss, "plan + pre-model RSS not within 3% of the measured peak RSS"
+print("plan_mem: OK")
+PY

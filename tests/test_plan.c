@@ -1,0 +1,184 @@
+/* Memory planner (plan.c): GPT-2 1.5B and 124M parameter counts and bytes against numbers worked
+ * out by hand from the shapes, exact ZeRO division, tensor- and pipeline-parallel splits, the CPU
+ * activation count against the tensor list of backend_cpu.c written out independently, the fit
+ * verdict, the roofline's FLOPs and collective bytes, and the size parser. */
+#include <criterion/criterion.h>
+#include <math.h>
+
+#include "backend.h"
+#include "plan.h"
+#include "precision.h"
+
+static dt_dims_t xl(void) { return (dt_dims_t){.L = 48, .NH = 25, .C = 1600, .V = 50257, .Vp = 50304, .T = 1024}; }
+static dt_dims_t small(void) { return (dt_dims_t){.L = 12, .NH = 12, .C = 768, .V = 50257, .Vp = 50304, .T = 1024}; }
+
+static dt_plan_in_t input(dt_dims_t d, int B, int T, int dp, int tp, int pp, int prec) {
+  return (dt_plan_in_t){.d = d, .B = B, .T = T, .accum = 1, .dp = dp, .tp = tp, .pp = pp, .precision = prec,
+                        .bucket_mb = 25, .threads = 1, .zero = -1, .device_mem = 80.0 * 1073741824.0};
+}
+
+static dt_plan_t P; /* large: static */
+
+/* 1.5B: wte 50304*1600 + wpe 1024*1600 + 48 * (12 C^2 + 13 C) + 2 C, every tensor a multiple of
+ * 16 floats so the arena has no alignment padding; true = minus the 47 padded vocabulary rows. */
+Test(plan, gpt2_xl_params_and_bytes) {
+  dt_plan_in_t in = input(xl(), 4, 1024, 8, 1, 1, DT_PREC_FP32);
+  cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
+  const size_t C = 1600, arena = 50304 * C + 1024 * C + 48 * (12 * C * C + 13 * C) + 2 * C;
+  cr_assert_eq(P.n_arena, arena);
+  cr_assert_eq(P.n_arena, (size_t)1557686400);
+  cr_assert_eq(P.n_true, arena - 47 * C);
+  cr_assert(fabs((double)P.n_arena / 1.557e9 - 1) < 0.005, "padded count %zu not 1.557e9 +-0.5%%", P.n_arena);
+  cr_assert(fabs((double)P.n_true / 1.5e9 - 1) < 0.05);
+  /* the seed arithmetic: ~6.2 GB params, 6.2 GB grads, 12.5 GB m + v (fp32, GB = 1e9) */
+  const double n = (double)arena;
+  cr_assert_eq(P.z[0].params, 4 * n);
+  cr_assert(fabs(P.z[0].params / 1e9 - 6.23) < 0.01);
+  cr_assert_eq(P.z[0].grads, 4 * n);
+  cr_assert(fabs((P.z[0].m + P.z[0].v) / 1e9 - 12.46) < 0.01);
+  cr_assert_eq(P.z[0].wparams, 0, "fp32 has no separate working copy");
+  /* bf16: the master stays fp32 and dtrain adds an fp32-stored working copy: 18.7 GB master + m + v */
+  in.precision = DT_PREC_BF16;
+  cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
+  cr_assert_eq(P.z[0].wparams, 4 * n);
+  cr_assert(fabs((P.z[0].params + P.z[0].m + P.z[0].v) / 1e9 - 18.69) < 0.01);
+}
+
+Test(plan, zero_stages_divide_exactly) {
+  dt_plan_in_t in = input(xl(), 4, 1024, 8, 1, 1, DT_PREC_BF16);
+  cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
+  const double n = 1557686400.0, s = 4 * ceil(n / 8); /* 194,710,800 floats per rank */
+  cr_assert_eq(s, 4 * 194710800.0);
+  /* stage 0: everything full; 1: m, v / dp; 2: + grads; 3: + params and working copy */
+  cr_assert_eq(P.z[0].m, 4 * n);
+  cr_assert_eq(P.z[1].m, s);
+  cr_assert_eq(P.z[1].v, s);
+  cr_assert_eq(P.z[1].grads, 4 * n);
+  cr_assert_eq(P.z[2].grads, s);
+  cr_assert_eq(P.z[2].params, 4 * n);
+  cr_assert_eq(P.z[3].params, s);
+  cr_assert_eq(P.z[3].wparams, s);
+  /* buffers: DDP reduces in place; ZeRO-2/3 one 25 MiB bucket; ZeRO-3 gathers 2 groups, the
+   * largest being the embeddings wte + wpe = (50304 + 1024) * 1600 floats */
+  cr_assert_eq(P.z[0].comm, 0);
+  cr_assert_eq(P.z[1].comm, 0);
+  cr_assert_eq(P.z[2].comm, 25.0 * 1048576);
+  cr_assert_eq(P.z[3].gather, 2 * 4 * (50304.0 + 1024) * 1600);
+  cr_assert_eq(P.z[2].gather, 0);
+  /* totals: sum of the rows; activations do not depend on the stage */
+  for (int z = 0; z < 4; z++) {
+    const dt_plan_zero_t *r = &P.z[z];
+    double state = r->params + r->wparams + r->grads + r->m + r->v + r->gather + r->comm;
+    cr_assert_float_eq(r->total_gpu, state + r->act_gpu + r->work_gpu, 1);
+    cr_assert_float_eq(r->total_cpu, state + r->act_cpu + r->work_cpu, 1);
+    cr_assert_eq(r->act_gpu, P.z[0].act_gpu);
+    if (z > 0) cr_assert(r->total_gpu < P.z[z - 1].total_gpu, "zero%d must need less than zero%d", z, z - 1);
+  }
+}
+
+Test(plan, gpt2_124m_count) {
+  dt_plan_in_t in = input(small(), 1, 64, 1, 1, 1, DT_PREC_FP32);
+  cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
+  cr_assert_eq(P.n_true, (size_t)124439808);
+  cr_assert_eq(P.n_arena, (size_t)124439808 + 47 * 768);
+}
+
+/* The CPU activation arena written out from backend_cpu.c's tensor list (all sizes here are
+ * multiples of 16, so no alignment padding): per layer ln1, residual2, ln2, residual3, atty
+ * (B,T,C) x5, qkv 3C, fch and fch_gelu 4C each, 4 (B,T) layernorm statistics, (B,NH,T) lse;
+ * once: encoded, lnf, dres, dtmp (B,T,C), dqkv 3C, dfch 4C, logits Vp, 4 (B,T) (lnf stats,
+ * losses, lse), and the attention scratch nthr * 2 * min(T, QB) * T. */
+Test(plan, cpu_activations_match_the_tensor_list) {
+  dt_dims_t d = small();
+  const size_t B = 2, T = 64, C = 768, L = 12, bt = B * T, nthr = 3;
+  size_t per = bt * (5 * C + 3 * C + 8 * C + 4) + B * d.NH * T;
+  size_t once = bt * (4 * C + 3 * C + 4 * C + (size_t)d.Vp + 4) + dt_attention_scratch_floats((int)T, (int)nthr);
+  cr_assert_eq(dt_cpu_activation_floats(&d, (int)B, (int)T, (int)nthr), L * per + once);
+  dt_plan_in_t in = input(d, (int)B, (int)T, 1, 1, 1, DT_PREC_FP32);
+  in.threads = (int)nthr;
+  cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
+  cr_assert_eq(P.z[0].act_cpu, 4.0 * (L * per + once) + 2 * bt * sizeof(int));
+  /* the CUDA backend keeps (B,NH,T,T) probabilities per layer, their gradient and dlogits */
+  size_t att = B * d.NH * T * T;
+  cr_assert_eq(dt_plan_gpu_activation_floats(&d, (int)B, (int)T),
+               L * (per - B * d.NH * T + att) + once - dt_attention_scratch_floats((int)T, (int)nthr) + att + bt * d.Vp);
+}
+
+/* tp = 4 on 124M: wte and the block's weights and column-parallel biases / 4; wpe, layernorms
+ * and the two row-parallel biases replicated. */
+Test(plan, tensor_parallel_split) {
+  dt_plan_in_t in = input(small(), 1, 64, 1, 4, 1, DT_PREC_FP32);
+  cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
+  const double C = 768, blk = (12 * C * C + 7 * C) / 4 + 6 * C;
+  cr_assert_float_eq(P.stage_params[0], 50304 * C / 4 + 1024 * C + 12 * blk + 2 * C, 1e-3);
+  cr_assert_eq(P.z[0].params, 4 * P.stage_params[0]);
+  in.tp = 5; /* does not divide 12 heads */
+  cr_assert_neq(dt_plan_compute(&P, &in), DT_OK);
+}
+
+/* pp: every stage gets >= 1 block, the blocks add up to L, and the largest stage (the reported
+ * worst rank for params) is the smallest possible over all contiguous splits (brute force). */
+Test(plan, pipeline_split_is_balanced) {
+  dt_dims_t d = small();
+  const double C = 768, emb = (50304 + 1024) * C, blk = 12 * C * C + 13 * C, head = 2 * C + 50304 * C;
+  for (int pp = 2; pp <= 4; pp++) {
+    dt_plan_in_t in = input(d, 1, 64, 1, 1, pp, DT_PREC_FP32);
+    in.accum = 8;
+    cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
+    int sum = 0;
+    double worst = 0;
+    for (int s = 0; s < pp; s++) {
+      cr_assert(P.stage_blocks[s] >= 1);
+      sum += P.stage_blocks[s];
+      double want = P.stage_blocks[s] * blk + (s == 0 ? emb : 0) + (s == pp - 1 ? head : 0);
+      cr_assert_float_eq(P.stage_params[s], want, 1e-3, "pp=%d stage %d", pp, s);
+      worst = fmax(worst, want);
+    }
+    cr_assert_eq(sum, 12);
+    double best = INFINITY; /* brute force over the (first, last) block counts for pp <= 4 */
+    for (int a = 1; a <= 10; a++)
+      for (int b = 1; a + b <= 12; b++) {
+        int mid = 12 - a - b;
+        if ((pp == 2 && mid != 0) || (pp > 2 && mid < pp - 2)) continue;
+        double m = fmax(emb + a * blk, head + b * blk);
+        if (pp > 2) m = fmax(m, ceil((double)mid / (pp - 2)) * blk);
+        best = fmin(best, m);
+      }
+    cr_assert_float_eq(worst, best, 1e-3, "pp=%d: worst stage %g, best possible %g", pp, worst, best);
+  }
+  dt_plan_in_t in = input(d, 1, 64, 1, 1, 13, DT_PREC_FP32);
+  cr_assert_neq(dt_plan_compute(&P, &in), DT_OK, "more stages than layers");
+}
+
+Test(plan, fit_verdict_and_roofline) {
+  dt_plan_in_t in = input(xl(), 8, 1024, 8, 1, 1, DT_PREC_BF16);
+  in.accum = 4;
+  cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
+  /* B=8: the CUDA backend's (B,NH,T,T) attention buffers alone are 48 * 8*25*1024^2 * 4 B = 40 GB */
+  cr_assert(P.z[0].act_gpu > 48.0 * 8 * 25 * 1024 * 1024 * 4);
+  cr_assert(P.z[3].total_gpu > in.device_mem, "B=8 must not fit 80 GiB even at zero3");
+  cr_assert(P.z[3].total_gpu_rc < in.device_mem, "but would with recomputation");
+  const double n = 1557686400.0;
+  cr_assert_float_eq(P.roof.flops, dt_model_flops_per_token(&in.d, 1024) * 8 * 1024 * 4, 1e3);
+  cr_assert_float_eq(P.roof.dp_bytes[0], 2.0 * 7 / 8 * 4 * n, 1);
+  cr_assert_float_eq(P.roof.dp_bytes[3], 3.0 * 7 / 8 * 4 * n, 1);
+  double tf, tm, tc, t = dt_plan_step_time(&P, &dt_gpu_a100, 2, &tf, &tm, &tc);
+  cr_assert_float_eq(tf, P.roof.flops / 312e12, 1e-12);
+  cr_assert_float_eq(tc, P.roof.dp_bytes[0] / 300e9, 1e-12, "8 GPUs: one node, NVLink");
+  cr_assert_float_eq(t, fmax(tf, tm) + tc, 1e-12);
+  in.dp = 1;
+  cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
+  cr_assert_eq(P.roof.dp_bytes[0], 0);
+}
+
+Test(plan, parse_bytes) {
+  cr_assert_eq(dt_plan_parse_bytes("80GiB"), 80.0 * 1073741824);
+  cr_assert_eq(dt_plan_parse_bytes("80G"), 80.0 * 1073741824);
+  cr_assert_eq(dt_plan_parse_bytes("80GB"), 80e9);
+  cr_assert_eq(dt_plan_parse_bytes("1.5TB"), 1.5e12);
+  cr_assert_eq(dt_plan_parse_bytes("8e10"), 8e10);
+  cr_assert_eq(dt_plan_parse_bytes("512MiB"), 512.0 * 1048576);
+  cr_assert_eq(dt_plan_parse_bytes("80 GiB"), -1);
+  cr_assert_eq(dt_plan_parse_bytes("lots"), -1);
+  cr_assert_eq(dt_plan_parse_bytes("-1G"), -1);
+}

@@ -6,6 +6,7 @@
 #include <math.h>
 
 #include "backend.h"
+#include "ops_cpu.h"
 #include "plan.h"
 #include "precision.h"
 

@@ -66,10 +66,15 @@ size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T) {
 
 /* parallel.zero when this build's config table has it (the ZeRO work adds it), else -1. */
 static int configured_zero(const dt_config_t *cfg) {
-  for (int i = 0; dt_config_keys[i].key; i++)
-    if (!strcmp(dt_config_keys[i].section, "parallel") && !strcmp(dt_config_keys[i].key, "zero") &&
-        dt_config_keys[i].type == DT_KEY_INT)
-      return *(const int *)((const char *)cfg + dt_config_keys[i].offset);
+  for (int i = 0; dt_config_keys[i].key; i++) {
+    const dt_config_key_t *k = &dt_config_keys[i];
+    if (strcmp(k->section, "parallel") || strcmp(k->key, "zero")) continue;
+    const char *field = (const char *)cfg + k->offset;
+    int z = -1;
+    if (k->type == DT_KEY_INT) z = *(const int *)field;
+    if (k->type == DT_KEY_ENUM || k->type == DT_KEY_STR) z = isdigit((unsigned char)field[0]) ? atoi(field) : -1;
+    return z >= 0 && z < DT_PLAN_ZERO_STAGES ? z : -1;
+  }
   return -1;
 }
 
@@ -358,6 +363,8 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
       k += snprintf(line + k, sizeof line - (size_t)k, " %9d", p->z[z].pp_stage);
     pl(o, prefix, "%s", line);
   }
+  pl(o, prefix, "plan: host memory with the CUDA backend (not in the device totals): checkpoint copies of params, m, v "
+     "%.3f GB + the init buffer %.3f GB", 3 * 4 * n / GB, 4 * n / GB);
   if (in->zero >= 0)
     pl(o, prefix, "plan: configured parallel.zero = %d", in->zero);
   else

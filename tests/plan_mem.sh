@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The planner against a real run: GPT-2 124M (inputs/gpt2.ini, 124,439,808 parameters) trained 2
-# steps on the CPU backend at dp=1, B=1, T=64, fp32, on the byte-level Austen shards (token ids
+# steps on the CPU backend at dp=1, B=1, T=64, in fp32 and in bf16 (+ one fp32-stored working
+# copy of the parameters), on the byte-level Austen shards (token ids
 # < 256 are valid GPT-2 ids). After the last step (before the final checkpoint, which cannot be
 # switched off; it goes to a temporary directory) rank 0 prints its peak RSS (VmHWM) next to the
 # plan's host total for the CPU backend. Criteria: the plan is within 10% of the measured peak
@@ -11,23 +12,34 @@ ensure_data
 t=$(tmpdir)
 trap 'rm -rf "$t"' EXIT
 cd "$top_builddir"
-run "$DTRAIN" "$top_srcdir/inputs/gpt2.ini" system.backend=cpu train.threads=1 parallel.dp=1 \
-  train.micro_batch=1 train.global_batch=0 train.grad_accum=1 model.seq_len=64 train.steps=2 \
-  train.eval_every=0 train.precision=fp32 data.train="$DATA/austen_train_*.bin" data.val= log.metrics= \
-  checkpoint.dir="$t/ckpt" checkpoint.resume=never > "$t/out"
-grep -E '^# (model|plan: world|  total host)|^# memory' "$t/out"
-"$PY" - "$t/out" <<'PY'
+for prec in fp32 bf16; do
+  run "$DTRAIN" "$top_srcdir/inputs/gpt2.ini" system.backend=cpu train.threads=1 parallel.dp=1 \
+    train.micro_batch=1 train.global_batch=0 train.grad_accum=1 model.seq_len=64 train.steps=2 \
+    train.eval_every=0 train.precision=$prec data.train="$DATA/austen_train_*.bin" data.val= log.metrics= \
+    checkpoint.dir="$t/ckpt_$prec" checkpoint.resume=never > "$t/$prec.out"
+  grep -E '^# (model|plan: world|  total host)|^# memory' "$t/$prec.out"
+done
+"$PY" - "$t" <<'PY'
 import re, sys
-line = [l for l in open(sys.argv[1]) if l.startswith("# memory:")]
-assert len(line) == 1, "no '# memory:' line"
-m = re.search(r"VmHWM\) ([\d.]+) MiB; planned host total \(CPU backend, zero0\) ([\d.]+) MiB.*"
-              r"\+ ([\d.]+) MiB resident before the model.* = ([\d.]+) MiB", line[0])
-assert m, line[0]
-rss, plan, base, both = map(float, m.groups())
-print(f"peak RSS {rss:.1f} MiB, plan {plan:.1f} MiB ({100*(plan-rss)/rss:+.1f}%), "
-      f"plan + pre-model RSS {base:.1f} = {both:.1f} MiB ({100*(both-rss)/rss:+.1f}%)")
-assert plan > 4 * 124439808 * 4 / 2**20, "the plan must hold at least the four fp32 arenas"
-assert abs(plan - rss) <= 0.10 * rss, "plan not within 10% of the measured peak RSS"
-assert abs(both - rss) <= 0.03 * rss, "plan + pre-model RSS not within 3% of the measured peak RSS"
+plans = {}
+for prec in ("fp32", "bf16"):
+    line = [l for l in open(f"{sys.argv[1]}/{prec}.out") if l.startswith("# memory:")]
+    assert len(line) == 1, f"{prec}: no '# memory:' line"
+    m = re.search(r"VmHWM\) ([\d.]+) MiB; planned host total \(CPU backend, zero0\) ([\d.]+) MiB.*"
+                  r"\+ ([\d.]+) MiB resident before the model.* = ([\d.]+) MiB", line[0])
+    assert m, line[0]
+    rss, plan, base, both = map(float, m.groups())
+    plans[prec] = plan
+    print(f"{prec}: peak RSS {rss:.1f} MiB, plan {plan:.1f} MiB ({100*(plan-rss)/rss:+.1f}%), "
+          f"plan + pre-model RSS {base:.1f} = {both:.1f} MiB ({100*(both-rss)/rss:+.1f}%)")
+    assert plan > 4 * 124439808 * 4 / 2**20, "the plan must hold at least the four fp32 arenas"
+    assert abs(plan - rss) <= 0.10 * rss, f"{prec}: plan not within 10% of the measured peak RSS"
+    assert abs(both - rss) <= 0.03 * rss, f"{prec}: plan + pre-model RSS not within 3% of the measured peak RSS"
+# bf16 adds exactly the fp32-stored working copy: one arena, 124,475,904 floats at T=1024 minus
+# the (1024 - 64) x 768 rows of wpe not needed at seq_len = 64
+arena = (124475904 - (1024 - 64) * 768) * 4 / 2**20
+extra = plans["bf16"] - plans["fp32"]
+print(f"bf16 - fp32 plan: {extra:.1f} MiB (one arena: {arena:.1f} MiB)")
+assert abs(extra - arena) < 0.2, "bf16 should add one fp32 working copy"
 print("plan_mem: OK")
 PY

@@ -234,7 +234,10 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
   /* roofline of the configured ZeRO stage's worst rank, per optimizer step */
   const int zc = in->zero >= 0 && in->zero < DT_PLAN_ZERO_STAGES ? in->zero : 0;
   const int s = p->z[zc].pp_stage;
-  const double P = p->stage_params[s], A = p->z[zc].act_gpu, acc = in->accum;
+  const double P = p->stage_params[s], acc = in->accum;
+  /* activations one micro-batch writes and reads (not the pp - s kept in flight) */
+  const double A = tp == 1 && pp == 1 ? p->z[zc].act_gpu
+                                      : 4 * (g_fix - 2 * logits_sh + p->stage_blocks[s] * g_per_tp) + ints;
   dt_plan_roof_t *f = &p->roof;
   f->flops = dt_model_flops_per_token(d, in->T) * bt * acc / ((double)tp * pp);
   f->w_read = acc * 2 * 4 * P + (mixed ? 8 * P : 0);  /* fwd + bwd read W; rounding copy */

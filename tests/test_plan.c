@@ -149,6 +149,14 @@ Test(plan, pipeline_split_is_balanced) {
   }
   dt_plan_in_t in = input(d, 1, 64, 1, 1, 13, DT_PREC_FP32);
   cr_assert_neq(dt_plan_compute(&P, &in), DT_OK, "more stages than layers");
+  /* 1.5B, B=4, T=1024, pp=4: activations dominate, so the worst rank is stage 0 with 4
+   * micro-batches in flight (1F1B); each micro-step still writes and reads only one's */
+  in = input(xl(), 4, 1024, 1, 1, 4, DT_PREC_FP32);
+  in.accum = 8;
+  cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
+  cr_assert_eq(P.z[0].pp_stage, 0);
+  cr_assert(P.roof.act_rw < 0.5 * in.accum * 2 * P.z[0].act_gpu, "roofline counts in-flight activations as traffic");
+  cr_assert(P.roof.act_rw > 0.2 * in.accum * 2 * P.z[0].act_gpu);
 }
 
 Test(plan, fit_verdict_and_roofline) {

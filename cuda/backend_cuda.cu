@@ -47,7 +47,8 @@ extern "C" const char *dt_cuda_device_error(void) { return device_error; }
 /* ---- state -------------------------------------------------------------------------------- */
 
 /* Activations for capacity (B, T): the same tensors and carving as backend_cpu.c's cpu_acts_t.
- * src/plan.c dt_plan_gpu_activation_floats mirrors carve() below for `dtrain plan`: change both. */
+ * src/plan.c dt_plan_gpu_activation_floats mirrors carve() below for `dtrain plan` in builds
+ * without CUDA; tests/test_plan.c checks the two agree (dt_cuda_activation_floats). */
 typedef struct {
   float *encoded;
   float *ln1, *ln1_mean, *ln1_rstd;
@@ -117,6 +118,11 @@ static size_t carve(cu_acts_t *a, float *base, const dt_dims_t *d, int B, int T)
   return off;
 }
 
+extern "C" size_t dt_cuda_activation_floats(const dt_dims_t *d, int B, int T) {
+  cu_acts_t a;
+  return carve(&a, NULL, d, B, T);
+}
+
 static void cu_free(dt_backend_t *be) {
   cu_impl_t *im = impl(be);
   if (im) {
@@ -170,7 +176,7 @@ static dt_status_t init_all(dt_backend_t *be, cu_impl_t *im) {
   DT_TRY(alloc_zero((void **)&be->grads, n));
   DT_TRY(alloc_zero((void **)&be->m, n));
   DT_TRY(alloc_zero((void **)&be->v, n));
-  size_t nact = carve(&im->a, NULL, &lay->d, be->B, be->T);
+  size_t nact = dt_cuda_activation_floats(&lay->d, be->B, be->T);
   DT_TRY(alloc_zero((void **)&im->arena, nact * sizeof(float)));
   carve(&im->a, im->arena, &lay->d, be->B, be->T);
   DT_TRY(alloc_zero((void **)&im->inputs, bt * sizeof(int)));

@@ -84,6 +84,9 @@ extern const dt_backend_ops_t dt_backend_cpu;
 size_t dt_cpu_activation_floats(const dt_dims_t *d, int B, int T, int nthr);
 #ifdef DT_HAVE_CUDA
 extern const dt_backend_ops_t dt_backend_cuda;
+/* Floats of the CUDA backend's activation arena for capacity (B, T) (keeps (B, NH, T, T)
+ * attention probabilities and their gradient); plan.c's dt_plan_gpu_activation_floats mirrors it. */
+size_t dt_cuda_activation_floats(const dt_dims_t *d, int B, int T);
 #endif
 /* NULL-terminated registry. */
 extern const dt_backend_ops_t *const dt_backends[];

@@ -5,6 +5,7 @@
 #include <criterion/criterion.h>
 #include <math.h>
 
+#include "dt_build.h"
 #include "backend.h"
 #include "ops_cpu.h"
 #include "plan.h"
@@ -103,6 +104,22 @@ Test(plan, cpu_activations_match_the_tensor_list) {
   size_t att = B * d.NH * T * T;
   cr_assert_eq(dt_plan_gpu_activation_floats(&d, (int)B, (int)T),
                L * (per - B * d.NH * T + att) + once - dt_attention_scratch_floats((int)T, (int)nthr) + att + bt * d.Vp);
+}
+
+/* The planner's copy of the CUDA backend's activation count against the backend itself (host
+ * code, no GPU needed), at sizes with and without alignment padding. */
+Test(plan, gpu_activations_match_the_cuda_backend) {
+#ifdef DT_HAVE_CUDA
+  dt_dims_t ds[3] = {small(), xl(), {.L = 3, .NH = 3, .C = 24, .V = 97, .Vp = 128, .T = 37}};
+  int bts[3][2] = {{1, 64}, {4, 1024}, {3, 37}};
+  for (int i = 0; i < 3; i++)
+    for (int j = 0; j < 3; j++)
+      cr_assert_eq(dt_plan_gpu_activation_floats(&ds[i], bts[j][0], bts[j][1] < ds[i].T ? bts[j][1] : ds[i].T),
+                   dt_cuda_activation_floats(&ds[i], bts[j][0], bts[j][1] < ds[i].T ? bts[j][1] : ds[i].T),
+                   "dims %d, B=%d T=%d", i, bts[j][0], bts[j][1]);
+#else
+  cr_skip_test("built without CUDA");
+#endif
 }
 
 /* tp = 4 on 124M: wte and the block's weights and column-parallel biases / 4; wpe, layernorms

@@ -294,6 +294,18 @@ static void row(FILE *o, const char *prefix, const char *label, const dt_plan_t 
   pl(o, prefix, "%s", line);
 }
 
+/* n with thousands separators: 1,557,611,200 */
+static const char *commas(size_t n, char buf[32]) {
+  char raw[32];
+  int len = snprintf(raw, sizeof raw, "%zu", n), k = 0;
+  for (int i = 0; i < len; i++) {
+    if (i > 0 && (len - i) % 3 == 0) buf[k++] = ',';
+    buf[k++] = raw[i];
+  }
+  buf[k] = '\0';
+  return buf;
+}
+
 #define ROW(label, field) row(o, prefix, label, p, offsetof(dt_plan_zero_t, field))
 
 void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
@@ -302,9 +314,10 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   const int dp = in->dp, world = in->dp * in->tp * in->pp, mixed = in->precision != DT_PREC_FP32;
   const char *prec = dt_precision_name((dt_precision_t)in->precision);
   const double n = (double)p->n_arena;
-  pl(o, prefix, "plan: GPT-2 L=%d NH=%d C=%d V=%d (padded %d) T=%d: %zu parameters, %zu floats per arena "
-     "(padded vocabulary rows and %d-float alignment)", d->L, d->NH, d->C, d->V, d->Vp, d->T, p->n_true, p->n_arena,
-     DT_ALIGN);
+  char b1[32], b2[32];
+  pl(o, prefix, "plan: GPT-2 L=%d NH=%d C=%d V=%d (padded %d) T=%d: %s parameters, %s floats per arena "
+     "(padded vocabulary rows and %d-float alignment)", d->L, d->NH, d->C, d->V, d->Vp, d->T, commas(p->n_true, b1),
+     commas(p->n_arena, b2), DT_ALIGN);
   pl(o, prefix, "plan: world %d = dp %d x tp %d x pp %d; micro_batch %d x seq_len %d x grad_accum %d; precision %s; "
      "bucket %d MiB; %d CPU threads", world, dp, in->tp, in->pp, in->B, in->T, in->accum, prec, in->bucket_mb,
      in->threads);

@@ -10,7 +10,7 @@ trap 'rm -rf "$t"' EXIT
 xl="$top_srcdir/inputs/gpt2-xl.ini"
 run "$DTRAIN" plan "$xl" --world 8 --device-mem 80GiB | tee "$t/out"
 fail() { echo "plan_cli: FAIL: $*"; exit 1; }
-grep -q '1557611200 parameters' "$t/out" || fail "true parameter count"
+grep -q '1,557,611,200 parameters, 1,557,686,400 floats per arena' "$t/out" || fail "true parameter count"
 grep -Eq 'parameters \(fp32\) +1.558e\+09 x 4 B += +6.23 GB' "$t/out" || fail "6.23 GB parameters line"
 grep -Eq 'AdamW m \+ v \(fp32\) +1.558e\+09 x 8 B += +12.46 GB' "$t/out" || fail "12.46 GB moments line"
 grep -q 'fp32 master + m + v = 1.558e+09 x 12 B = 18.69 GB' "$t/out" || fail "18.69 GB master line"

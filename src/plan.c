@@ -332,9 +332,9 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
      "%.4g x 2 B = %.2f GB", n, 12 * n / GB, n, 2 * n / GB);
   pl(o, prefix, "    (dtrain emulates bf16/fp16 storage in fp32: its working copy is %.4g x 4 B = %.2f GB)", n,
      4 * n / GB);
-  pl(o, prefix, "  ZeRO over dp=%d: stage 1 m,v / %d = %.2f GB; stage 2 + gradients / %d = %.2f GB; stage 3 + "
-     "parameters / %d = %.2f GB", dp, dp, 8 * ceil_div(n, dp) / GB, dp, 4 * ceil_div(n, dp) / GB, dp,
-     4 * ceil_div(n, dp) / GB);
+  pl(o, prefix, "  ZeRO over dp=%d, per rank: stage 1 shards m + v: %.2f / %d = %.2f GB; stage 2 also the gradients: "
+     "%.2f / %d = %.2f GB; stage 3 also the parameters: %.2f / %d = %.2f GB", dp, 8 * n / GB, dp,
+     8 * ceil_div(n, dp) / GB, 4 * n / GB, dp, 4 * ceil_div(n, dp) / GB, 4 * n / GB, dp, 4 * ceil_div(n, dp) / GB);
   if (in->pp > 1) {
     char line[1024];
     int k = 0;

@@ -14,6 +14,8 @@ grep -q '1,557,611,200 parameters, 1,557,686,400 floats per arena' "$t/out" || f
 grep -Eq 'parameters \(fp32\) +1.558e\+09 x 4 B += +6.23 GB' "$t/out" || fail "6.23 GB parameters line"
 grep -Eq 'AdamW m \+ v \(fp32\) +1.558e\+09 x 8 B += +12.46 GB' "$t/out" || fail "12.46 GB moments line"
 grep -q 'fp32 master + m + v = 1.558e+09 x 12 B = 18.69 GB' "$t/out" || fail "18.69 GB master line"
+grep -q 'stage 1 shards m + v: 12.46 / 8 = 1.56 GB; stage 2 also the gradients: 6.23 / 8 = 0.78 GB; stage 3 also the parameters: 6.23 / 8 = 0.78 GB' "$t/out" ||
+  fail "ZeRO division line"
 grep -Eq 'per rank, GB .* zero0 +zero1 +zero2 +zero3' "$t/out" || fail "zero stage header"
 grep -Eq '^ +fits 80 GiB device memory\? +(fits|NO) +(fits|NO) +(fits|NO) +(fits|NO)$' "$t/out" || fail "fit verdicts"
 for g in A100-SXM4-80GB H100-SXM5-80GB; do

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 
+#include "comm.h"
 #include "model.h"
 #include "precision.h"
 #include "status.h"
@@ -74,6 +75,13 @@ struct dt_backend {
   int device;                    /* CUDA: device ordinal, set by the caller before init (CPU: unused) */
   void *comm_stream;             /* CUDA: cudaStream_t on which gradient communication for ranges
                                     passed to ready() is ordered after their backward; NULL for CPU */
+  dt_comm_t *tp_comm;            /* tensor-parallel group (set by the caller before init; kept by
+                                    init): NULL or size 1 = no TP. Its size must equal lay->tp; the
+                                    layout is then this rank's shard (dt_layout_init_tp). CPU only:
+                                    forward/backward all-reduce over it (Megatron-LM scheme, see
+                                    backend_cpu.c), grad_sumsq returns the GLOBAL model's sum of
+                                    squares (sharded tensors summed over tp, replicated ones once),
+                                    logits_to_host is unsupported. The CUDA backend rejects tp > 1. */
 };
 
 extern const dt_backend_ops_t dt_backend_cpu;
@@ -82,6 +90,8 @@ extern const dt_backend_ops_t dt_backend_cpu;
  * (plan.c) reports, so the two cannot drift. Not counted: the (B, T) int copies of inputs and
  * targets. */
 size_t dt_cpu_activation_floats(const dt_dims_t *d, int B, int T, int nthr);
+/* The same for one rank of tensor parallelism tp (local heads, hidden and vocab widths). */
+size_t dt_cpu_activation_floats_tp(const dt_dims_t *d, int tp, int B, int T, int nthr);
 #ifdef DT_HAVE_CUDA
 extern const dt_backend_ops_t dt_backend_cuda;
 /* Floats of the CUDA backend's activation arena for capacity (B, T) (keeps (B, NH, T, T)

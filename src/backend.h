@@ -75,9 +75,10 @@ struct dt_backend {
   int device;                    /* CUDA: device ordinal, set by the caller before init (CPU: unused) */
   void *comm_stream;             /* CUDA: cudaStream_t on which gradient communication for ranges
                                     passed to ready() is ordered after their backward; NULL for CPU */
-  dt_comm_t *tp_comm;            /* tensor-parallel group (set by the caller before init; kept by
-                                    init): NULL or size 1 = no TP. Its size must equal lay->tp; the
-                                    layout is then this rank's shard (dt_layout_init_tp). CPU only:
+  dt_comm_t *tp_comm;            /* tensor-parallel group, set by the caller AFTER init (init
+                                    zeroes the struct): NULL = no TP. With lay->tp > 1 (the layout
+                                    is this rank's shard, dt_layout_init_tp) its size and rank must
+                                    match lay->tp and lay->tp_rank (forward checks). CPU only:
                                     forward/backward all-reduce over it (Megatron-LM scheme, see
                                     backend_cpu.c), grad_sumsq returns the GLOBAL model's sum of
                                     squares (sharded tensors summed over tp, replicated ones once),

@@ -134,9 +134,7 @@ size_t dt_cpu_activation_floats_tp(const dt_dims_t *d, int tp, int B, int T, int
 }
 
 static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads) {
-  dt_comm_t *tp_comm = be->tp_comm;
   memset(be, 0, sizeof *be);
-  be->tp_comm = tp_comm;
   be->ops = &dt_backend_cpu;
   be->lay = lay;
   be->B = B;
@@ -144,10 +142,7 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
   be->threads = threads;
   if (B < 1 || T < 1 || T > lay->d.T)
     return DT_ERR(DT_ERR_ARG, "cpu backend: bad micro-batch B=%d T=%d (model T=%d)", B, T, lay->d.T);
-  int tp = tp_comm ? tp_comm->size : 1;
-  if (tp != lay->tp || (tp > 1 && tp_comm->rank != lay->tp_rank))
-    return DT_ERR(DT_ERR_ARG, "cpu backend: tensor-parallel communicator (size %d) does not match the layout (tp=%d rank %d)",
-                  tp, lay->tp, lay->tp_rank);
+  const int tp = lay->tp; /* the caller sets be->tp_comm after init (checked by forward) */
   if (threads > 0) omp_set_num_threads(threads);
   DT_TRY(dt_gemm_init()); /* DT_GEMM=auto|own|blas */
   cpu_impl_t *im = calloc(1, sizeof *im);
@@ -372,6 +367,9 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
     if (targets && (targets[i] < 0 || targets[i] >= V))
       return DT_ERR(DT_ERR_DATA, "cpu backend: target token %d at position %d is outside [0, %d)", targets[i], i, V);
   }
+  if (im->tp > 1 && (!be->tp_comm || be->tp_comm->size != im->tp || be->tp_comm->rank != lay->tp_rank))
+    return DT_ERR(DT_ERR_ARG, "cpu backend: the layout is tensor-parallel shard %d of %d but be->tp_comm is %s",
+                  lay->tp_rank, im->tp, be->tp_comm ? "another group" : "not set");
   memcpy(a->inputs, inputs, (size_t)N * sizeof(int));
   if (targets) memcpy(a->targets, targets, (size_t)N * sizeof(int));
   im->B = B;

@@ -166,9 +166,9 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
     return DT_ERR(DT_ERR_UNSUPPORTED, "%s: parallel.tp = %d: tensor parallelism is implemented on the cpu backend only "
                   "(system.backend = cpu)", cfg_name, tr->mesh.tp);
   tr->be.ops = ops;
-  tr->be.tp_comm = tr->mesh.tp > 1 ? tr->mesh.tp_comm : NULL;
   tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
   DT_TRY(ops->init(&tr->be, &tr->lay, tr->B, tr->T, tr->mesh.threads));
+  tr->be.tp_comm = tr->mesh.tp > 1 ? tr->mesh.tp_comm : NULL;
   dt_precision_t prec = DT_PREC_FP32;
   if (dt_precision_parse(cfg->precision, &prec) != 0)
     return DT_ERR(DT_ERR_CONFIG, "%s: train.precision: '%s' is not one of fp32|bf16|fp16", cfg_name, cfg->precision);

@@ -218,9 +218,9 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
       r.act_gpu += ints;
       r.act_cpu_rc += ints;
       r.act_gpu_rc += ints;
-      /* CPU: the trainer's (B,T) batch + the full-arena host buffer rank 0 initialises and every
-       * rank receives by broadcast (all arenas are already touched then: it sets the peak) */
-      r.work_cpu = ints + 4 * (double)p->n_arena;
+      /* CPU: the trainer's (B,T) batch (the initial weights are made and broadcast in the
+       * parameter arena itself) */
+      r.work_cpu = ints;
       r.work_gpu = CUDA_CONTEXT_BYTES;
       double state = r.params + r.wparams + r.grads + r.m + r.v + r.gather + r.comm;
       r.total_cpu = state + r.act_cpu + r.work_cpu;
@@ -352,7 +352,7 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   ROW("comm buffers (DDP is in place; ZeRO bucket)", comm);
   ROW("activations, CPU backend", act_cpu);
   ROW("activations, CUDA backend (keeps B*NH*T*T)", act_gpu);
-  ROW("workspace CPU (batch + init buffer)", work_cpu);
+  ROW("workspace CPU (token batch)", work_cpu);
   ROW("workspace GPU (context+cuBLAS, assumed)", work_gpu);
   ROW("total host RSS, CPU backend", total_cpu);
   ROW("total device, CUDA backend", total_gpu);

@@ -39,7 +39,7 @@ typedef struct {
   double comm;        /* communication staging (ZeRO-2/3: one bucket); DDP reduces in place */
   double act_cpu, act_gpu;       /* activations (+ activation-gradient scratch) of this stage */
   double act_cpu_rc, act_gpu_rc; /* the same with full activation recomputation (not offered) */
-  double work_cpu, work_gpu;     /* workspace: token buffers; CPU: the init staging buffer;
+  double work_cpu, work_gpu;     /* workspace: token buffers;
                                     GPU: assumed CUDA context + cuBLAS workspace */
   double total_cpu, total_gpu;   /* host RSS of the CPU backend / device memory of the CUDA backend */
   double total_gpu_rc;           /* device total if activations were recomputed (not offered) */

@@ -70,7 +70,7 @@ static dt_status_t init_weights(dt_trainer_t *tr, float *host) {
   hi = (uint64_t)r[0];
   if (lo != hi || hi != fp)
     return DT_ERR(DT_ERR_INTERNAL, "rank %d: initial weights differ between ranks after broadcast", tr->mesh.rank);
-  return tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, 0, n, host);
+  return host == tr->be.params ? DT_OK : tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, 0, n, host);
 }
 
 dt_status_t dt_train_batch_plan(const dt_config_t *c, const char *name, int world, int *dp, int *accum) {
@@ -336,10 +336,13 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
   DT_TRY(dt_trainer_init_model(tr, cfg, cfg_name));
   DT_TRY(dt_data_open(&tr->train, cfg->train, cfg->vocab_size, tr->T, cfg->shuffle, cfg->seed));
   if (cfg->val[0]) DT_TRY(dt_data_open(&tr->val, cfg->val, cfg->vocab_size, tr->T, 0, cfg->seed));
-  float *host = malloc(sizeof(float) * tr->lay.n_params);
+  /* The CPU backend's parameter arena is host memory: initialise and broadcast in place (a
+   * separate host buffer set every rank's peak RSS one arena higher than training needs). */
+  int cpu = tr->be.ops == &dt_backend_cpu;
+  float *host = cpu ? tr->be.params : malloc(sizeof(float) * tr->lay.n_params);
   if (!host) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   dt_status_t st = init_weights(tr, host);
-  free(host);
+  if (!cpu) free(host);
   DT_TRY(st);
   tr->saved_step = -1;
   tr->resumed_step = -1;

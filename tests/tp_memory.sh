@@ -4,8 +4,8 @@
 # /usr/bin/time, so it includes initialisation, the step and the final sharded checkpoint write)
 # at tp=4 must stay below 40% of the tp=1 process. Params, grads and AdamW m, v are 4 x 497 MB at
 # tp=1; at tp=4 each rank holds a quarter of the sharded tensors (all but wpe and the layernorm
-# and c_proj biases), about 4 x 127 MB, plus ~175 MB of libraries and MPI per process: ~30%.
-# The init buffer is shard-sized too (each rank draws its shard of the tp=1 initialisation).
+# and c_proj biases), about 4 x 127 MB, plus ~175 MB of libraries and MPI per process: ~34%.
+# Each rank draws its shard of the tp=1 initialisation straight into its shard-sized arena.
 source "$top_srcdir/tests/lib.sh"
 ensure_data
 t=$(tmpdir)

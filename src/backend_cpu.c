@@ -142,7 +142,7 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
   be->threads = threads;
   if (B < 1 || T < 1 || T > lay->d.T)
     return DT_ERR(DT_ERR_ARG, "cpu backend: bad micro-batch B=%d T=%d (model T=%d)", B, T, lay->d.T);
-  const int tp = lay->tp; /* the caller sets be->tp_comm after init (checked by forward) */
+  const int tp = lay->tp > 1 ? lay->tp : 1; /* the caller sets be->tp_comm after init (forward checks it) */
   if (threads > 0) omp_set_num_threads(threads);
   DT_TRY(dt_gemm_init()); /* DT_GEMM=auto|own|blas */
   cpu_impl_t *im = calloc(1, sizeof *im);

@@ -79,6 +79,9 @@ dt_status_t dt_layout_init_tp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank
 long dt_tensor_local_index(const dt_tensor_t *t, int gr, int gc);
 /* 1 if the tensor is split over tp ranks (its gradient's squares are summed over tp). */
 static inline int dt_tensor_sharded(const dt_tensor_t *t) { return t->split != DT_SPLIT_NONE; }
+/* Global shape; layouts built field by field (tests) may leave grows/gcols 0: then the local one. */
+static inline int dt_tensor_grows(const dt_tensor_t *t) { return t->grows > 0 ? t->grows : t->rows; }
+static inline int dt_tensor_gcols(const dt_tensor_t *t) { return t->gcols > 0 ? t->gcols : t->cols; }
 void dt_layout_free(dt_layout_t *lay);
 /* Index of a tensor in the block (one of DT_LN1W...) of layer l. */
 const dt_tensor_t *dt_layout_block(const dt_layout_t *lay, int l, int which);

@@ -308,6 +308,8 @@ static dt_status_t check_replicated(dt_trainer_t *tr) {
   if ((uint64_t)r[0] != fp || (uint64_t)(-r[1]) != fp)
     return DT_ERR(DT_ERR_INTERNAL, "rank %d: step %d: replicated parameters differ between tensor-parallel ranks",
                   tr->mesh.rank, tr->step);
+  if (is_root(tr))
+    printf("# tp: step %d: replicated parameters bitwise equal on all %d tensor-parallel ranks\n", tr->step, tr->mesh.tp);
   return DT_OK;
 }
 

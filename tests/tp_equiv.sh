@@ -10,7 +10,8 @@
 # O(1e-2) or larger loss change within a few steps).
 # Replicated tensors (layernorms, wpe, c_proj biases) must stay bitwise equal on all tp ranks: the
 # trainer checks that before every checkpoint and fails the save otherwise, so every tp run below
-# finishing with its final checkpoint also verifies it.
+# finishing with its final checkpoint (and printing "# tp: ... bitwise equal") verifies it; a
+# planted gradient fault on one tp rank (DTRAIN_FAULT=bad_math) must make that check fail.
 # bf16 (emulated rounding): tp=2 vs tp=1 within 2e-3 relative loss per step; the all-reduced
 # partial sums are rounded once after the sum instead of once per full product, a difference at
 # bf16's 2^-8 resolution that 20 steps of training keep small.
@@ -78,6 +79,15 @@ wb = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(b1, b2))
 assert wb <= 2e-3, f"bf16 tp=2 vs tp=1: worst relative loss difference {wb:.2e} > 2e-3"
 print(f"bf16: tp=2 vs tp=1 losses within {wb:.2e} relative over 10 steps (limit 2e-3)")
 PY
+
+# The replicated-tensor check can fail: bad_math (src/fault.h) scales block 0's gradients on
+# tp rank 1 only, so its copy of ln_1 etc. drifts and the first checkpoint must refuse.
+for f in r12 r14 r22; do grep -q '^# tp: step 20: replicated parameters bitwise equal' "$t/$f.out"; done
+status=0
+DTRAIN_FAULT=bad_math@1:3 mpi 2 -x DTRAIN_FAULT "$DTRAIN" "$cfg" $m parallel.tp=2 train.steps=4 checkpoint.dir="$t/bm" > "$t/bm.out" 2> "$t/bm.err" || status=$?
+[ "$status" -ne 0 ] || { echo "FAIL: diverged replicated parameters not detected"; exit 1; }
+grep -q "replicated parameters differ between tensor-parallel ranks" "$t/bm.err" || { cat "$t/bm.err"; echo "FAIL: wrong message"; exit 1; }
+echo "ok: a tp rank whose replicated parameters drift stops the run at the checkpoint"
 
 # Bad divisibility: one clear line naming the key, exit status 2, before any work.
 status=0

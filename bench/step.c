@@ -161,7 +161,7 @@ int main(int argc, char **argv) {
   ceiling_round(&cl);
   dt_layout_t lay;
   CK(dt_layout_init(&lay, d));
-  dt_backend_t be;
+  dt_backend_t be = {0};
   CK(dt_backend_cpu.init(&be, &lay, o.B, o.T, o.threads));
   dt_model_init_params(&lay, be.params, 1337);
   const int N = o.B * o.T;

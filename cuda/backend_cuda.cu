@@ -220,6 +220,9 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
   be->T = T;
   be->threads = threads;
   be->device = device;
+  if (lay->tp > 1)
+    return DT_ERR(DT_ERR_UNSUPPORTED, "cuda backend: parallel.tp = %d: tensor parallelism is implemented on the cpu "
+                  "backend only (system.backend = cpu)", lay->tp);
   if (B < 1 || T < 1 || T > lay->d.T)
     return DT_ERR(DT_ERR_ARG, "cuda backend: bad micro-batch B=%d T=%d (model T=%d)", B, T, lay->d.T);
   cu_impl_t *im = (cu_impl_t *)calloc(1, sizeof *im);

@@ -7,6 +7,7 @@
 
 #include <stddef.h>
 
+#include "comm.h"
 #include "model.h"
 #include "precision.h"
 #include "status.h"
@@ -74,11 +75,20 @@ struct dt_backend {
   void *impl;                    /* backend-private state */
   int device;                    /* CUDA: device ordinal, set by the caller before init (CPU: unused) */
   size_t opt_lo, opt_hi;         /* the arena range whose AdamW state this rank holds, set by the
-                                    caller before init (ZeRO shards; 0, 0 = the whole arena): m and v
+                                    caller before init on a zeroed struct (ZeRO shards; 0, 0 = the
+                                    whole arena; dt_backend_t be = {0} for plain use): m and v
                                     then hold opt_hi - opt_lo floats, m[i] for arena offset opt_lo + i,
                                     and copies of DT_BUF_M/V take offsets relative to opt_lo */
   void *comm_stream;             /* CUDA: cudaStream_t on which gradient communication for ranges
                                     passed to ready() is ordered after their backward; NULL for CPU */
+  dt_comm_t *tp_comm;            /* tensor-parallel group, set by the caller AFTER init (init
+                                    zeroes the struct): NULL = no TP. With lay->tp > 1 (the layout
+                                    is this rank's shard, dt_layout_init_tp) its size and rank must
+                                    match lay->tp and lay->tp_rank (forward checks). CPU only:
+                                    forward/backward all-reduce over it (Megatron-LM scheme, see
+                                    backend_cpu.c), grad_sumsq returns the GLOBAL model's sum of
+                                    squares (sharded tensors summed over tp, replicated ones once),
+                                    logits_to_host is unsupported. The CUDA backend rejects tp > 1. */
 };
 
 extern const dt_backend_ops_t dt_backend_cpu;
@@ -87,6 +97,8 @@ extern const dt_backend_ops_t dt_backend_cpu;
  * (plan.c) reports, so the two cannot drift. Not counted: the (B, T) int copies of inputs and
  * targets. */
 size_t dt_cpu_activation_floats(const dt_dims_t *d, int B, int T, int nthr);
+/* The same for one rank of tensor parallelism tp (local heads, hidden and vocab widths). */
+size_t dt_cpu_activation_floats_tp(const dt_dims_t *d, int tp, int B, int T, int nthr);
 #ifdef DT_HAVE_CUDA
 extern const dt_backend_ops_t dt_backend_cuda;
 /* Floats of the CUDA backend's activation arena for capacity (B, T) (keeps (B, NH, T, T)

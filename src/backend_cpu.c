@@ -43,6 +43,7 @@ typedef struct {
   float *dqkv;               /* (B,T,3C) */
   float *dfch;               /* (B,T,4C) */
   float *attscr;             /* per-thread attention scratch (dt_attention_scratch_floats) */
+  float *xtmp;               /* tp > 1 only: (B,T) doubles for the vocab-parallel cross-entropy */
   /* no dlogits: backward turns `logits` into d loss / d logits in place (lm_head section) */
   int *inputs, *targets;     /* (B,T) copies of the last forward's batch */
 } cpu_acts_t;
@@ -50,7 +51,9 @@ typedef struct {
 typedef struct {
   float *arena;
   cpu_acts_t a;
-  size_t bt, btc, bth;  /* capacity strides: B*T, B*T*C, B*NH*T */
+  size_t bt, btc, bth;  /* capacity strides: B*T, B*T*C, B*NH*T (NH: this rank's heads) */
+  size_t btcl;          /* B*T*C/tp: stride of the per-rank-width activations (qkv, atty, fch) */
+  int tp, Cl, NHl, Vpl, v0; /* tensor parallelism: degree, local C, heads, vocab rows, first vocab row */
   int nthr;             /* OpenMP threads the attention scratch is sized for */
   int B, T;             /* last forward */
   int have_fwd, have_targets;
@@ -83,8 +86,8 @@ static void cpu_free(dt_backend_t *be) {
 }
 
 /* Carve the activation arena; with base == NULL only count. Returns floats used. */
-static size_t carve(cpu_acts_t *a, float *base, const dt_dims_t *d, int B, int T, int nthr) {
-  size_t off = 0, L = d->L, bt = (size_t)B * T, C = d->C;
+static size_t carve(cpu_acts_t *a, float *base, const dt_dims_t *d, int tp, int B, int T, int nthr) {
+  size_t off = 0, L = d->L, bt = (size_t)B * T, C = d->C, Cl = C / tp;
 #define TAKE(field, n)                               \
   do {                                               \
     a->field = base ? base + off : NULL;             \
@@ -94,34 +97,40 @@ static size_t carve(cpu_acts_t *a, float *base, const dt_dims_t *d, int B, int T
   TAKE(ln1, L * bt * C);
   TAKE(ln1_mean, L * bt);
   TAKE(ln1_rstd, L * bt);
-  TAKE(qkv, L * bt * 3 * C);
-  TAKE(atty, L * bt * C);
-  TAKE(att_lse, L * bt * d->NH);
+  TAKE(qkv, L * bt * 3 * Cl);
+  TAKE(atty, L * bt * Cl);
+  TAKE(att_lse, L * bt * (d->NH / tp));
   TAKE(residual2, L * bt * C);
   TAKE(ln2, L * bt * C);
   TAKE(ln2_mean, L * bt);
   TAKE(ln2_rstd, L * bt);
-  TAKE(fch, L * bt * 4 * C);
-  TAKE(fch_gelu, L * bt * 4 * C);
+  TAKE(fch, L * bt * 4 * Cl);
+  TAKE(fch_gelu, L * bt * 4 * Cl);
   TAKE(residual3, L * bt * C);
   TAKE(lnf, bt * C);
   TAKE(lnf_mean, bt);
   TAKE(lnf_rstd, bt);
-  TAKE(logits, bt * d->Vp);
+  TAKE(logits, bt * (d->Vp / tp));
   TAKE(losses, bt);
   TAKE(lse, bt);
   TAKE(dres, bt * C);
   TAKE(dtmp, bt * C);
-  TAKE(dqkv, bt * 3 * C);
-  TAKE(dfch, bt * 4 * C);
+  TAKE(dqkv, bt * 3 * Cl);
+  TAKE(dfch, bt * 4 * Cl);
   TAKE(attscr, dt_attention_scratch_floats(T, nthr));
+  TAKE(xtmp, tp > 1 ? 2 * bt : 0);
 #undef TAKE
   return off;
 }
 
 size_t dt_cpu_activation_floats(const dt_dims_t *d, int B, int T, int nthr) {
   cpu_acts_t a;
-  return carve(&a, NULL, d, B, T, nthr);
+  return carve(&a, NULL, d, 1, B, T, nthr);
+}
+
+size_t dt_cpu_activation_floats_tp(const dt_dims_t *d, int tp, int B, int T, int nthr) {
+  cpu_acts_t a;
+  return carve(&a, NULL, d, tp, B, T, nthr);
 }
 
 static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads) {
@@ -139,6 +148,7 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
   be->threads = threads;
   if (B < 1 || T < 1 || T > lay->d.T)
     return DT_ERR(DT_ERR_ARG, "cpu backend: bad micro-batch B=%d T=%d (model T=%d)", B, T, lay->d.T);
+  const int tp = lay->tp > 1 ? lay->tp : 1; /* the caller sets be->tp_comm after init (forward checks it) */
   if (threads > 0) omp_set_num_threads(threads);
   DT_TRY(dt_gemm_init()); /* DT_GEMM=auto|own|blas */
   cpu_impl_t *im = calloc(1, sizeof *im);
@@ -150,7 +160,7 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
   be->m = alloc_floats(dt_backend_opt_floats(be));
   be->v = alloc_floats(dt_backend_opt_floats(be));
   im->nthr = omp_get_max_threads();
-  size_t nact = dt_cpu_activation_floats(&lay->d, B, T, im->nthr); /* what `dtrain plan` counts */
+  size_t nact = dt_cpu_activation_floats_tp(&lay->d, tp, B, T, im->nthr); /* what `dtrain plan` counts */
   im->arena = alloc_floats(nact);
   im->a.inputs = calloc((size_t)B * T, sizeof(int));
   im->a.targets = calloc((size_t)B * T, sizeof(int));
@@ -159,13 +169,19 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
     return DT_ERR(DT_ERR_NOMEM, "cpu backend: cannot allocate 4 x %zu parameter floats + %zu activation floats", n,
                   nact);
   }
-  carve(&im->a, im->arena, &lay->d, B, T, im->nthr);
+  carve(&im->a, im->arena, &lay->d, tp, B, T, im->nthr);
   be->wparams = be->params;
   be->precision = DT_PREC_FP32;
   be->loss_scale = 1.0f;
   im->bt = (size_t)B * T;
   im->btc = im->bt * lay->d.C;
-  im->bth = im->bt * lay->d.NH;
+  im->tp = tp;
+  im->Cl = lay->d.C / tp;
+  im->NHl = lay->d.NH / tp;
+  im->Vpl = lay->d.Vp / tp;
+  im->v0 = lay->tp_rank * im->Vpl;
+  im->bth = im->bt * im->NHl;
+  im->btcl = im->bt * im->Cl;
   return DT_OK;
 }
 
@@ -192,21 +208,154 @@ static const float *P(const dt_backend_t *be, int l, int which) {
 }
 static float *G(const dt_backend_t *be, int l, int which) { return be->grads + dt_layout_block(be->lay, l, which)->offset; }
 
+/* ---- tensor parallelism (Megatron-LM) --------------------------------------------------------
+ * With tp ranks (be->tp_comm) each rank holds the shards of dt_layout_init_tp and runs the same
+ * per-layer code at its local widths Cl = C/tp, NHl = NH/tp, 4Cl, Vpl = Vp/tp:
+ *   c_attn, c_fc (row-parallel in our (out, in) storage): local output columns, no communication;
+ *   attention: over the local heads only (head size C/NH unchanged);
+ *   attn.c_proj, mlp.c_proj (split along their input): a partial (B,T,C) product, all-reduced
+ *   over tp, then + bias + residual (the bias is replicated and added once, after the sum);
+ *   embedding: each rank adds the wte rows it owns (zeros for others), all-reduce, + wpe;
+ *   lm_head: local logits (B,T,Vpl); cross-entropy from all-reduced row max, sum of exponentials
+ *   and target logit (no rank holds (B,T,Vp)).
+ * Backward mirrors it: the input gradients of c_attn, c_fc and the lm_head (partial sums over
+ * this rank's output columns) are all-reduced before their layernorm backward.
+ * Replicated parameters (wpe, ln_1, ln_2, ln_f, the c_proj biases) get the same gradient on every
+ * tp rank: everything they see (residual stream, layernorm inputs and d loss / d residual) is
+ * either computed from all-reduced values or is an all-reduced value itself, and an all-reduce
+ * gives every rank the same sum. The trainer checks that they stay bitwise equal (train.c). */
+
+static dt_status_t tp_allreduce(dt_backend_t *be, void *x, size_t n, dt_dtype_t ty, dt_redop_t op) {
+  return be->tp_comm->ops->allreduce(be->tp_comm, x, x, n, ty, op, NULL, NULL);
+}
+
+/* out = resid + inp W^T + bias; W (OC, IC) local columns of the global input dim when tp > 1. */
+static dt_status_t proj_residual(dt_backend_t *be, float *out, const float *inp, const float *w, const float *bias,
+                                 const float *resid, int N, int IC, int OC) {
+  cpu_impl_t *im = be->impl;
+  if (im->tp == 1) {
+    dt_matmul_residual_forward(out, inp, w, bias, resid, N, IC, OC);
+    return DT_OK;
+  }
+  dt_matmul_forward(out, inp, w, NULL, N, IC, OC);
+  DT_TRY(tp_allreduce(be, out, (size_t)N * OC, DT_F32, DT_SUM));
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < N; i++) {
+    float *o = out + (size_t)i * OC;
+    const float *r = resid + (size_t)i * OC;
+    for (int c = 0; c < OC; c++) o[c] = r[c] + (o[c] + bias[c]);
+  }
+  return DT_OK;
+}
+
+/* Vocab-parallel embedding: rows owned here (global rows [v0, v0+Vpl)), zeros else, summed. */
+static dt_status_t tp_encoder_forward(dt_backend_t *be, float *out, const int *inp, const float *wte,
+                                      const float *wpe, int B, int T, int C) {
+  cpu_impl_t *im = be->impl;
+  const int N = B * T;
+#pragma omp parallel for schedule(static)
+  for (int bt = 0; bt < N; bt++) {
+    float *o = out + (size_t)bt * C;
+    int r = inp[bt] - im->v0;
+    if (r >= 0 && r < im->Vpl) memcpy(o, wte + (size_t)r * C, (size_t)C * sizeof(float));
+    else memset(o, 0, (size_t)C * sizeof(float));
+  }
+  DT_TRY(tp_allreduce(be, out, (size_t)N * C, DT_F32, DT_SUM));
+#pragma omp parallel for schedule(static)
+  for (int bt = 0; bt < N; bt++) {
+    float *o = out + (size_t)bt * C;
+    const float *p = wpe + (size_t)(bt % T) * C;
+    for (int c = 0; c < C; c++) o[c] += p[c];
+  }
+  return DT_OK;
+}
+
+static void tp_encoder_backward(cpu_impl_t *im, float *dwte, float *dwpe, const float *dout, const int *inp, int B,
+                                int T, int C) {
+#pragma omp parallel for schedule(static)
+  for (int c0 = 0; c0 < C; c0 += 64) { /* threads own column blocks: repeated tokens don't race */
+    int c1 = c0 + 64 < C ? c0 + 64 : C;
+    for (int bt = 0; bt < B * T; bt++) {
+      int r = inp[bt] - im->v0;
+      if (r < 0 || r >= im->Vpl) continue;
+      float *d = dwte + (size_t)r * C;
+      const float *g = dout + (size_t)bt * C;
+      for (int c = c0; c < c1; c++) d[c] += g[c];
+    }
+  }
+#pragma omp parallel for schedule(static)
+  for (int t = 0; t < T; t++) {
+    float *d = dwpe + (size_t)t * C;
+    for (int b = 0; b < B; b++) {
+      const float *g = dout + ((size_t)b * T + t) * C;
+      for (int c = 0; c < C; c++) d[c] += g[c];
+    }
+  }
+}
+
+/* Vocab-parallel cross-entropy over local logits (N, Vpl) holding global columns [v0, v0+Vpl):
+ * the same math as dt_crossentropy_forward with the row max, the sum of exponentials (float
+ * chunks, double sum) and the target logit all-reduced. Returns the mean loss. */
+static dt_status_t tp_crossentropy_forward(dt_backend_t *be, float *losses, float *lse, const float *logits,
+                                           const int *targets, int N, double *mean) {
+  cpu_impl_t *im = be->impl;
+  const int V = be->lay->d.V, Vpl = im->Vpl, v0 = im->v0;
+  int nv = V - v0 < Vpl ? V - v0 : Vpl; /* real vocab columns here */
+  if (nv < 0) nv = 0;
+  double *sum = (double *)im->a.xtmp;
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < N; i++) {
+    const float *z = logits + (size_t)i * Vpl;
+    float mx = -INFINITY;
+    for (int v = 0; v < nv; v++) mx = z[v] > mx ? z[v] : mx;
+    lse[i] = mx;
+  }
+  DT_TRY(tp_allreduce(be, lse, (size_t)N, DT_F32, DT_MAX));
+#pragma omp parallel for schedule(static)
+  for (int i = 0; i < N; i++) {
+    const float *z = logits + (size_t)i * Vpl;
+    const float mx = lse[i];
+    double s = 0.0;
+    for (int a = 0; a < nv; a += 1024) {
+      int e = a + 1024 < nv ? a + 1024 : nv;
+      float cs = 0.0f;
+      for (int v = a; v < e; v++) cs += dt_expf(z[v] - mx);
+      s += cs;
+    }
+    sum[i] = s;
+    int t = targets[i] - v0;
+    losses[i] = t >= 0 && t < nv ? z[t] : 0.0f;
+  }
+  DT_TRY(tp_allreduce(be, sum, (size_t)N, DT_F64, DT_SUM));
+  DT_TRY(tp_allreduce(be, losses, (size_t)N, DT_F32, DT_SUM));
+  double total = 0.0;
+  for (int i = 0; i < N; i++) {
+    float l = lse[i] + (float)log(sum[i]);
+    lse[i] = l;
+    losses[i] = l - losses[i];
+    total += losses[i];
+  }
+  *mean = total / N;
+  return DT_OK;
+}
+
 /* ---- lm_head + cross-entropy --------------------------------------------------------------
  * Backward of softmax cross-entropy written over the logits, row by row (no separate dlogits):
  * z[i, v] <- (exp(z[i, v] - lse[i]) - [v == target[i]]) * dloss for v < V, 0 for the padded
  * v in [V, Vp). The same per-element math as dt_crossentropy_backward (ops_cpu.h), so the
  * numbers are bitwise those of the two-buffer version. */
 DT_CPU_VEC static void xent_backward_inplace(float *zd, const float *lse, const int *targets, float dloss, int N, int V,
-                                             int Vp) {
+                                             int Vp, int v0) {
+  /* tensor parallelism: the rows hold global columns [v0, v0 + Vp), of which V are real vocab */
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
     float *z = zd + (size_t)i * Vp;
     const float l = lse[i];
 #pragma omp simd
     for (int v = 0; v < V; v++) z[v] = dt_expf(z[v] - l) * dloss;
-    z[targets[i]] -= dloss;
-    for (int v = V; v < Vp; v++) z[v] = 0.0f;
+    int t = targets[i] - v0;
+    if (t >= 0 && t < V) z[t] -= dloss;
+    for (int v = V < 0 ? 0 : V; v < Vp; v++) z[v] = 0.0f;
   }
 }
 
@@ -214,7 +363,8 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
   cpu_impl_t *im = be->impl;
   cpu_acts_t *a = &im->a;
   const dt_layout_t *lay = be->lay;
-  const int L = lay->d.L, C = lay->d.C, NH = lay->d.NH, V = lay->d.V, Vp = lay->d.Vp, N = B * T;
+  const int L = lay->d.L, C = lay->d.C, V = lay->d.V, N = B * T;
+  const int Cl = im->Cl, NHl = im->NHl, Vpl = im->Vpl; /* this rank's widths (tp = 1: C, NH, Vp) */
   if (B < 1 || T < 1 || B > be->B || T > be->T || (size_t)N > im->bt)
     return DT_ERR(DT_ERR_ARG, "cpu backend: forward with B=%d T=%d exceeds the capacity B=%d T=%d", B, T, be->B, be->T);
   for (int i = 0; i < N; i++) {
@@ -223,6 +373,9 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
     if (targets && (targets[i] < 0 || targets[i] >= V))
       return DT_ERR(DT_ERR_DATA, "cpu backend: target token %d at position %d is outside [0, %d)", targets[i], i, V);
   }
+  if (im->tp > 1 && (!be->tp_comm || be->tp_comm->size != im->tp || be->tp_comm->rank != lay->tp_rank))
+    return DT_ERR(DT_ERR_ARG, "cpu backend: the layout is tensor-parallel shard %d of %d but be->tp_comm is %s",
+                  lay->tp_rank, im->tp, be->tp_comm ? "another group" : "not set");
   memcpy(a->inputs, inputs, (size_t)N * sizeof(int));
   if (targets) memcpy(a->targets, targets, (size_t)N * sizeof(int));
   im->B = B;
@@ -232,29 +385,33 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
 
   if (be->wparams != be->params) dt_prec_round_copy(be->wparams, be->params, lay->n_params, be->precision);
   const float *wte = be->wparams + lay->tensors[0].offset, *wpe = be->wparams + lay->tensors[1].offset;
-  DT_PROF(DT_PROF_ENCODER, dt_encoder_forward(a->encoded, inputs, wte, wpe, B, T, C));
+  if (im->tp > 1) DT_TRY(tp_encoder_forward(be, a->encoded, inputs, wte, wpe, B, T, C));
+  else DT_PROF(DT_PROF_ENCODER, dt_encoder_forward(a->encoded, inputs, wte, wpe, B, T, C));
   STORE(a->encoded, N * C);
   const float *x = a->encoded; /* (B,T,C) residual stream entering block l */
   for (int l = 0; l < L; l++) {
-    size_t o = l * im->btc, os = l * im->bt;
-    float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * o, *atty = a->atty + o, *alse = a->att_lse + l * im->bth;
-    float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * o, *fchg = a->fch_gelu + 4 * o;
+    size_t o = l * im->btc, ol = l * im->btcl, os = l * im->bt;
+    float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * ol, *atty = a->atty + ol, *alse = a->att_lse + l * im->bth;
+    float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * ol, *fchg = a->fch_gelu + 4 * ol;
     float *res3 = a->residual3 + o;
     DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(ln1, a->ln1_mean + os, a->ln1_rstd + os, x, P(be, l, DT_LN1W), P(be, l, DT_LN1B), N, C));
     STORE(ln1, N * C);
-    DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(qkv, ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * C));
-    STORE(qkv, N * 3 * C);
-    DT_PROF(DT_PROF_ATTENTION, dt_attention_forward(atty, alse, a->attscr, qkv, B, T, C, NH, im->nthr));
-    STORE(atty, N * C);
-    DT_PROF(DT_PROF_MATMUL, dt_matmul_residual_forward(res2, atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), x, N, C, C));
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(qkv, ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * Cl));
+    STORE(qkv, N * 3 * Cl);
+    DT_PROF(DT_PROF_ATTENTION, dt_attention_forward(atty, alse, a->attscr, qkv, B, T, Cl, NHl, im->nthr));
+    STORE(atty, N * Cl);
+    dt_status_t st = DT_OK;
+    DT_PROF(DT_PROF_MATMUL, st = proj_residual(be, res2, atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), x, N, Cl, C));
+    DT_TRY(st);
     STORE(res2, N * C);
     DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(ln2, a->ln2_mean + os, a->ln2_rstd + os, res2, P(be, l, DT_LN2W), P(be, l, DT_LN2B), N, C));
     STORE(ln2, N * C);
-    DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(fch, ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * C));
-    STORE(fch, N * 4 * C);
-    DT_PROF(DT_PROF_GELU, dt_gelu_forward(fchg, fch, (size_t)N * 4 * C));
-    STORE(fchg, N * 4 * C);
-    DT_PROF(DT_PROF_MATMUL, dt_matmul_residual_forward(res3, fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), res2, N, 4 * C, C));
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(fch, ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * Cl));
+    STORE(fch, N * 4 * Cl);
+    DT_PROF(DT_PROF_GELU, dt_gelu_forward(fchg, fch, (size_t)N * 4 * Cl));
+    STORE(fchg, N * 4 * Cl);
+    DT_PROF(DT_PROF_MATMUL, st = proj_residual(be, res3, fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), res2, N, 4 * Cl, C));
+    DT_TRY(st);
     STORE(res3, N * C);
     x = res3;
   }
@@ -263,13 +420,14 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
                        C));
   STORE(a->lnf, N * C);
   /* tied lm_head: logits = lnf wte^T */
-  DT_PROF(DT_PROF_LMHEAD, dt_matmul_forward(a->logits, a->lnf, wte, NULL, N, C, Vp));
-  STORE(a->logits, (size_t)N * Vp);
+  DT_PROF(DT_PROF_LMHEAD, dt_matmul_forward(a->logits, a->lnf, wte, NULL, N, C, Vpl));
+  STORE(a->logits, (size_t)N * Vpl);
   im->logits_gone = 0;
   im->logits_gen = im->param_gen;
   if (targets) {
     double m = 0.0;
-    DT_PROF(DT_PROF_XENT, m = dt_crossentropy_forward(a->losses, a->lse, a->logits, targets, N, V, Vp));
+    if (im->tp > 1) DT_TRY(tp_crossentropy_forward(be, a->losses, a->lse, a->logits, targets, N, &m));
+    else DT_PROF(DT_PROF_XENT, m = dt_crossentropy_forward(a->losses, a->lse, a->logits, targets, N, V, Vpl));
     if (loss) *loss = (float)m;
   }
   return DT_OK;
@@ -279,8 +437,10 @@ static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn re
   cpu_impl_t *im = be->impl;
   cpu_acts_t *a = &im->a;
   const dt_layout_t *lay = be->lay;
-  const int L = lay->d.L, C = lay->d.C, NH = lay->d.NH, V = lay->d.V, Vp = lay->d.Vp;
+  const int L = lay->d.L, C = lay->d.C, V = lay->d.V;
+  const int Cl = im->Cl, NHl = im->NHl, Vpl = im->Vpl, tp = im->tp; /* this rank's widths */
   const int B = im->B, T = im->T, N = B * T;
+  int nv = V - im->v0 < Vpl ? V - im->v0 : Vpl; /* real vocab columns among the local logits */
   if (!im->have_fwd || !im->have_targets)
     return DT_ERR(DT_ERR_ARG, "cpu backend: backward needs a preceding forward with targets");
   if (accum < 1) return DT_ERR(DT_ERR_ARG, "cpu backend: backward with accum=%d (must be >= 1)", accum);
@@ -295,13 +455,14 @@ static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn re
   if (im->logits_gone) { /* a repeated backward: recompute the logits the first one consumed */
     if (im->param_gen != im->logits_gen)
       return DT_ERR(DT_ERR_ARG, "cpu backend: backward again after a parameter update needs a new forward");
-    DT_PROF(DT_PROF_LMHEAD, dt_matmul_forward(a->logits, a->lnf, wte, NULL, N, C, Vp));
-    STORE(a->logits, (size_t)N * Vp);
+    DT_PROF(DT_PROF_LMHEAD, dt_matmul_forward(a->logits, a->lnf, wte, NULL, N, C, Vpl));
+    STORE(a->logits, (size_t)N * Vpl);
   }
-  DT_PROF(DT_PROF_XENT, xent_backward_inplace(a->logits, a->lse, a->targets, be->loss_scale / ((float)N * accum), N, V, Vp));
-  STORE(a->logits, (size_t)N * Vp);
+  DT_PROF(DT_PROF_XENT, xent_backward_inplace(a->logits, a->lse, a->targets, be->loss_scale / ((float)N * accum), N, nv, Vpl, im->v0));
+  STORE(a->logits, (size_t)N * Vpl);
   im->logits_gone = 1;
-  DT_PROF(DT_PROF_LMHEAD, dt_matmul_backward(a->dtmp, dwte, NULL, a->logits, a->lnf, wte, N, C, Vp));
+  DT_PROF(DT_PROF_LMHEAD, dt_matmul_backward(a->dtmp, dwte, NULL, a->logits, a->lnf, wte, N, C, Vpl));
+  if (tp > 1) DT_TRY(tp_allreduce(be, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
   STORE(a->dtmp, N * C);
   DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, be->grads + lnfw->offset, be->grads + lnfb->offset, NULL, a->dtmp, x_last,
                         be->wparams + lnfw->offset, a->lnf_mean, a->lnf_rstd, N, C));
@@ -309,28 +470,30 @@ static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn re
   if (ready) ready(ctx, lay->layer_begin[L + 1], lay->layer_begin[L + 2]);
 
   for (int l = L - 1; l >= 0; l--) {
-    size_t o = l * im->btc, os = l * im->bt;
+    size_t o = l * im->btc, ol = l * im->btcl, os = l * im->bt;
     const float *x = l > 0 ? a->residual3 + o - im->btc : a->encoded;
-    const float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * o, *atty = a->atty + o, *alse = a->att_lse + l * im->bth;
-    const float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * o, *fchg = a->fch_gelu + 4 * o;
+    const float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * ol, *atty = a->atty + ol, *alse = a->att_lse + l * im->bth;
+    const float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * ol, *fchg = a->fch_gelu + 4 * ol;
     /* dres holds d loss / d residual3[l] */
     DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg, P(be, l, DT_FCPROJW), N,
-                       4 * C, C));
-    STORE(a->dfch, N * 4 * C);
-    DT_PROF(DT_PROF_GELU, dt_gelu_backward(a->dfch, fch, a->dfch, (size_t)N * 4 * C));
-    STORE(a->dfch, N * 4 * C);
-    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, ln2, P(be, l, DT_FCW), N, C, 4 * C));
+                       4 * Cl, C));
+    STORE(a->dfch, N * 4 * Cl);
+    DT_PROF(DT_PROF_GELU, dt_gelu_backward(a->dfch, fch, a->dfch, (size_t)N * 4 * Cl));
+    STORE(a->dfch, N * 4 * Cl);
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, ln2, P(be, l, DT_FCW), N, C, 4 * Cl));
+    if (tp > 1) DT_TRY(tp_allreduce(be, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
     STORE(a->dtmp, N * C);
     DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, G(be, l, DT_LN2W), G(be, l, DT_LN2B), a->dres, a->dtmp, res2, P(be, l, DT_LN2W),
                           a->ln2_mean + os, a->ln2_rstd + os, N, C));
     STORE(a->dres, N * C);
     /* dres holds d loss / d residual2[l] */
     DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, atty, P(be, l, DT_ATTPROJW),
-                       N, C, C));
-    STORE(a->dtmp, N * C);
-    DT_PROF(DT_PROF_ATTENTION, dt_attention_backward(a->dqkv, a->attscr, a->dtmp, qkv, alse, B, T, C, NH, im->nthr));
-    STORE(a->dqkv, N * 3 * C);
-    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, ln1, P(be, l, DT_QKVW), N, C, 3 * C));
+                       N, Cl, C));
+    STORE(a->dtmp, N * Cl);
+    DT_PROF(DT_PROF_ATTENTION, dt_attention_backward(a->dqkv, a->attscr, a->dtmp, qkv, alse, B, T, Cl, NHl, im->nthr));
+    STORE(a->dqkv, N * 3 * Cl);
+    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, ln1, P(be, l, DT_QKVW), N, C, 3 * Cl));
+    if (tp > 1) DT_TRY(tp_allreduce(be, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
     STORE(a->dtmp, N * C);
     DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, G(be, l, DT_LN1W), G(be, l, DT_LN1B), a->dres, a->dtmp, x, P(be, l, DT_LN1W),
                           a->ln1_mean + os, a->ln1_rstd + os, N, C));
@@ -338,7 +501,8 @@ static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn re
     /* dres holds d loss / d (block l input) */
     if (ready) ready(ctx, lay->layer_begin[1 + l], lay->layer_begin[2 + l]);
   }
-  DT_PROF(DT_PROF_ENCODER, dt_encoder_backward(dwte, dwpe, a->dres, a->inputs, B, T, C));
+  if (tp > 1) tp_encoder_backward(im, dwte, dwpe, a->dres, a->inputs, B, T, C);
+  else DT_PROF(DT_PROF_ENCODER, dt_encoder_backward(dwte, dwpe, a->dres, a->inputs, B, T, C));
   if (ready) ready(ctx, lay->layer_begin[0], lay->layer_begin[1]);
   return DT_OK;
 }
@@ -367,8 +531,22 @@ DT_CPU_VEC static double sumsq(const float *restrict g, long n) {
 }
 
 static dt_status_t grad_sumsq_impl(dt_backend_t *be, double *out) {
-  size_t lo = be->opt_hi > be->opt_lo ? be->opt_lo : 0;
-  *out = sumsq(be->grads + lo, (long)dt_backend_opt_floats(be));
+  const dt_layout_t *lay = be->lay;
+  if (lay->tp <= 1) { /* the optimizer range: the whole arena, or this rank's ZeRO shard */
+    size_t lo = be->opt_hi > be->opt_lo ? be->opt_lo : 0;
+    *out = sumsq(be->grads + lo, (long)dt_backend_opt_floats(be));
+    return DT_OK;
+  }
+  /* tp > 1: shards summed over the tp group, replicated tensors (equal on every tp rank) once */
+  double sh = 0.0, rep = 0.0;
+  for (int i = 0; i < lay->n_tensors; i++) {
+    const dt_tensor_t *t = &lay->tensors[i];
+    double s = sumsq(be->grads + t->offset, (long)t->rows * t->cols);
+    if (dt_tensor_sharded(t)) sh += s;
+    else rep += s;
+  }
+  DT_TRY(tp_allreduce(be, &sh, 1, DT_F64, DT_SUM));
+  *out = sh + rep;
   return DT_OK;
 }
 
@@ -433,6 +611,8 @@ static dt_status_t cpu_logits_to_host(dt_backend_t *be, float *dst) {
   cpu_impl_t *im = be->impl;
   const dt_dims_t *d = &be->lay->d;
   if (!im->have_fwd) return DT_ERR(DT_ERR_ARG, "cpu backend: logits requested before any forward");
+  if (im->tp > 1)
+    return DT_ERR(DT_ERR_UNSUPPORTED, "cpu backend: logits_to_host with tensor parallelism (each rank holds Vp/tp columns)");
   if (!im->logits_gone) {
     memcpy(dst, im->a.logits, (size_t)im->B * im->T * d->Vp * sizeof(float));
     return DT_OK;

@@ -88,17 +88,17 @@ dt_status_t dt_ckpt__h5err(const char *path, const char *obj, const char *what) 
 
 int dt_ckpt__is_wte(const dt_tensor_t *t) { return strcmp(t->name, "wte.weight") == 0; }
 /* Rows of the global tensor in our layout as far as the file is concerned (wte: true V). */
-int dt_ckpt__hf_rows(const dt_layout_t *lay, const dt_tensor_t *t) { return dt_ckpt__is_wte(t) ? lay->d.V : t->rows; }
+int dt_ckpt__hf_rows(const dt_layout_t *lay, const dt_tensor_t *t) { return dt_ckpt__is_wte(t) ? lay->d.V : dt_tensor_grows(t); }
 
 /* File shape: 1-D (cols); 2-D (rows, cols) or transposed. Returns ndim. */
 static int file_shape(const dt_layout_t *lay, const dt_tensor_t *t, hsize_t dims[2]) {
   if (t->ndim == 1) {
-    dims[0] = (hsize_t)t->cols;
+    dims[0] = (hsize_t)dt_tensor_gcols(t);
     dims[1] = 1;
     return 1;
   }
-  dims[0] = (hsize_t)(t->hf_transpose ? t->cols : dt_ckpt__hf_rows(lay, t));
-  dims[1] = (hsize_t)(t->hf_transpose ? dt_ckpt__hf_rows(lay, t) : t->cols);
+  dims[0] = (hsize_t)(t->hf_transpose ? dt_tensor_gcols(t) : dt_ckpt__hf_rows(lay, t));
+  dims[1] = (hsize_t)(t->hf_transpose ? dt_ckpt__hf_rows(lay, t) : dt_tensor_gcols(t));
   return 2;
 }
 
@@ -115,9 +115,9 @@ dt_status_t dt_ckpt_ranges_add(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, dt_
     return DT_ERR(DT_ERR_ARG, "checkpoint range: tensor index %d out of [0, %d)", r.tensor, lay->n_tensors);
   const dt_tensor_t *t = &lay->tensors[r.tensor];
   if (r.row0 < 0 || r.row0 >= r.row1 || r.row1 > dt_ckpt__hf_rows(lay, t) || r.col0 < 0 || r.col0 >= r.col1 ||
-      r.col1 > t->cols || r.ld < (size_t)(r.col1 - r.col0))
+      r.col1 > dt_tensor_gcols(t) || r.ld < (size_t)(r.col1 - r.col0))
     return DT_ERR(DT_ERR_ARG, "checkpoint range: %s: box rows [%d,%d) cols [%d,%d) ld %zu outside (%d, %d)",
-                  t->name, r.row0, r.row1, r.col0, r.col1, r.ld, dt_ckpt__hf_rows(lay, t), t->cols);
+                  t->name, r.row0, r.row1, r.col0, r.col1, r.ld, dt_ckpt__hf_rows(lay, t), dt_tensor_gcols(t));
   dt_ckpt_range_t *nr = realloc(rs->r, (size_t)(rs->n + 1) * sizeof *nr);
   if (!nr) return DT_ERR(DT_ERR_NOMEM, "checkpoint ranges: out of memory");
   rs->r = nr;
@@ -145,6 +145,37 @@ dt_status_t dt_ckpt_ranges_add_flat(dt_ckpt_ranges_t *rs, const dt_layout_t *lay
       b.off = t->offset + lo - begin;
       DT_TRY(dt_ckpt_ranges_add(rs, lay, b));
       lo = stop;
+    }
+  }
+  return DT_OK;
+}
+
+dt_status_t dt_ckpt_ranges_add_shards(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, int with_replicated) {
+  rs->full = 0;
+  for (int i = 0; i < lay->n_tensors; i++) {
+    const dt_tensor_t *t = &lay->tensors[i];
+    int hr = dt_ckpt__hf_rows(lay, t);
+    if (t->split == DT_SPLIT_NONE) {
+      if (!with_replicated) continue;
+      DT_TRY(dt_ckpt_ranges_add(rs, lay, (dt_ckpt_range_t){.tensor = i, .row0 = 0, .row1 = hr, .col0 = 0,
+                                                           .col1 = dt_tensor_gcols(t), .off = t->offset, .ld = (size_t)t->cols}));
+      continue;
+    }
+    int rows = t->split == DT_SPLIT_ROWS, bl = (rows ? t->rows : t->cols) / t->nblk;
+    for (int b = 0; b < t->nblk; b++) {
+      int g = t->g0 + b * t->gstride;
+      dt_ckpt_range_t r = {.tensor = i, .row0 = 0, .row1 = hr, .col0 = 0, .col1 = dt_tensor_gcols(t), .ld = (size_t)t->cols};
+      if (rows) {
+        r.row0 = g;
+        r.row1 = g + bl < hr ? g + bl : hr; /* wte: padded vocab rows are not in the file */
+        r.off = t->offset + (size_t)b * bl * (size_t)t->cols;
+        if (r.row0 >= r.row1) continue;
+      } else {
+        r.col0 = g;
+        r.col1 = g + bl;
+        r.off = t->offset + (size_t)b * bl;
+      }
+      DT_TRY(dt_ckpt_ranges_add(rs, lay, r));
     }
   }
   return DT_OK;
@@ -319,7 +350,7 @@ int dt_ckpt__boxes_of(const dt_layout_t *lay, const dt_ckpt_ranges_t *rs, int ti
 size_t dt_ckpt__max_tensor(const dt_layout_t *lay) {
   size_t m = 1;
   for (int i = 0; i < lay->n_tensors; i++) {
-    size_t n = (size_t)dt_ckpt__hf_rows(lay, &lay->tensors[i]) * (size_t)lay->tensors[i].cols;
+    size_t n = (size_t)dt_ckpt__hf_rows(lay, &lay->tensors[i]) * (size_t)dt_tensor_gcols(&lay->tensors[i]);
     if (n > m) m = n;
   }
   return m;

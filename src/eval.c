@@ -72,7 +72,9 @@ int dt_eval_main(int argc, char **argv) {
   if (st == DT_OK) {
     int dev = tr.be.ops != &dt_backend_cpu; /* device backend: load into the host copy, then send it */
     dt_ckpt_arenas_t a = dt_ckpt_arenas_full(dev ? tr.host_arena : tr.be.params, NULL, NULL);
-    st = dt_ckpt_load(NULL, ckpt, &tr.lay, &a, NULL);
+    if (tr.lay.tp > 1) st = dt_ckpt_ranges_add_shards(&a.model, &tr.lay, 1); /* this rank's shard */
+    if (st == DT_OK) st = dt_ckpt_load(NULL, ckpt, &tr.lay, &a, NULL);
+    if (tr.lay.tp > 1) dt_ckpt_ranges_free(&a.model);
     if (st == DT_OK && dev)
       st = tr.be.ops->copy_from_host(&tr.be, DT_BUF_PARAMS, 0, tr.lay.n_params, tr.host_arena);
   }

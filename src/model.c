@@ -42,11 +42,27 @@ double dt_rng_normal(dt_rng_t *r) {
 
 static size_t align_up(size_t n) { return (n + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN; }
 
+/* Shard of one tensor: split dim, block count, this rank's first global index, block stride. */
+typedef struct { int split, nblk, g0, gstride; } shard_t;
+
 static void add_tensor(dt_layout_t *lay, size_t *off, const char *name, int rows, int cols, int ndim, int decay,
-                       int hf_transpose, int layer) {
+                       int hf_transpose, int layer, shard_t sh) {
   dt_tensor_t *t = &lay->tensors[lay->n_tensors++];
   snprintf(t->name, sizeof t->name, "%s", name);
   t->offset = *off;
+  t->grows = rows;
+  t->gcols = cols;
+  t->split = lay->tp > 1 ? sh.split : DT_SPLIT_NONE;
+  t->nblk = 1;
+  t->g0 = 0;
+  t->gstride = 0;
+  if (t->split != DT_SPLIT_NONE) {
+    t->nblk = sh.nblk;
+    t->g0 = sh.g0;
+    t->gstride = sh.gstride;
+    if (t->split == DT_SPLIT_ROWS) rows /= lay->tp;
+    else cols /= lay->tp;
+  }
   t->rows = rows;
   t->cols = cols;
   t->ndim = ndim;
@@ -56,14 +72,41 @@ static void add_tensor(dt_layout_t *lay, size_t *off, const char *name, int rows
   *off = align_up(*off + (size_t)rows * cols);
 }
 
-dt_status_t dt_layout_init(dt_layout_t *lay, dt_dims_t d) {
+long dt_tensor_local_index(const dt_tensor_t *t, int gr, int gc) {
+  if (gr < 0 || gr >= t->grows || gc < 0 || gc >= t->gcols) return -1;
+  if (t->split == DT_SPLIT_NONE) return (long)t->offset + (long)gr * t->cols + gc;
+  int ext = t->split == DT_SPLIT_ROWS ? t->rows : t->cols, bl = ext / t->nblk;
+  int g = t->split == DT_SPLIT_ROWS ? gr : gc;
+  for (int b = 0; b < t->nblk; b++) {
+    int rel = g - (t->g0 + b * t->gstride);
+    if (rel < 0 || rel >= bl) continue;
+    int l = b * bl + rel;
+    return t->split == DT_SPLIT_ROWS ? (long)t->offset + (long)l * t->cols + gc
+                                     : (long)t->offset + (long)gr * t->cols + l;
+  }
+  return -1;
+}
+
+dt_status_t dt_layout_init(dt_layout_t *lay, dt_dims_t d) { return dt_layout_init_tp(lay, d, 1, 0); }
+
+dt_status_t dt_layout_init_tp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank) {
   memset(lay, 0, sizeof *lay);
+  lay->tp = tp;
+  lay->tp_rank = tp_rank;
+  if (tp < 1 || tp_rank < 0 || tp_rank >= tp)
+    return DT_ERR(DT_ERR_CONFIG, "parallel.tp: %d with tensor-parallel rank %d is invalid", tp, tp_rank);
   if (d.L < 1 || d.NH < 1 || d.C < 1 || d.V < 1 || d.T < 1)
     return DT_ERR(DT_ERR_CONFIG, "model: dimensions must be positive (L=%d NH=%d C=%d V=%d T=%d)", d.L, d.NH, d.C,
                   d.V, d.T);
   if (d.C % d.NH != 0)
     return DT_ERR(DT_ERR_CONFIG, "model: n_embd %d is not divisible by n_head %d", d.C, d.NH);
   if (d.Vp < d.V) return DT_ERR(DT_ERR_CONFIG, "model: padded vocab %d < vocab %d", d.Vp, d.V);
+  if (d.NH % tp != 0)
+    return DT_ERR(DT_ERR_CONFIG, "parallel.tp: %d does not divide model.n_head %d (attention heads are split over tp)",
+                  tp, d.NH);
+  if (d.Vp % tp != 0)
+    return DT_ERR(DT_ERR_CONFIG, "parallel.tp: %d does not divide the padded vocab %d (wte rows are split over tp)", tp,
+                  d.Vp);
   lay->d = d;
   int n = 2 + DT_BLOCK_TENSORS * d.L + 2;
   lay->tensors = calloc((size_t)n, sizeof *lay->tensors);
@@ -76,35 +119,39 @@ dt_status_t dt_layout_init(dt_layout_t *lay, dt_dims_t d) {
   size_t off = 0;
   char nm[48];
   lay->layer_begin[0] = 0;
-  add_tensor(lay, &off, "wte.weight", d.Vp, C, 2, 1, 0, -1);
-  add_tensor(lay, &off, "wpe.weight", d.T, C, 2, 1, 0, -1);
+  const int r = tp_rank, Ct = C / tp;
+  const shard_t rep = {DT_SPLIT_NONE, 1, 0, 0};
+  add_tensor(lay, &off, "wte.weight", d.Vp, C, 2, 1, 0, -1, (shard_t){DT_SPLIT_ROWS, 1, r * (d.Vp / tp), 0});
+  add_tensor(lay, &off, "wpe.weight", d.T, C, 2, 1, 0, -1, rep);
   static const struct {
     const char *name;
     int out_mult, in_mult, ndim, transpose; /* rows = out_mult*C (1 for 1-D), cols = in_mult*C */
+    int split, nblk, mult; /* tp shard: split dim, blocks, block length = mult*C/tp (stride C) */
   } blk[DT_BLOCK_TENSORS] = {
-      {"ln_1.weight", 0, 1, 1, 0},          {"ln_1.bias", 0, 1, 1, 0},
-      {"attn.c_attn.weight", 3, 1, 2, 1},   {"attn.c_attn.bias", 0, 3, 1, 0},
-      {"attn.c_proj.weight", 1, 1, 2, 1},   {"attn.c_proj.bias", 0, 1, 1, 0},
-      {"ln_2.weight", 0, 1, 1, 0},          {"ln_2.bias", 0, 1, 1, 0},
-      {"mlp.c_fc.weight", 4, 1, 2, 1},      {"mlp.c_fc.bias", 0, 4, 1, 0},
-      {"mlp.c_proj.weight", 1, 4, 2, 1},    {"mlp.c_proj.bias", 0, 1, 1, 0},
+      {"ln_1.weight", 0, 1, 1, 0, 0, 1, 0},        {"ln_1.bias", 0, 1, 1, 0, 0, 1, 0},
+      {"attn.c_attn.weight", 3, 1, 2, 1, DT_SPLIT_ROWS, 3, 1}, {"attn.c_attn.bias", 0, 3, 1, 0, DT_SPLIT_COLS, 3, 1},
+      {"attn.c_proj.weight", 1, 1, 2, 1, DT_SPLIT_COLS, 1, 1}, {"attn.c_proj.bias", 0, 1, 1, 0, 0, 1, 0},
+      {"ln_2.weight", 0, 1, 1, 0, 0, 1, 0},        {"ln_2.bias", 0, 1, 1, 0, 0, 1, 0},
+      {"mlp.c_fc.weight", 4, 1, 2, 1, DT_SPLIT_ROWS, 1, 4},    {"mlp.c_fc.bias", 0, 4, 1, 0, DT_SPLIT_COLS, 1, 4},
+      {"mlp.c_proj.weight", 1, 4, 2, 1, DT_SPLIT_COLS, 1, 4},  {"mlp.c_proj.bias", 0, 1, 1, 0, 0, 1, 0},
   };
   for (int l = 0; l < d.L; l++) {
     lay->layer_begin[1 + l] = off;
     for (int i = 0; i < DT_BLOCK_TENSORS; i++) {
       snprintf(nm, sizeof nm, "h.%d.%s", l, blk[i].name);
       int two_d = blk[i].ndim == 2;
+      shard_t sh = {blk[i].split, blk[i].nblk, r * blk[i].mult * Ct, C};
       add_tensor(lay, &off, nm, two_d ? blk[i].out_mult * C : 1, blk[i].in_mult * C, blk[i].ndim, two_d,
-                 blk[i].transpose, l);
+                 blk[i].transpose, l, sh);
     }
   }
   lay->layer_begin[1 + d.L] = off;
-  add_tensor(lay, &off, "ln_f.weight", 1, C, 1, 0, 0, d.L);
-  add_tensor(lay, &off, "ln_f.bias", 1, C, 1, 0, 0, d.L);
+  add_tensor(lay, &off, "ln_f.weight", 1, C, 1, 0, 0, d.L, rep);
+  add_tensor(lay, &off, "ln_f.bias", 1, C, 1, 0, 0, d.L, rep);
   lay->layer_begin[2 + d.L] = off;
   lay->n_params = off;
   size_t total = 0;
-  for (int i = 0; i < lay->n_tensors; i++) total += (size_t)lay->tensors[i].rows * lay->tensors[i].cols;
+  for (int i = 0; i < lay->n_tensors; i++) total += (size_t)lay->tensors[i].grows * lay->tensors[i].gcols;
   lay->n_params_true = total - (size_t)(d.Vp - d.V) * C;
   return DT_OK;
 }
@@ -145,6 +192,34 @@ void dt_model_init_params(const dt_layout_t *lay, float *params, uint64_t seed) 
       /* biases stay 0; layernorm weights are 1 */
       if (strstr(t->name, "ln_") && strstr(t->name, ".weight"))
         for (size_t k = 0; k < n; k++) p[k] = 1.0f;
+      continue;
+    }
+    if (lay->tp > 1) { /* a shard: the whole tensor's streams, keeping the owned elements */
+      size_t gn = (size_t)(i == 0 ? lay->d.V : t->grows) * t->gcols, gc = (size_t)t->gcols;
+      int resid = strstr(t->name, "attn.c_proj.weight") || strstr(t->name, "mlp.c_proj.weight");
+      double s = resid ? std_resid : std;
+      long nchunk = (long)((gn + INIT_CHUNK - 1) / INIT_CHUNK);
+      int bl = (t->split == DT_SPLIT_ROWS ? t->rows : t->cols) / t->nblk;
+#pragma omp parallel for schedule(static)
+      for (long c = 0; c < nchunk; c++) {
+        size_t lo = (size_t)c * INIT_CHUNK, hi = lo + INIT_CHUNK < gn ? lo + INIT_CHUNK : gn;
+        if (t->split == DT_SPLIT_ROWS) { /* skip chunks whose rows are all elsewhere */
+          int r0 = (int)(lo / gc), r1 = (int)((hi - 1) / gc), any = 0;
+          for (int b = 0; b < t->nblk; b++) {
+            int b0 = t->g0 + b * t->gstride;
+            if (r1 >= b0 && r0 < b0 + bl) any = 1;
+          }
+          if (!any) continue;
+        }
+        dt_rng_t r;
+        dt_rng_seed(&r, seed ^ (0x632be59bd9b4e019ULL * (uint64_t)(i + 1)));
+        dt_rng_seed(&r, dt_rng_next(&r) + 0xd1b54a32d192ed03ULL * (uint64_t)c);
+        for (size_t k = lo; k < hi; k++) {
+          float v = (float)(s * dt_rng_normal(&r));
+          long li = dt_tensor_local_index(t, (int)(k / gc), (int)(k % gc));
+          if (li >= 0) params[li] = v;
+        }
+      }
       continue;
     }
     if (i == 0) n = (size_t)lay->d.V * t->cols; /* wte: padded vocab rows stay 0 */

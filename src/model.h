@@ -39,7 +39,17 @@ typedef struct {
   int decay;       /* 1 = weight decay applies (2-D weights incl. embeddings) */
   int hf_transpose;/* 1 = HF stores it transposed (Conv1D weights) */
   int layer;       /* block index, -1 for embeddings, L for ln_f */
+  /* Tensor parallelism (dt_layout_init_tp): rows, cols above are the LOCAL shard's shape; the
+   * global tensor is (grows, gcols). split says which of our storage dims is cut: the local
+   * extent along it is nblk equal blocks, block b sitting at global index g0 + b*gstride (c_attn
+   * and its bias: 3 blocks, its q, k and v parts, gstride = C; everything else 1 block).
+   * DT_SPLIT_NONE = replicated (every tp rank holds the whole tensor). tp = 1: all replicated. */
+  int grows, gcols;
+  int split;       /* DT_SPLIT_NONE | DT_SPLIT_ROWS | DT_SPLIT_COLS */
+  int nblk, g0, gstride;
 } dt_tensor_t;
+
+enum { DT_SPLIT_NONE = 0, DT_SPLIT_ROWS = 1, DT_SPLIT_COLS = 2 };
 
 typedef struct {
   dt_dims_t d;
@@ -49,16 +59,36 @@ typedef struct {
   size_t n_params_true;    /* parameters excluding padding and padded vocab rows */
   size_t *layer_begin;     /* L+2 entries: arena offset where group g begins; groups: 0 = embeddings,
                               1..L = blocks, L+1 = ln_f; layer_begin[L+2] = n_params (array has L+3) */
+  int tp, tp_rank;         /* tensor-parallel degree and this rank's index (1, 0 = whole model) */
 } dt_layout_t;
 
 dt_dims_t dt_dims_from_config(const dt_config_t *cfg);
 dt_status_t dt_layout_init(dt_layout_t *lay, dt_dims_t d);
+/* Megatron-style tensor-parallel shard of rank tp_rank of tp (tp = 1: same as dt_layout_init).
+ * lay->d keeps the GLOBAL dims; the arena holds only this rank's shards (tensor order unchanged):
+ *   wte (Vp, C): vocab rows [r*Vp/tp, (r+1)*Vp/tp)          (row split)
+ *   attn.c_attn.weight (3C, C) / .bias (3C): rows of this rank's heads in each of q, k, v
+ *                                       (3 blocks of C/tp, gstride C)
+ *   attn.c_proj.weight (C, C): input columns of this rank's heads (column split)
+ *   mlp.c_fc.weight (4C, C) / .bias: row block of 4C/tp    mlp.c_proj.weight (C, 4C): column block
+ *   wpe, ln_*, attn.c_proj.bias, mlp.c_proj.bias: replicated.
+ * DT_ERR_CONFIG naming parallel.tp unless n_head % tp == 0 and Vp % tp == 0. n_params_true stays
+ * the global count. */
+dt_status_t dt_layout_init_tp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank);
+/* Local arena offset of global element (gr, gc) of tensor t, or -1 if this shard does not hold it. */
+long dt_tensor_local_index(const dt_tensor_t *t, int gr, int gc);
+/* 1 if the tensor is split over tp ranks (its gradient's squares are summed over tp). */
+static inline int dt_tensor_sharded(const dt_tensor_t *t) { return t->split != DT_SPLIT_NONE; }
+/* Global shape; layouts built field by field (tests) may leave grows/gcols 0: then the local one. */
+static inline int dt_tensor_grows(const dt_tensor_t *t) { return t->grows > 0 ? t->grows : t->rows; }
+static inline int dt_tensor_gcols(const dt_tensor_t *t) { return t->gcols > 0 ? t->gcols : t->cols; }
 void dt_layout_free(dt_layout_t *lay);
 /* Index of a tensor in the block (one of DT_LN1W...) of layer l. */
 const dt_tensor_t *dt_layout_block(const dt_layout_t *lay, int l, int which);
 const dt_tensor_t *dt_layout_find(const dt_layout_t *lay, const char *name);
 
-/* GPT-2 initialisation into a host arena of lay->n_params floats (zeroed first):
+/* GPT-2 initialisation into a host arena of lay->n_params floats (zeroed first); with tp > 1
+ * this rank's shard of exactly the tp = 1 initialisation (same seed, same numbers):
  * weights N(0, 0.02), residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)),
  * biases 0, layernorm weight 1 bias 0, padded vocab rows 0. Deterministic in seed. */
 void dt_model_init_params(const dt_layout_t *lay, float *params, uint64_t seed);

@@ -50,12 +50,19 @@ static uint64_t params_fingerprint(const float *p, size_t n) {
   return h;
 }
 
-/* Identical initial weights on every rank: rank 0 initialises, broadcasts, all verify. */
+/* Identical initial weights on every rank: rank 0 initialises, broadcasts, all verify. With tensor
+ * parallelism every rank initialises its own shard of the same global model (dt_model_init_params
+ * draws the tp = 1 numbers and keeps the owned ones), and the dp replicas of a shard verify. */
 static dt_status_t init_weights(dt_trainer_t *tr, float *host) {
   dt_comm_t *w = tr->mesh.world;
   size_t n = tr->lay.n_params;
-  if (is_root(tr)) dt_model_init_params(&tr->lay, host, tr->cfg.seed);
-  DT_TRY(w->ops->broadcast(w, host, n, DT_F32, 0, NULL, NULL));
+  if (tr->lay.tp > 1) {
+    w = tr->mesh.dp_comm;
+    dt_model_init_params(&tr->lay, host, tr->cfg.seed);
+  } else {
+    if (is_root(tr)) dt_model_init_params(&tr->lay, host, tr->cfg.seed);
+    DT_TRY(w->ops->broadcast(w, host, n, DT_F32, 0, NULL, NULL));
+  }
   uint64_t fp = params_fingerprint(host, n), lo = fp, hi = fp;
   int64_t v[2] = {(int64_t)fp, -(int64_t)fp}, r[2];
   DT_TRY(w->ops->allreduce(w, v, r, 2, DT_I64, DT_MAX, NULL, NULL));
@@ -154,7 +161,10 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   DT_TRY(dt_mesh_init(&tr->mesh, &mo));
   DT_TRY(derive_batch(tr));
   dt_dims_t d = dt_dims_from_config(&tr->cfg);
-  DT_TRY(dt_layout_init(&tr->lay, d));
+  DT_TRY(dt_layout_init_tp(&tr->lay, d, tr->mesh.tp, tr->mesh.tp_idx));
+  if (cuda && tr->mesh.tp > 1)
+    return DT_ERR(DT_ERR_UNSUPPORTED, "%s: parallel.tp = %d: tensor parallelism is implemented on the cpu backend only "
+                  "(system.backend = cpu)", cfg_name, tr->mesh.tp);
   tr->be.ops = ops;
   tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
   if (cfg->zero > 0) { /* pad the arena's end so it splits into dp equal shards; m, v: the shard only */
@@ -168,6 +178,7 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
     DT_TRY(dt_ckpt_ranges_add_flat(&tr->zero_optim, &tr->lay, lo, hi));
   }
   DT_TRY(ops->init(&tr->be, &tr->lay, tr->B, tr->T, tr->mesh.threads));
+  tr->be.tp_comm = tr->mesh.tp > 1 ? tr->mesh.tp_comm : NULL;
   dt_precision_t prec = DT_PREC_FP32;
   if (dt_precision_parse(cfg->precision, &prec) != 0)
     return DT_ERR(DT_ERR_CONFIG, "%s: train.precision: '%s' is not one of fp32|bf16|fp16", cfg_name, cfg->precision);
@@ -191,6 +202,14 @@ static dt_status_t host_arenas(dt_trainer_t *tr, int with_optim, int fetch, dt_c
   if (tr->be.ops == &dt_backend_cpu) {
     *a = dt_ckpt_arenas_full(tr->be.params, with_optim ? tr->be.m : NULL, with_optim ? tr->be.v : NULL);
     if (tr->zero.stage > 0) a->optim = tr->zero_optim; /* m, v hold this rank's shard only */
+    if (tr->lay.tp > 1) { /* shards: load reads each rank's boxes; save writes each box once */
+      int load = !fetch, writer = tr->mesh.dp_idx == 0 && tr->mesh.pp_idx == 0;
+      dt_ckpt_ranges_t r = {0};
+      if (load || writer) DT_TRY(dt_ckpt_ranges_add_shards(&r, &tr->lay, load || tr->mesh.tp_idx == 0));
+      r.full = 0;
+      a->model = r;
+      a->optim = r; /* the same boxes (freed once, through model) */
+    }
     return DT_OK;
   }
   size_t n = tr->lay.n_params;
@@ -262,6 +281,7 @@ static dt_status_t resume(dt_trainer_t *tr) {
     snprintf(path, sizeof path, "%s", r);
     s = dt_ckpt_load(NULL, path, &tr->lay, &a, &st);
   }
+  if (!a.model.full) dt_ckpt_ranges_free(&a.model);
   if (s != DT_OK) return s;
   DT_TRY(push_arenas(tr));
   tr->step = (int)st.step;
@@ -283,8 +303,30 @@ static dt_status_t resume(dt_trainer_t *tr) {
   return DT_OK;
 }
 
+/* Tensor parallelism: the replicated tensors (layernorms, wpe, c_proj biases) must be bitwise equal
+ * on every tp rank (they get equal gradients, backend_cpu.c); checked at every save. */
+static dt_status_t check_replicated(dt_trainer_t *tr) {
+  if (tr->lay.tp == 1) return DT_OK;
+  uint64_t fp = 0;
+  for (int i = 0; i < tr->lay.n_tensors; i++) {
+    const dt_tensor_t *t = &tr->lay.tensors[i];
+    if (!dt_tensor_sharded(t))
+      fp += params_fingerprint(tr->be.params + t->offset, (size_t)t->rows * t->cols) * (uint64_t)(2 * i + 1);
+  }
+  int64_t v[2] = {(int64_t)fp, -(int64_t)fp}, r[2];
+  dt_comm_t *c = tr->mesh.world; /* equal on all ranks: dp replicas are identical too */
+  DT_TRY(c->ops->allreduce(c, v, r, 2, DT_I64, DT_MAX, NULL, NULL));
+  if ((uint64_t)r[0] != fp || (uint64_t)(-r[1]) != fp)
+    return DT_ERR(DT_ERR_INTERNAL, "rank %d: step %d: replicated parameters differ between tensor-parallel ranks",
+                  tr->mesh.rank, tr->step);
+  if (is_root(tr))
+    printf("# tp: step %d: replicated parameters bitwise equal on all %d tensor-parallel ranks\n", tr->step, tr->mesh.tp);
+  return DT_OK;
+}
+
 dt_status_t dt_trainer_save(dt_trainer_t *tr) {
   dt_ckpt_arenas_t a;
+  DT_TRY(check_replicated(tr));
   DT_TRY(host_arenas(tr, 1, 1, &a));
   char *ini = dt_config_to_string(&tr->cfg);
   uint64_t n = dt_data_num_samples(tr->train);
@@ -295,6 +337,7 @@ dt_status_t dt_trainer_save(dt_trainer_t *tr) {
   char path[DT_PATH_MAX];
   double t0 = dt_time_now();
   dt_status_t s = dt_ckpt_save(NULL, tr->cfg.ckpt_dir, tr->cfg.ckpt_keep, &tr->lay, &a, &st, path, sizeof path);
+  if (!a.model.full) dt_ckpt_ranges_free(&a.model);
   free(ini);
   DT_TRY(s);
   tr->saved_step = tr->step;

@@ -210,6 +210,94 @@ Test(model, layout) {
                DT_ERR_CONFIG);
 }
 
+/* Tensor-parallel shards: local shapes, global shapes and positions for tp = 2 and 4; every
+ * element of the global tensor is held by exactly one rank (replicated: by all); the sharded init
+ * equals the tp = 1 init element for element; bad divisibility is one error naming parallel.tp. */
+static void check_tp_layout(dt_dims_t d, int tp) {
+  dt_layout_t full;
+  cr_assert_eq(dt_layout_init(&full, d), DT_OK, "%s", dt_err_msg());
+  float *pf = malloc(full.n_params * sizeof *pf);
+  dt_model_init_params(&full, pf, 99);
+  int *owners = calloc(full.n_params, sizeof *owners);
+  const int C = d.C;
+  for (int r = 0; r < tp; r++) {
+    dt_layout_t lay;
+    cr_assert_eq(dt_layout_init_tp(&lay, d, tp, r), DT_OK, "%s", dt_err_msg());
+    cr_assert_eq(lay.n_tensors, full.n_tensors);
+    cr_expect_eq(lay.n_params_true, full.n_params_true);
+    cr_expect_lt(lay.n_params, full.n_params);
+    const dt_tensor_t *wte = &lay.tensors[0];
+    cr_expect(wte->rows == d.Vp / tp && wte->cols == C && wte->grows == d.Vp && wte->split == DT_SPLIT_ROWS &&
+              wte->g0 == r * d.Vp / tp, "wte shard rank %d", r);
+    for (int l = 0; l < d.L; l++) {
+      const dt_tensor_t *q = dt_layout_block(&lay, l, DT_QKVW), *qb = dt_layout_block(&lay, l, DT_QKVB);
+      cr_expect(q->rows == 3 * C / tp && q->cols == C && q->grows == 3 * C && q->nblk == 3 && q->gstride == C &&
+                q->g0 == r * C / tp && q->split == DT_SPLIT_ROWS, "c_attn.weight shard");
+      cr_expect(qb->rows == 1 && qb->cols == 3 * C / tp && qb->gcols == 3 * C && qb->nblk == 3 &&
+                qb->split == DT_SPLIT_COLS, "c_attn.bias shard");
+      const dt_tensor_t *ap = dt_layout_block(&lay, l, DT_ATTPROJW), *fc = dt_layout_block(&lay, l, DT_FCW);
+      const dt_tensor_t *fp = dt_layout_block(&lay, l, DT_FCPROJW), *fb = dt_layout_block(&lay, l, DT_FCB);
+      cr_expect(ap->rows == C && ap->cols == C / tp && ap->split == DT_SPLIT_COLS && ap->g0 == r * C / tp, "attn.c_proj");
+      cr_expect(fc->rows == 4 * C / tp && fc->cols == C && fc->split == DT_SPLIT_ROWS && fc->g0 == r * 4 * C / tp, "c_fc");
+      cr_expect(fb->cols == 4 * C / tp && fb->split == DT_SPLIT_COLS, "c_fc.bias");
+      cr_expect(fp->rows == C && fp->cols == 4 * C / tp && fp->gcols == 4 * C && fp->split == DT_SPLIT_COLS, "mlp.c_proj");
+      cr_expect(dt_layout_block(&lay, l, DT_ATTPROJB)->split == DT_SPLIT_NONE, "attn.c_proj.bias replicated");
+      cr_expect(dt_layout_block(&lay, l, DT_LN1W)->split == DT_SPLIT_NONE, "ln_1 replicated");
+      cr_expect(dt_layout_block(&lay, l, DT_FCPROJB)->cols == C, "mlp.c_proj.bias replicated");
+    }
+    float *p = malloc(lay.n_params * sizeof *p);
+    dt_model_init_params(&lay, p, 99);
+    for (int i = 0; i < lay.n_tensors; i++) { /* every global element: owned here? same value as tp = 1 */
+      const dt_tensor_t *t = &lay.tensors[i], *g = &full.tensors[i];
+      cr_assert_eq(t->offset % DT_ALIGN, 0);
+      for (int gr = 0; gr < t->grows; gr++)
+        for (int gc = 0; gc < t->gcols; gc++) {
+          long li = dt_tensor_local_index(t, gr, gc);
+          size_t gi = g->offset + (size_t)gr * g->cols + gc;
+          if (li < 0) continue;
+          cr_assert(li >= (long)t->offset && li < (long)(t->offset + (size_t)t->rows * t->cols));
+          if (t->split != DT_SPLIT_NONE) owners[gi]++;
+          else if (r == 0) owners[gi]++;
+          cr_assert_eq(p[li], pf[gi], "%s (%d, %d) rank %d: %g vs %g", t->name, gr, gc, r, p[li], pf[gi]);
+        }
+    }
+    free(p);
+    dt_layout_free(&lay);
+  }
+  for (int i = 0; i < full.n_tensors; i++) {
+    const dt_tensor_t *g = &full.tensors[i];
+    for (size_t k = 0; k < (size_t)g->rows * g->cols; k++)
+      cr_assert_eq(owners[g->offset + k], 1, "%s element %zu held by %d ranks (tp=%d)", g->name, k,
+                   owners[g->offset + k], tp);
+  }
+  free(owners);
+  free(pf);
+  dt_layout_free(&full);
+}
+
+Test(model, tp_layout) {
+  dt_dims_t d = {.L = 2, .NH = 4, .C = 64, .V = 200, .Vp = 256, .T = 16};
+  check_tp_layout(d, 2);
+  check_tp_layout(d, 4);
+  dt_layout_t a, b;
+  cr_assert_eq(dt_layout_init(&a, d), DT_OK);
+  cr_assert_eq(dt_layout_init_tp(&b, d, 1, 0), DT_OK); /* tp = 1 is the plain layout */
+  cr_expect_eq(a.n_params, b.n_params);
+  for (int i = 0; i < a.n_tensors; i++)
+    cr_expect(a.tensors[i].offset == b.tensors[i].offset && a.tensors[i].rows == b.tensors[i].rows &&
+              b.tensors[i].grows == b.tensors[i].rows && b.tensors[i].split == DT_SPLIT_NONE);
+  dt_layout_free(&a);
+  dt_layout_free(&b);
+  dt_err_clear();
+  cr_expect_eq(dt_layout_init_tp(&a, (dt_dims_t){.L = 1, .NH = 6, .C = 96, .V = 97, .Vp = 128, .T = 8}, 4, 0),
+               DT_ERR_CONFIG);
+  cr_expect(strstr(dt_err_msg(), "parallel.tp: 4 does not divide model.n_head 6"), "%s", dt_err_msg());
+  dt_err_clear();
+  cr_expect_eq(dt_layout_init_tp(&a, (dt_dims_t){.L = 1, .NH = 3, .C = 96, .V = 97, .Vp = 128, .T = 8}, 3, 0),
+               DT_ERR_CONFIG);
+  cr_expect(strstr(dt_err_msg(), "parallel.tp: 3 does not divide the padded vocab 128"), "%s", dt_err_msg());
+}
+
 Test(model, dims_and_flops) {
   dt_config_t c;
   dt_config_defaults(&c);
@@ -633,7 +721,7 @@ static void tiny_setup(dt_layout_t *lay, dt_backend_t *be, int B, int T, int *in
 
 Test(model, whole_model_gradient) {
   dt_layout_t lay;
-  dt_backend_t be;
+  dt_backend_t be = {0};
   int inp[MB * MT], tgt[MB * MT];
   tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
   float loss = -1;
@@ -676,7 +764,7 @@ static void on_ready(void *ctx, size_t lo, size_t hi) {
 
 Test(model, grad_ready_hook) {
   dt_layout_t lay;
-  dt_backend_t be;
+  dt_backend_t be = {0};
   int inp[MB * MT], tgt[MB * MT];
   tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
   ready_log_t g = {.snap = calloc(lay.n_params, sizeof(float)), .grads = be.grads};
@@ -710,7 +798,7 @@ static float *grads_of(dt_backend_t *be) {
 Test(model, grad_accumulation_and_smaller_batch) {
   /* one batch of 4 sequences (accum=1) == two micro-batches of 2 (accum=2), on a backend sized for 4 */
   dt_layout_t lay;
-  dt_backend_t be;
+  dt_backend_t be = {0};
   int inp[4 * MT], tgt[4 * MT];
   tiny_setup(&lay, &be, 4, MT, inp, tgt, 4);
   float l4, la, lb;
@@ -745,7 +833,7 @@ Test(model, grad_accumulation_and_smaller_batch) {
 
 Test(model, smaller_T_and_logits_only) {
   dt_layout_t lay;
-  dt_backend_t be, be3;
+  dt_backend_t be = {0}, be3 = {0};
   int inp[MB * MT], tgt[MB * MT];
   tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
   cr_assert_eq(dt_backend_cpu.init(&be3, &lay, 1, 3, 0), DT_OK);
@@ -776,7 +864,7 @@ Test(model, smaller_T_and_logits_only) {
 
 Test(model, bad_input_and_registry) {
   dt_layout_t lay;
-  dt_backend_t be;
+  dt_backend_t be = {0};
   int inp[MB * MT], tgt[MB * MT];
   tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
   dt_err_clear();
@@ -802,7 +890,7 @@ Test(model, logits_survive_the_inplace_backward) {
   /* backward turns the logits buffer into dlogits in place; logits_to_host recomputes them,
    * bitwise equal, until a parameter update, after which it (and a repeated backward) refuse */
   dt_layout_t lay;
-  dt_backend_t be;
+  dt_backend_t be = {0};
   int inp[MB * MT], tgt[MB * MT];
   tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
   size_t n = (size_t)MB * MT * tiny.Vp;

@@ -101,7 +101,7 @@ static double run(dt_backend_t *be, const int *inp, const int *tgt, float loss_s
 
 Test(precision, bf16_backend_rounds_working_copy_and_activations_not_master) {
   dt_layout_t lay;
-  dt_backend_t be, ref;
+  dt_backend_t be = {0}, ref = {0};
   int inp[B * T], tgt[B * T];
   setup(&lay, &be, DT_PREC_BF16, inp, tgt);
   dt_layout_t lay2;
@@ -134,7 +134,7 @@ Test(precision, bf16_backend_rounds_working_copy_and_activations_not_master) {
  * activation gradient and every fp32 parameter gradient by exactly 2^10. */
 Test(precision, loss_scale_scales_gradients_exactly_in_bf16) {
   dt_layout_t lay;
-  dt_backend_t be;
+  dt_backend_t be = {0};
   int inp[B * T], tgt[B * T];
   setup(&lay, &be, DT_PREC_BF16, inp, tgt);
   size_t n = lay.n_params;
@@ -156,7 +156,7 @@ Test(precision, loss_scale_scales_gradients_exactly_in_bf16) {
  * gradient sum of squares (what the scaler checks) is no longer finite; with 2^10 it is. */
 Test(precision, fp16_overflow_reaches_the_gradient_norm) {
   dt_layout_t lay;
-  dt_backend_t be;
+  dt_backend_t be = {0};
   int inp[B * T], tgt[B * T];
   setup(&lay, &be, DT_PREC_FP16, inp, tgt);
   double ss = 0;

@@ -201,16 +201,19 @@ def main():
     # two correct fp32 implementations (C and torch fp32) differ there by more than 1e-5. The
     # criterion is therefore against torch float64: C must be within TOL of float64 or at most
     # 3x as far from it as torch float32 itself is (same order: both are amplified fp32 rounding).
+    # Measured as ||a-b|| / ||b|| per tensor (2-norm, as ddp_equiv.sh does): the worst single
+    # element is one of those amplified ones, so a max-norm criterion measured which of two
+    # correct fp32 roundings an element happened to take (it flipped between machines).
     # A real bug (bias correction, decay on biases, clipping, lr) gives errors of 1e-3 and more.
     final_rows = []
     for n in model.names:
         c = r["final/" + n].astype(np.float64)
         b32 = m32.w(n).detach().numpy().astype(np.float64).ravel()
         b64 = m64.w(n).detach().numpy().ravel()
-        den = max(np.abs(b64).max(), 1e-30)
-        e_c64 = np.abs(c - b64).max() / den
-        e_3264 = np.abs(b32 - b64).max() / den
-        e_c32 = np.abs(c - b32).max() / den
+        den = max(np.linalg.norm(b64), 1e-30)
+        e_c64 = np.linalg.norm(c - b64) / den
+        e_3264 = np.linalg.norm(b32 - b64) / den
+        e_c32 = np.linalg.norm(c - b32) / den
         final_rows.append((n, e_c32, e_3264, e_c64, max(TOL, 3 * e_3264)))
 
     print(f"{'tensor':50s} {'max|a-b|/max|b|':>16s} {'max|b|':>12s}")
@@ -231,7 +234,7 @@ def main():
         bad = e_c64 > lim
         fail |= bad
         print(f"{'final ' + n:36s} {e_c32:10.3e} {e_3264:11.3e} {e_c64:10.3e} {lim:10.3e}{'  FAIL' if bad else ''}")
-    print("(errors: max|a-b| / max|float64 final|; limit = max(1e-5, 3 * (t32 vs t64)))")
+    print("(errors: ||a-b|| / ||float64 final|| per tensor; limit = max(1e-5, 3 * (t32 vs t64)))")
     if fail:
         print("ref_gpt2.py: FAIL (final parameters)", file=sys.stderr)
         return 1

@@ -1,0 +1,26 @@
+#!/usr/bin/env bash
+# Tensor parallelism divides the model's memory: GPT-2 124M (inputs/gpt2.ini) for one step of
+# B=1, T=64 on the CPU backend. Each rank's peak resident set (maximum RSS of the process, from
+# /usr/bin/time, so it includes initialisation, the step and the final sharded checkpoint write)
+# at tp=4 must stay below 40% of the tp=1 process. Params, grads and AdamW m, v are 4 x 497 MB at
+# tp=1; at tp=4 each rank holds a quarter of the sharded tensors (all but wpe and the layernorm
+# and c_proj biases), about 4 x 127 MB, plus ~175 MB of libraries and MPI per process: ~34%.
+# Each rank draws its shard of the tp=1 initialisation straight into its shard-sized arena.
+source "$top_srcdir/tests/lib.sh"
+ensure_data
+t=$(tmpdir)
+trap 'rm -rf "$t"' EXIT
+cd "$top_builddir"
+common=("$top_srcdir/inputs/gpt2.ini" train.micro_batch=1 train.global_batch=1 model.seq_len=64 train.steps=1
+        "data.train=$DATA/austen_train_*.bin" data.val= checkpoint.resume=never system.backend=cpu train.threads=1)
+mpi 1 /usr/bin/time -f "maxrss_kb %M" "$DTRAIN" "${common[@]}" checkpoint.dir="$t/c1" log.metrics="$t/1.jsonl" > "$t/1.out" 2> "$t/1.err"
+mpi 4 /usr/bin/time -f "maxrss_kb %M" "$DTRAIN" "${common[@]}" parallel.tp=4 checkpoint.dir="$t/c4" log.metrics="$t/4.jsonl" > "$t/4.out" 2> "$t/4.err"
+grep '^# memory' "$t/1.out" "$t/4.out"
+one=$(awk '/^maxrss_kb/ {print $2}' "$t/1.err")
+four=$(awk '/^maxrss_kb/ {if ($2 > m) m = $2; n++} END {if (n == 4) print m}' "$t/4.err")
+[ -n "$one" ] && [ -n "$four" ] || { echo "FAIL: missing maxrss lines"; cat "$t/1.err" "$t/4.err"; exit 1; }
+awk -v a="$one" -v b="$four" 'BEGIN {
+  r = b / a
+  printf "peak RSS: tp=1 %.1f MiB, tp=4 largest rank %.1f MiB = %.1f%% of tp=1 (limit 40%%)\n", a / 1024, b / 1024, 100 * r
+  exit !(r < 0.40) }' || { echo "FAIL: tp=4 does not divide the memory enough"; exit 1; }
+echo "tp_memory: OK"

@@ -537,11 +537,16 @@ static dt_status_t grad_sumsq_impl(dt_backend_t *be, double *out) {
     *out = sumsq(be->grads + lo, (long)dt_backend_opt_floats(be));
     return DT_OK;
   }
-  /* tp > 1: shards summed over the tp group, replicated tensors (equal on every tp rank) once */
+  /* tp > 1: shards summed over the tp group, replicated tensors (equal on every tp rank) once;
+   * with ZeRO only the parts inside the optimizer range */
+  size_t lo = be->opt_hi > be->opt_lo ? be->opt_lo : 0, hi = lo + dt_backend_opt_floats(be);
   double sh = 0.0, rep = 0.0;
   for (int i = 0; i < lay->n_tensors; i++) {
     const dt_tensor_t *t = &lay->tensors[i];
-    double s = sumsq(be->grads + t->offset, (long)t->rows * t->cols);
+    size_t a = t->offset > lo ? t->offset : lo, z = t->offset + (size_t)t->rows * t->cols;
+    if (z > hi) z = hi;
+    if (a >= z) continue;
+    double s = sumsq(be->grads + a, (long)(z - a));
     if (dt_tensor_sharded(t)) sh += s;
     else rep += s;
   }

@@ -181,6 +181,35 @@ dt_status_t dt_ckpt_ranges_add_shards(dt_ckpt_ranges_t *rs, const dt_layout_t *l
   return DT_OK;
 }
 
+dt_status_t dt_ckpt_ranges_clip(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, const dt_ckpt_ranges_t *in,
+                                size_t begin, size_t end) {
+  rs->full = 0;
+  for (int k = 0; k < in->n; k++) {
+    const dt_ckpt_range_t *b = &in->r[k];
+    size_t w = (size_t)(b->col1 - b->col0);
+    /* rows of the box whose whole width lies inside [begin, end): one box (stride ld kept) */
+    int r = b->row0;
+    while (r < b->row1) {
+      size_t a = b->off + (size_t)(r - b->row0) * b->ld, z = a + w;
+      if (z <= begin || a >= end) { r++; continue; }
+      if (a >= begin && z <= end) { /* a run of whole rows */
+        int r1 = r + 1;
+        while (r1 < b->row1 && b->off + (size_t)(r1 - b->row0) * b->ld + w <= end) r1++;
+        DT_TRY(dt_ckpt_ranges_add(rs, lay, (dt_ckpt_range_t){.tensor = b->tensor, .row0 = r, .row1 = r1, .col0 = b->col0,
+                                                             .col1 = b->col1, .off = a - begin, .ld = b->ld}));
+        r = r1;
+        continue;
+      }
+      size_t ca = a > begin ? a : begin, cz = z < end ? z : end; /* a row cut by a bound */
+      DT_TRY(dt_ckpt_ranges_add(rs, lay, (dt_ckpt_range_t){.tensor = b->tensor, .row0 = r, .row1 = r + 1,
+                                                           .col0 = b->col0 + (int)(ca - a), .col1 = b->col0 + (int)(cz - a),
+                                                           .off = ca - begin, .ld = b->ld}));
+      r++;
+    }
+  }
+  return DT_OK;
+}
+
 void dt_ckpt_ranges_free(dt_ckpt_ranges_t *rs) {
   free(rs->r);
   rs->r = NULL;

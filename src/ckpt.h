@@ -83,6 +83,11 @@ dt_status_t dt_ckpt_ranges_add_flat(dt_ckpt_ranges_t *rs, const dt_layout_t *lay
  * tensors too (save: tp rank 0 of the first dp replica only, so the boxes tile each tensor once;
  * load: every rank). Local offsets are arena offsets of lay. */
 dt_status_t dt_ckpt_ranges_add_shards(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, int with_replicated);
+/* Append to rs the parts of the boxes of `in` that lie in local arena floats [begin, end), with
+ * local offsets relative to `begin` (ZeRO shards of a tensor-parallel arena: m, v hold only
+ * [begin, end) of the rank's tp shard). A box row cut by a bound becomes its own box. */
+dt_status_t dt_ckpt_ranges_clip(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, const dt_ckpt_ranges_t *in,
+                                size_t begin, size_t end);
 /* Append one box (bounds checked against the layout). */
 dt_status_t dt_ckpt_ranges_add(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, dt_ckpt_range_t r);
 void dt_ckpt_ranges_free(dt_ckpt_ranges_t *rs);

@@ -348,10 +348,6 @@ dt_status_t dt_config_validate(const dt_config_t *cfg, const char *name) {
     where(cfg, name, "parallel", "zero", w, sizeof w);
     return DT_ERR(DT_ERR_CONFIG, "%s: stage %d is not implemented yet (0 or 1)", w, cfg->zero);
   }
-  if (cfg->zero > 0 && cfg->tp > 1) {
-    where(cfg, name, "parallel", "zero", w, sizeof w);
-    return DT_ERR(DT_ERR_CONFIG, "%s: ZeRO with parallel.tp > 1 is not implemented yet", w);
-  }
   if (cfg->pp > 1) {
     where(cfg, name, "parallel", "pp", w, sizeof w);
     return DT_ERR(DT_ERR_CONFIG, "%s: pipeline parallelism is not yet supported (pp=1)", w);

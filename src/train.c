@@ -175,7 +175,7 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
     tr->be.opt_lo = lo;
     tr->be.opt_hi = hi;
     DT_TRY(dt_zero_init(&tr->zero, cfg->zero, tr->mesh.dp_comm, tr->mesh.dp_idx, n, (size_t)cfg->bucket_mb << 20));
-    DT_TRY(dt_ckpt_ranges_add_flat(&tr->zero_optim, &tr->lay, lo, hi));
+    if (tr->lay.tp == 1) DT_TRY(dt_ckpt_ranges_add_flat(&tr->zero_optim, &tr->lay, lo, hi)); /* tp: host_arenas */
   }
   DT_TRY(ops->init(&tr->be, &tr->lay, tr->B, tr->T, tr->mesh.threads));
   tr->be.tp_comm = tr->mesh.tp > 1 ? tr->mesh.tp_comm : NULL;
@@ -195,6 +195,12 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   return DT_OK;
 }
 
+/* Free the checkpoint boxes host_arenas made (not the trainer's own zero_optim). */
+static void arenas_release(dt_trainer_t *tr, dt_ckpt_arenas_t *a) {
+  if (!a->optim.full && a->optim.r != a->model.r && a->optim.r != tr->zero_optim.r) dt_ckpt_ranges_free(&a->optim);
+  if (!a->model.full) dt_ckpt_ranges_free(&a->model);
+}
+
 /* Host views of the backend's arenas for checkpoints: the CPU backend's arenas themselves, or
  * for a device backend the host copies (filled from the device when fetch = 1; after a load,
  * push_arenas sends them back). */
@@ -203,12 +209,22 @@ static dt_status_t host_arenas(dt_trainer_t *tr, int with_optim, int fetch, dt_c
     *a = dt_ckpt_arenas_full(tr->be.params, with_optim ? tr->be.m : NULL, with_optim ? tr->be.v : NULL);
     if (tr->zero.stage > 0) a->optim = tr->zero_optim; /* m, v hold this rank's shard only */
     if (tr->lay.tp > 1) { /* shards: load reads each rank's boxes; save writes each box once */
-      int load = !fetch, writer = tr->mesh.dp_idx == 0 && tr->mesh.pp_idx == 0;
+      int load = !fetch, writer = tr->mesh.dp_idx == 0 && tr->mesh.pp_idx == 0, rep = load || tr->mesh.tp_idx == 0;
       dt_ckpt_ranges_t r = {0};
-      if (load || writer) DT_TRY(dt_ckpt_ranges_add_shards(&r, &tr->lay, load || tr->mesh.tp_idx == 0));
+      if (load || writer) DT_TRY(dt_ckpt_ranges_add_shards(&r, &tr->lay, rep));
       r.full = 0;
       a->model = r;
       a->optim = r; /* the same boxes (freed once, through model) */
+      if (tr->zero.stage > 0) { /* m, v: the part of this tp shard's boxes in the rank's ZeRO range */
+        dt_ckpt_ranges_t all = {0}, o = {0};
+        dt_status_t st = dt_ckpt_ranges_add_shards(&all, &tr->lay, rep);
+        if (st == DT_OK) st = dt_ckpt_ranges_clip(&o, &tr->lay, &all, tr->zero.lo, tr->zero.hi);
+        dt_ckpt_ranges_free(&all);
+        o.full = 0;
+        a->optim = o;
+        if (st != DT_OK) arenas_release(tr, a);
+        DT_TRY(st);
+      }
     }
     return DT_OK;
   }
@@ -275,13 +291,14 @@ static dt_status_t resume(dt_trainer_t *tr) {
     if (s == DT_ERR_CKPT) { /* nothing usable: a fresh start */
       if (is_root(tr)) printf("# resume: no complete checkpoint in %s, starting from step 0\n", tr->cfg.ckpt_dir);
       dt_err_clear();
+      arenas_release(tr, &a);
       return DT_OK;
     }
   } else {
     snprintf(path, sizeof path, "%s", r);
     s = dt_ckpt_load(NULL, path, &tr->lay, &a, &st);
   }
-  if (!a.model.full) dt_ckpt_ranges_free(&a.model);
+  arenas_release(tr, &a);
   if (s != DT_OK) return s;
   DT_TRY(push_arenas(tr));
   tr->step = (int)st.step;
@@ -337,7 +354,7 @@ dt_status_t dt_trainer_save(dt_trainer_t *tr) {
   char path[DT_PATH_MAX];
   double t0 = dt_time_now();
   dt_status_t s = dt_ckpt_save(NULL, tr->cfg.ckpt_dir, tr->cfg.ckpt_keep, &tr->lay, &a, &st, path, sizeof path);
-  if (!a.model.full) dt_ckpt_ranges_free(&a.model);
+  arenas_release(tr, &a);
   free(ini);
   DT_TRY(s);
   tr->saved_step = tr->step;

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # ZeRO stage 1 makes the update plain data parallelism makes: for the same global batch and seed,
-# zero=1 at dp=2 and dp=4 gives the zero=0 run's loss at each of 20 steps within 1e-5 relative,
+# zero=1 at dp=2, dp=4 and dp=2 x tp=2 (ZeRO over each tensor-parallel shard) gives the zero=0 run's loss at each of 20 steps within 1e-5 relative,
 # the same gradient norms (clipping is active: train.grad_clip=0.5 clips most steps, so the
 # global norm from the shards' sums of squares matters), and the same final parameters and AdamW
 # moments, gathered through the checkpoints (each rank writes only its shard of m and v).
@@ -16,6 +16,7 @@ common="train.grad_clip=0.5 train.micro_batch=2"
 mpi 2 "$DTRAIN" "$cfg" $common parallel.zero=0 log.metrics="$t/z0.jsonl" checkpoint.dir="$t/z0" > "$t/z0.out"
 mpi 2 "$DTRAIN" "$cfg" $common parallel.zero=1 log.metrics="$t/z1d2.jsonl" checkpoint.dir="$t/z1d2" > "$t/z1d2.out"
 mpi 4 "$DTRAIN" "$cfg" $common parallel.zero=1 log.metrics="$t/z1d4.jsonl" checkpoint.dir="$t/z1d4" > "$t/z1d4.out"
+mpi 4 "$DTRAIN" "$cfg" $common parallel.zero=1 parallel.tp=2 log.metrics="$t/z1tp.jsonl" checkpoint.dir="$t/z1tp" > "$t/z1tp.out"
 mpi 2 "$DTRAIN" "$cfg" $common train.precision=fp16 parallel.zero=0 log.metrics="$t/h0.jsonl" checkpoint.dir="$t/h0" > "$t/h0.out"
 mpi 2 "$DTRAIN" "$cfg" $common train.precision=fp16 parallel.zero=1 log.metrics="$t/h1.jsonl" checkpoint.dir="$t/h1" > "$t/h1.out"
 "$PY" - "$t" <<'PY'
@@ -40,7 +41,7 @@ def losses(ref_name, names):
     print(f"{ref_name} vs {names}: losses within {worst:.2e}, grad norms within {wn:.2e} at all 20 steps "
           f"(limit 1e-5; clipping active on {clipped} of 20 steps)")
     assert clipped >= 5, "the test means to exercise clipping"
-losses("z0", ["z1d2", "z1d4"])
+losses("z0", ["z1d2", "z1d4", "z1tp"])
 losses("h0", ["h1"])
 # Final tensors: per tensor ||a-b|| / ||a||, the key third of c_attn.bias excluded as in
 # ddp_equiv.sh (its true gradient is 0: AdamW turns rounding noise of either sign into steps).
@@ -58,6 +59,7 @@ def close(a_path, b_path, what):
     print(f"{what}: final parameters and AdamW moments within {w:.2e} of zero=0 (limit 1e-5)")
 close(f"{d}/z0/ckpt_00000020.h5", f"{d}/z1d2/ckpt_00000020.h5", "zero=1 dp=2")
 close(f"{d}/z0/ckpt_00000020.h5", f"{d}/z1d4/ckpt_00000020.h5", "zero=1 dp=4")
+close(f"{d}/z0/ckpt_00000020.h5", f"{d}/z1tp/ckpt_00000020.h5", "zero=1 dp=2 x tp=2")
 PY
 # Each rank holds only its shard of m and v: the run says so in its memory plan; stages not
 # implemented are a one-line config error.

@@ -287,6 +287,22 @@ static dt_status_t c_broadcast(dt_comm_t *c, void *buf, size_t count, dt_dtype_t
   return finish(c, s, req);
 }
 
+static dt_status_t c_reduce(dt_comm_t *c, const void *send, void *recv, size_t count, dt_dtype_t t, dt_redop_t op,
+                            int root, void *stream, dt_comm_req_t **req) {
+  cudaStream_t s;
+  ncclDataType_t nt;
+  ncclRedOp_t no;
+  DT_TRY(begin(c, count, stream, &s, "reduce", t));
+  DT_TRY(nccl_type(t, &nt));
+  DT_TRY(nccl_op(op, t, &no));
+  if (root < 0 || root >= c->size) return DT_ERR(DT_ERR_ARG, "nccl: reduce root %d outside [0, %d)", root, c->size);
+  size_t bytes = count * dt_dtype_size(t);
+  if (c->rank == root && send != recv && overlap(send, bytes, recv, bytes))
+    return DT_ERR(DT_ERR_ARG, "nccl: reduce buffers overlap without being in place");
+  DT_TRY(settle(c, ncclReduce(send, recv, count, nt, no, root, impl(c)->comm, s), impl(c)->inflight));
+  return finish(c, s, req);
+}
+
 static dt_status_t c_send(dt_comm_t *c, const void *buf, size_t count, dt_dtype_t t, int peer, void *stream,
                           dt_comm_req_t **req) {
   cudaStream_t s;
@@ -529,5 +545,5 @@ static dt_status_t c_split(dt_comm_t *c, int color, int key, dt_comm_t **out) {
 
 extern "C" const dt_comm_ops_t dt_comm_nccl_ops = {
     "nccl",  c_split, c_free,    c_allreduce, c_reduce_scatter, c_allgather,    c_broadcast,
-    c_send,  c_recv,  c_barrier, c_wait,      c_test,           c_group_start, c_group_end,
+    c_send,  c_recv,  c_barrier, c_wait,      c_test,           c_group_start, c_group_end, c_reduce,
 };

@@ -45,6 +45,10 @@ typedef struct {
   dt_status_t (*test)(dt_comm_t *c, dt_comm_req_t *req, int *done);  /* frees req when done */
   dt_status_t (*group_start)(dt_comm_t *c);
   dt_status_t (*group_end)(dt_comm_t *c);
+  /* recv on rank `root` gets the reduction of every rank's send (recv is ignored elsewhere;
+   * send == recv at the root is in place). */
+  dt_status_t (*reduce)(dt_comm_t *c, const void *send, void *recv, size_t count, dt_dtype_t t, dt_redop_t op,
+                        int root, void *stream, dt_comm_req_t **req);
 } dt_comm_ops_t;
 
 struct dt_comm {
@@ -54,7 +58,7 @@ struct dt_comm {
 };
 
 /* In-place forms (send == recv is always accepted; buffers that overlap otherwise are an error):
- *   allreduce, broadcast: send == recv.
+ *   allreduce, broadcast, reduce (at the root): send == recv.
  *   reduce_scatter: recv == send (result in the first recvcount elements, MPI_IN_PLACE style) or
  *                   recv == send + rank*recvcount (result in this rank's own block, NCCL style).
  *   allgather:      send == recv + rank*sendcount (this rank's block already in place, MPI and

@@ -242,6 +242,34 @@ static dt_status_t c_allreduce(dt_comm_t *c, const void *send, void *recv, size_
   return req_deliver(c, r, req);
 }
 
+static dt_status_t c_reduce(dt_comm_t *c, const void *send, void *recv, size_t count, dt_dtype_t t, dt_redop_t op,
+                            int root, void *stream, dt_comm_req_t **req) {
+  (void)stream;
+  MPI_Datatype mt;
+  MPI_Op mo;
+  DT_TRY(mpi_type(t, &mt));
+  DT_TRY(mpi_op(op, t, &mo));
+  DT_TRY(check_count(count, "reduce"));
+  if (root < 0 || root >= c->size) return DT_ERR(DT_ERR_ARG, "comm: reduce root %d outside 0..%d", root, c->size - 1);
+  int me = c->rank == root;
+  size_t bytes = count * dt_dtype_size(t);
+  if (me && send != recv && overlap(send, bytes, recv, bytes))
+    return DT_ERR(DT_ERR_ARG, "comm: reduce buffers overlap without being in place");
+  const void *sb = me && send == recv ? MPI_IN_PLACE : send;
+  void *rb = me ? recv : NULL;
+  MPI_Comm comm = impl(c)->comm;
+  if (immediate(c, req)) {
+    DT_MPI_CHECK(MPI_Reduce(sb, rb, (int)count, mt, mo, root, comm));
+    if (me && op == DT_AVG) scale_div(recv, count, t, c->size);
+    if (me) fault_corrupt(recv, count, t);
+    return DT_OK;
+  }
+  NEW_REQ(r);
+  START(r, MPI_Ireduce(sb, rb, (int)count, mt, mo, root, comm, &r->mreq));
+  if (me && op == DT_AVG) defer_avg(r, recv, count, t, c->size);
+  return req_deliver(c, r, req);
+}
+
 static dt_status_t c_reduce_scatter(dt_comm_t *c, const void *send, void *recv, size_t recvcount, dt_dtype_t t,
                                     dt_redop_t op, void *stream, dt_comm_req_t **req) {
   (void)stream;
@@ -505,6 +533,7 @@ const dt_comm_ops_t dt_comm_mpi_ops = {
     .test = c_test,
     .group_start = c_group_start,
     .group_end = c_group_end,
+    .reduce = c_reduce,
 };
 
 dt_status_t dt_mpi_agree(MPI_Comm comm, dt_status_t st) {

@@ -67,7 +67,7 @@ static const char *op_name[] = {"sum", "avg", "max", "min"};
 
 /* Run one operation (already bound in a small closure struct) in a mode. */
 typedef struct {
-  int kind; /* 0 allreduce, 1 reduce_scatter, 2 allgather, 3 broadcast */
+  int kind; /* 0 allreduce, 1 reduce_scatter, 2 allgather, 3 broadcast, 4 reduce */
   const void *send;
   void *recv;
   size_t count;
@@ -84,6 +84,7 @@ static dt_status_t run(dt_comm_t *c, int mode, const call_t *k) {
     case 0: st = c->ops->allreduce(c, k->send, k->recv, k->count, k->t, k->op, NULL, rp); break;
     case 1: st = c->ops->reduce_scatter(c, k->send, k->recv, k->count, k->t, k->op, NULL, rp); break;
     case 2: st = c->ops->allgather(c, k->send, k->recv, k->count, k->t, NULL, rp); break;
+    case 4: st = c->ops->reduce(c, k->send, k->recv, k->count, k->t, k->op, k->root, NULL, rp); break;
     default: st = c->ops->broadcast(c, k->recv, k->count, k->t, k->root, NULL, rp); break;
   }
   if (mode == M_GROUP) {
@@ -131,6 +132,36 @@ static void check_allreduce(dt_comm_t *c, const char *cn) {
             free(s);
             free(d);
           }
+}
+
+static void check_reduce(dt_comm_t *c, const char *cn) {
+  int n = c->size, me = c->rank;
+  for (int ti = 0; ti < 5; ti++)
+    for (int ci = 0; ci < 3; ci++)
+      for (int op = DT_SUM; op <= DT_MIN; op++)
+        for (int mode = 0; mode < M_COUNT; mode++)
+          for (int root = 0; root < n; root++)
+            for (int inplace = 0; inplace < 2; inplace++) {
+              dt_dtype_t t = types[ti];
+              size_t cnt = counts[ci], es = dt_dtype_size(t);
+              if (op == DT_AVG && t != DT_F32 && t != DT_F64) continue;
+              char *s = malloc(cnt * es), *d = malloc(cnt * es);
+              for (size_t i = 0; i < cnt; i++) {
+                set(s, t, i, val(me, i));
+                set(d, t, i, -1);
+              }
+              call_t k = {4, s, inplace ? s : d, cnt, t, (dt_redop_t)op, root};
+              dt_status_t st = run(c, mode, &k);
+              CHECK(st == DT_OK, "%s reduce: %s", cn, dt_err_msg());
+              const char *res = inplace ? s : d;
+              size_t bad = 0;
+              for (size_t i = 0; i < cnt; i++) /* non-roots: their send buffer is untouched */
+                if (me == root ? get(res, t, i) != expect_red((dt_redop_t)op, n, i) : get(s, t, i) != val(me, i)) bad++;
+              CHECK(bad == 0, "%s reduce %s %s count %zu %s root %d%s: %zu wrong", cn, dt_dtype_name(t), op_name[op],
+                    cnt, mode_name[mode], root, inplace ? " in place" : "", bad);
+              free(s);
+              free(d);
+            }
 }
 
 static void check_reduce_scatter(dt_comm_t *c, const char *cn) {
@@ -311,6 +342,7 @@ static void check_errors(dt_comm_t *c) {
 static void check_comm(dt_comm_t *c, const char *cn) {
   check_allreduce(c, cn);
   check_reduce_scatter(c, cn);
+  check_reduce(c, cn);
   check_allgather(c, cn);
   check_broadcast(c, cn);
   check_p2p(c, cn);

@@ -8,6 +8,7 @@
 #include <omp.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "dt_build.h"
 #include "backend.h"
@@ -55,6 +56,7 @@ typedef struct {
   size_t btcl;          /* B*T*C/tp: stride of the per-rank-width activations (qkv, atty, fch) */
   int tp, Cl, NHl, Vpl, v0; /* tensor parallelism: degree, local C, heads, vocab rows, first vocab row */
   int nthr;             /* OpenMP threads the attention scratch is sized for */
+  size_t grads_bytes;   /* length of the gradient arena's mapping */
   int B, T;             /* last forward */
   int have_fwd, have_targets;
   int logits_gone;                  /* backward overwrote logits with dlogits */
@@ -68,17 +70,24 @@ static void *alloc_floats(size_t n) {
   return p;
 }
 
+/* The gradient arena is an anonymous mapping (zeroed, page-aligned): ZeRO-2 gives pages of
+ * gradients it no longer needs back to the kernel (madvise DONTNEED; they read as zeros again). */
+static float *map_floats(size_t n) {
+  void *p = mmap(NULL, (n ? n : 1) * sizeof(float), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  return p == MAP_FAILED ? NULL : p;
+}
+
 static void cpu_free(dt_backend_t *be) {
   cpu_impl_t *im = be->impl;
   if (im) {
     if (be->wparams != be->params) free(be->wparams);
+    if (be->grads) munmap(be->grads, im->grads_bytes);
     free(im->arena);
     free(im->a.inputs);
     free(im->a.targets);
     free(im);
   }
   free(be->params);
-  free(be->grads);
   free(be->m);
   free(be->v);
   be->params = be->grads = be->m = be->v = be->wparams = NULL;
@@ -156,7 +165,8 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
   be->impl = im;
   size_t n = lay->n_params;
   be->params = alloc_floats(n);
-  be->grads = alloc_floats(n);
+  be->grads = map_floats(n);
+  im->grads_bytes = (n ? n : 1) * sizeof(float);
   be->m = alloc_floats(dt_backend_opt_floats(be));
   be->v = alloc_floats(dt_backend_opt_floats(be));
   im->nthr = omp_get_max_threads();

@@ -53,6 +53,10 @@ void dt_ddp_begin(dt_ddp_t *d) {
 static void start(dt_ddp_t *d, dt_bucket_t *b) {
   b->started = 1;
   if (d->err != DT_OK) return;
+  if (d->action) {
+    d->err = d->action(d->action_ctx, d->grads, b->lo, b->hi);
+    return;
+  }
   int busy = 0;
   for (dt_bucket_t *o = d->buckets; o < b; o++) busy += o->req != NULL;
   for (dt_bucket_t *o = d->buckets; o < b && busy >= DT_DDP_IN_FLIGHT && d->err == DT_OK; o++)

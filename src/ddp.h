@@ -26,6 +26,10 @@ typedef struct {
   size_t n;             /* arena size */
   dt_status_t err;      /* first failure inside the backward hook */
   double t_comm_wait;   /* seconds spent waiting in dt_ddp_finish (communication not hidden) */
+  /* Instead of the all-reduce: a blocking action on each bucket when it is final (ZeRO-2's
+   * reduce to the owners, zero.h); NULL = all-reduce. */
+  dt_status_t (*action)(void *ctx, float *grads, size_t lo, size_t hi);
+  void *action_ctx;
 } dt_ddp_t;
 
 /* group_begin: the layout's group start offsets (n_groups+1 entries, last = n); buckets are

@@ -387,6 +387,10 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
   DT_TRY(dt_ddp_init(&tr->ddp, grad_comm, tr->be.grads, tr->lay.n_params, tr->lay.layer_begin, tr->lay.d.L + 2,
                      (size_t)cfg->bucket_mb << 20));
   tr->ddp.stream = tr->be.comm_stream;
+  if (tr->zero.stage == 2) {
+    tr->ddp.action = dt_zero_reduce_bucket;
+    tr->ddp.action_ctx = &tr->zero;
+  }
   if (tr->mesh.dp > 1 && tr->zero.stage == 0) { /* reference: blocking all-reduces of every gradient */
     DT_TRY(be_zero(tr));
     DT_TRY(tr->mesh.dp_comm->ops->barrier(tr->mesh.dp_comm));
@@ -426,9 +430,11 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   double t0 = dt_time_now();
   uint64_t sample0 = tr->sample_pos;
   double lr = dt_lr_at(c, tr->step);
-  DT_TRY(be->ops->zero_grad(be));
+  if (tr->zero.stage == 2) dt_zero_drop(be->grads, 0, tr->lay.n_params); /* zero, and RSS back */
+  else DT_TRY(be->ops->zero_grad(be));
   be->loss_scale = tr->scaler.scale; /* 1 unless fp16 */
-  int ddp = dp > 1 && tr->zero.stage == 0; /* ZeRO reduce-scatters after the last backward instead */
+  int ddp = dp > 1 && tr->zero.stage == 0; /* ZeRO-1 reduce-scatters after the last backward instead */
+  int z2 = tr->zero.stage == 2; /* every micro-step's buckets go to their owners during backward */
   if (ddp) dt_ddp_begin(&tr->ddp);
   double loss_sum = 0;
   uint64_t slice = tr->sample_pos + (uint64_t)tr->mesh.dp_idx * (uint64_t)tr->accum * (uint64_t)tr->B;
@@ -438,14 +444,17 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
     DT_TRY(be->ops->forward(be, tr->inputs, tr->targets, tr->B, tr->T, &loss));
     loss_sum += loss;
     int last = k == tr->accum - 1;
-    DT_TRY(be->ops->backward(be, tr->accum, (last && ddp) ? dt_ddp_ready : NULL, &tr->ddp));
+    if (z2) dt_ddp_begin(&tr->ddp);
+    DT_TRY(be->ops->backward(be, tr->accum, ((last && ddp) || z2) ? dt_ddp_ready : NULL, &tr->ddp));
+    if (z2) DT_TRY(dt_ddp_finish(&tr->ddp));
   }
+  if (z2) dt_zero_average_shard(&tr->zero, be->grads);
   if (ddp) {
     DT_TRY(dt_ddp_finish(&tr->ddp));
     tr->t_comm_wait_sum += tr->ddp.t_comm_wait;
     tr->n_timed_steps++;
   }
-  if (tr->zero.stage > 0) DT_TRY(dt_zero_reduce_grads(&tr->zero, be->grads)); /* this rank's shard, averaged */
+  if (tr->zero.stage == 1) DT_TRY(dt_zero_reduce_grads(&tr->zero, be->grads)); /* this rank's shard, averaged */
   if (dt_fault("bad_math", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: block 1's grads */
     dt_fault_scale(be->grads + tr->lay.layer_begin[1], tr->lay.layer_begin[2] - tr->lay.layer_begin[1], DT_FAULT_BAD_MATH_SCALE);
   if (dt_fault("slow_rank", tr->mesh.rank, tr->step + 1)) dt_fault_sleep(DT_FAULT_SLOW_RANK_S); /* test-only */

@@ -1,8 +1,11 @@
-/* ZeRO stage 1: shard arithmetic and the two collectives of a sharded step (zero.h). */
+/* ZeRO stages 1 and 2: shard arithmetic and the collectives of a sharded step (zero.h). */
 #include "zero.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 void dt_zero_split(size_t n, int dp, int idx, size_t align, size_t *padded, size_t *lo, size_t *hi) {
   size_t unit = align * (size_t)dp;
@@ -15,7 +18,7 @@ void dt_zero_split(size_t n, int dp, int idx, size_t align, size_t *padded, size
 dt_status_t dt_zero_init(dt_zero_t *z, int stage, dt_comm_t *dp_comm, int dp_idx, size_t n, size_t bucket_bytes) {
   *z = (dt_zero_t){.stage = stage, .comm = dp_comm, .n = n};
   if (stage == 0) return DT_OK;
-  if (stage != 1) return DT_ERR(DT_ERR_UNSUPPORTED, "parallel.zero=%d is not implemented yet", stage);
+  if (stage > 2) return DT_ERR(DT_ERR_UNSUPPORTED, "parallel.zero=%d is not implemented yet", stage);
   size_t p = (size_t)dp_comm->size;
   if (n % p)
     return DT_ERR(DT_ERR_INTERNAL, "zero: arena of %zu floats does not split into %zu shards", n, p);
@@ -61,4 +64,38 @@ dt_status_t dt_zero_gather_params(dt_zero_t *z, float *params) {
       if (r != me) memcpy(params + (size_t)r * z->shard + off, z->stage_buf + (size_t)r * k, k * sizeof(float));
   }
   return DT_OK;
+}
+
+void dt_zero_drop(float *grads, size_t lo, size_t hi) {
+  if (lo >= hi) return;
+  uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+  uintptr_t a = (uintptr_t)(grads + lo), z = (uintptr_t)(grads + hi);
+  uintptr_t pa = (a + page - 1) / page * page, pz = z / page * page;
+  if (pa >= pz || madvise((void *)pa, pz - pa, MADV_DONTNEED) != 0) { /* no whole page (or no madvise) */
+    memset((void *)a, 0, z - a);
+    return;
+  }
+  memset((void *)a, 0, pa - a);
+  memset((void *)pz, 0, z - pz);
+}
+
+dt_status_t dt_zero_reduce_bucket(void *ctx, float *grads, size_t lo, size_t hi) {
+  dt_zero_t *z = ctx;
+  int p = z->comm->size;
+  for (int r = 0; r < p; r++) { /* the parts of [lo, hi) in each rank's shard, summed at that rank */
+    size_t a = (size_t)r * z->shard, e = a + z->shard;
+    if (a < lo) a = lo;
+    if (e > hi) e = hi;
+    if (a < e)
+      DT_TRY(z->comm->ops->reduce(z->comm, grads + a, grads + a, e - a, DT_F32, DT_SUM, r, NULL, NULL));
+  }
+  dt_zero_drop(grads, lo, hi < z->lo ? hi : z->lo);   /* below this rank's shard */
+  dt_zero_drop(grads, lo > z->hi ? lo : z->hi, hi);   /* above it */
+  return DT_OK;
+}
+
+void dt_zero_average_shard(dt_zero_t *z, float *grads) {
+  const float n = (float)z->comm->size; /* divided like the all-reduce's DT_AVG */
+  float *g = grads + z->lo;
+  for (size_t i = 0; i < z->shard; i++) g[i] /= n;
 }

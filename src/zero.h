@@ -1,9 +1,15 @@
-/* ZeRO stage 1 over the data-parallel group: the flat parameter arena is cut into dp equal,
- * contiguous shards; each rank keeps AdamW's m and v for its shard only. A step reduce-scatters
- * (averages) the gradients so each rank holds its shard's mean gradient, updates that shard of
- * the parameters, and all-gathers the parameters. Clipping uses the global norm (shard sums of
- * squares all-reduced) and weight decay follows each tensor's flag, so the update is the one
- * plain data parallelism makes (PyTorch's ZeroRedundancyOptimizer). */
+/* ZeRO stages 1 and 2 over the data-parallel group: the flat parameter arena is cut into dp
+ * equal, contiguous shards; each rank keeps AdamW's m and v for its shard only.
+ *   stage 1: after the last backward of a step the gradients are reduce-scattered (averaged) so
+ *            each rank holds its shard's mean gradient (PyTorch's ZeroRedundancyOptimizer);
+ *   stage 2: during every backward, each gradient bucket, as soon as it is final, is reduced to
+ *            the owners of its parts (summed into the owner's shard) and the rest of the bucket's
+ *            pages are given back (the CPU gradient arena is an anonymous mapping): a rank holds
+ *            its shard of the gradients plus the buckets backward has not finished yet; after the
+ *            last micro-step the shard is divided by dp.
+ * Then each rank updates its shard of the parameters and the parameters are all-gathered.
+ * Clipping uses the global norm (shard sums of squares all-reduced) and weight decay follows
+ * each tensor's flag, so the update is the one plain data parallelism makes. */
 #ifndef DT_ZERO_H
 #define DT_ZERO_H
 
@@ -26,12 +32,21 @@ typedef struct {
  * multiple of align * dp, so every shard is the same whole number of align-float units (the
  * padding lies outside every tensor and stays zero). Pure; for rank idx. */
 void dt_zero_split(size_t n, int dp, int idx, size_t align, size_t *padded, size_t *lo, size_t *hi);
-/* Set up stage `stage` (0 or 1) for an arena of n floats (already padded by dt_zero_split).
+/* Set up stage `stage` (0, 1 or 2) for an arena of n floats (already padded by dt_zero_split).
  * Collectives run in rounds of about bucket_bytes (one staging buffer of that size): Open MPI's
  * reduce-scatter and all-gather of a whole 0.5 GB arena allocate temporaries of the arena's size
  * (measured at 124M, dp=4: +950 MiB peak RSS), which would cancel what sharding saves. */
 dt_status_t dt_zero_init(dt_zero_t *z, int stage, dt_comm_t *dp_comm, int dp_idx, size_t n, size_t bucket_bytes);
 void dt_zero_free(dt_zero_t *z);
+/* Stage 2: reduce gradient bucket [lo, hi) to the owners of its parts (blocking; every rank
+ * calls it for the same buckets in the same order), then drop the bucket's pages outside this
+ * rank's shard. A dt_ddp_t bucket action (ctx = dt_zero_t). */
+dt_status_t dt_zero_reduce_bucket(void *ctx, float *grads, size_t lo, size_t hi);
+/* Zero grads[lo, hi) by giving its whole pages back (madvise DONTNEED on an anonymous mapping)
+ * and clearing the partial pages at its ends. */
+void dt_zero_drop(float *grads, size_t lo, size_t hi);
+/* Stage 2, after the last micro-step: the shard holds the sum over ranks; make it the mean. */
+void dt_zero_average_shard(dt_zero_t *z, float *grads);
 /* Average the gradient arena over the group into this rank's shard (in place, other shards'
  * contents are left unspecified). */
 dt_status_t dt_zero_reduce_grads(dt_zero_t *z, float *grads);

@@ -24,6 +24,11 @@ typedef void (*dt_grad_ready_fn)(void *ctx, size_t lo, size_t hi);
 
 typedef enum { DT_BUF_PARAMS, DT_BUF_GRADS, DT_BUF_M, DT_BUF_V } dt_buf_t;
 
+/* Points in forward/backward where a layer hook is called for block l (ZeRO-3 gathers a block's
+ * parameters before it runs and frees them after). */
+typedef enum { DT_HOOK_FWD, DT_HOOK_FWD_DONE, DT_HOOK_BWD, DT_HOOK_BWD_DONE } dt_hook_phase_t;
+typedef dt_status_t (*dt_layer_hook_fn)(void *ctx, int l, dt_hook_phase_t phase);
+
 typedef struct {
   float lr;           /* this step's learning rate */
   float beta1, beta2, eps, weight_decay;
@@ -74,6 +79,9 @@ struct dt_backend {
   int threads;
   void *impl;                    /* backend-private state */
   int device;                    /* CUDA: device ordinal, set by the caller before init (CPU: unused) */
+  dt_layer_hook_fn layer_hook;   /* set after init (CPU backend; NULL = none): called around every
+                                    block's forward and backward; an error stops the pass */
+  void *hook_ctx;
   size_t opt_lo, opt_hi;         /* the arena range whose AdamW state this rank holds, set by the
                                     caller before init on a zeroed struct (ZeRO shards; 0, 0 = the
                                     whole arena; dt_backend_t be = {0} for plain use): m and v

@@ -56,7 +56,7 @@ typedef struct {
   size_t btcl;          /* B*T*C/tp: stride of the per-rank-width activations (qkv, atty, fch) */
   int tp, Cl, NHl, Vpl, v0; /* tensor parallelism: degree, local C, heads, vocab rows, first vocab row */
   int nthr;             /* OpenMP threads the attention scratch is sized for */
-  size_t grads_bytes;   /* length of the gradient arena's mapping */
+  size_t grads_bytes;   /* length of the parameter and gradient arenas' mappings */
   int B, T;             /* last forward */
   int have_fwd, have_targets;
   int logits_gone;                  /* backward overwrote logits with dlogits */
@@ -70,8 +70,8 @@ static void *alloc_floats(size_t n) {
   return p;
 }
 
-/* The gradient arena is an anonymous mapping (zeroed, page-aligned): ZeRO-2 gives pages of
- * gradients it no longer needs back to the kernel (madvise DONTNEED; they read as zeros again). */
+/* The parameter and gradient arenas are anonymous mappings (zeroed, page-aligned): ZeRO-2/3 give
+ * pages they no longer need back to the kernel (madvise DONTNEED; they read as zeros again). */
 static float *map_floats(size_t n) {
   void *p = mmap(NULL, (n ? n : 1) * sizeof(float), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
   return p == MAP_FAILED ? NULL : p;
@@ -82,12 +82,12 @@ static void cpu_free(dt_backend_t *be) {
   if (im) {
     if (be->wparams != be->params) free(be->wparams);
     if (be->grads) munmap(be->grads, im->grads_bytes);
+    if (be->params) munmap(be->params, im->grads_bytes); /* the same size */
     free(im->arena);
     free(im->a.inputs);
     free(im->a.targets);
     free(im);
   }
-  free(be->params);
   free(be->m);
   free(be->v);
   be->params = be->grads = be->m = be->v = be->wparams = NULL;
@@ -164,7 +164,7 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
   if (!im) return DT_ERR(DT_ERR_NOMEM, "cpu backend: out of memory");
   be->impl = im;
   size_t n = lay->n_params;
-  be->params = alloc_floats(n);
+  be->params = map_floats(n);
   be->grads = map_floats(n);
   im->grads_bytes = (n ? n : 1) * sizeof(float);
   be->m = alloc_floats(dt_backend_opt_floats(be));
@@ -400,6 +400,7 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
   STORE(a->encoded, N * C);
   const float *x = a->encoded; /* (B,T,C) residual stream entering block l */
   for (int l = 0; l < L; l++) {
+    if (be->layer_hook) DT_TRY(be->layer_hook(be->hook_ctx, l, DT_HOOK_FWD));
     size_t o = l * im->btc, ol = l * im->btcl, os = l * im->bt;
     float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * ol, *atty = a->atty + ol, *alse = a->att_lse + l * im->bth;
     float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * ol, *fchg = a->fch_gelu + 4 * ol;
@@ -424,6 +425,7 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
     DT_TRY(st);
     STORE(res3, N * C);
     x = res3;
+    if (be->layer_hook) DT_TRY(be->layer_hook(be->hook_ctx, l, DT_HOOK_FWD_DONE));
   }
   const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
   DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, be->wparams + lnfw->offset, be->wparams + lnfb->offset, N,
@@ -480,6 +482,7 @@ static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn re
   if (ready) ready(ctx, lay->layer_begin[L + 1], lay->layer_begin[L + 2]);
 
   for (int l = L - 1; l >= 0; l--) {
+    if (be->layer_hook) DT_TRY(be->layer_hook(be->hook_ctx, l, DT_HOOK_BWD));
     size_t o = l * im->btc, ol = l * im->btcl, os = l * im->bt;
     const float *x = l > 0 ? a->residual3 + o - im->btc : a->encoded;
     const float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * ol, *atty = a->atty + ol, *alse = a->att_lse + l * im->bth;
@@ -510,6 +513,7 @@ static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn re
     STORE(a->dres, N * C);
     /* dres holds d loss / d (block l input) */
     if (ready) ready(ctx, lay->layer_begin[1 + l], lay->layer_begin[2 + l]);
+    if (be->layer_hook) DT_TRY(be->layer_hook(be->hook_ctx, l, DT_HOOK_BWD_DONE));
   }
   if (tp > 1) tp_encoder_backward(im, dwte, dwpe, a->dres, a->inputs, B, T, C);
   else DT_PROF(DT_PROF_ENCODER, dt_encoder_backward(dwte, dwpe, a->dres, a->inputs, B, T, C));

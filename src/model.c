@@ -182,7 +182,12 @@ const dt_tensor_t *dt_layout_find(const dt_layout_t *lay, const char *name) {
 /* Each (tensor, chunk) pair gets its own RNG stream, so the result does not depend on the number
  * of threads. */
 void dt_model_init_params(const dt_layout_t *lay, float *params, uint64_t seed) {
-  memset(params, 0, lay->n_params * sizeof *params);
+  dt_model_init_params_range(lay, params, seed, 0, lay->n_params);
+}
+
+void dt_model_init_params_range(const dt_layout_t *lay, float *params, uint64_t seed, size_t lo, size_t hi) {
+  if (lay->tp > 1) lo = 0, hi = lay->n_params; /* the tp shard path below writes its whole shard */
+  memset(params + lo, 0, (hi - lo) * sizeof *params);
   const double std = 0.02, std_resid = 0.02 / sqrt(2.0 * lay->d.L);
   for (int i = 0; i < lay->n_tensors; i++) {
     const dt_tensor_t *t = &lay->tensors[i];
@@ -191,7 +196,8 @@ void dt_model_init_params(const dt_layout_t *lay, float *params, uint64_t seed) 
     if (t->ndim == 1) {
       /* biases stay 0; layernorm weights are 1 */
       if (strstr(t->name, "ln_") && strstr(t->name, ".weight"))
-        for (size_t k = 0; k < n; k++) p[k] = 1.0f;
+        for (size_t k = 0; k < n; k++)
+          if (t->offset + k >= lo && t->offset + k < hi) p[k] = 1.0f;
       continue;
     }
     if (lay->tp > 1) { /* a shard: the whole tensor's streams, keeping the owned elements */
@@ -228,11 +234,15 @@ void dt_model_init_params(const dt_layout_t *lay, float *params, uint64_t seed) 
     long nchunk = (long)((n + INIT_CHUNK - 1) / INIT_CHUNK);
 #pragma omp parallel for schedule(static)
     for (long c = 0; c < nchunk; c++) {
+      size_t k0 = (size_t)c * INIT_CHUNK, k1 = (size_t)(c + 1) * INIT_CHUNK < n ? (size_t)(c + 1) * INIT_CHUNK : n;
+      if (t->offset + k1 <= lo || t->offset + k0 >= hi) continue; /* chunk outside [lo, hi) */
       dt_rng_t r;
       dt_rng_seed(&r, seed ^ (0x632be59bd9b4e019ULL * (uint64_t)(i + 1)));
       dt_rng_seed(&r, dt_rng_next(&r) + 0xd1b54a32d192ed03ULL * (uint64_t)c);
-      size_t hi = (size_t)(c + 1) * INIT_CHUNK < n ? (size_t)(c + 1) * INIT_CHUNK : n;
-      for (size_t k = (size_t)c * INIT_CHUNK; k < hi; k++) p[k] = (float)(s * dt_rng_normal(&r));
+      for (size_t k = k0; k < k1; k++) { /* the whole chunk's stream, stored where in range */
+        float v = (float)(s * dt_rng_normal(&r));
+        if (t->offset + k >= lo && t->offset + k < hi) p[k] = v;
+      }
     }
   }
 }

@@ -92,6 +92,9 @@ const dt_tensor_t *dt_layout_find(const dt_layout_t *lay, const char *name);
  * weights N(0, 0.02), residual projections (attn.c_proj, mlp.c_proj) N(0, 0.02/sqrt(2L)),
  * biases 0, layernorm weight 1 bias 0, padded vocab rows 0. Deterministic in seed. */
 void dt_model_init_params(const dt_layout_t *lay, float *params, uint64_t seed);
+/* The same, writing only arena floats [lo, hi) (ZeRO-3: each rank makes its own shard; the
+ * values equal the full initialisation's; tp > 1 always writes the whole shard). */
+void dt_model_init_params_range(const dt_layout_t *lay, float *params, uint64_t seed, size_t lo, size_t hi);
 
 /* FLOPs per optimizer step for `tokens` tokens (fwd+bwd): 6*tokens*(12*L*C^2 + C*Vp) + 12*L*T*C*tokens. */
 double dt_model_flops_per_token(const dt_dims_t *d, int T);

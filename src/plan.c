@@ -173,6 +173,7 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
   dt_layout_free(&lay);
   split_stages(p, emb, blk, head);
   p->max_group = fmax(emb, fmax(blk, head));
+  p->group_emb = emb, p->group_blk = blk, p->group_head = head;
 
   /* activations (floats) of a stage: the backend's own count for tp = pp = 1; otherwise
    * fixed (embedding/head/scratch, counted on every stage: an upper bound) + per-layer part,
@@ -202,7 +203,9 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
       r.wparams = mixed ? r.params : 0;
       r.grads = 4 * (z >= 2 ? ceil_div(P, dp) : P);
       r.m = r.v = 4 * (z >= 1 ? ceil_div(P, dp) : P);
-      r.gather = z >= 3 ? 2 * 4 * p->max_group : 0;
+      /* ZeRO-3 (zero.c): the embeddings and ln_f gathered for the whole step, plus the running
+       * block and the prefetched one; this rank's own part of them is already in params / dp */
+      r.gather = z >= 3 ? 4 * (p->group_emb + p->group_head + 2 * p->group_blk) * (1.0 - 1.0 / dp) : 0;
       /* DDP: MPI's temporaries of the 2 bucket all-reduces in flight (ddp.c); ZeRO: its staging
        * bucket (zero.h) + the temporaries of the collective on it (measured at 124M, dp=4) */
       r.comm = dp > 1 ? (z >= 1 ? 3 : 2) * in->bucket_mb * MIB : 0; /* dp = 1: no collectives */
@@ -350,7 +353,7 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   ROW("gradients (fp32)", grads);
   ROW("AdamW m (fp32)", m);
   ROW("AdamW v (fp32)", v);
-  ROW("zero3 gathered params (2 groups)", gather);
+  ROW("zero3 gathered params (emb+ln_f+2 blocks)", gather);
   ROW("comm buffers (MPI temporaries, ZeRO staging)", comm);
   ROW("activations, CPU backend", act_cpu);
   ROW("activations, CUDA backend (keeps B*NH*T*T)", act_gpu);

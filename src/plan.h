@@ -72,7 +72,8 @@ typedef struct {
   size_t n_arena, n_true;     /* whole model: arena floats (padding incl.), true parameters */
   double stage_params[DT_PLAN_MAX_PP]; /* parameters (floats) per tp rank of each pipeline stage */
   int stage_blocks[DT_PLAN_MAX_PP];    /* blocks per pipeline stage */
-  double max_group;           /* largest parameter group per tp rank (floats): ZeRO-3 gather unit */
+  double max_group;           /* largest parameter group per tp rank (floats) */
+  double group_emb, group_blk, group_head; /* floats of the embeddings, one block, ln_f (per tp rank) */
   dt_plan_zero_t z[DT_PLAN_ZERO_STAGES];
   dt_plan_roof_t roof;
 } dt_plan_t;

@@ -179,6 +179,11 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   }
   DT_TRY(ops->init(&tr->be, &tr->lay, tr->B, tr->T, tr->mesh.threads));
   tr->be.tp_comm = tr->mesh.tp > 1 ? tr->mesh.tp_comm : NULL;
+  if (tr->zero.stage == 3) { /* FSDP: blocks gathered around their use (zero.h) */
+    DT_TRY(dt_zero3_attach(&tr->zero, tr->be.params, tr->lay.layer_begin, tr->lay.d.L));
+    tr->be.layer_hook = dt_zero3_hook;
+    tr->be.hook_ctx = &tr->zero;
+  }
   dt_precision_t prec = DT_PREC_FP32;
   if (dt_precision_parse(cfg->precision, &prec) != 0)
     return DT_ERR(DT_ERR_CONFIG, "%s: train.precision: '%s' is not one of fp32|bf16|fp16", cfg_name, cfg->precision);
@@ -198,7 +203,7 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
 /* Free the checkpoint boxes host_arenas made (not the trainer's own zero_optim). */
 static void arenas_release(dt_trainer_t *tr, dt_ckpt_arenas_t *a) {
   if (!a->optim.full && a->optim.r != a->model.r && a->optim.r != tr->zero_optim.r) dt_ckpt_ranges_free(&a->optim);
-  if (!a->model.full) dt_ckpt_ranges_free(&a->model);
+  if (!a->model.full && a->model.r != tr->zero_optim.r) dt_ckpt_ranges_free(&a->model);
 }
 
 /* Host views of the backend's arenas for checkpoints: the CPU backend's arenas themselves, or
@@ -208,6 +213,10 @@ static dt_status_t host_arenas(dt_trainer_t *tr, int with_optim, int fetch, dt_c
   if (tr->be.ops == &dt_backend_cpu) {
     *a = dt_ckpt_arenas_full(tr->be.params, with_optim ? tr->be.m : NULL, with_optim ? tr->be.v : NULL);
     if (tr->zero.stage > 0) a->optim = tr->zero_optim; /* m, v hold this rank's shard only */
+    if (tr->zero.stage == 3) { /* and the parameters too (their arena is full-size: offset it) */
+      a->params = tr->be.params + tr->zero.lo;
+      a->model = tr->zero_optim;
+    }
     if (tr->lay.tp > 1) { /* shards: load reads each rank's boxes; save writes each box once */
       int load = !fetch, writer = tr->mesh.dp_idx == 0 && tr->mesh.pp_idx == 0, rep = load || tr->mesh.tp_idx == 0;
       dt_ckpt_ranges_t r = {0};
@@ -369,9 +378,11 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
   /* The CPU backend's parameter arena is host memory: initialise and broadcast in place (a
    * separate host buffer set every rank's peak RSS one arena higher than training needs). */
   int cpu = tr->be.ops == &dt_backend_cpu;
+  if (tr->zero.stage == 3) /* each rank makes its own shard (the values of the full initialisation) */
+    dt_model_init_params_range(&tr->lay, tr->be.params, cfg->seed, tr->zero.lo, tr->zero.hi);
   float *host = cpu ? tr->be.params : malloc(sizeof(float) * tr->lay.n_params);
   if (!host) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
-  dt_status_t st = init_weights(tr, host);
+  dt_status_t st = tr->zero.stage == 3 ? DT_OK : init_weights(tr, host);
   if (!cpu) free(host);
   DT_TRY(st);
   tr->saved_step = -1;
@@ -387,7 +398,7 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
   DT_TRY(dt_ddp_init(&tr->ddp, grad_comm, tr->be.grads, tr->lay.n_params, tr->lay.layer_begin, tr->lay.d.L + 2,
                      (size_t)cfg->bucket_mb << 20));
   tr->ddp.stream = tr->be.comm_stream;
-  if (tr->zero.stage == 2) {
+  if (tr->zero.stage >= 2) {
     tr->ddp.action = dt_zero_reduce_bucket;
     tr->ddp.action_ctx = &tr->zero;
   }
@@ -423,6 +434,25 @@ void dt_trainer_free(dt_trainer_t *tr) {
   dt_mesh_free(&tr->mesh);
 }
 
+/* ZeRO-3: the embeddings and ln_f are used at both ends of forward and backward: gathered for a
+ * whole step or evaluation (pinned_gather), dropped again after it (pinned_release); the blocks
+ * come and go through the backend's layer hook (zero.h). No-ops otherwise. */
+static dt_status_t pinned_gather(dt_trainer_t *tr) {
+  if (tr->zero.stage != 3) return DT_OK;
+  const size_t *g = tr->lay.layer_begin;
+  int L = tr->lay.d.L;
+  DT_TRY(dt_zero3_gather(&tr->zero, g[0], g[1]));
+  return dt_zero3_gather(&tr->zero, g[L + 1], g[L + 2]);
+}
+
+static void pinned_release(dt_trainer_t *tr) {
+  if (tr->zero.stage != 3) return;
+  const size_t *g = tr->lay.layer_begin;
+  int L = tr->lay.d.L;
+  dt_zero3_release(&tr->zero, g[0], g[1]);
+  dt_zero3_release(&tr->zero, g[L + 1], g[L + 2]);
+}
+
 dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   const dt_config_t *c = &tr->cfg;
   dt_backend_t *be = &tr->be;
@@ -430,11 +460,12 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   double t0 = dt_time_now();
   uint64_t sample0 = tr->sample_pos;
   double lr = dt_lr_at(c, tr->step);
-  if (tr->zero.stage == 2) dt_zero_drop(be->grads, 0, tr->lay.n_params); /* zero, and RSS back */
+  if (tr->zero.stage >= 2) dt_zero_drop(be->grads, 0, tr->lay.n_params); /* zero, and RSS back */
   else DT_TRY(be->ops->zero_grad(be));
   be->loss_scale = tr->scaler.scale; /* 1 unless fp16 */
   int ddp = dp > 1 && tr->zero.stage == 0; /* ZeRO-1 reduce-scatters after the last backward instead */
-  int z2 = tr->zero.stage == 2; /* every micro-step's buckets go to their owners during backward */
+  int z2 = tr->zero.stage >= 2; /* every micro-step's buckets go to their owners during backward */
+  DT_TRY(pinned_gather(tr));
   if (ddp) dt_ddp_begin(&tr->ddp);
   double loss_sum = 0;
   uint64_t slice = tr->sample_pos + (uint64_t)tr->mesh.dp_idx * (uint64_t)tr->accum * (uint64_t)tr->B;
@@ -479,9 +510,10 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
                          .grad_scale = dt_clip_scale(norm, c->grad_clip) / scale,
                          .t = (int)(tr->step - tr->scaler.skipped) + 1};
     DT_TRY(be->ops->adamw(be, &a));
-    if (tr->zero.stage > 0) DT_TRY(dt_zero_gather_params(&tr->zero, be->params));
+    if (tr->zero.stage == 1 || tr->zero.stage == 2) DT_TRY(dt_zero_gather_params(&tr->zero, be->params));
   }
   dt_scaler_update(&tr->scaler, skip);
+  pinned_release(tr); /* ZeRO-3: other ranks updated their parts of them */
   if (tr->scaler.enabled && is_root(tr) && (skip || tr->scaler.scale != scale))
     printf("# step %d: %s: loss scale %g -> %g\n", tr->step + 1,
            skip ? "inf/NaN gradients on some rank, update skipped" : "no overflow for loss_scale_window steps", scale,
@@ -506,18 +538,24 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
 }
 
 dt_status_t dt_trainer_eval(dt_trainer_t *tr, dt_data_t *d, int batches, double *loss) {
+  DT_TRY(pinned_gather(tr));
   dt_backend_t *be = &tr->be;
   uint64_t avail = dt_data_num_samples(d) / (uint64_t)tr->B;
   if ((uint64_t)batches > avail) batches = (int)avail;
   if (batches < 1) return DT_ERR(DT_ERR_DATA, "validation data has fewer than micro_batch=%d samples", tr->B);
   double sum[2] = {0, 0};
-  for (int j = tr->mesh.dp_idx; j < batches; j += tr->mesh.dp) {
-    DT_TRY(dt_data_batch_sequential(d, (uint64_t)j, tr->B, tr->inputs, tr->targets));
+  int rounds = (batches + tr->mesh.dp - 1) / tr->mesh.dp;
+  for (int k = 0; k < rounds; k++) {
+    int j = k * tr->mesh.dp + tr->mesh.dp_idx, real = j < batches;
+    if (!real && tr->zero.stage != 3) break; /* ZeRO-3's forward gathers collectively: every rank runs each round */
+    DT_TRY(dt_data_batch_sequential(d, (uint64_t)(real ? j : 0), tr->B, tr->inputs, tr->targets));
     float l = 0;
     DT_TRY(be->ops->forward(be, tr->inputs, tr->targets, tr->B, tr->T, &l));
+    if (!real) continue;
     sum[0] += l;
     sum[1] += 1;
   }
+  pinned_release(tr);
   if (tr->mesh.dp > 1)
     DT_TRY(tr->mesh.dp_comm->ops->allreduce(tr->mesh.dp_comm, sum, sum, 2, DT_F64, DT_SUM, NULL, NULL));
   *loss = sum[0] / sum[1];

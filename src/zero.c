@@ -18,7 +18,8 @@ void dt_zero_split(size_t n, int dp, int idx, size_t align, size_t *padded, size
 dt_status_t dt_zero_init(dt_zero_t *z, int stage, dt_comm_t *dp_comm, int dp_idx, size_t n, size_t bucket_bytes) {
   *z = (dt_zero_t){.stage = stage, .comm = dp_comm, .n = n};
   if (stage == 0) return DT_OK;
-  if (stage > 2) return DT_ERR(DT_ERR_UNSUPPORTED, "parallel.zero=%d is not implemented yet", stage);
+  z->have = -1;
+  if (stage > 3) return DT_ERR(DT_ERR_UNSUPPORTED, "parallel.zero=%d does not exist", stage);
   size_t p = (size_t)dp_comm->size;
   if (n % p)
     return DT_ERR(DT_ERR_INTERNAL, "zero: arena of %zu floats does not split into %zu shards", n, p);
@@ -34,8 +35,13 @@ dt_status_t dt_zero_init(dt_zero_t *z, int stage, dt_comm_t *dp_comm, int dp_idx
 }
 
 void dt_zero_free(dt_zero_t *z) {
+  for (int i = 0; i < z->nreq; i++)
+    if (z->req[i]) z->comm->ops->wait(z->comm, z->req[i]);
+  free(z->req);
   free(z->stage_buf);
   z->stage_buf = NULL;
+  z->req = NULL;
+  z->nreq = 0;
 }
 
 /* Round j: floats [j*piece, j*piece + k) of every shard, packed block r = shard r. */
@@ -98,4 +104,67 @@ void dt_zero_average_shard(dt_zero_t *z, float *grads) {
   const float n = (float)z->comm->size; /* divided like the all-reduce's DT_AVG */
   float *g = grads + z->lo;
   for (size_t i = 0; i < z->shard; i++) g[i] /= n;
+}
+
+/* ---- stage 3 ------------------------------------------------------------------------------ */
+
+dt_status_t dt_zero3_attach(dt_zero_t *z, float *params, const size_t *layer_begin, int L) {
+  z->params = params;
+  z->group = layer_begin;
+  z->L = L;
+  z->have = -1;
+  z->req = calloc((size_t)z->comm->size, sizeof *z->req);
+  if (!z->req) return DT_ERR(DT_ERR_NOMEM, "zero: out of memory");
+  return DT_OK;
+}
+
+/* Start the broadcasts that bring [lo, hi) from its owners (reqs: one per owner; NULL = blocking). */
+static dt_status_t gather_start(dt_zero_t *z, size_t lo, size_t hi, dt_comm_req_t **req) {
+  for (int r = 0; r < z->comm->size; r++) {
+    size_t a = (size_t)r * z->shard, e = a + z->shard;
+    if (a < lo) a = lo;
+    if (e > hi) e = hi;
+    if (a < e) DT_TRY(z->comm->ops->broadcast(z->comm, z->params + a, e - a, DT_F32, r, NULL, req ? &req[r] : NULL));
+  }
+  return DT_OK;
+}
+
+static dt_status_t gather_wait(dt_zero_t *z) {
+  dt_status_t st = DT_OK;
+  for (int r = 0; r < z->comm->size; r++)
+    if (z->req[r]) {
+      dt_status_t s2 = z->comm->ops->wait(z->comm, z->req[r]);
+      if (st == DT_OK) st = s2;
+      z->req[r] = NULL;
+    }
+  z->have = -1;
+  return st;
+}
+
+dt_status_t dt_zero3_gather(dt_zero_t *z, size_t lo, size_t hi) { return gather_start(z, lo, hi, NULL); }
+
+void dt_zero3_release(dt_zero_t *z, size_t lo, size_t hi) {
+  dt_zero_drop(z->params, lo, hi < z->lo ? hi : z->lo);
+  dt_zero_drop(z->params, lo > z->hi ? lo : z->hi, hi);
+}
+
+static dt_status_t block_start(dt_zero_t *z, int l) {
+  z->have = l;
+  return gather_start(z, z->group[l + 1], z->group[l + 2], z->req);
+}
+
+dt_status_t dt_zero3_hook(void *ctx, int l, dt_hook_phase_t phase) {
+  dt_zero_t *z = ctx;
+  if (phase == DT_HOOK_FWD_DONE || phase == DT_HOOK_BWD_DONE) {
+    dt_zero3_release(z, z->group[l + 1], z->group[l + 2]);
+    return DT_OK;
+  }
+  if (z->have != l) { /* nothing prefetched for l (the first block of a pass): bring it now */
+    DT_TRY(gather_wait(z));
+    DT_TRY(block_start(z, l));
+  }
+  DT_TRY(gather_wait(z));
+  int next = phase == DT_HOOK_FWD ? l + 1 : l - 1; /* prefetch the block that runs next */
+  if (next >= 0 && next < z->L) DT_TRY(block_start(z, next));
+  return DT_OK;
 }

@@ -15,11 +15,19 @@
 
 #include <stddef.h>
 
+#include "backend.h"
 #include "comm.h"
 #include "status.h"
 
 typedef struct {
   int stage;            /* 0 = off */
+  /* stage 3 */
+  float *params;        /* the backend's parameter arena (an anonymous mapping) */
+  const size_t *group;  /* the layout's layer_begin: block l is [group[l + 1], group[l + 2]) */
+  int L;
+  int have;             /* the block whose gather was started (or -1) */
+  dt_comm_req_t **req;  /* that gather's broadcasts in flight, one per owner (comm size) */
+  int nreq;
   dt_comm_t *comm;      /* the dp group */
   size_t n;             /* padded arena floats: a multiple of DT_ALIGN * dp */
   size_t shard;         /* n / dp */
@@ -47,6 +55,18 @@ dt_status_t dt_zero_reduce_bucket(void *ctx, float *grads, size_t lo, size_t hi)
 void dt_zero_drop(float *grads, size_t lo, size_t hi);
 /* Stage 2, after the last micro-step: the shard holds the sum over ranks; make it the mean. */
 void dt_zero_average_shard(dt_zero_t *z, float *grads);
+
+/* Stage 3 (FSDP): each rank keeps only its shard of the parameters between uses. Set up with
+ * the backend's parameter arena and the layout's group offsets (layer_begin, L). */
+dt_status_t dt_zero3_attach(dt_zero_t *z, float *params, const size_t *layer_begin, int L);
+/* Parameters [lo, hi) from their owners (blocking), or dropped again outside this rank's shard:
+ * the trainer brackets a step or an evaluation with the embeddings and ln_f groups this way. */
+dt_status_t dt_zero3_gather(dt_zero_t *z, size_t lo, size_t hi);
+void dt_zero3_release(dt_zero_t *z, size_t lo, size_t hi);
+/* The backend's layer hook (ctx = dt_zero_t): before block l runs, its gather (started ahead
+ * when possible) is completed and the next block's is started (l + 1 forward, l - 1 backward);
+ * after it ran, its parameters outside this rank's shard are dropped. */
+dt_status_t dt_zero3_hook(void *ctx, int l, dt_hook_phase_t phase);
 /* Average the gradient arena over the group into this rank's shard (in place, other shards'
  * contents are left unspecified). */
 dt_status_t dt_zero_reduce_grads(dt_zero_t *z, float *grads);

@@ -61,12 +61,13 @@ Test(plan, zero_stages_divide_exactly) {
   cr_assert_eq(P.z[3].params, s);
   cr_assert_eq(P.z[3].wparams, s);
   /* buffers: DDP 2 buckets of MPI temporaries (2 all-reduces in flight); ZeRO 1-3 + one 25 MiB
-   * staging bucket; ZeRO-3 gathers 2 groups, the
+   * staging bucket; ZeRO-3 holds the embeddings, ln_f and 2 blocks gathered (less its own part), the
    * largest being the embeddings wte + wpe = (50304 + 1024) * 1600 floats */
   cr_assert_eq(P.z[0].comm, 2 * 25.0 * 1048576);
   cr_assert_eq(P.z[1].comm, 3 * 25.0 * 1048576);
   cr_assert_eq(P.z[2].comm, 3 * 25.0 * 1048576);
-  cr_assert_eq(P.z[3].gather, 2 * 4 * (50304.0 + 1024) * 1600);
+  cr_assert_eq(P.group_emb, (50304.0 + 1024) * 1600);
+  cr_assert_float_eq(P.z[3].gather, 4 * (P.group_emb + P.group_head + 2 * P.group_blk) * (1 - 1.0 / 8), 1);
   cr_assert_eq(P.z[2].gather, 0);
   /* totals: sum of the rows; activations do not depend on the stage */
   for (int z = 0; z < 4; z++) {

@@ -2,7 +2,9 @@
 # Checkpoints are independent of the ZeRO stage: a checkpoint written at zero=1, dp=4 (each rank
 # writes its shard of m and v into the global datasets) resumes at zero=0, dp=1 and at zero=1,
 # dp=2; one written at zero=0, dp=2 resumes at zero=1, dp=4; one written at zero=1, dp=2 x tp=2
-# resumes at zero=0 on one rank; zero=2 dp=2 resumes at zero=1 dp=4 and back. Steps 11-20 match the uninterrupted
+# resumes at zero=0 on one rank; zero=2 dp=2 resumes at zero=1 dp=4 and back; zero=3 dp=4 (each
+# rank writes only its parameter shard) resumes at zero=0 on one rank, zero=1 dp=4 at zero=3 dp=2.
+# Steps 11-20 match the uninterrupted
 # run's losses within 1e-5 relative and consume the same global samples.
 source "$top_srcdir/tests/lib.sh"
 ensure_data
@@ -16,6 +18,7 @@ mpi 4 "$DTRAIN" "$cfg" $(mb 4) parallel.zero=1 checkpoint.dir="$t/w1" train.stop
 mpi 2 "$DTRAIN" "$cfg" $(mb 2) parallel.zero=0 checkpoint.dir="$t/w0" train.stop_after=10 > "$t/w0.out"
 mpi 4 "$DTRAIN" "$cfg" train.micro_batch=2 parallel.zero=1 parallel.tp=2 checkpoint.dir="$t/wtp" train.stop_after=10 > "$t/wtp.out"
 mpi 2 "$DTRAIN" "$cfg" $(mb 2) parallel.zero=2 checkpoint.dir="$t/w2" train.stop_after=10 > "$t/w2.out"
+mpi 4 "$DTRAIN" "$cfg" $(mb 4) parallel.zero=3 checkpoint.dir="$t/w3" train.stop_after=10 > "$t/w3.out"
 run_from() { # name, source dir, ranks, zero
   mkdir -p "$t/$1"
   cp "$t/$2/ckpt_00000010.h5" "$t/$1/"
@@ -29,12 +32,14 @@ run_from z0d2_to_z1d4 w0 4 1
 run_from z1tp2_to_z0d1 wtp 1 0
 run_from z2d2_to_z1d4 w2 4 1
 run_from z1d4_to_z2d2 w1 2 2
+run_from z3d4_to_z0d1 w3 1 0
+run_from z1d4_to_z3d2 w1 2 3
 "$PY" - "$t" <<'PY'
 import json, sys
 d = sys.argv[1]
 load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
 ref = {r["step"]: r for r in load("ref")}
-for n in ("z1d4_to_z0d1", "z1d4_to_z1d2", "z0d2_to_z1d4", "z1tp2_to_z0d1", "z2d2_to_z1d4", "z1d4_to_z2d2"):
+for n in ("z1d4_to_z0d1", "z1d4_to_z1d2", "z0d2_to_z1d4", "z1tp2_to_z0d1", "z2d2_to_z1d4", "z1d4_to_z2d2", "z3d4_to_z0d1", "z1d4_to_z3d2"):
     rows = load(n)
     assert [r["step"] for r in rows] == list(range(11, 21)), (n, [r["step"] for r in rows])
     worst = 0

@@ -43,6 +43,7 @@ typedef struct {
   int resumed_step;        /* step restored from a checkpoint, -1 none */
   double t_allreduce_full; /* one blocking all-reduce of all gradients, measured at start (dp > 1) */
   double t_comm_wait_sum;  /* time waiting for gradient all-reduces after backward, summed */
+  double t_gather_full;    /* ZeRO-3: blocking gathers of every block, measured at start */
   int n_timed_steps;
   dt_scaler_t scaler;      /* fp16 dynamic loss scaling (disabled: scale 1); skipped-step count */
   dt_zero_t zero;          /* parallel.zero: the optimizer-state shard of this rank */

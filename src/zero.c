@@ -1,6 +1,8 @@
 /* ZeRO stages 1 and 2: shard arithmetic and the collectives of a sharded step (zero.h). */
 #include "zero.h"
 
+#include "timer.h"
+
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -159,11 +161,13 @@ dt_status_t dt_zero3_hook(void *ctx, int l, dt_hook_phase_t phase) {
     dt_zero3_release(z, z->group[l + 1], z->group[l + 2]);
     return DT_OK;
   }
+  double t0 = dt_time_now();
   if (z->have != l) { /* nothing prefetched for l (the first block of a pass): bring it now */
     DT_TRY(gather_wait(z));
     DT_TRY(block_start(z, l));
   }
   DT_TRY(gather_wait(z));
+  z->t_wait += dt_time_now() - t0;
   int next = phase == DT_HOOK_FWD ? l + 1 : l - 1; /* prefetch the block that runs next */
   if (next >= 0 && next < z->L) DT_TRY(block_start(z, next));
   return DT_OK;

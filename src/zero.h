@@ -28,6 +28,7 @@ typedef struct {
   int have;             /* the block whose gather was started (or -1) */
   dt_comm_req_t **req;  /* that gather's broadcasts in flight, one per owner (comm size) */
   int nreq;
+  double t_wait;        /* seconds spent waiting for block gathers (not hidden behind compute) */
   dt_comm_t *comm;      /* the dp group */
   size_t n;             /* padded arena floats: a multiple of DT_ALIGN * dp */
   size_t shard;         /* n / dp */

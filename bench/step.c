@@ -162,6 +162,7 @@ int main(int argc, char **argv) {
   dt_layout_t lay;
   CK(dt_layout_init(&lay, d));
   dt_backend_t be;
+  memset(&be, 0, sizeof be); /* init reads opt_lo/opt_hi a caller may set */
   CK(dt_backend_cpu.init(&be, &lay, o.B, o.T, o.threads));
   dt_model_init_params(&lay, be.params, 1337);
   const int N = o.B * o.T;

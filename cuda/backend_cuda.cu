@@ -211,6 +211,8 @@ static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
 /* be->device (set by the caller before init; < 0 = device 0) chooses the GPU. */
 static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads) {
   int device = be->device < 0 ? 0 : be->device;
+  if (be->opt_hi > be->opt_lo) /* ZeRO shards of the optimizer state: CPU backend only, so far */
+    return DT_ERR(DT_ERR_UNSUPPORTED, "cuda backend: parallel.zero > 0 is not implemented for CUDA yet (use system.backend=cpu)");
   memset(be, 0, sizeof *be);
   be->ops = &dt_backend_cuda;
   be->lay = lay;

@@ -31,10 +31,19 @@ float *dt_backend_buf(dt_backend_t *be, dt_buf_t buf) {
   return NULL;
 }
 
+size_t dt_backend_buf_floats(const dt_backend_t *be, dt_buf_t buf) {
+  return (buf == DT_BUF_M || buf == DT_BUF_V) ? dt_backend_opt_floats(be) : be->lay->n_params;
+}
+
+size_t dt_backend_opt_floats(const dt_backend_t *be) {
+  return be->opt_hi > be->opt_lo ? be->opt_hi - be->opt_lo : be->lay->n_params;
+}
+
 dt_status_t dt_backend_check_range(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count) {
   if (!dt_backend_buf(be, buf)) return DT_ERR(DT_ERR_ARG, "%s backend: unknown buffer %d", be->ops->name, (int)buf);
-  if (off > be->lay->n_params || count > be->lay->n_params - off)
-    return DT_ERR(DT_ERR_ARG, "%s backend: copy of %zu floats at %zu exceeds the arena of %zu", be->ops->name, count,
-                  off, be->lay->n_params);
+  size_t n = dt_backend_buf_floats(be, buf);
+  if (off > n || count > n - off)
+    return DT_ERR(DT_ERR_ARG, "%s backend: copy of %zu floats at %zu exceeds the buffer of %zu", be->ops->name, count,
+                  off, n);
   return DT_OK;
 }

@@ -44,9 +44,10 @@ typedef struct {
    * be->loss_scale. */
   dt_status_t (*backward)(dt_backend_t *be, int accum, dt_grad_ready_fn ready, void *ctx);
   dt_status_t (*zero_grad)(dt_backend_t *be);
-  /* Sum of squares of the gradients arena (float64 accumulation). */
+  /* Sum of squares of the gradients in the optimizer range [opt_lo, opt_hi) (float64 accumulation). */
   dt_status_t (*grad_sumsq)(dt_backend_t *be, double *out);
-  /* One AdamW step over the whole arena (decay only on tensors with decay=1). */
+  /* One AdamW step over the optimizer range [opt_lo, opt_hi) of the arena (the whole arena
+   * unless ZeRO set a range; decay only on tensors with decay=1). */
   dt_status_t (*adamw)(dt_backend_t *be, const dt_adamw_args_t *a);
   /* Copy `count` floats at arena offset `off` between a buffer and host memory. */
   dt_status_t (*copy_to_host)(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, float *dst);
@@ -73,6 +74,10 @@ struct dt_backend {
   int threads;
   void *impl;                    /* backend-private state */
   int device;                    /* CUDA: device ordinal, set by the caller before init (CPU: unused) */
+  size_t opt_lo, opt_hi;         /* the arena range whose AdamW state this rank holds, set by the
+                                    caller before init (ZeRO shards; 0, 0 = the whole arena): m and v
+                                    then hold opt_hi - opt_lo floats, m[i] for arena offset opt_lo + i,
+                                    and copies of DT_BUF_M/V take offsets relative to opt_lo */
   void *comm_stream;             /* CUDA: cudaStream_t on which gradient communication for ranges
                                     passed to ready() is ordered after their backward; NULL for CPU */
   dt_comm_t *tp_comm;            /* tensor-parallel group, set by the caller AFTER init (init
@@ -104,6 +109,9 @@ extern const dt_backend_ops_t *const dt_backends[];
 const dt_backend_ops_t *dt_backend_find(const char *name);
 /* The arena `buf` of a backend (host or device pointer), NULL for an unknown buffer. */
 float *dt_backend_buf(dt_backend_t *be, dt_buf_t buf);
+/* Floats in the optimizer range (opt_hi - opt_lo, or the whole arena), and in buffer `buf`. */
+size_t dt_backend_opt_floats(const dt_backend_t *be);
+size_t dt_backend_buf_floats(const dt_backend_t *be, dt_buf_t buf);
 /* DT_ERR_ARG unless [off, off + count) lies inside a known arena (for copy_to/from_host). */
 dt_status_t dt_backend_check_range(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count);
 

@@ -134,7 +134,13 @@ size_t dt_cpu_activation_floats_tp(const dt_dims_t *d, int tp, int B, int T, int
 }
 
 static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads) {
+  size_t opt_lo = be->opt_lo, opt_hi = be->opt_hi;
   memset(be, 0, sizeof *be);
+  if (opt_hi > lay->n_params || opt_lo > opt_hi)
+    return DT_ERR(DT_ERR_ARG, "cpu backend: optimizer range [%zu, %zu) outside the arena of %zu", opt_lo, opt_hi,
+                  lay->n_params);
+  be->opt_lo = opt_lo;
+  be->opt_hi = opt_hi;
   be->ops = &dt_backend_cpu;
   be->lay = lay;
   be->B = B;
@@ -151,8 +157,8 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
   size_t n = lay->n_params;
   be->params = alloc_floats(n);
   be->grads = alloc_floats(n);
-  be->m = alloc_floats(n);
-  be->v = alloc_floats(n);
+  be->m = alloc_floats(dt_backend_opt_floats(be));
+  be->v = alloc_floats(dt_backend_opt_floats(be));
   im->nthr = omp_get_max_threads();
   size_t nact = dt_cpu_activation_floats_tp(&lay->d, tp, B, T, im->nthr); /* what `dtrain plan` counts */
   im->arena = alloc_floats(nact);
@@ -528,11 +534,13 @@ DT_CPU_VEC static double sumsq(const float *restrict g, long n) {
 
 static dt_status_t grad_sumsq_impl(dt_backend_t *be, double *out) {
   const dt_layout_t *lay = be->lay;
-  if (lay->tp == 1) {
-    *out = sumsq(be->grads, (long)lay->n_params);
+  if (lay->tp <= 1) {
+    size_t lo = be->opt_hi > be->opt_lo ? be->opt_lo : 0;
+    *out = sumsq(be->grads + lo, (long)dt_backend_opt_floats(be));
     return DT_OK;
   }
-  /* tp > 1: shards summed over the tp group, replicated tensors (equal on every tp rank) once */
+  /* tp > 1 (whole arena: ZeRO with tp is rejected by the config): shards summed over the tp
+   * group, replicated tensors (equal on every tp rank) once */
   double sh = 0.0, rep = 0.0;
   for (int i = 0; i < lay->n_tensors; i++) {
     const dt_tensor_t *t = &lay->tensors[i];
@@ -545,18 +553,22 @@ static dt_status_t grad_sumsq_impl(dt_backend_t *be, double *out) {
   return DT_OK;
 }
 
-/* One pass over the arena in one parallel region: each tensor is split statically over the
- * threads (no barrier between tensors; they are disjoint). */
-DT_CPU_VEC static void adamw_arena(const dt_layout_t *lay, float *params, const float *grads, float *mom, float *var,
-                                   const dt_adamw_args_t *ar, float bc1, float bc2) {
+/* One pass over arena range [lo, hi) in one parallel region: the part of each tensor inside it is
+ * split statically over the threads (no barrier between tensors; they are disjoint). m and v
+ * hold the range only: mom[k - lo] belongs to arena offset k. */
+DT_CPU_VEC static void adamw_arena(const dt_layout_t *lay, size_t lo, size_t hi, float *params, const float *grads,
+                                   float *mom, float *var, const dt_adamw_args_t *ar, float bc1, float bc2) {
   const float lr = ar->lr, b1 = ar->beta1, b2 = ar->beta2, eps = ar->eps, gs = ar->grad_scale;
 #pragma omp parallel
   for (int i = 0; i < lay->n_tensors; i++) {
     const dt_tensor_t *t = &lay->tensors[i];
-    float *restrict p = params + t->offset, *restrict m = mom + t->offset, *restrict v = var + t->offset;
-    const float *restrict g = grads + t->offset;
+    size_t a = t->offset > lo ? t->offset : lo, z = t->offset + (size_t)t->rows * t->cols;
+    if (z > hi) z = hi;
+    if (a >= z) continue;
+    float *restrict p = params + a, *restrict m = mom + (a - lo), *restrict v = var + (a - lo);
+    const float *restrict g = grads + a;
     const float wd = t->decay ? ar->weight_decay : 0.0f;
-    const long n = (long)t->rows * t->cols;
+    const long n = (long)(z - a);
 #pragma omp for simd schedule(static) nowait
     for (long k = 0; k < n; k++) p[k] = dt_adamw_update(p[k], g[k] * gs, &m[k], &v[k], lr, b1, b2, eps, wd, bc1, bc2);
   }
@@ -565,7 +577,8 @@ DT_CPU_VEC static void adamw_arena(const dt_layout_t *lay, float *params, const 
 static dt_status_t adamw_impl(dt_backend_t *be, const dt_adamw_args_t *ar) {
   if (ar->t < 1) return DT_ERR(DT_ERR_ARG, "cpu backend: adamw step t=%d (must be >= 1)", ar->t);
   float bc1 = (float)(1.0 - pow(ar->beta1, ar->t)), bc2 = (float)(1.0 - pow(ar->beta2, ar->t));
-  adamw_arena(be->lay, be->params, be->grads, be->m, be->v, ar, bc1, bc2);
+  size_t lo = be->opt_hi > be->opt_lo ? be->opt_lo : 0, hi = lo + dt_backend_opt_floats(be);
+  adamw_arena(be->lay, lo, hi, be->params, be->grads, be->m, be->v, ar, bc1, bc2);
   ((cpu_impl_t *)be->impl)->param_gen++; /* cached logits no longer recomputable (lm_head section) */
   return DT_OK;
 }

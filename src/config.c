@@ -52,6 +52,7 @@ const dt_config_key_t dt_config_keys[] = {
   {"parallel", "dp",        DT_KEY_INT, OFF(dp),        "0", 0, 1 << 20, NULL, "data-parallel ranks; 0 = auto (world size / (tp*pp))"},
   {"parallel", "tp",        DT_KEY_INT, OFF(tp),        "1", 1, 1 << 20, NULL, "tensor-parallel ranks (Megatron-style, cpu backend; must divide n_head and the padded vocab)"},
   {"parallel", "pp",        DT_KEY_INT, OFF(pp),        "1", 1, 1 << 20, NULL, "pipeline-parallel stages (only 1 is supported yet)"},
+  {"parallel", "zero",      DT_KEY_INT, OFF(zero),      "0", 0, 3, NULL, "ZeRO stage over the dp group: 0 = DDP (full state on every rank), 1 = AdamW m, v sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 and 3 are not implemented yet; CPU backend only"},
   {"parallel", "bucket_mb", DT_KEY_INT, OFF(bucket_mb), "25", 1, 1 << 16, NULL, "gradient all-reduce bucket size in MiB"},
 
   {"checkpoint", "dir",    DT_KEY_STR, OFF(ckpt_dir),   "checkpoints", 0, 0, NULL, "directory for checkpoint files"},
@@ -343,6 +344,10 @@ dt_status_t dt_config_validate(const dt_config_t *cfg, const char *name) {
     where(cfg, name, "train", "loss_scale_init", w, sizeof w);
     return DT_ERR(DT_ERR_CONFIG, "%s: %g is not a power of two (unscaling must be exact)", w, cfg->loss_scale_init);
   }
+  if (cfg->zero > 1) {
+    where(cfg, name, "parallel", "zero", w, sizeof w);
+    return DT_ERR(DT_ERR_CONFIG, "%s: stage %d is not implemented yet (0 or 1)", w, cfg->zero);
+  }
   if (cfg->pp > 1) {
     where(cfg, name, "parallel", "pp", w, sizeof w);
     return DT_ERR(DT_ERR_CONFIG, "%s: pipeline parallelism is not yet supported (pp=1)", w);
@@ -351,6 +356,10 @@ dt_status_t dt_config_validate(const dt_config_t *cfg, const char *name) {
     where(cfg, name, "parallel", "tp", w, sizeof w);
     return DT_ERR(DT_ERR_CONFIG, "%s: %d must divide model.n_head %d and the padded vocab %d", w, cfg->tp, cfg->n_head,
                   dt_config_padded_vocab(cfg));
+  }
+  if (cfg->tp > 1 && cfg->zero > 0) {
+    where(cfg, name, "parallel", "zero", w, sizeof w);
+    return DT_ERR(DT_ERR_CONFIG, "%s: ZeRO together with parallel.tp > 1 is not implemented yet", w);
   }
   return DT_OK;
 }

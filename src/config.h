@@ -52,6 +52,7 @@ typedef struct {
   int tp;
   int pp;
   int bucket_mb;     /* DDP gradient bucket size in MiB */
+  int zero;          /* ZeRO stage: 0 = plain DDP, 1 = AdamW state sharded over dp */
   /* [checkpoint] */
   char ckpt_dir[DT_PATH_MAX];
   int ckpt_every;    /* 0 = only on signal and at the end */

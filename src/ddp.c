@@ -8,13 +8,22 @@
 dt_status_t dt_ddp_init(dt_ddp_t *d, dt_comm_t *comm, float *grads, size_t n, const size_t *group_begin,
                         int n_groups, size_t bucket_bytes) {
   *d = (dt_ddp_t){.comm = comm, .grads = grads, .n = n, .err = DT_OK};
-  d->buckets = calloc((size_t)n_groups, sizeof *d->buckets);
-  if (!d->buckets) return DT_ERR(DT_ERR_NOMEM, "ddp: out of memory");
   size_t limit = bucket_bytes / sizeof(float);
+  if (limit < 1) limit = 1;
+  /* Buckets: unions of whole groups from the end, closed once they reach the limit; a group
+   * larger than the limit (the embeddings: 155 MB at 124M) is cut into limit-sized pieces, so
+   * no single all-reduce (and no MPI temporary for it) exceeds about one bucket. */
+  size_t cap = (size_t)n_groups + n / limit + 1;
+  d->buckets = calloc(cap, sizeof *d->buckets);
+  if (!d->buckets) return DT_ERR(DT_ERR_NOMEM, "ddp: out of memory");
   size_t hi = n;
   for (int g = n_groups - 1; g >= 0; g--) {
     size_t lo = group_begin[g];
-    if (hi - lo >= limit || g == 0) {
+    while (hi - lo > limit) { /* a whole piece of at most limit floats at the top */
+      d->buckets[d->n_buckets++] = (dt_bucket_t){.lo = hi - limit, .hi = hi};
+      hi -= limit;
+    }
+    if (hi - lo >= limit || (g == 0 && hi > lo)) {
       d->buckets[d->n_buckets++] = (dt_bucket_t){.lo = lo, .hi = hi};
       hi = lo;
     }
@@ -37,8 +46,23 @@ void dt_ddp_begin(dt_ddp_t *d) {
   }
 }
 
+/* At most DT_DDP_IN_FLIGHT all-reduces at once (the oldest is completed first): each nonblocking
+ * MPI all-reduce holds a temporary of its size until it completes. */
+#define DT_DDP_IN_FLIGHT 2
+
 static void start(dt_ddp_t *d, dt_bucket_t *b) {
   b->started = 1;
+  if (d->err != DT_OK) return;
+  int busy = 0;
+  for (dt_bucket_t *o = d->buckets; o < b; o++) busy += o->req != NULL;
+  for (dt_bucket_t *o = d->buckets; o < b && busy >= DT_DDP_IN_FLIGHT && d->err == DT_OK; o++)
+    if (o->req) {
+      double t0 = dt_time_now();
+      d->err = d->comm->ops->wait(d->comm, o->req);
+      d->t_comm_wait += dt_time_now() - t0;
+      o->req = NULL;
+      busy--;
+    }
   if (d->err != DT_OK) return;
   float *p = d->grads + b->lo;
   d->err = d->comm->ops->allreduce(d->comm, p, p, b->hi - b->lo, DT_F32, DT_AVG, d->stream, &b->req);
@@ -72,6 +96,6 @@ dt_status_t dt_ddp_finish(dt_ddp_t *d) {
       b->req = NULL;
     }
   }
-  d->t_comm_wait = dt_time_now() - t0;
+  d->t_comm_wait += dt_time_now() - t0;
   return d->err;
 }

@@ -203,7 +203,9 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
       r.grads = 4 * (z >= 2 ? ceil_div(P, dp) : P);
       r.m = r.v = 4 * (z >= 1 ? ceil_div(P, dp) : P);
       r.gather = z >= 3 ? 2 * 4 * p->max_group : 0;
-      r.comm = z >= 2 ? in->bucket_mb * MIB : 0;
+      /* DDP: MPI's temporaries of the 2 bucket all-reduces in flight (ddp.c); ZeRO: its staging
+       * bucket (zero.h) + the temporaries of the collective on it (measured at 124M, dp=4) */
+      r.comm = dp > 1 ? (z >= 1 ? 3 : 2) * in->bucket_mb * MIB : 0; /* dp = 1: no collectives */
       if (tp == 1 && pp == 1) {
         r.act_cpu = 4 * (double)dt_cpu_activation_floats(d, in->B, in->T, in->threads);
         r.act_gpu = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T);
@@ -351,7 +353,7 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   ROW("AdamW m (fp32)", m);
   ROW("AdamW v (fp32)", v);
   ROW("zero3 gathered params (2 groups)", gather);
-  ROW("comm buffers (DDP is in place; ZeRO bucket)", comm);
+  ROW("comm buffers (MPI temporaries, ZeRO staging)", comm);
   ROW("activations, CPU backend", act_cpu);
   ROW("activations, CUDA backend (keeps B*NH*T*T)", act_gpu);
   ROW("workspace CPU (token batch)", work_cpu);

@@ -167,6 +167,16 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
                   "(system.backend = cpu)", cfg_name, tr->mesh.tp);
   tr->be.ops = ops;
   tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
+  if (cfg->zero > 0) { /* pad the arena's end so it splits into dp equal shards; m, v: the shard only */
+    size_t n, lo, hi;
+    dt_zero_split(tr->lay.n_params, tr->mesh.dp, tr->mesh.dp_idx, DT_ALIGN, &n, &lo, &hi);
+    tr->lay.n_params = n;
+    tr->lay.layer_begin[tr->lay.d.L + 2] = n;
+    tr->be.opt_lo = lo;
+    tr->be.opt_hi = hi;
+    DT_TRY(dt_zero_init(&tr->zero, cfg->zero, tr->mesh.dp_comm, tr->mesh.dp_idx, n, (size_t)cfg->bucket_mb << 20));
+    DT_TRY(dt_ckpt_ranges_add_flat(&tr->zero_optim, &tr->lay, lo, hi));
+  }
   DT_TRY(ops->init(&tr->be, &tr->lay, tr->B, tr->T, tr->mesh.threads));
   tr->be.tp_comm = tr->mesh.tp > 1 ? tr->mesh.tp_comm : NULL;
   dt_precision_t prec = DT_PREC_FP32;
@@ -198,6 +208,8 @@ static dt_status_t host_arenas(dt_trainer_t *tr, int with_optim, int fetch, dt_c
       r.full = 0;
       a->model = r;
       a->optim = r; /* the same boxes (freed once, through model) */
+    } else if (tr->zero.stage > 0) {
+      a->optim = tr->zero_optim; /* m, v hold this rank's shard only */
     }
     return DT_OK;
   }
@@ -359,12 +371,16 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
   DT_TRY(dt_ddp_init(&tr->ddp, grad_comm, tr->be.grads, tr->lay.n_params, tr->lay.layer_begin, tr->lay.d.L + 2,
                      (size_t)cfg->bucket_mb << 20));
   tr->ddp.stream = tr->be.comm_stream;
-  if (tr->mesh.dp > 1) { /* reference: one blocking all-reduce of every gradient, nothing to hide behind */
+  if (tr->mesh.dp > 1 && tr->zero.stage == 0) { /* reference: blocking all-reduces of every gradient */
     DT_TRY(be_zero(tr));
     DT_TRY(tr->mesh.dp_comm->ops->barrier(tr->mesh.dp_comm));
     double t0 = dt_time_now();
-    DT_TRY(grad_comm->ops->allreduce(grad_comm, tr->be.grads, tr->be.grads, tr->lay.n_params, DT_F32, DT_AVG,
-                                     tr->ddp.stream, NULL));
+    for (int b = 0; b < tr->ddp.n_buckets; b++) { /* bucket by bucket: a single all-reduce of the whole
+                                                      arena makes MPI allocate arena-sized temporaries */
+      dt_bucket_t *k = &tr->ddp.buckets[b];
+      DT_TRY(grad_comm->ops->allreduce(grad_comm, tr->be.grads + k->lo, tr->be.grads + k->lo, k->hi - k->lo, DT_F32,
+                                       DT_AVG, tr->ddp.stream, NULL));
+    }
     tr->t_allreduce_full = dt_time_now() - t0;
   }
   if (is_root(tr) || strstr(cfg->metrics, "{rank}")) DT_TRY(dt_metrics_open_rank(&tr->metrics, cfg->metrics, tr->mesh.rank));
@@ -374,6 +390,8 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
 void dt_trainer_free(dt_trainer_t *tr) {
   dt_metrics_close(&tr->metrics);
   dt_ddp_free(&tr->ddp);
+  dt_ckpt_ranges_free(&tr->zero_optim);
+  dt_zero_free(&tr->zero);
   if (tr->dev_dp_comm) tr->dev_dp_comm->ops->free(tr->dev_dp_comm);
   free(tr->host_arena);
   free(tr->inputs);
@@ -394,7 +412,8 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   double lr = dt_lr_at(c, tr->step);
   DT_TRY(be->ops->zero_grad(be));
   be->loss_scale = tr->scaler.scale; /* 1 unless fp16 */
-  if (dp > 1) dt_ddp_begin(&tr->ddp);
+  int ddp = dp > 1 && tr->zero.stage == 0; /* ZeRO reduce-scatters after the last backward instead */
+  if (ddp) dt_ddp_begin(&tr->ddp);
   double loss_sum = 0;
   uint64_t slice = tr->sample_pos + (uint64_t)tr->mesh.dp_idx * (uint64_t)tr->accum * (uint64_t)tr->B;
   for (int k = 0; k < tr->accum; k++) {
@@ -403,13 +422,14 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
     DT_TRY(be->ops->forward(be, tr->inputs, tr->targets, tr->B, tr->T, &loss));
     loss_sum += loss;
     int last = k == tr->accum - 1;
-    DT_TRY(be->ops->backward(be, tr->accum, (last && dp > 1) ? dt_ddp_ready : NULL, &tr->ddp));
+    DT_TRY(be->ops->backward(be, tr->accum, (last && ddp) ? dt_ddp_ready : NULL, &tr->ddp));
   }
-  if (dp > 1) {
+  if (ddp) {
     DT_TRY(dt_ddp_finish(&tr->ddp));
     tr->t_comm_wait_sum += tr->ddp.t_comm_wait;
     tr->n_timed_steps++;
   }
+  if (tr->zero.stage > 0) DT_TRY(dt_zero_reduce_grads(&tr->zero, be->grads)); /* this rank's shard, averaged */
   if (dt_fault("bad_math", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: block 1's grads */
     dt_fault_scale(be->grads + tr->lay.layer_begin[1], tr->lay.layer_begin[2] - tr->lay.layer_begin[1], DT_FAULT_BAD_MATH_SCALE);
   if (dt_fault("slow_rank", tr->mesh.rank, tr->step + 1)) dt_fault_sleep(DT_FAULT_SLOW_RANK_S); /* test-only */
@@ -423,6 +443,8 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   int skip = 0;
   const float scale = tr->scaler.scale;
   if (tr->scaler.enabled) DT_TRY(dt_scaler_agree(&tr->scaler, tr->mesh.world, tr->mesh.rank, sumsq, &skip));
+  if (tr->zero.stage > 0 && !skip) /* shard sums of squares -> the global norm's */
+    DT_TRY(tr->zero.comm->ops->allreduce(tr->zero.comm, &sumsq, &sumsq, 1, DT_F64, DT_SUM, NULL, NULL));
   double norm = sqrt(sumsq) / scale; /* of the unscaled gradients (exact: scale is a power of two) */
   if (!skip && !isfinite(norm))
     return DT_ERR(DT_ERR_NUMERIC, "rank %d: step %d: gradient norm is %g", tr->mesh.rank, tr->step + 1, norm);
@@ -432,6 +454,7 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
                          .grad_scale = dt_clip_scale(norm, c->grad_clip) / scale,
                          .t = (int)(tr->step - tr->scaler.skipped) + 1};
     DT_TRY(be->ops->adamw(be, &a));
+    if (tr->zero.stage > 0) DT_TRY(dt_zero_gather_params(&tr->zero, be->params));
   }
   dt_scaler_update(&tr->scaler, skip);
   if (tr->scaler.enabled && is_root(tr) && (skip || tr->scaler.scale != scale))
@@ -538,7 +561,7 @@ dt_status_t dt_trainer_run(dt_trainer_t *tr) {
   if (is_root(tr) && tr->mesh.dp > 1 && tr->n_timed_steps > 0) {
     double wait = tr->t_comm_wait_sum / tr->n_timed_steps, full = tr->t_allreduce_full;
     printf("# ddp: %d buckets; waiting for gradients after backward %.1f ms/step (rank 0 mean) vs %.1f ms for a "
-           "blocking all-reduce of all gradients: %.0f%% of the all-reduce hidden behind backward\n",
+           "blocking all-reduce of all gradients (bucket by bucket): %.0f%% of the all-reduce hidden behind backward\n",
            tr->ddp.n_buckets, 1e3 * wait, 1e3 * full, full > 0 ? 100.0 * fmax(0.0, 1.0 - wait / full) : 0.0);
   }
   if (is_root(tr)) dt_plan_print_rss(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, stdout); /* measured vs plan */

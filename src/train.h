@@ -7,6 +7,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "ckpt.h"
 #include "config.h"
 #include "data.h"
 #include "ddp.h"
@@ -14,6 +15,7 @@
 #include "metrics.h"
 #include "model.h"
 #include "precision.h"
+#include "zero.h"
 
 /* Exit status when a signal stopped training after a checkpoint was written: the sbatch
  * templates requeue the job on it (EX_TEMPFAIL). */
@@ -43,6 +45,8 @@ typedef struct {
   double t_comm_wait_sum;  /* time waiting for gradient all-reduces after backward, summed */
   int n_timed_steps;
   dt_scaler_t scaler;      /* fp16 dynamic loss scaling (disabled: scale 1); skipped-step count */
+  dt_zero_t zero;          /* parallel.zero: the optimizer-state shard of this rank */
+  dt_ckpt_ranges_t zero_optim; /* zero >= 1: the checkpoint boxes of that shard (m, v) */
 } dt_trainer_t;
 
 /* Data-parallel size and micro-steps per optimizer step for `world` ranks. Pure (no MPI), so a

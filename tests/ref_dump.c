@@ -88,6 +88,7 @@ int main(int argc, char **argv) {
   dt_layout_t lay;
   CHECK(dt_layout_init(&lay, dt_dims_from_config(&cfg)));
   dt_backend_t be;
+  memset(&be, 0, sizeof be);
   CHECK(dt_backend_cpu.init(&be, &lay, B, T, 2));
   dt_model_init_params(&lay, be.params, 1234);
   /* give biases and layernorm parameters non-trivial values so their code paths are exercised */

@@ -48,6 +48,7 @@ Test(optim, backend_adamw_decay_and_scale) {
   dt_layout_t lay;
   cr_assert_eq(dt_layout_init(&lay, d), DT_OK);
   dt_backend_t be;
+  memset(&be, 0, sizeof be);
   cr_assert_eq(dt_backend_cpu.init(&be, &lay, 1, 4, 1), DT_OK, "%s", dt_err_msg());
   for (size_t i = 0; i < lay.n_params; i++) be.params[i] = 0.5f, be.grads[i] = 0.25f;
   dt_adamw_args_t a = {.lr = 0.01f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f,

@@ -60,11 +60,12 @@ Test(plan, zero_stages_divide_exactly) {
   cr_assert_eq(P.z[2].params, 4 * n);
   cr_assert_eq(P.z[3].params, s);
   cr_assert_eq(P.z[3].wparams, s);
-  /* buffers: DDP reduces in place; ZeRO-2/3 one 25 MiB bucket; ZeRO-3 gathers 2 groups, the
+  /* buffers: DDP 2 buckets of MPI temporaries (2 all-reduces in flight); ZeRO 1-3 + one 25 MiB
+   * staging bucket; ZeRO-3 gathers 2 groups, the
    * largest being the embeddings wte + wpe = (50304 + 1024) * 1600 floats */
-  cr_assert_eq(P.z[0].comm, 0);
-  cr_assert_eq(P.z[1].comm, 0);
-  cr_assert_eq(P.z[2].comm, 25.0 * 1048576);
+  cr_assert_eq(P.z[0].comm, 2 * 25.0 * 1048576);
+  cr_assert_eq(P.z[1].comm, 3 * 25.0 * 1048576);
+  cr_assert_eq(P.z[2].comm, 3 * 25.0 * 1048576);
   cr_assert_eq(P.z[3].gather, 2 * 4 * (50304.0 + 1024) * 1600);
   cr_assert_eq(P.z[2].gather, 0);
   /* totals: sum of the rows; activations do not depend on the stage */

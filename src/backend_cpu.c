@@ -395,8 +395,10 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
 
   if (be->wparams != be->params) dt_prec_round_copy(be->wparams, be->params, lay->n_params, be->precision);
   const float *wte = be->wparams + lay->tensors[0].offset, *wpe = be->wparams + lay->tensors[1].offset;
-  if (im->tp > 1) DT_TRY(tp_encoder_forward(be, a->encoded, inputs, wte, wpe, B, T, C));
+  dt_status_t st = DT_OK;
+  if (im->tp > 1) DT_PROF(DT_PROF_ENCODER, st = tp_encoder_forward(be, a->encoded, inputs, wte, wpe, B, T, C));
   else DT_PROF(DT_PROF_ENCODER, dt_encoder_forward(a->encoded, inputs, wte, wpe, B, T, C));
+  DT_TRY(st);
   STORE(a->encoded, N * C);
   const float *x = a->encoded; /* (B,T,C) residual stream entering block l */
   for (int l = 0; l < L; l++) {
@@ -411,7 +413,6 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
     STORE(qkv, N * 3 * Cl);
     DT_PROF(DT_PROF_ATTENTION, dt_attention_forward(atty, alse, a->attscr, qkv, B, T, Cl, NHl, im->nthr));
     STORE(atty, N * Cl);
-    dt_status_t st = DT_OK;
     DT_PROF(DT_PROF_MATMUL, st = proj_residual(be, res2, atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), x, N, Cl, C));
     DT_TRY(st);
     STORE(res2, N * C);
@@ -438,8 +439,9 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
   im->logits_gen = im->param_gen;
   if (targets) {
     double m = 0.0;
-    if (im->tp > 1) DT_TRY(tp_crossentropy_forward(be, a->losses, a->lse, a->logits, targets, N, &m));
+    if (im->tp > 1) DT_PROF(DT_PROF_XENT, st = tp_crossentropy_forward(be, a->losses, a->lse, a->logits, targets, N, &m));
     else DT_PROF(DT_PROF_XENT, m = dt_crossentropy_forward(a->losses, a->lse, a->logits, targets, N, V, Vpl));
+    DT_TRY(st);
     if (loss) *loss = (float)m;
   }
   return DT_OK;
@@ -515,7 +517,7 @@ static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn re
     if (ready) ready(ctx, lay->layer_begin[1 + l], lay->layer_begin[2 + l]);
     if (be->layer_hook) DT_TRY(be->layer_hook(be->hook_ctx, l, DT_HOOK_BWD_DONE));
   }
-  if (tp > 1) tp_encoder_backward(im, dwte, dwpe, a->dres, a->inputs, B, T, C);
+  if (tp > 1) DT_PROF(DT_PROF_ENCODER, tp_encoder_backward(im, dwte, dwpe, a->dres, a->inputs, B, T, C));
   else DT_PROF(DT_PROF_ENCODER, dt_encoder_backward(dwte, dwpe, a->dres, a->inputs, B, T, C));
   if (ready) ready(ctx, lay->layer_begin[0], lay->layer_begin[1]);
   return DT_OK;

@@ -13,7 +13,7 @@
  * column/row parallel weights, vocab-parallel wte); layernorms, row-parallel biases and wpe are
  * replicated. pp gives each stage contiguous blocks balanced by parameter count, the embeddings
  * on the first stage, ln_f and (tied) a copy of wte on the last; 1F1B keeps pp - s micro-batches
- * of activations in flight on stage s. dtrain runs tp = pp = 1 only: other layouts are plans. */
+ * of activations in flight on stage s. dtrain runs pp = 1 only (tp > 1 on the CPU backend): other layouts are plans. */
 #include "plan.h"
 
 #include <ctype.h>
@@ -326,8 +326,10 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   pl(o, prefix, "plan: world %d = dp %d x tp %d x pp %d; micro_batch %d x seq_len %d x grad_accum %d; precision %s; "
      "bucket %d MiB; %d CPU threads", world, dp, in->tp, in->pp, in->B, in->T, in->accum, prec, in->bucket_mb,
      in->threads);
-  if (in->tp > 1 || in->pp > 1)
-    pl(o, prefix, "plan: note: dtrain trains tp = pp = 1 only; tp/pp numbers are what that layout would need");
+  if (in->pp > 1)
+    pl(o, prefix, "plan: note: dtrain trains pp = 1 only; pp numbers are what that layout would need");
+  if (in->tp > 1)
+    pl(o, prefix, "plan: note: tp > 1 trains on the CPU backend only (the CUDA backend rejects it)");
   pl(o, prefix, "plan: units: GB = 1e9 bytes, GiB = 2^30 bytes");
   pl(o, prefix, "plan: whole model on one rank (%.4g floats; 4 B each in fp32):", n);
   pl(o, prefix, "  parameters (fp32)        %.4g x 4 B  = %7.2f GB", n, 4 * n / GB);
@@ -494,7 +496,7 @@ static int usage(FILE *out, int code) {
           "copy, gradients, AdamW moments, activations of the CPU and CUDA backends, buffers), whether it\n"
           "fits --device-mem (default 80GiB; suffixes B K M G T = powers of 1024, KB MB GB TB = of 1000,\n"
           "KiB MiB GiB TiB), and a datasheet roofline of one step on A100 and H100. --world defaults to\n"
-          "parallel.dp x tp x pp (dp = 0 read as 1). parallel.tp/pp > 1 are planned, not runnable.\n");
+          "parallel.dp x tp x pp (dp = 0 read as 1). parallel.pp > 1 is planned, not runnable; tp > 1 runs on the CPU backend.\n");
   return code;
 }
 

@@ -707,6 +707,7 @@ static void model_ctx_free(mctx_t *m) {
 /* A tiny model with random biases / layernorm parameters and a fixed batch. */
 static void tiny_setup(dt_layout_t *lay, dt_backend_t *be, int B, int T, int *inp, int *tgt, int nseq) {
   cr_assert_eq(dt_layout_init(lay, tiny), DT_OK);
+  memset(be, 0, sizeof *be); /* fields a caller may set before init (opt_lo/opt_hi) start unset */
   cr_assert_eq(dt_backend_find("cpu")->init(be, lay, B, T, 2), DT_OK, "%s", dt_err_msg());
   dt_model_init_params(lay, be->params, 5);
   dt_rng_t r;
@@ -836,6 +837,7 @@ Test(model, smaller_T_and_logits_only) {
   dt_backend_t be = {0}, be3 = {0};
   int inp[MB * MT], tgt[MB * MT];
   tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
+  memset(&be3, 0, sizeof be3);
   cr_assert_eq(dt_backend_cpu.init(&be3, &lay, 1, 3, 0), DT_OK);
   memcpy(be3.params, be.params, lay.n_params * sizeof(float));
   /* T=3, B=1 on the big backend equals a backend built for (1, 3); inputs use the first 3 tokens */

@@ -80,6 +80,7 @@ enum { B = 2, T = 8 };
 
 static void setup(dt_layout_t *lay, dt_backend_t *be, dt_precision_t p, int *inp, int *tgt) {
   cr_assert_eq(dt_layout_init(lay, dims), DT_OK);
+  memset(be, 0, sizeof *be); /* fields a caller may set before init (opt_lo/opt_hi) start unset */
   cr_assert_eq(dt_backend_cpu.init(be, lay, B, T, 1), DT_OK, "%s", dt_err_msg());
   cr_assert_eq(be->ops->set_precision(be, p), DT_OK, "%s", dt_err_msg());
   dt_model_init_params(lay, be->params, 11);

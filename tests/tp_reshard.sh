@@ -4,7 +4,7 @@
 # (4, 1) and on one rank (tp = 1, grad_accum 2), same global batch. Steps 11-20 must match the
 # uninterrupted (2, 2) run within 1e-5 relative loss (only summation order differs, see
 # tp_equiv.sh) and consume the same global samples. Then the other way: a checkpoint written at
-# tp = 4 resumes at tp = 2.
+# tp = 4 resumes at tp = 2, and `dtrain eval` gives the same loss at tp = 1, 2, 4.
 source "$top_srcdir/tests/lib.sh"
 ensure_data
 t=$(tmpdir)
@@ -44,5 +44,18 @@ for n, what in (("tp4", "(2,2) checkpoint at (1,4)"), ("dp4", "(2,2) checkpoint 
         worst = max(worst, rel)
         assert rel <= 1e-5, f"{n} step {r['step']}: {r['loss']} vs {x['loss']} rel {rel:.2e}"
     print(f"step-10 {what}: steps 11-20 same samples, worst loss difference {worst:.2e} (limit 1e-5)")
+PY
+# dtrain eval reads its shard too: the (2,2) checkpoint's validation loss at tp = 1, 2, 4.
+for n in 1 2 4; do
+  mpi "$n" "$DTRAIN" eval "$cfg" $m parallel.tp=$n --checkpoint "$t/c/ckpt_00000010.h5" --data "$DATA/austen_val_*.bin" \
+    --batches 4 2> /dev/null | tail -1 | tee "$t/eval$n.txt"
+done
+"$PY" - "$t" <<'PY'
+import sys
+d = sys.argv[1]
+l = [float(open(f"{d}/eval{n}.txt").read().split()[-1]) for n in (1, 2, 4)]
+w = max(abs(x - l[0]) / l[0] for x in l)
+assert w <= 1e-5, f"eval losses at tp=1,2,4 {l} differ by {w:.2e}"
+print(f"dtrain eval at tp=1,2,4: {l} agree within {w:.2e} (limit 1e-5)")
 PY
 echo "tp_reshard: OK"

@@ -52,7 +52,7 @@ const dt_config_key_t dt_config_keys[] = {
   {"parallel", "dp",        DT_KEY_INT, OFF(dp),        "0", 0, 1 << 20, NULL, "data-parallel ranks; 0 = auto (world size / (tp*pp))"},
   {"parallel", "tp",        DT_KEY_INT, OFF(tp),        "1", 1, 1 << 20, NULL, "tensor-parallel ranks (Megatron-style, cpu backend; must divide n_head and the padded vocab)"},
   {"parallel", "pp",        DT_KEY_INT, OFF(pp),        "1", 1, 1 << 20, NULL, "pipeline-parallel stages (only 1 is supported yet)"},
-  {"parallel", "zero",      DT_KEY_INT, OFF(zero),      "0", 0, 3, NULL, "ZeRO stage over the dp group: 0 = DDP (full state on every rank), 1 = AdamW m, v sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded too (each bucket reduced to its owners during backward, the rest freed); 3 (FSDP) = parameters sharded too (each block gathered before its forward and backward, the next one prefetched, freed after; fp32 and tp = 1 only); CPU backend only"},
+  {"parallel", "zero",      DT_KEY_INT, OFF(zero),      "0", 0, 3, NULL, "ZeRO stage over the dp group: 0 = DDP (full state on every rank), 1 = AdamW m, v sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded too (each bucket reduced to its owners during backward, the rest freed); 3 (FSDP) = parameters sharded too (each block gathered before its forward and backward, the next one prefetched, freed after; fp32 only); CPU backend only"},
   {"parallel", "bucket_mb", DT_KEY_INT, OFF(bucket_mb), "25", 1, 1 << 16, NULL, "gradient all-reduce bucket size in MiB"},
 
   {"checkpoint", "dir",    DT_KEY_STR, OFF(ckpt_dir),   "checkpoints", 0, 0, NULL, "directory for checkpoint files"},
@@ -344,10 +344,10 @@ dt_status_t dt_config_validate(const dt_config_t *cfg, const char *name) {
     where(cfg, name, "train", "loss_scale_init", w, sizeof w);
     return DT_ERR(DT_ERR_CONFIG, "%s: %g is not a power of two (unscaling must be exact)", w, cfg->loss_scale_init);
   }
-  if (cfg->zero == 3 && (cfg->tp > 1 || strcmp(cfg->precision, "fp32") != 0)) {
+  if (cfg->zero == 3 && strcmp(cfg->precision, "fp32") != 0) {
     where(cfg, name, "parallel", "zero", w, sizeof w);
-    return DT_ERR(DT_ERR_CONFIG, "%s: stage 3 with %s is not implemented yet (fp32, tp = 1 only)", w,
-                  cfg->tp > 1 ? "parallel.tp > 1" : "train.precision bf16/fp16");
+    return DT_ERR(DT_ERR_CONFIG, "%s: stage 3 with train.precision = %s is not implemented yet (fp32 only)", w,
+                  cfg->precision);
   }
   if (cfg->pp > 1) {
     where(cfg, name, "parallel", "pp", w, sizeof w);

@@ -231,6 +231,11 @@ static dt_status_t host_arenas(dt_trainer_t *tr, int with_optim, int fetch, dt_c
         dt_ckpt_ranges_free(&all);
         o.full = 0;
         a->optim = o;
+        if (tr->zero.stage == 3) { /* the parameters: the same boxes, from every dp rank */
+          dt_ckpt_ranges_free(&a->model);
+          a->model = o;
+          a->params = tr->be.params + tr->zero.lo;
+        }
         if (st != DT_OK) arenas_release(tr, a);
         DT_TRY(st);
       }
@@ -334,13 +339,17 @@ static dt_status_t resume(dt_trainer_t *tr) {
 static dt_status_t check_replicated(dt_trainer_t *tr) {
   if (tr->lay.tp == 1) return DT_OK;
   uint64_t fp = 0;
+  int z3 = tr->zero.stage == 3; /* only this rank's ZeRO shard is current: compare it within the tp group */
+  size_t lo = z3 ? tr->zero.lo : 0, hi = z3 ? tr->zero.hi : tr->lay.n_params;
   for (int i = 0; i < tr->lay.n_tensors; i++) {
     const dt_tensor_t *t = &tr->lay.tensors[i];
-    if (!dt_tensor_sharded(t))
-      fp += params_fingerprint(tr->be.params + t->offset, (size_t)t->rows * t->cols) * (uint64_t)(2 * i + 1);
+    size_t a = t->offset > lo ? t->offset : lo, e = t->offset + (size_t)t->rows * t->cols;
+    if (e > hi) e = hi;
+    if (!dt_tensor_sharded(t) && a < e)
+      fp += params_fingerprint(tr->be.params + a, e - a) * (uint64_t)(2 * i + 1);
   }
   int64_t v[2] = {(int64_t)fp, -(int64_t)fp}, r[2];
-  dt_comm_t *c = tr->mesh.world; /* equal on all ranks: dp replicas are identical too */
+  dt_comm_t *c = z3 ? tr->mesh.tp_comm : tr->mesh.world; /* equal on all ranks: dp replicas are identical too */
   DT_TRY(c->ops->allreduce(c, v, r, 2, DT_I64, DT_MAX, NULL, NULL));
   if ((uint64_t)r[0] != fp || (uint64_t)(-r[1]) != fp)
     return DT_ERR(DT_ERR_INTERNAL, "rank %d: step %d: replicated parameters differ between tensor-parallel ranks",
@@ -383,6 +392,7 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
   float *host = cpu ? tr->be.params : malloc(sizeof(float) * tr->lay.n_params);
   if (!host) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   dt_status_t st = tr->zero.stage == 3 ? DT_OK : init_weights(tr, host);
+  if (tr->zero.stage == 3) dt_zero3_release(&tr->zero, 0, tr->lay.n_params); /* tp init wrote its whole shard */
   if (!cpu) free(host);
   DT_TRY(st);
   tr->saved_step = -1;

@@ -79,7 +79,8 @@ Test(config, consistency) {
   expect_invalid("[train]\nmicro_batch = 4\ngrad_accum = 3\nglobal_batch = 16\n", "not a multiple of micro_batch*grad_accum = 12");
   expect_invalid("[train]\nlr = 1e-3\nmin_lr = 1e-2\n", "t.ini:3: train.min_lr");
   expect_invalid("[model]\nn_head = 8\n[parallel]\ntp = 3\n", "t.ini:4: parallel.tp: 3 must divide model.n_head 8");
-  expect_invalid("[parallel]\ntp = 2\nzero = 1\n", "t.ini:3: parallel.zero: ZeRO together with parallel.tp > 1 is not implemented yet");
+  expect_invalid("[train]\nprecision = bf16\n[parallel]\nzero = 3\n",
+                 "t.ini:4: parallel.zero: stage 3 with train.precision = bf16 is not implemented yet (fp32 only)");
   expect_invalid("[train]\nprecision = fp16\nloss_scale_init = 1000\n",
                  "t.ini:3: train.loss_scale_init: 1000 is not a power of two");
   dt_config_t c;

@@ -13,12 +13,15 @@ trap 'rm -rf "$t"' EXIT
 cd "$top_builddir"
 common=("$top_srcdir/inputs/gpt2.ini" train.micro_batch=1 train.global_batch=1 model.seq_len=64 train.steps=1
         "data.train=$DATA/austen_train_*.bin" data.val= checkpoint.resume=never system.backend=cpu train.threads=1)
-mpi 1 /usr/bin/time -f "maxrss_kb %M" "$DTRAIN" "${common[@]}" checkpoint.dir="$t/c1" log.metrics="$t/1.jsonl" > "$t/1.out" 2> "$t/1.err"
-mpi 4 /usr/bin/time -f "maxrss_kb %M" "$DTRAIN" "${common[@]}" parallel.tp=4 checkpoint.dir="$t/c4" log.metrics="$t/4.jsonl" > "$t/4.out" 2> "$t/4.err"
+# each rank's /usr/bin/time appends one line to its own file (-a -o: O_APPEND, no interleaving
+# with the other ranks' stderr, which garbled the lines under load)
+mpi 1 /usr/bin/time -a -o "$t/1.rss" -f "maxrss_kb %M" "$DTRAIN" "${common[@]}" checkpoint.dir="$t/c1" log.metrics="$t/1.jsonl" > "$t/1.out" 2> "$t/1.err"
+mpi 4 /usr/bin/time -a -o "$t/4.rss" -f "maxrss_kb %M" "$DTRAIN" "${common[@]}" parallel.tp=4 checkpoint.dir="$t/c4" log.metrics="$t/4.jsonl" > "$t/4.out" 2> "$t/4.err"
 grep '^# memory' "$t/1.out" "$t/4.out"
-one=$(awk '/^maxrss_kb/ {print $2}' "$t/1.err")
-four=$(awk '/^maxrss_kb/ {if ($2 > m) m = $2; n++} END {if (n == 4) print m}' "$t/4.err")
-[ -n "$one" ] && [ -n "$four" ] || { echo "FAIL: missing maxrss lines"; cat "$t/1.err" "$t/4.err"; exit 1; }
+cat "$t/1.rss" "$t/4.rss"
+one=$(awk '/^maxrss_kb/ {print $2}' "$t/1.rss")
+four=$(awk '/^maxrss_kb/ {if ($2 > m) m = $2; n++} END {if (n == 4) print m}' "$t/4.rss")
+[ -n "$one" ] && [ -n "$four" ] || { echo "FAIL: missing maxrss lines"; cat "$t/1.rss" "$t/4.rss" "$t/1.err" "$t/4.err"; exit 1; }
 awk -v a="$one" -v b="$four" 'BEGIN {
   r = b / a
   printf "peak RSS: tp=1 %.1f MiB, tp=4 largest rank %.1f MiB = %.1f%% of tp=1 (limit 40%%)\n", a / 1024, b / 1024, 100 * r

@@ -552,4 +552,5 @@ static dt_status_t cu_logits_to_host(dt_backend_t *be, float *dst) {
 extern "C" const dt_backend_ops_t dt_backend_cuda = {
     "cuda",          cu_init,         cu_free,         cu_forward,        cu_backward,      cu_zero_grad,
     cu_grad_sumsq,   cu_adamw,        cu_copy_to_host, cu_copy_from_host, cu_logits_to_host, cu_set_precision,
+    NULL,            NULL, /* stage_forward, stage_backward: no pipeline parallelism on the GPU yet */
 };

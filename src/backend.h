@@ -63,6 +63,20 @@ typedef struct {
    * (precision.h); init leaves fp32. Call after init, before forward: allocates the working copy
    * be->wparams for bf16/fp16. */
   dt_status_t (*set_precision)(dt_backend_t *be, dt_precision_t p);
+  /* Pipeline parallelism (a layout from dt_layout_init_mp; NULL = not supported, CUDA). One
+   * stage's forward of a micro-batch into activation set `slot` (0 <= slot < be->slots; a set
+   * stays valid until its backward, so 1F1B keeps several micro-batches in flight). The first stage
+   * embeds `inputs` (host int32 (B, T)); the others start from x_in (B, T, C), the previous
+   * stage's y_out. The last stage computes the loss (with targets); the others write y_out (B, T,
+   * C) for the next stage. forward/backward above are the whole model's (pp = 1, slot 0). */
+  dt_status_t (*stage_forward)(dt_backend_t *be, int slot, const int *inputs, const int *targets, const float *x_in,
+                               int B, int T, float *loss, float *y_out);
+  /* Backward of set `slot`: the last stage from the loss, the others from dy (B, T, C) = d loss /
+   * d y_out (the next stage's dx). Gradients accumulate as in backward; ready() reports this
+   * stage's groups (absent groups are empty ranges). All but the first stage write dx (B, T, C) =
+   * d loss / d x_in for the previous stage. */
+  dt_status_t (*stage_backward)(dt_backend_t *be, int slot, int accum, const float *dy, float *dx,
+                                dt_grad_ready_fn ready, void *ctx);
 } dt_backend_ops_t;
 
 struct dt_backend {
@@ -76,6 +90,8 @@ struct dt_backend {
   float loss_scale;              /* backward differentiates loss * loss_scale (init: 1; fp16 loss
                                     scaling sets it before backward) */
   int B, T;                      /* activation capacity */
+  int slots;                     /* activation sets (pipeline micro-batches in flight), set by the
+                                    caller before init on a zeroed struct (0 = 1; stage_forward) */
   int threads;
   void *impl;                    /* backend-private state */
   int device;                    /* CUDA: device ordinal, set by the caller before init (CPU: unused) */
@@ -107,6 +123,9 @@ extern const dt_backend_ops_t dt_backend_cpu;
 size_t dt_cpu_activation_floats(const dt_dims_t *d, int B, int T, int nthr);
 /* The same for one rank of tensor parallelism tp (local heads, hidden and vocab widths). */
 size_t dt_cpu_activation_floats_tp(const dt_dims_t *d, int tp, int B, int T, int nthr);
+/* The same for a pipeline stage of nl blocks (with the final layernorm, lm_head and loss if
+ * `last`) keeping `slots` micro-batches of activations (one activation-gradient scratch). */
+size_t dt_cpu_activation_floats_stage(const dt_dims_t *d, int tp, int nl, int last, int slots, int B, int T, int nthr);
 #ifdef DT_HAVE_CUDA
 extern const dt_backend_ops_t dt_backend_cuda;
 /* Floats of the CUDA backend's activation arena for capacity (B, T) (keeps (B, NH, T, T)

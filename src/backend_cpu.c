@@ -24,7 +24,11 @@ const char *const dt_prof_names[DT_PROF_N] = {"encoder", "layernorm", "matmul", 
 double dt_profile_now(void) { return omp_get_wtime(); }
 
 /* Activations for capacity (B, T), llm.c's ActivationTensors minus what can be recomputed in
- * place. Per-layer tensors are strided by the capacity so smaller (B, T) reuse the same views. */
+ * place. Per-layer tensors are strided by the capacity so smaller (B, T) reuse the same views.
+ * With pipeline parallelism a rank runs only its stage's nl = l1 - l0 blocks (local layer index
+ * l - l0) and keeps one set per micro-batch in flight (be->slots); the activation-gradient
+ * scratch is shared by the sets. The (B, T, C) stage input sits in `encoded`. lnf..lse exist on
+ * the last stage only (NULL elsewhere). */
 typedef struct {
   float *encoded;            /* (B,T,C) */
   float *ln1, *ln1_mean, *ln1_rstd; /* (L,B,T,C), (L,B,T), (L,B,T) */
@@ -46,21 +50,24 @@ typedef struct {
   float *attscr;             /* per-thread attention scratch (dt_attention_scratch_floats) */
   float *xtmp;               /* tp > 1 only: (B,T) doubles for the vocab-parallel cross-entropy */
   /* no dlogits: backward turns `logits` into d loss / d logits in place (lm_head section) */
-  int *inputs, *targets;     /* (B,T) copies of the last forward's batch */
+  int *inputs, *targets;     /* (B,T) copies of this set's forward batch */
+  int B, T;                  /* of that forward */
+  int have_fwd, have_targets;
+  int logits_gone;           /* backward overwrote logits with dlogits */
+  unsigned long logits_gen;  /* param_gen at that forward */
 } cpu_acts_t;
 
 typedef struct {
   float *arena;
-  cpu_acts_t a;
+  cpu_acts_t *acts;     /* be->slots activation sets */
+  int nslots;
+  int l0, l1, first, last; /* pipeline stage: blocks [l0, l1), embeddings, ln_f + lm_head */
   size_t bt, btc, bth;  /* capacity strides: B*T, B*T*C, B*NH*T (NH: this rank's heads) */
   size_t btcl;          /* B*T*C/tp: stride of the per-rank-width activations (qkv, atty, fch) */
   int tp, Cl, NHl, Vpl, v0; /* tensor parallelism: degree, local C, heads, vocab rows, first vocab row */
   int nthr;             /* OpenMP threads the attention scratch is sized for */
   size_t grads_bytes;   /* length of the parameter and gradient arenas' mappings */
-  int B, T;             /* last forward */
-  int have_fwd, have_targets;
-  int logits_gone;                  /* backward overwrote logits with dlogits */
-  unsigned long param_gen, logits_gen; /* parameter updates so far; param_gen at the last forward */
+  unsigned long param_gen; /* parameter updates so far */
 } cpu_impl_t;
 
 static void *alloc_floats(size_t n) {
@@ -84,8 +91,11 @@ static void cpu_free(dt_backend_t *be) {
     if (be->grads) munmap(be->grads, im->grads_bytes);
     if (be->params) munmap(be->params, im->grads_bytes); /* the same size */
     free(im->arena);
-    free(im->a.inputs);
-    free(im->a.targets);
+    for (int k = 0; im->acts && k < im->nslots; k++) {
+      free(im->acts[k].inputs);
+      free(im->acts[k].targets);
+    }
+    free(im->acts);
     free(im);
   }
   free(be->m);
@@ -94,34 +104,42 @@ static void cpu_free(dt_backend_t *be) {
   be->impl = NULL;
 }
 
-/* Carve the activation arena; with base == NULL only count. Returns floats used. */
-static size_t carve(cpu_acts_t *a, float *base, const dt_dims_t *d, int tp, int B, int T, int nthr) {
-  size_t off = 0, L = d->L, bt = (size_t)B * T, C = d->C, Cl = C / tp;
-#define TAKE(field, n)                               \
-  do {                                               \
-    a->field = base ? base + off : NULL;             \
-    off += ((size_t)(n) + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN; \
+/* Carve the activation arena into nslots sets of a stage with nl blocks (lnf..lse if `last`)
+ * and the shared scratch; with base == NULL only count. Returns floats used. */
+static size_t carve(cpu_acts_t *sets, int nslots, float *base, const dt_dims_t *d, int tp, int nl, int last, int B,
+                    int T, int nthr) {
+  size_t off = 0, L = (size_t)nl, bt = (size_t)B * T, C = d->C, Cl = C / tp;
+  cpu_acts_t dummy, *a = &dummy;
+#define TAKE(field, n)                                                  \
+  do {                                                                  \
+    size_t n_ = (size_t)(n);                                            \
+    a->field = base && n_ ? base + off : NULL;                          \
+    off += (n_ + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN;                   \
   } while (0)
-  TAKE(encoded, bt * C);
-  TAKE(ln1, L * bt * C);
-  TAKE(ln1_mean, L * bt);
-  TAKE(ln1_rstd, L * bt);
-  TAKE(qkv, L * bt * 3 * Cl);
-  TAKE(atty, L * bt * Cl);
-  TAKE(att_lse, L * bt * (d->NH / tp));
-  TAKE(residual2, L * bt * C);
-  TAKE(ln2, L * bt * C);
-  TAKE(ln2_mean, L * bt);
-  TAKE(ln2_rstd, L * bt);
-  TAKE(fch, L * bt * 4 * Cl);
-  TAKE(fch_gelu, L * bt * 4 * Cl);
-  TAKE(residual3, L * bt * C);
-  TAKE(lnf, bt * C);
-  TAKE(lnf_mean, bt);
-  TAKE(lnf_rstd, bt);
-  TAKE(logits, bt * (d->Vp / tp));
-  TAKE(losses, bt);
-  TAKE(lse, bt);
+  for (int k = 0; k < nslots; k++) {
+    a = sets ? &sets[k] : &dummy;
+    TAKE(encoded, bt * C);
+    TAKE(ln1, L * bt * C);
+    TAKE(ln1_mean, L * bt);
+    TAKE(ln1_rstd, L * bt);
+    TAKE(qkv, L * bt * 3 * Cl);
+    TAKE(atty, L * bt * Cl);
+    TAKE(att_lse, L * bt * (d->NH / tp));
+    TAKE(residual2, L * bt * C);
+    TAKE(ln2, L * bt * C);
+    TAKE(ln2_mean, L * bt);
+    TAKE(ln2_rstd, L * bt);
+    TAKE(fch, L * bt * 4 * Cl);
+    TAKE(fch_gelu, L * bt * 4 * Cl);
+    TAKE(residual3, L * bt * C);
+    TAKE(lnf, last ? bt * C : 0);
+    TAKE(lnf_mean, last ? bt : 0);
+    TAKE(lnf_rstd, last ? bt : 0);
+    TAKE(logits, last ? bt * (d->Vp / tp) : 0);
+    TAKE(losses, last ? bt : 0);
+    TAKE(lse, last ? bt : 0);
+  }
+  a = sets ? &sets[0] : &dummy; /* the scratch, shared by every set */
   TAKE(dres, bt * C);
   TAKE(dtmp, bt * C);
   TAKE(dqkv, bt * 3 * Cl);
@@ -129,22 +147,30 @@ static size_t carve(cpu_acts_t *a, float *base, const dt_dims_t *d, int tp, int 
   TAKE(attscr, dt_attention_scratch_floats(T, nthr));
   TAKE(xtmp, tp > 1 ? 2 * bt : 0);
 #undef TAKE
+  for (int k = 1; sets && k < nslots; k++) {
+    sets[k].dres = a->dres, sets[k].dtmp = a->dtmp, sets[k].dqkv = a->dqkv, sets[k].dfch = a->dfch;
+    sets[k].attscr = a->attscr, sets[k].xtmp = a->xtmp;
+  }
   return off;
 }
 
 size_t dt_cpu_activation_floats(const dt_dims_t *d, int B, int T, int nthr) {
-  cpu_acts_t a;
-  return carve(&a, NULL, d, 1, B, T, nthr);
+  return carve(NULL, 1, NULL, d, 1, d->L, 1, B, T, nthr);
 }
 
 size_t dt_cpu_activation_floats_tp(const dt_dims_t *d, int tp, int B, int T, int nthr) {
-  cpu_acts_t a;
-  return carve(&a, NULL, d, tp, B, T, nthr);
+  return carve(NULL, 1, NULL, d, tp, d->L, 1, B, T, nthr);
+}
+
+size_t dt_cpu_activation_floats_stage(const dt_dims_t *d, int tp, int nl, int last, int slots, int B, int T, int nthr) {
+  return carve(NULL, slots, NULL, d, tp, nl, last, B, T, nthr);
 }
 
 static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads) {
   size_t opt_lo = be->opt_lo, opt_hi = be->opt_hi;
+  int slots = be->slots > 0 ? be->slots : 1;
   memset(be, 0, sizeof *be);
+  be->slots = slots;
   if (opt_hi > lay->n_params || opt_lo > opt_hi)
     return DT_ERR(DT_ERR_ARG, "cpu backend: optimizer range [%zu, %zu) outside the arena of %zu", opt_lo, opt_hi,
                   lay->n_params);
@@ -170,16 +196,25 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
   be->m = alloc_floats(dt_backend_opt_floats(be));
   be->v = alloc_floats(dt_backend_opt_floats(be));
   im->nthr = omp_get_max_threads();
-  size_t nact = dt_cpu_activation_floats_tp(&lay->d, tp, B, T, im->nthr); /* what `dtrain plan` counts */
+  dt_layout_stage(lay, &im->l0, &im->l1, &im->first, &im->last);
+  const int nl = im->l1 - im->l0;
+  /* what `dtrain plan` counts */
+  size_t nact = dt_cpu_activation_floats_stage(&lay->d, tp, nl, im->last, slots, B, T, im->nthr);
   im->arena = alloc_floats(nact);
-  im->a.inputs = calloc((size_t)B * T, sizeof(int));
-  im->a.targets = calloc((size_t)B * T, sizeof(int));
-  if (!be->params || !be->grads || !be->m || !be->v || !im->arena || !im->a.inputs || !im->a.targets) {
+  im->nslots = slots;
+  im->acts = calloc((size_t)slots, sizeof *im->acts);
+  int ints_ok = im->acts != NULL;
+  for (int k = 0; ints_ok && k < slots; k++) {
+    im->acts[k].inputs = calloc((size_t)B * T, sizeof(int));
+    im->acts[k].targets = calloc((size_t)B * T, sizeof(int));
+    ints_ok = im->acts[k].inputs && im->acts[k].targets;
+  }
+  if (!be->params || !be->grads || !be->m || !be->v || !im->arena || !ints_ok) {
     cpu_free(be);
     return DT_ERR(DT_ERR_NOMEM, "cpu backend: cannot allocate 4 x %zu parameter floats + %zu activation floats", n,
                   nact);
   }
-  carve(&im->a, im->arena, &lay->d, tp, B, T, im->nthr);
+  carve(im->acts, slots, im->arena, &lay->d, tp, nl, im->last, B, T, im->nthr);
   be->wparams = be->params;
   be->precision = DT_PREC_FP32;
   be->loss_scale = 1.0f;
@@ -312,7 +347,7 @@ static dt_status_t tp_crossentropy_forward(dt_backend_t *be, float *losses, floa
   const int V = be->lay->d.V, Vpl = im->Vpl, v0 = im->v0;
   int nv = V - v0 < Vpl ? V - v0 : Vpl; /* real vocab columns here */
   if (nv < 0) nv = 0;
-  double *sum = (double *)im->a.xtmp;
+  double *sum = (double *)im->acts[0].xtmp;
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
     const float *z = logits + (size_t)i * Vpl;
@@ -369,42 +404,56 @@ DT_CPU_VEC static void xent_backward_inplace(float *zd, const float *lse, const 
   }
 }
 
-static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *targets, int B, int T, float *loss) {
+static dt_status_t cpu_stage_forward(dt_backend_t *be, int slot, const int *inputs, const int *targets,
+                                     const float *x_in, int B, int T, float *loss, float *y_out) {
   cpu_impl_t *im = be->impl;
-  cpu_acts_t *a = &im->a;
   const dt_layout_t *lay = be->lay;
-  const int L = lay->d.L, C = lay->d.C, V = lay->d.V, N = B * T;
+  const int C = lay->d.C, V = lay->d.V, N = B * T;
   const int Cl = im->Cl, NHl = im->NHl, Vpl = im->Vpl; /* this rank's widths (tp = 1: C, NH, Vp) */
+  if (slot < 0 || slot >= im->nslots)
+    return DT_ERR(DT_ERR_ARG, "cpu backend: activation set %d of %d", slot, im->nslots);
+  cpu_acts_t *a = &im->acts[slot];
   if (B < 1 || T < 1 || B > be->B || T > be->T || (size_t)N > im->bt)
     return DT_ERR(DT_ERR_ARG, "cpu backend: forward with B=%d T=%d exceeds the capacity B=%d T=%d", B, T, be->B, be->T);
+  if (im->first ? !inputs : !x_in)
+    return DT_ERR(DT_ERR_ARG, "cpu backend: pipeline stage %d needs %s", lay->pp_rank,
+                  im->first ? "input tokens" : "the previous stage's activations (x_in)");
+  if (!im->last && !y_out)
+    return DT_ERR(DT_ERR_ARG, "cpu backend: pipeline stage %d of %d needs y_out for the next stage", lay->pp_rank,
+                  lay->pp);
   for (int i = 0; i < N; i++) {
-    if (inputs[i] < 0 || inputs[i] >= V)
+    if (im->first && (inputs[i] < 0 || inputs[i] >= V))
       return DT_ERR(DT_ERR_DATA, "cpu backend: input token %d at position %d is outside [0, %d)", inputs[i], i, V);
-    if (targets && (targets[i] < 0 || targets[i] >= V))
+    if (im->last && targets && (targets[i] < 0 || targets[i] >= V))
       return DT_ERR(DT_ERR_DATA, "cpu backend: target token %d at position %d is outside [0, %d)", targets[i], i, V);
   }
   if (im->tp > 1 && (!be->tp_comm || be->tp_comm->size != im->tp || be->tp_comm->rank != lay->tp_rank))
     return DT_ERR(DT_ERR_ARG, "cpu backend: the layout is tensor-parallel shard %d of %d but be->tp_comm is %s",
                   lay->tp_rank, im->tp, be->tp_comm ? "another group" : "not set");
-  memcpy(a->inputs, inputs, (size_t)N * sizeof(int));
+  if (im->first) memcpy(a->inputs, inputs, (size_t)N * sizeof(int));
   if (targets) memcpy(a->targets, targets, (size_t)N * sizeof(int));
-  im->B = B;
-  im->T = T;
-  im->have_fwd = 1;
-  im->have_targets = targets != NULL;
+  a->B = B;
+  a->T = T;
+  a->have_fwd = 1;
+  a->have_targets = targets != NULL;
 
   if (be->wparams != be->params) dt_prec_round_copy(be->wparams, be->params, lay->n_params, be->precision);
   const float *wte = be->wparams + lay->tensors[0].offset, *wpe = be->wparams + lay->tensors[1].offset;
   dt_status_t st = DT_OK;
-  if (im->tp > 1) DT_PROF(DT_PROF_ENCODER, st = tp_encoder_forward(be, a->encoded, inputs, wte, wpe, B, T, C));
-  else DT_PROF(DT_PROF_ENCODER, dt_encoder_forward(a->encoded, inputs, wte, wpe, B, T, C));
-  DT_TRY(st);
-  STORE(a->encoded, N * C);
+  if (!im->first) {
+    memcpy(a->encoded, x_in, (size_t)N * C * sizeof(float)); /* stored (rounded) by the previous stage */
+  } else {
+    if (im->tp > 1) DT_PROF(DT_PROF_ENCODER, st = tp_encoder_forward(be, a->encoded, inputs, wte, wpe, B, T, C));
+    else DT_PROF(DT_PROF_ENCODER, dt_encoder_forward(a->encoded, inputs, wte, wpe, B, T, C));
+    DT_TRY(st);
+    STORE(a->encoded, N * C);
+  }
   const float *x = a->encoded; /* (B,T,C) residual stream entering block l */
-  for (int l = 0; l < L; l++) {
+  for (int l = im->l0; l < im->l1; l++) {
     if (be->layer_hook) DT_TRY(be->layer_hook(be->hook_ctx, l, DT_HOOK_FWD));
-    size_t o = l * im->btc, ol = l * im->btcl, os = l * im->bt;
-    float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * ol, *atty = a->atty + ol, *alse = a->att_lse + l * im->bth;
+    const size_t j = (size_t)(l - im->l0); /* this stage's activation index */
+    size_t o = j * im->btc, ol = j * im->btcl, os = j * im->bt;
+    float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * ol, *atty = a->atty + ol, *alse = a->att_lse + j * im->bth;
     float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * ol, *fchg = a->fch_gelu + 4 * ol;
     float *res3 = a->residual3 + o;
     DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(ln1, a->ln1_mean + os, a->ln1_rstd + os, x, P(be, l, DT_LN1W), P(be, l, DT_LN1B), N, C));
@@ -428,6 +477,10 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
     x = res3;
     if (be->layer_hook) DT_TRY(be->layer_hook(be->hook_ctx, l, DT_HOOK_FWD_DONE));
   }
+  if (!im->last) { /* the residual stream goes on to the next stage */
+    memcpy(y_out, x, (size_t)N * C * sizeof(float));
+    return DT_OK;
+  }
   const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
   DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, be->wparams + lnfw->offset, be->wparams + lnfb->offset, N,
                        C));
@@ -435,8 +488,8 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
   /* tied lm_head: logits = lnf wte^T */
   DT_PROF(DT_PROF_LMHEAD, dt_matmul_forward(a->logits, a->lnf, wte, NULL, N, C, Vpl));
   STORE(a->logits, (size_t)N * Vpl);
-  im->logits_gone = 0;
-  im->logits_gen = im->param_gen;
+  a->logits_gone = 0;
+  a->logits_gen = im->param_gen;
   if (targets) {
     double m = 0.0;
     if (im->tp > 1) DT_PROF(DT_PROF_XENT, st = tp_crossentropy_forward(be, a->losses, a->lse, a->logits, targets, N, &m));
@@ -447,47 +500,67 @@ static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *t
   return DT_OK;
 }
 
-static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn ready, void *ctx) {
+static dt_status_t cpu_forward(dt_backend_t *be, const int *inputs, const int *targets, int B, int T, float *loss) {
   cpu_impl_t *im = be->impl;
-  cpu_acts_t *a = &im->a;
+  if (!im->first || !im->last)
+    return DT_ERR(DT_ERR_ARG, "cpu backend: forward of the whole model on pipeline stage %d of %d (stage_forward)",
+                  be->lay->pp_rank, be->lay->pp);
+  return cpu_stage_forward(be, 0, inputs, targets, NULL, B, T, loss, NULL);
+}
+
+static dt_status_t cpu_stage_backward(dt_backend_t *be, int slot, int accum, const float *dy, float *dx,
+                                      dt_grad_ready_fn ready, void *ctx) {
+  cpu_impl_t *im = be->impl;
   const dt_layout_t *lay = be->lay;
   const int L = lay->d.L, C = lay->d.C, V = lay->d.V;
   const int Cl = im->Cl, NHl = im->NHl, Vpl = im->Vpl, tp = im->tp; /* this rank's widths */
-  const int B = im->B, T = im->T, N = B * T;
+  if (slot < 0 || slot >= im->nslots)
+    return DT_ERR(DT_ERR_ARG, "cpu backend: activation set %d of %d", slot, im->nslots);
+  cpu_acts_t *a = &im->acts[slot];
+  const int B = a->B, T = a->T, N = B * T;
   int nv = V - im->v0 < Vpl ? V - im->v0 : Vpl; /* real vocab columns among the local logits */
-  if (!im->have_fwd || !im->have_targets)
+  if (!a->have_fwd || (im->last && !a->have_targets))
     return DT_ERR(DT_ERR_ARG, "cpu backend: backward needs a preceding forward with targets");
   if (accum < 1) return DT_ERR(DT_ERR_ARG, "cpu backend: backward with accum=%d (must be >= 1)", accum);
+  if ((!im->last && !dy) || (!im->first && !dx))
+    return DT_ERR(DT_ERR_ARG, "cpu backend: pipeline stage %d of %d needs %s", lay->pp_rank, lay->pp,
+                  !dy ? "dy from the next stage" : "dx for the previous stage");
 
   const float *wte = be->wparams + lay->tensors[0].offset;
   float *dwte = be->grads + lay->tensors[0].offset, *dwpe = be->grads + lay->tensors[1].offset;
-  const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
-  const float *x_last = L > 0 ? a->residual3 + (size_t)(L - 1) * im->btc : a->encoded;
+  const size_t nl = (size_t)(im->l1 - im->l0);
+  const float *x_last = nl > 0 ? a->residual3 + (nl - 1) * im->btc : a->encoded;
 
-  /* loss = mean over B*T, divided by accum, times the loss scale (1 unless fp16); dlogits replace
-   * the logits in place (one (B,T,Vp) buffer instead of two: 206 MB less at GPT-2 124M, B=4, T=256) */
-  if (im->logits_gone) { /* a repeated backward: recompute the logits the first one consumed */
-    if (im->param_gen != im->logits_gen)
-      return DT_ERR(DT_ERR_ARG, "cpu backend: backward again after a parameter update needs a new forward");
-    DT_PROF(DT_PROF_LMHEAD, dt_matmul_forward(a->logits, a->lnf, wte, NULL, N, C, Vpl));
+  if (!im->last) {
+    memcpy(a->dres, dy, (size_t)N * C * sizeof(float)); /* d loss / d (this stage's output) */
+  } else {
+    const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
+    /* loss = mean over B*T, divided by accum, times the loss scale (1 unless fp16); dlogits replace
+     * the logits in place (one (B,T,Vp) buffer instead of two: 206 MB less at GPT-2 124M, B=4, T=256) */
+    if (a->logits_gone) { /* a repeated backward: recompute the logits the first one consumed */
+      if (im->param_gen != a->logits_gen)
+        return DT_ERR(DT_ERR_ARG, "cpu backend: backward again after a parameter update needs a new forward");
+      DT_PROF(DT_PROF_LMHEAD, dt_matmul_forward(a->logits, a->lnf, wte, NULL, N, C, Vpl));
+      STORE(a->logits, (size_t)N * Vpl);
+    }
+    DT_PROF(DT_PROF_XENT, xent_backward_inplace(a->logits, a->lse, a->targets, be->loss_scale / ((float)N * accum), N, nv, Vpl, im->v0));
     STORE(a->logits, (size_t)N * Vpl);
+    a->logits_gone = 1;
+    DT_PROF(DT_PROF_LMHEAD, dt_matmul_backward(a->dtmp, dwte, NULL, a->logits, a->lnf, wte, N, C, Vpl));
+    if (tp > 1) DT_TRY(tp_allreduce(be, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
+    STORE(a->dtmp, N * C);
+    DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, be->grads + lnfw->offset, be->grads + lnfb->offset, NULL, a->dtmp, x_last,
+                          be->wparams + lnfw->offset, a->lnf_mean, a->lnf_rstd, N, C));
+    STORE(a->dres, N * C);
+    if (ready) ready(ctx, lay->layer_begin[L + 1], lay->layer_begin[L + 2]);
   }
-  DT_PROF(DT_PROF_XENT, xent_backward_inplace(a->logits, a->lse, a->targets, be->loss_scale / ((float)N * accum), N, nv, Vpl, im->v0));
-  STORE(a->logits, (size_t)N * Vpl);
-  im->logits_gone = 1;
-  DT_PROF(DT_PROF_LMHEAD, dt_matmul_backward(a->dtmp, dwte, NULL, a->logits, a->lnf, wte, N, C, Vpl));
-  if (tp > 1) DT_TRY(tp_allreduce(be, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
-  STORE(a->dtmp, N * C);
-  DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, be->grads + lnfw->offset, be->grads + lnfb->offset, NULL, a->dtmp, x_last,
-                        be->wparams + lnfw->offset, a->lnf_mean, a->lnf_rstd, N, C));
-  STORE(a->dres, N * C);
-  if (ready) ready(ctx, lay->layer_begin[L + 1], lay->layer_begin[L + 2]);
 
-  for (int l = L - 1; l >= 0; l--) {
+  for (int l = im->l1 - 1; l >= im->l0; l--) {
     if (be->layer_hook) DT_TRY(be->layer_hook(be->hook_ctx, l, DT_HOOK_BWD));
-    size_t o = l * im->btc, ol = l * im->btcl, os = l * im->bt;
-    const float *x = l > 0 ? a->residual3 + o - im->btc : a->encoded;
-    const float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * ol, *atty = a->atty + ol, *alse = a->att_lse + l * im->bth;
+    const size_t j = (size_t)(l - im->l0);
+    size_t o = j * im->btc, ol = j * im->btcl, os = j * im->bt;
+    const float *x = j > 0 ? a->residual3 + o - im->btc : a->encoded;
+    const float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * ol, *atty = a->atty + ol, *alse = a->att_lse + j * im->bth;
     const float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * ol, *fchg = a->fch_gelu + 4 * ol;
     /* dres holds d loss / d residual3[l] */
     DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg, P(be, l, DT_FCPROJW), N,
@@ -517,10 +590,24 @@ static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn re
     if (ready) ready(ctx, lay->layer_begin[1 + l], lay->layer_begin[2 + l]);
     if (be->layer_hook) DT_TRY(be->layer_hook(be->hook_ctx, l, DT_HOOK_BWD_DONE));
   }
-  if (tp > 1) DT_PROF(DT_PROF_ENCODER, tp_encoder_backward(im, dwte, dwpe, a->dres, a->inputs, B, T, C));
-  else DT_PROF(DT_PROF_ENCODER, dt_encoder_backward(dwte, dwpe, a->dres, a->inputs, B, T, C));
+  if (!im->first) {
+    memcpy(dx, a->dres, (size_t)N * C * sizeof(float)); /* d loss / d x_in, for the previous stage */
+  } else {
+    if (tp > 1) DT_PROF(DT_PROF_ENCODER, tp_encoder_backward(im, dwte, dwpe, a->dres, a->inputs, B, T, C));
+    else DT_PROF(DT_PROF_ENCODER, dt_encoder_backward(dwte, dwpe, a->dres, a->inputs, B, T, C));
+  }
+  /* the embeddings group: wte + wpe on the first stage, the lm_head's copy of wte (final since
+   * the lm_head backward above) on a last stage that is not the first, empty elsewhere */
   if (ready) ready(ctx, lay->layer_begin[0], lay->layer_begin[1]);
   return DT_OK;
+}
+
+static dt_status_t cpu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn ready, void *ctx) {
+  cpu_impl_t *im = be->impl;
+  if (!im->first || !im->last)
+    return DT_ERR(DT_ERR_ARG, "cpu backend: backward of the whole model on pipeline stage %d of %d (stage_backward)",
+                  be->lay->pp_rank, be->lay->pp);
+  return cpu_stage_backward(be, 0, accum, NULL, NULL, ready, ctx);
 }
 
 /* memset split across the threads (one thread cannot saturate memory bandwidth) */
@@ -548,25 +635,26 @@ DT_CPU_VEC static double sumsq(const float *restrict g, long n) {
 
 static dt_status_t grad_sumsq_impl(dt_backend_t *be, double *out) {
   const dt_layout_t *lay = be->lay;
-  if (lay->tp <= 1) { /* the optimizer range: the whole arena, or this rank's ZeRO shard */
+  if (lay->tp <= 1 && lay->pp <= 1) { /* the optimizer range: the whole arena, or this rank's ZeRO shard */
     size_t lo = be->opt_hi > be->opt_lo ? be->opt_lo : 0;
     *out = sumsq(be->grads + lo, (long)dt_backend_opt_floats(be));
     return DT_OK;
   }
   /* tp > 1: shards summed over the tp group, replicated tensors (equal on every tp rank) once;
-   * with ZeRO only the parts inside the optimizer range */
+   * with ZeRO only the parts inside the optimizer range. pp > 1: this stage's tensors without the
+   * tied copy of wte (the first stage counts wte; the trainer sums the stages) */
   size_t lo = be->opt_hi > be->opt_lo ? be->opt_lo : 0, hi = lo + dt_backend_opt_floats(be);
   double sh = 0.0, rep = 0.0;
   for (int i = 0; i < lay->n_tensors; i++) {
     const dt_tensor_t *t = &lay->tensors[i];
     size_t a = t->offset > lo ? t->offset : lo, z = t->offset + (size_t)t->rows * t->cols;
     if (z > hi) z = hi;
-    if (a >= z) continue;
+    if (a >= z || t->tied_copy) continue;
     double s = sumsq(be->grads + a, (long)(z - a));
     if (dt_tensor_sharded(t)) sh += s;
     else rep += s;
   }
-  DT_TRY(tp_allreduce(be, &sh, 1, DT_F64, DT_SUM));
+  if (lay->tp > 1) DT_TRY(tp_allreduce(be, &sh, 1, DT_F64, DT_SUM));
   *out = sh + rep;
   return DT_OK;
 }
@@ -631,17 +719,20 @@ static dt_status_t cpu_copy_from_host(dt_backend_t *be, dt_buf_t buf, size_t off
 static dt_status_t cpu_logits_to_host(dt_backend_t *be, float *dst) {
   cpu_impl_t *im = be->impl;
   const dt_dims_t *d = &be->lay->d;
-  if (!im->have_fwd) return DT_ERR(DT_ERR_ARG, "cpu backend: logits requested before any forward");
+  cpu_acts_t *a = &im->acts[0];
+  if (!a->have_fwd) return DT_ERR(DT_ERR_ARG, "cpu backend: logits requested before any forward");
   if (im->tp > 1)
     return DT_ERR(DT_ERR_UNSUPPORTED, "cpu backend: logits_to_host with tensor parallelism (each rank holds Vp/tp columns)");
-  if (!im->logits_gone) {
-    memcpy(dst, im->a.logits, (size_t)im->B * im->T * d->Vp * sizeof(float));
+  if (!im->first || !im->last)
+    return DT_ERR(DT_ERR_UNSUPPORTED, "cpu backend: logits_to_host with pipeline parallelism");
+  if (!a->logits_gone) {
+    memcpy(dst, a->logits, (size_t)a->B * a->T * d->Vp * sizeof(float));
     return DT_OK;
   }
-  if (im->param_gen != im->logits_gen)
+  if (im->param_gen != a->logits_gen)
     return DT_ERR(DT_ERR_ARG, "cpu backend: logits requested after backward and a parameter update (run a forward first)");
-  dt_matmul_forward(dst, im->a.lnf, be->wparams + be->lay->tensors[0].offset, NULL, im->B * im->T, d->C, d->Vp);
-  STORE(dst, (size_t)im->B * im->T * d->Vp); /* as the forward stored them */
+  dt_matmul_forward(dst, a->lnf, be->wparams + be->lay->tensors[0].offset, NULL, a->B * a->T, d->C, d->Vp);
+  STORE(dst, (size_t)a->B * a->T * d->Vp); /* as the forward stored them */
   return DT_OK;
 }
 
@@ -658,4 +749,6 @@ const dt_backend_ops_t dt_backend_cpu = {
     .copy_from_host = cpu_copy_from_host,
     .logits_to_host = cpu_logits_to_host,
     .set_precision = cpu_set_precision,
+    .stage_forward = cpu_stage_forward,
+    .stage_backward = cpu_stage_backward,
 };

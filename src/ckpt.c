@@ -150,10 +150,12 @@ dt_status_t dt_ckpt_ranges_add_flat(dt_ckpt_ranges_t *rs, const dt_layout_t *lay
   return DT_OK;
 }
 
-dt_status_t dt_ckpt_ranges_add_shards(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, int with_replicated) {
+dt_status_t dt_ckpt_ranges_add_shards(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, int with_replicated,
+                                      int with_tied) {
   rs->full = 0;
   for (int i = 0; i < lay->n_tensors; i++) {
     const dt_tensor_t *t = &lay->tensors[i];
+    if (t->absent || (t->tied_copy && !with_tied)) continue;
     int hr = dt_ckpt__hf_rows(lay, t);
     if (t->split == DT_SPLIT_NONE) {
       if (!with_replicated) continue;

@@ -78,11 +78,14 @@ dt_ckpt_arenas_t dt_ckpt_arenas_full(float *params, float *m, float *v);
  * buffer holding arena[begin..end)). A row or column range of one tensor is one
  * dt_ckpt_ranges_add box. */
 dt_status_t dt_ckpt_ranges_add_flat(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, size_t begin, size_t end);
-/* Append to rs (full = 0) the boxes of a tensor-parallel shard layout (dt_layout_init_tp): one box
- * per block of every split tensor (c_attn: 3), and with with_replicated the whole replicated
- * tensors too (save: tp rank 0 of the first dp replica only, so the boxes tile each tensor once;
- * load: every rank). Local offsets are arena offsets of lay. */
-dt_status_t dt_ckpt_ranges_add_shards(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, int with_replicated);
+/* Append to rs (full = 0) the boxes of a tensor-parallel shard and/or pipeline stage layout
+ * (dt_layout_init_mp): one box per block of every split tensor (c_attn: 3), with with_replicated
+ * the whole replicated tensors too (save: tp rank 0 of the first dp replica only, so the boxes
+ * tile each tensor once; load: every rank), and with with_tied the last stage's copy of wte (load;
+ * on save the first stage writes wte). Tensors of other stages are skipped. Local offsets are
+ * arena offsets of lay. */
+dt_status_t dt_ckpt_ranges_add_shards(dt_ckpt_ranges_t *rs, const dt_layout_t *lay, int with_replicated,
+                                      int with_tied);
 /* Append to rs the parts of the boxes of `in` that lie in local arena floats [begin, end), with
  * local offsets relative to `begin` (ZeRO shards of a tensor-parallel arena: m, v hold only
  * [begin, end) of the rank's tp shard). A box row cut by a bound becomes its own box. */

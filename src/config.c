@@ -51,7 +51,8 @@ const dt_config_key_t dt_config_keys[] = {
 
   {"parallel", "dp",        DT_KEY_INT, OFF(dp),        "0", 0, 1 << 20, NULL, "data-parallel ranks; 0 = auto (world size / (tp*pp))"},
   {"parallel", "tp",        DT_KEY_INT, OFF(tp),        "1", 1, 1 << 20, NULL, "tensor-parallel ranks (Megatron-style, cpu backend; must divide n_head and the padded vocab)"},
-  {"parallel", "pp",        DT_KEY_INT, OFF(pp),        "1", 1, 1 << 20, NULL, "pipeline-parallel stages (only 1 is supported yet)"},
+  {"parallel", "pp",        DT_KEY_INT, OFF(pp),        "1", 1, 1 << 20, NULL, "pipeline-parallel stages (cpu backend; at most n_layer): contiguous blocks balanced by parameter count, embeddings on the first stage, ln_f and the tied lm_head on the last, 1F1B schedule; not with zero > 0"},
+  {"parallel", "micro_batches", DT_KEY_INT, OFF(micro_batches), "0", 0, 1 << 20, NULL, "micro-batches per optimizer step that 1F1B pipelines (bubble (pp-1)/(micro_batches+pp-1)): another name for train.grad_accum; 0 = from it or global_batch"},
   {"parallel", "zero",      DT_KEY_INT, OFF(zero),      "0", 0, 3, NULL, "ZeRO stage over the dp group: 0 = DDP (full state on every rank), 1 = AdamW m, v sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded too (each bucket reduced to its owners during backward, the rest freed); 3 (FSDP) = parameters sharded too (each block gathered before its forward and backward, the next one prefetched, freed after; fp32 only); CPU backend only"},
   {"parallel", "bucket_mb", DT_KEY_INT, OFF(bucket_mb), "25", 1, 1 << 16, NULL, "gradient all-reduce bucket size in MiB"},
 
@@ -349,9 +350,20 @@ dt_status_t dt_config_validate(const dt_config_t *cfg, const char *name) {
     return DT_ERR(DT_ERR_CONFIG, "%s: stage 3 with train.precision = %s is not implemented yet (fp32 only)", w,
                   cfg->precision);
   }
-  if (cfg->pp > 1) {
+  if (cfg->pp > cfg->n_layer) {
     where(cfg, name, "parallel", "pp", w, sizeof w);
-    return DT_ERR(DT_ERR_CONFIG, "%s: pipeline parallelism is not yet supported (pp=1)", w);
+    return DT_ERR(DT_ERR_CONFIG, "%s: %d stages for model.n_layer = %d blocks (each stage needs at least one)", w,
+                  cfg->pp, cfg->n_layer);
+  }
+  if (cfg->pp > 1 && cfg->zero > 0) {
+    where(cfg, name, "parallel", "zero", w, sizeof w);
+    return DT_ERR(DT_ERR_CONFIG, "%s: ZeRO stage %d with parallel.pp = %d is not implemented yet (zero = 0 with pp > 1)",
+                  w, cfg->zero, cfg->pp);
+  }
+  if (cfg->micro_batches > 0 && cfg->grad_accum > 0 && cfg->micro_batches != cfg->grad_accum) {
+    where(cfg, name, "parallel", "micro_batches", w, sizeof w);
+    return DT_ERR(DT_ERR_CONFIG, "%s: %d disagrees with train.grad_accum = %d (the same number: give one)", w,
+                  cfg->micro_batches, cfg->grad_accum);
   }
   if (cfg->tp > 1 && (cfg->n_head % cfg->tp != 0 || dt_config_padded_vocab(cfg) % cfg->tp != 0)) {
     where(cfg, name, "parallel", "tp", w, sizeof w);

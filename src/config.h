@@ -51,6 +51,7 @@ typedef struct {
   int dp;            /* 0 = auto (world / (tp*pp)) */
   int tp;
   int pp;
+  int micro_batches; /* parallel.micro_batches: another name for grad_accum (0 = unset) */
   int bucket_mb;     /* DDP gradient bucket size in MiB */
   int zero;          /* ZeRO stage: 0 = plain DDP, 1 = AdamW state sharded over dp */
   /* [checkpoint] */

@@ -60,6 +60,7 @@ int dt_eval_main(int argc, char **argv) {
     return 2;
   }
   cfg.grad_accum = 0;
+  cfg.micro_batches = 0;
   cfg.global_batch = 0;
   static dt_trainer_t tr;
   dt_data_t *d = NULL;
@@ -72,9 +73,10 @@ int dt_eval_main(int argc, char **argv) {
   if (st == DT_OK) {
     int dev = tr.be.ops != &dt_backend_cpu; /* device backend: load into the host copy, then send it */
     dt_ckpt_arenas_t a = dt_ckpt_arenas_full(dev ? tr.host_arena : tr.be.params, NULL, NULL);
-    if (tr.lay.tp > 1) st = dt_ckpt_ranges_add_shards(&a.model, &tr.lay, 1); /* this rank's shard */
+    int part = tr.lay.tp > 1 || tr.lay.pp > 1; /* this rank's shard / stage */
+    if (part) st = dt_ckpt_ranges_add_shards(&a.model, &tr.lay, 1, 1);
     if (st == DT_OK) st = dt_ckpt_load(NULL, ckpt, &tr.lay, &a, NULL);
-    if (tr.lay.tp > 1) dt_ckpt_ranges_free(&a.model);
+    if (part) dt_ckpt_ranges_free(&a.model);
     if (st == DT_OK && dev)
       st = tr.be.ops->copy_from_host(&tr.be, DT_BUF_PARAMS, 0, tr.lay.n_params, tr.host_arena);
   }

@@ -87,9 +87,18 @@ long dt_tensor_local_index(const dt_tensor_t *t, int gr, int gc) {
   return -1;
 }
 
-dt_status_t dt_layout_init(dt_layout_t *lay, dt_dims_t d) { return dt_layout_init_tp(lay, d, 1, 0); }
+/* The tensor just added is not on this pipeline stage: it keeps its name and global shape (the
+ * checkpoint's datasets are the global model's) but holds nothing and takes no arena space. */
+static void drop_last(dt_layout_t *lay, size_t *off) {
+  dt_tensor_t *t = &lay->tensors[lay->n_tensors - 1];
+  *off = t->offset;
+  t->rows = t->cols = 0;
+  t->absent = 1;
+}
 
-dt_status_t dt_layout_init_tp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank) {
+/* The tp shard of rank tp_rank holding blocks [l0, l1), the embeddings (first), ln_f (last) and
+ * wte also on the last stage (a tied copy unless it is the first too). */
+static dt_status_t build(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank, int l0, int l1, int first, int last) {
   memset(lay, 0, sizeof *lay);
   lay->tp = tp;
   lay->tp_rank = tp_rank;
@@ -122,7 +131,10 @@ dt_status_t dt_layout_init_tp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank
   const int r = tp_rank, Ct = C / tp;
   const shard_t rep = {DT_SPLIT_NONE, 1, 0, 0};
   add_tensor(lay, &off, "wte.weight", d.Vp, C, 2, 1, 0, -1, (shard_t){DT_SPLIT_ROWS, 1, r * (d.Vp / tp), 0});
+  if (!first && !last) drop_last(lay, &off);
+  else if (!first) lay->tensors[0].tied_copy = 1;
   add_tensor(lay, &off, "wpe.weight", d.T, C, 2, 1, 0, -1, rep);
+  if (!first) drop_last(lay, &off);
   static const struct {
     const char *name;
     int out_mult, in_mult, ndim, transpose; /* rows = out_mult*C (1 for 1-D), cols = in_mult*C */
@@ -143,16 +155,110 @@ dt_status_t dt_layout_init_tp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank
       shard_t sh = {blk[i].split, blk[i].nblk, r * blk[i].mult * Ct, C};
       add_tensor(lay, &off, nm, two_d ? blk[i].out_mult * C : 1, blk[i].in_mult * C, blk[i].ndim, two_d,
                  blk[i].transpose, l, sh);
+      if (l < l0 || l >= l1) drop_last(lay, &off);
     }
   }
   lay->layer_begin[1 + d.L] = off;
   add_tensor(lay, &off, "ln_f.weight", 1, C, 1, 0, 0, d.L, rep);
+  if (!last) drop_last(lay, &off);
   add_tensor(lay, &off, "ln_f.bias", 1, C, 1, 0, 0, d.L, rep);
+  if (!last) drop_last(lay, &off);
   lay->layer_begin[2 + d.L] = off;
   lay->n_params = off;
   size_t total = 0;
   for (int i = 0; i < lay->n_tensors; i++) total += (size_t)lay->tensors[i].grows * lay->tensors[i].gcols;
   lay->n_params_true = total - (size_t)(d.Vp - d.V) * C;
+  lay->l0 = l0;
+  lay->l1 = l1;
+  return DT_OK;
+}
+
+dt_status_t dt_layout_init(dt_layout_t *lay, dt_dims_t d) { return dt_layout_init_mp(lay, d, 1, 0, 1, 0); }
+
+dt_status_t dt_layout_init_tp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank) {
+  return dt_layout_init_mp(lay, d, tp, tp_rank, 1, 0);
+}
+
+void dt_pp_split(int L, int pp, double emb, double blk, double head, int *blocks) {
+  if (pp <= 1 || pp > DT_PP_SPLIT_MAX) { /* (DT_PP_SPLIT_MAX >= n_layer's maximum, config.c) */
+    blocks[0] = L;
+    return;
+  }
+  /* Blocks are all the same size, so the largest stage of an optimal split is one of emb + k blk,
+   * k blk, head + k blk: take the smallest candidate into which L blocks fit, each stage >= 1. */
+  double best = INFINITY;
+  for (int k = 1; k <= L; k++) {
+    double cand[3] = {emb + k * blk, k * blk, head + k * blk};
+    for (int c = 0; c < 3; c++) {
+      double M = cand[c];
+      if (M >= best) continue;
+      long sum = 0;
+      int ok = 1;
+      for (int s = 0; s < pp; s++) {
+        double extra = (s == 0 ? emb : 0) + (s == pp - 1 ? head : 0);
+        long cap = (long)floor((M - extra) / blk + 1e-9);
+        if (cap < 1) ok = 0;
+        sum += cap;
+      }
+      if (ok && sum >= L) best = M;
+    }
+  }
+  /* Many splits reach that; of them take the one with the fewest blocks on the busiest stage
+   * (compute balance): fill every stage up to a common height h (within its cap), the smallest h
+   * that holds L blocks, and take any surplus from the last stages first (the last also runs the
+   * lm_head, the first only the cheap embedding lookup). */
+  long cap[DT_PP_SPLIT_MAX];
+  for (int s = 0; s < pp; s++) {
+    double extra = (s == 0 ? emb : 0) + (s == pp - 1 ? head : 0);
+    cap[s] = (long)floor((best - extra) / blk + 1e-9);
+  }
+  for (long h = 1; h <= L; h++) {
+    long sum = 0;
+    for (int s = 0; s < pp; s++) sum += cap[s] < h ? cap[s] : h;
+    if (sum < L) continue;
+    for (int s = 0; s < pp; s++) blocks[s] = (int)(cap[s] < h ? cap[s] : h);
+    for (int s = pp - 1; s >= 0 && sum > L; s--)
+      if (blocks[s] == h && h > 1) blocks[s]--, sum--;
+    break;
+  }
+}
+
+dt_status_t dt_layout_pp_groups(dt_dims_t d, int tp, double *emb, double *blk, double *lnf, double *wte) {
+  dt_layout_t f;
+  DT_TRY(build(&f, d, tp, 0, 0, d.L, 1, 1));
+  const size_t *g = f.layer_begin;
+  *emb = (double)(g[1] - g[0]);
+  *blk = (double)(g[2] - g[1]);
+  *lnf = (double)(g[d.L + 2] - g[d.L + 1]);
+  *wte = (double)(f.tensors[1].offset - f.tensors[0].offset);
+  dt_layout_free(&f);
+  return DT_OK;
+}
+
+dt_status_t dt_layout_init_mp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank, int pp, int pp_rank) {
+  memset(lay, 0, sizeof *lay);
+  if (pp < 1 || pp_rank < 0 || pp_rank >= pp)
+    return DT_ERR(DT_ERR_CONFIG, "parallel.pp: %d with pipeline stage %d is invalid", pp, pp_rank);
+  if (pp > d.L)
+    return DT_ERR(DT_ERR_CONFIG, "parallel.pp: %d stages for model.n_layer = %d blocks (each stage needs at least one)",
+                  pp, d.L);
+  if (pp == 1) {
+    DT_TRY(build(lay, d, tp, tp_rank, 0, d.L, 1, 1));
+  } else {
+    double emb, blk, lnf, wte;
+    DT_TRY(dt_layout_pp_groups(d, tp, &emb, &blk, &lnf, &wte));
+    double head = lnf + wte; /* ln_f and the lm_head's copy of wte */
+    int *blocks = malloc(sizeof(int) * (size_t)pp);
+    if (!blocks) return DT_ERR(DT_ERR_NOMEM, "model: out of memory");
+    dt_pp_split(d.L, pp, emb, blk, head, blocks);
+    int l0 = 0;
+    for (int s = 0; s < pp_rank; s++) l0 += blocks[s];
+    int l1 = l0 + blocks[pp_rank];
+    free(blocks);
+    DT_TRY(build(lay, d, tp, tp_rank, l0, l1, pp_rank == 0, pp_rank == pp - 1));
+  }
+  lay->pp = pp;
+  lay->pp_rank = pp_rank;
   return DT_OK;
 }
 
@@ -191,6 +297,7 @@ void dt_model_init_params_range(const dt_layout_t *lay, float *params, uint64_t 
   const double std = 0.02, std_resid = 0.02 / sqrt(2.0 * lay->d.L);
   for (int i = 0; i < lay->n_tensors; i++) {
     const dt_tensor_t *t = &lay->tensors[i];
+    if (t->absent) continue; /* on another pipeline stage */
     float *p = params + t->offset;
     size_t n = (size_t)t->rows * t->cols;
     if (t->ndim == 1) {

@@ -47,6 +47,11 @@ typedef struct {
   int grows, gcols;
   int split;       /* DT_SPLIT_NONE | DT_SPLIT_ROWS | DT_SPLIT_COLS */
   int nblk, g0, gstride;
+  /* Pipeline parallelism (dt_layout_init_mp): absent = the tensor lives on another stage (rows =
+   * cols = 0, no arena space; name and global shape kept); tied_copy = wte on the last stage when
+   * that is not the first: the lm_head's copy of the tied embedding, equal to the first stage's
+   * (gradients summed between the two), written to checkpoints and counted in norms once, there. */
+  int absent, tied_copy;
 } dt_tensor_t;
 
 enum { DT_SPLIT_NONE = 0, DT_SPLIT_ROWS = 1, DT_SPLIT_COLS = 2 };
@@ -60,6 +65,8 @@ typedef struct {
   size_t *layer_begin;     /* L+2 entries: arena offset where group g begins; groups: 0 = embeddings,
                               1..L = blocks, L+1 = ln_f; layer_begin[L+2] = n_params (array has L+3) */
   int tp, tp_rank;         /* tensor-parallel degree and this rank's index (1, 0 = whole model) */
+  int pp, pp_rank;         /* pipeline stages and this rank's stage (layouts built field by field: 0) */
+  int l0, l1;              /* blocks [l0, l1) are on this stage (dt_layout_stage reads them) */
 } dt_layout_t;
 
 dt_dims_t dt_dims_from_config(const dt_config_t *cfg);
@@ -75,6 +82,30 @@ dt_status_t dt_layout_init(dt_layout_t *lay, dt_dims_t d);
  * DT_ERR_CONFIG naming parallel.tp unless n_head % tp == 0 and Vp % tp == 0. n_params_true stays
  * the global count. */
 dt_status_t dt_layout_init_tp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank);
+/* Pipeline stage pp_rank of pp of that tp shard: contiguous blocks balanced by parameter count
+ * (dt_pp_split over dt_layout_pp_groups), wte and wpe on the first stage, ln_f and a tied copy of
+ * wte on the last. Tensors of other stages stay in the table, marked absent, so tensor indices,
+ * dt_layout_block and the layer_begin groups keep their global meaning (absent groups are empty
+ * ranges). DT_ERR_CONFIG naming parallel.pp unless 1 <= pp <= n_layer. pp = 1: dt_layout_init_tp. */
+dt_status_t dt_layout_init_mp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank, int pp, int pp_rank);
+/* Parameter floats per tp rank (alignment included) of the groups pp balances: the embeddings
+ * (wte + wpe), one block, ln_f, and wte alone (the last stage's head is ln_f + a copy of wte). */
+dt_status_t dt_layout_pp_groups(dt_dims_t d, int tp, double *emb, double *blk, double *lnf, double *wte);
+/* Blocks per stage: contiguous, each stage >= 1 block, minimising the largest stage's parameters
+ * where stage 0 also carries emb and stage pp-1 head (same-size blocks); among the splits that
+ * reach that minimum, the one with the fewest blocks on its busiest stage. blocks: pp entries
+ * (pp <= DT_PP_SPLIT_MAX; n_layer is at most that). */
+void dt_pp_split(int L, int pp, double emb, double blk, double head, int *blocks);
+#define DT_PP_SPLIT_MAX 1024
+/* This rank's blocks [*l0, *l1) (all of them for pp <= 1, incl. layouts built field by field),
+ * and whether it holds the embeddings (first) and ln_f + lm_head (last). */
+static inline void dt_layout_stage(const dt_layout_t *lay, int *l0, int *l1, int *first, int *last) {
+  int pp = lay->pp > 1;
+  *l0 = pp ? lay->l0 : 0;
+  *l1 = pp ? lay->l1 : lay->d.L;
+  *first = !pp || lay->pp_rank == 0;
+  *last = !pp || lay->pp_rank == lay->pp - 1;
+}
 /* Local arena offset of global element (gr, gc) of tensor t, or -1 if this shard does not hold it. */
 long dt_tensor_local_index(const dt_tensor_t *t, int gr, int gc);
 /* 1 if the tensor is split over tp ranks (its gradient's squares are summed over tp). */

@@ -13,7 +13,8 @@
  * column/row parallel weights, vocab-parallel wte); layernorms, row-parallel biases and wpe are
  * replicated. pp gives each stage contiguous blocks balanced by parameter count, the embeddings
  * on the first stage, ln_f and (tied) a copy of wte on the last; 1F1B keeps pp - s micro-batches
- * of activations in flight on stage s. dtrain runs pp = 1 only (tp > 1 on the CPU backend): other layouts are plans. */
+ * of activations in flight on stage s. tp > 1 and pp > 1 run on the CPU backend only; for the CUDA
+ * backend they are plans. */
 #include "plan.h"
 
 #include <ctype.h>
@@ -99,43 +100,12 @@ dt_status_t dt_plan_input(dt_plan_in_t *in, const dt_config_t *cfg, const char *
   return DT_OK;
 }
 
-/* Pipeline stages: contiguous blocks, each stage at least one, minimising the largest stage
- * (first stage + emb, last + head). Blocks are all the same size, so the optimum is one of the
- * loads emb + k blk, k blk, head + k blk; take the smallest that fits L blocks into pp stages. */
+/* Pipeline stages: dt_pp_split, the function dt_layout_init_mp splits the model with. */
 static void split_stages(dt_plan_t *p, double emb, double blk, double head) {
-  const int L = p->in.d.L, pp = p->in.pp;
-  if (pp == 1) {
-    p->stage_blocks[0] = L;
-    p->stage_params[0] = emb + L * blk + head;
-    return;
-  }
-  double best = INFINITY;
-  for (int k = 1; k <= L; k++) {
-    double cand[3] = {emb + k * blk, k * blk, head + k * blk};
-    for (int c = 0; c < 3; c++) {
-      double M = cand[c];
-      if (M >= best) continue;
-      long sum = 0;
-      int ok = 1;
-      for (int s = 0; s < pp; s++) {
-        double extra = (s == 0 ? emb : 0) + (s == pp - 1 ? head : 0);
-        long cap = (long)floor((M - extra) / blk + 1e-9);
-        if (cap < 1) ok = 0;
-        sum += cap;
-      }
-      if (ok && sum >= L) best = M;
-    }
-  }
-  int assigned = 0;
-  for (int s = 0; s < pp; s++) {
-    double extra = (s == 0 ? emb : 0) + (s == pp - 1 ? head : 0);
-    long cap = (long)floor((best - extra) / blk + 1e-9), room = L - assigned - (pp - s - 1);
-    int n = (int)(cap < room ? cap : room);
-    if (s == pp - 1) n = L - assigned;
-    p->stage_blocks[s] = n;
-    p->stage_params[s] = extra + n * blk;
-    assigned += n;
-  }
+  const int pp = p->in.pp;
+  dt_pp_split(p->in.d.L, pp, emb, blk, head, p->stage_blocks);
+  for (int s = 0; s < pp; s++)
+    p->stage_params[s] = (s == 0 ? emb : 0) + (s == pp - 1 ? head : 0) + p->stage_blocks[s] * blk;
 }
 
 static double ceil_div(double x, int n) { return ceil(x / n); }
@@ -156,19 +126,19 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
   DT_TRY(dt_layout_init(&lay, *d));
   p->n_arena = lay.n_params;
   p->n_true = lay.n_params_true;
-  /* parameter groups per tp rank: tp = 1 from the arena itself (alignment included), else the
-   * shapes: wte (Vp, C)/tp + wpe (T, C); block (12C^2 + 7C)/tp sharded + 6C replicated; ln_f 2C */
-  double emb, blk, head;
-  if (tp == 1) {
-    emb = (double)(lay.layer_begin[1] - lay.layer_begin[0]);
-    blk = (double)(lay.layer_begin[2] - lay.layer_begin[1]);
-    head = (double)(lay.layer_begin[L + 2] - lay.layer_begin[L + 1]);
+  /* parameter groups per tp rank: from the tp shard layout the trainer builds (alignment
+   * included, so the stage split is the trainer's) when tp divides the padded vocab; else (a
+   * layout dtrain cannot run, planned anyway) from the shapes: wte (Vp, C)/tp + wpe (T, C);
+   * block (12C^2 + 7C)/tp sharded + 6C replicated; ln_f 2C */
+  double emb, blk, head, wte;
+  if (d->Vp % tp == 0) {
+    DT_TRY(dt_layout_pp_groups(*d, tp, &emb, &blk, &head, &wte));
   } else {
     emb = (double)d->Vp * C / tp + (double)d->T * C;
     blk = (12 * C * C + 7 * C) / tp + 6 * C;
     head = 2 * C;
+    wte = (double)d->Vp * C / tp;
   }
-  const double wte = tp == 1 ? (double)lay.tensors[1].offset : (double)d->Vp * C / tp; /* wte (aligned) */
   if (pp > 1) head += wte; /* tied lm_head: the last stage holds a copy of wte */
   dt_layout_free(&lay);
   split_stages(p, emb, blk, head);
@@ -213,25 +183,32 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
         r.act_cpu = 4 * (double)dt_cpu_activation_floats(d, in->B, in->T, in->threads);
         r.act_gpu = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T);
       } else {
-        r.act_cpu = 4 * (c_fix - logits_sh + inflight * n_l * c_per_tp);
+        /* CPU: what the backend allocates for this stage (its blocks, the loss on the last stage,
+         * `inflight` micro-batches of activations); a tp that does not divide Vp cannot run:
+         * estimated like the GPU (fixed part on every stage, an upper bound) */
+        r.act_cpu = d->Vp % tp == 0 ? (double)dt_cpu_activation_floats_stage(d, tp, (int)n_l, s == pp - 1, inflight,
+                                                                                in->B, in->T, in->threads)
+                                    : c_fix - logits_sh + inflight * n_l * c_per_tp;
+        r.act_cpu *= 4;
         r.act_gpu = 4 * (g_fix - 2 * logits_sh + inflight * n_l * g_per_tp); /* logits + dlogits */
       }
       /* recomputation (not offered): keep each layer's input (B,T,C), recompute one layer */
       r.act_cpu_rc = r.act_cpu - 4 * inflight * n_l * c_per_tp + 4 * (inflight * n_l * bt * C + c_per_tp);
       r.act_gpu_rc = r.act_gpu - 4 * inflight * n_l * g_per_tp + 4 * (inflight * n_l * bt * C + g_per_tp);
-      r.act_cpu += ints; /* the backend's copies of the batch */
+      r.act_cpu += inflight * ints; /* the backend's copies of each micro-batch in flight */
       r.act_gpu += ints;
-      r.act_cpu_rc += ints;
+      r.act_cpu_rc += inflight * ints;
       r.act_gpu_rc += ints;
       /* CPU: the trainer's (B,T) batch (the initial weights are made and broadcast in the
-       * parameter arena itself) */
-      r.work_cpu = ints;
+       * parameter arena itself); pp > 1: its send and receive buffers of (B,T,C) */
+      r.work_cpu = ints + (pp > 1 ? 2 * 4 * bt * C : 0);
       r.work_gpu = CUDA_CONTEXT_BYTES;
       double state = r.params + r.wparams + r.grads + r.m + r.v + r.gather + r.comm;
       r.total_cpu = state + r.act_cpu + r.work_cpu;
       r.total_gpu = state + r.act_gpu + r.work_gpu;
       r.total_gpu_rc = state + r.act_gpu_rc + r.work_gpu;
       if (r.total_gpu > best.total_gpu) best = r;
+      if (z == (in->zero >= 0 && in->zero < DT_PLAN_ZERO_STAGES ? in->zero : 0)) p->stage[s] = r;
     }
     p->z[z] = best;
   }
@@ -326,10 +303,8 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   pl(o, prefix, "plan: world %d = dp %d x tp %d x pp %d; micro_batch %d x seq_len %d x grad_accum %d; precision %s; "
      "bucket %d MiB; %d CPU threads", world, dp, in->tp, in->pp, in->B, in->T, in->accum, prec, in->bucket_mb,
      in->threads);
-  if (in->pp > 1)
-    pl(o, prefix, "plan: note: dtrain trains pp = 1 only; pp numbers are what that layout would need");
-  if (in->tp > 1)
-    pl(o, prefix, "plan: note: tp > 1 trains on the CPU backend only (the CUDA backend rejects it)");
+  if (in->tp > 1 || in->pp > 1)
+    pl(o, prefix, "plan: note: tp > 1 and pp > 1 train on the CPU backend only (the CUDA backend rejects them)");
   pl(o, prefix, "plan: units: GB = 1e9 bytes, GiB = 2^30 bytes");
   pl(o, prefix, "plan: whole model on one rank (%.4g floats; 4 B each in fp32):", n);
   pl(o, prefix, "  parameters (fp32)        %.4g x 4 B  = %7.2f GB", n, 4 * n / GB);
@@ -385,6 +360,18 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
     for (int z = 0; z < DT_PLAN_ZERO_STAGES; z++)
       k += snprintf(line + k, sizeof line - (size_t)k, " %9d", p->z[z].pp_stage);
     pl(o, prefix, "%s", line);
+  }
+  if (in->pp > 1) { /* the per-rank table: ranks of one stage differ only in their tp shard */
+    const int zc = in->zero >= 0 && in->zero < DT_PLAN_ZERO_STAGES ? in->zero : 0;
+    pl(o, prefix, "plan: per pipeline stage (zero%d), GB per rank: %5s %6s %9s %9s %9s %9s %9s %9s %9s", zc, "stage",
+       "blocks", "params", "grads", "adam m+v", "act cpu", "total cpu", "act gpu", "total gpu");
+    for (int s = 0; s < in->pp && s < 64; s++) {
+      const dt_plan_zero_t *r = &p->stage[s];
+      pl(o, prefix, "plan: %*s %5d %6d %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f", 32, "", s, p->stage_blocks[s],
+         (r->params + r->wparams) / GB, r->grads / GB, (r->m + r->v) / GB, r->act_cpu / GB, r->total_cpu / GB,
+         r->act_gpu / GB, r->total_gpu / GB);
+    }
+    if (in->pp > 64) pl(o, prefix, "plan: (%d more stages)", in->pp - 64);
   }
   pl(o, prefix, "plan: host memory with the CUDA backend (not in the device totals): checkpoint copies of params, m, v "
      "%.3f GB + the init buffer %.3f GB", 3 * 4 * n / GB, 4 * n / GB);
@@ -496,7 +483,7 @@ static int usage(FILE *out, int code) {
           "copy, gradients, AdamW moments, activations of the CPU and CUDA backends, buffers), whether it\n"
           "fits --device-mem (default 80GiB; suffixes B K M G T = powers of 1024, KB MB GB TB = of 1000,\n"
           "KiB MiB GiB TiB), and a datasheet roofline of one step on A100 and H100. --world defaults to\n"
-          "parallel.dp x tp x pp (dp = 0 read as 1). parallel.pp > 1 is planned, not runnable; tp > 1 runs on the CPU backend.\n");
+          "parallel.dp x tp x pp (dp = 0 read as 1). tp > 1 and pp > 1 run on the CPU backend only.\n");
   return code;
 }
 
@@ -539,7 +526,7 @@ int dt_plan_main(int argc, char **argv) {
   dt_config_defaults(&cfg);
   dt_status_t st = dt_config_load(&cfg, cfg_path);
   for (int i = 0; st == DT_OK && i < n_over; i++) st = dt_config_override(&cfg, over[i]);
-  if (st == DT_OK) { /* tp/pp > 1 cannot train yet but can be planned */
+  if (st == DT_OK) { /* layouts dtrain cannot run (tp not dividing the vocab, ...) can still be planned */
     int tp = cfg.tp, pp = cfg.pp;
     cfg.tp = cfg.pp = 1;
     st = dt_config_validate(&cfg, cfg_path);

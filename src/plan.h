@@ -75,6 +75,7 @@ typedef struct {
   double max_group;           /* largest parameter group per tp rank (floats) */
   double group_emb, group_blk, group_head; /* floats of the embeddings, one block, ln_f (per tp rank) */
   dt_plan_zero_t z[DT_PLAN_ZERO_STAGES];
+  dt_plan_zero_t stage[DT_PLAN_MAX_PP]; /* every pipeline stage at the configured ZeRO stage */
   dt_plan_roof_t roof;
 } dt_plan_t;
 

@@ -56,7 +56,7 @@ static uint64_t params_fingerprint(const float *p, size_t n) {
 static dt_status_t init_weights(dt_trainer_t *tr, float *host) {
   dt_comm_t *w = tr->mesh.world;
   size_t n = tr->lay.n_params;
-  if (tr->lay.tp > 1) {
+  if (tr->lay.tp > 1 || tr->lay.pp > 1) { /* each rank its own part; its dp replicas verify */
     w = tr->mesh.dp_comm;
     dt_model_init_params(&tr->lay, host, tr->cfg.seed);
   } else {
@@ -73,6 +73,9 @@ static dt_status_t init_weights(dt_trainer_t *tr, float *host) {
   return host == tr->be.params ? DT_OK : tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, 0, n, host);
 }
 
+/* parallel.micro_batches is another name for train.grad_accum (config.c checks they agree). */
+static int config_accum(const dt_config_t *c) { return c->grad_accum > 0 ? c->grad_accum : c->micro_batches; }
+
 dt_status_t dt_train_batch_plan(const dt_config_t *c, const char *name, int world, int *dp, int *accum) {
   *dp = c->dp;
   DT_TRY(dt_mesh_resolve(world, dp, c->tp, c->pp));
@@ -82,11 +85,11 @@ dt_status_t dt_train_batch_plan(const dt_config_t *c, const char *name, int worl
                     "%s: train.global_batch: %d is not a multiple of micro_batch*dp = %d*%d (dp from %d ranks)", name,
                     c->global_batch, c->micro_batch, *dp, world);
     *accum = c->global_batch / (c->micro_batch * *dp);
-    if (c->grad_accum > 0 && c->grad_accum != *accum)
-      return DT_ERR(DT_ERR_CONFIG, "%s: train.grad_accum: %d disagrees with global_batch/(micro_batch*dp) = %d", name,
-                    c->grad_accum, *accum);
+    if (config_accum(c) > 0 && config_accum(c) != *accum)
+      return DT_ERR(DT_ERR_CONFIG, "%s: %s: %d disagrees with global_batch/(micro_batch*dp) = %d", name,
+                    c->grad_accum > 0 ? "train.grad_accum" : "parallel.micro_batches", config_accum(c), *accum);
   } else {
-    *accum = c->grad_accum > 0 ? c->grad_accum : 1;
+    *accum = config_accum(c) > 0 ? config_accum(c) : 1;
   }
   return DT_OK;
 }
@@ -161,11 +164,15 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   DT_TRY(dt_mesh_init(&tr->mesh, &mo));
   DT_TRY(derive_batch(tr));
   dt_dims_t d = dt_dims_from_config(&tr->cfg);
-  DT_TRY(dt_layout_init_tp(&tr->lay, d, tr->mesh.tp, tr->mesh.tp_idx));
+  DT_TRY(dt_layout_init_mp(&tr->lay, d, tr->mesh.tp, tr->mesh.tp_idx, tr->mesh.pp, tr->mesh.pp_idx));
   if (cuda && tr->mesh.tp > 1)
     return DT_ERR(DT_ERR_UNSUPPORTED, "%s: parallel.tp = %d: tensor parallelism is implemented on the cpu backend only "
                   "(system.backend = cpu)", cfg_name, tr->mesh.tp);
+  if (tr->mesh.pp > 1 && !ops->stage_forward)
+    return DT_ERR(DT_ERR_UNSUPPORTED, "%s: parallel.pp = %d: pipeline parallelism is implemented on the cpu backend only "
+                  "(system.backend = cpu)", cfg_name, tr->mesh.pp);
   tr->be.ops = ops;
+  tr->be.slots = dt_pp_inflight(tr->mesh.pp_idx, tr->mesh.pp, tr->accum); /* 1F1B's micro-batches in flight */
   tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
   if (cfg->zero > 0) { /* pad the arena's end so it splits into dp equal shards; m, v: the shard only */
     size_t n, lo, hi;
@@ -179,6 +186,18 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   }
   DT_TRY(ops->init(&tr->be, &tr->lay, tr->B, tr->T, tr->mesh.threads));
   tr->be.tp_comm = tr->mesh.tp > 1 ? tr->mesh.tp_comm : NULL;
+  if (tr->mesh.pp > 1) { /* transfers, and the first + last stage group of the tied embedding */
+    const int s = tr->mesh.pp_idx, pp = tr->mesh.pp;
+    dt_comm_t *c = tr->mesh.pp_comm;
+    DT_TRY(c->ops->split(c, s == 0 || s == pp - 1 ? 0 : 1, s, &tr->tied_comm));
+    tr->pipe = (dt_pipe_t){.comm = c};
+    size_t n = (size_t)tr->B * tr->T * tr->lay.d.C;
+    tr->pp_send = malloc(sizeof(float) * n);
+    tr->pp_recv = malloc(sizeof(float) * n);
+    tr->pp_ops = malloc(sizeof *tr->pp_ops * 2 * (size_t)tr->accum);
+    if (!tr->pp_send || !tr->pp_recv || !tr->pp_ops) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
+    dt_pp_schedule(s, pp, tr->accum, tr->pp_ops);
+  }
   if (tr->zero.stage == 3) { /* FSDP: blocks gathered around their use (zero.h) */
     DT_TRY(dt_zero3_attach(&tr->zero, tr->be.params, tr->lay.layer_begin, tr->lay.d.L));
     tr->be.layer_hook = dt_zero3_hook;
@@ -217,16 +236,18 @@ static dt_status_t host_arenas(dt_trainer_t *tr, int with_optim, int fetch, dt_c
       a->params = tr->be.params + tr->zero.lo;
       a->model = tr->zero_optim;
     }
-    if (tr->lay.tp > 1) { /* shards: load reads each rank's boxes; save writes each box once */
-      int load = !fetch, writer = tr->mesh.dp_idx == 0 && tr->mesh.pp_idx == 0, rep = load || tr->mesh.tp_idx == 0;
+    if (tr->lay.tp > 1 || tr->lay.pp > 1) { /* shards: load reads each rank's boxes; save writes each box
+                                               once (replicated tensors from tp rank 0 of the first dp
+                                               replica of each stage; wte from the first stage) */
+      int load = !fetch, writer = tr->mesh.dp_idx == 0, rep = load || tr->mesh.tp_idx == 0;
       dt_ckpt_ranges_t r = {0};
-      if (load || writer) DT_TRY(dt_ckpt_ranges_add_shards(&r, &tr->lay, rep));
+      if (load || writer) DT_TRY(dt_ckpt_ranges_add_shards(&r, &tr->lay, rep, load));
       r.full = 0;
       a->model = r;
       a->optim = r; /* the same boxes (freed once, through model) */
       if (tr->zero.stage > 0) { /* m, v: the part of this tp shard's boxes in the rank's ZeRO range */
         dt_ckpt_ranges_t all = {0}, o = {0};
-        dt_status_t st = dt_ckpt_ranges_add_shards(&all, &tr->lay, rep);
+        dt_status_t st = dt_ckpt_ranges_add_shards(&all, &tr->lay, rep, load);
         if (st == DT_OK) st = dt_ckpt_ranges_clip(&o, &tr->lay, &all, tr->zero.lo, tr->zero.hi);
         dt_ckpt_ranges_free(&all);
         o.full = 0;
@@ -337,6 +358,18 @@ static dt_status_t resume(dt_trainer_t *tr) {
 /* Tensor parallelism: the replicated tensors (layernorms, wpe, c_proj biases) must be bitwise equal
  * on every tp rank (they get equal gradients, backend_cpu.c); checked at every save. */
 static dt_status_t check_replicated(dt_trainer_t *tr) {
+  if (tr->mesh.pp > 1 && (tr->mesh.pp_idx == 0 || tr->mesh.pp_idx == tr->mesh.pp - 1)) {
+    /* the tied embedding: the first stage's wte and the last stage's copy (same gradients) */
+    const dt_tensor_t *t = &tr->lay.tensors[0];
+    uint64_t fp = params_fingerprint(tr->be.params + t->offset, (size_t)t->rows * t->cols);
+    int64_t v[2] = {(int64_t)fp, -(int64_t)fp}, r[2];
+    DT_TRY(tr->tied_comm->ops->allreduce(tr->tied_comm, v, r, 2, DT_I64, DT_MAX, NULL, NULL));
+    if ((uint64_t)r[0] != fp || (uint64_t)(-r[1]) != fp)
+      return DT_ERR(DT_ERR_INTERNAL, "rank %d: step %d: the tied wte differs between the first and the last pipeline stage",
+                    tr->mesh.rank, tr->step);
+    if (tr->mesh.rank == (tr->mesh.pp - 1) * tr->mesh.tp) /* the last stage of replica 0, tp rank 0 */
+      printf("# pp: step %d: the last stage's copy of wte is bitwise equal to the first stage's\n", tr->step);
+  }
   if (tr->lay.tp == 1) return DT_OK;
   uint64_t fp = 0;
   int z3 = tr->zero.stage == 3; /* only this rank's ZeRO shard is current: compare it within the tp group */
@@ -349,7 +382,8 @@ static dt_status_t check_replicated(dt_trainer_t *tr) {
       fp += params_fingerprint(tr->be.params + a, e - a) * (uint64_t)(2 * i + 1);
   }
   int64_t v[2] = {(int64_t)fp, -(int64_t)fp}, r[2];
-  dt_comm_t *c = z3 ? tr->mesh.tp_comm : tr->mesh.world; /* equal on all ranks: dp replicas are identical too */
+  /* equal on all ranks: dp replicas are identical too; with pp, stages hold different tensors */
+  dt_comm_t *c = z3 || tr->mesh.pp > 1 ? tr->mesh.tp_comm : tr->mesh.world;
   DT_TRY(c->ops->allreduce(c, v, r, 2, DT_I64, DT_MAX, NULL, NULL));
   if ((uint64_t)r[0] != fp || (uint64_t)(-r[1]) != fp)
     return DT_ERR(DT_ERR_INTERNAL, "rank %d: step %d: replicated parameters differ between tensor-parallel ranks",
@@ -444,6 +478,10 @@ void dt_trainer_free(dt_trainer_t *tr) {
   dt_ckpt_ranges_free(&tr->zero_optim);
   dt_zero_free(&tr->zero);
   if (tr->dev_dp_comm) tr->dev_dp_comm->ops->free(tr->dev_dp_comm);
+  if (tr->tied_comm) tr->tied_comm->ops->free(tr->tied_comm);
+  free(tr->pp_send);
+  free(tr->pp_recv);
+  free(tr->pp_ops);
   free(tr->host_arena);
   free(tr->inputs);
   free(tr->targets);
@@ -473,6 +511,61 @@ static void pinned_release(dt_trainer_t *tr) {
   dt_zero3_release(&tr->zero, g[L + 1], g[L + 2]);
 }
 
+/* Pipeline parallelism: this stage's 1F1B operations for one optimizer step (pipeline.h). Every
+ * stage reads the micro-batch itself (the first needs the tokens, the last the targets); the
+ * activations and their gradients travel through tr->pipe. The loss is known on the last stage
+ * only (added to *loss_sum there). The last backward reports gradient ranges to DDP. */
+static dt_status_t pp_microsteps(dt_trainer_t *tr, int ddp, uint64_t slice, double *loss_sum) {
+  dt_backend_t *be = &tr->be;
+  const int s = tr->mesh.pp_idx, pp = tr->mesh.pp, m = tr->accum, first = s == 0, last = s == pp - 1;
+  const size_t n = (size_t)tr->B * tr->T * tr->lay.d.C;
+  tr->pipe.t_wait = 0;
+  double t_step = dt_time_now();
+  for (int i = 0; i < 2 * m; i++) {
+    const dt_pp_op_t op = tr->pp_ops[i];
+    const int slot = op.mb % be->slots;
+    double t0;
+    if (op.fwd) {
+      if (first) DT_TRY(dt_pipe_flush(&tr->pipe));
+      else DT_TRY(dt_pipe_recv(&tr->pipe, tr->pp_recv, n, s - 1));
+      DT_TRY(dt_data_batch(tr->train, slice + (uint64_t)op.mb * (uint64_t)tr->B, tr->B, tr->inputs, tr->targets));
+      float loss = 0;
+      t0 = dt_time_now();
+      DT_TRY(be->ops->stage_forward(be, slot, tr->inputs, tr->targets, first ? NULL : tr->pp_recv, tr->B, tr->T, &loss,
+                                    last ? NULL : tr->pp_send));
+      tr->t_pp_fwd += dt_time_now() - t0;
+      if (last) *loss_sum += loss;
+      else DT_TRY(dt_pipe_send(&tr->pipe, tr->pp_send, n, s + 1));
+    } else {
+      if (last) DT_TRY(dt_pipe_flush(&tr->pipe));
+      else DT_TRY(dt_pipe_recv(&tr->pipe, tr->pp_recv, n, s + 1));
+      t0 = dt_time_now();
+      DT_TRY(be->ops->stage_backward(be, slot, m, last ? NULL : tr->pp_recv, first ? NULL : tr->pp_send,
+                                     (op.mb == m - 1 && ddp) ? dt_ddp_ready : NULL, &tr->ddp));
+      tr->t_pp_bwd += dt_time_now() - t0;
+      if (!first) DT_TRY(dt_pipe_send(&tr->pipe, tr->pp_send, n, s - 1));
+    }
+  }
+  DT_TRY(dt_pipe_flush(&tr->pipe));
+  tr->t_pp_step += dt_time_now() - t_step;
+  tr->n_pp_steps++;
+  return DT_OK;
+}
+
+/* Pipeline parallelism: the first stage's wte and the last stage's copy each hold a partial
+ * gradient (embedding / lm_head): both get the sum, so the two copies stay equal. */
+static dt_status_t pp_tied_grads(dt_trainer_t *tr) {
+  const int s = tr->mesh.pp_idx, pp = tr->mesh.pp;
+  if (pp == 1 || (s != 0 && s != pp - 1)) return DT_OK;
+  const dt_tensor_t *t = &tr->lay.tensors[0];
+  float *g = tr->be.grads + t->offset;
+  size_t n = (size_t)t->rows * t->cols, chunk = (size_t)tr->cfg.bucket_mb << 18; /* floats per bucket */
+  for (size_t lo = 0; lo < n; lo += chunk) /* bucket-sized: no MPI temporary of the whole embedding */
+    DT_TRY(tr->tied_comm->ops->allreduce(tr->tied_comm, g + lo, g + lo, n - lo < chunk ? n - lo : chunk, DT_F32, DT_SUM,
+                                         NULL, NULL));
+  return DT_OK;
+}
+
 dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   const dt_config_t *c = &tr->cfg;
   dt_backend_t *be = &tr->be;
@@ -489,7 +582,8 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   if (ddp) dt_ddp_begin(&tr->ddp);
   double loss_sum = 0;
   uint64_t slice = tr->sample_pos + (uint64_t)tr->mesh.dp_idx * (uint64_t)tr->accum * (uint64_t)tr->B;
-  for (int k = 0; k < tr->accum; k++) {
+  if (tr->mesh.pp > 1) DT_TRY(pp_microsteps(tr, ddp, slice, &loss_sum));
+  for (int k = 0; k < tr->accum && tr->mesh.pp == 1; k++) {
     DT_TRY(dt_data_batch(tr->train, slice + (uint64_t)k * (uint64_t)tr->B, tr->B, tr->inputs, tr->targets));
     float loss = 0;
     DT_TRY(be->ops->forward(be, tr->inputs, tr->targets, tr->B, tr->T, &loss));
@@ -506,6 +600,10 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
     tr->n_timed_steps++;
   }
   if (tr->zero.stage == 1) DT_TRY(dt_zero_reduce_grads(&tr->zero, be->grads)); /* this rank's shard, averaged */
+  DT_TRY(pp_tied_grads(tr));
+  if (dt_fault("tied_drift", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: this rank's wte grads */
+    dt_fault_scale(be->grads + tr->lay.tensors[0].offset, (size_t)tr->lay.tensors[0].rows * tr->lay.tensors[0].cols,
+                   DT_FAULT_BAD_MATH_SCALE);
   if (dt_fault("bad_math", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: block 1's grads */
     dt_fault_scale(be->grads + tr->lay.layer_begin[1], tr->lay.layer_begin[2] - tr->lay.layer_begin[1], DT_FAULT_BAD_MATH_SCALE);
   if (dt_fault("slow_rank", tr->mesh.rank, tr->step + 1)) dt_fault_sleep(DT_FAULT_SLOW_RANK_S); /* test-only */
@@ -514,7 +612,9 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
     DT_TRY(be->ops->copy_from_host(be, DT_BUF_GRADS, tr->lay.layer_begin[1], 1, &inf));
   }
   double sumsq = 0;
-  DT_TRY(be->ops->grad_sumsq(be, &sumsq));
+  DT_TRY(be->ops->grad_sumsq(be, &sumsq)); /* this stage's (the tied copy of wte not counted) */
+  if (tr->mesh.pp > 1)
+    DT_TRY(tr->mesh.pp_comm->ops->allreduce(tr->mesh.pp_comm, &sumsq, &sumsq, 1, DT_F64, DT_SUM, NULL, NULL));
   /* fp16: every rank learns whether any rank saw inf/NaN; the step is then skipped everywhere */
   int skip = 0;
   const float scale = tr->scaler.scale;
@@ -545,6 +645,8 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   double dt = dt_time_now() - t0;
   double mean_loss = loss_sum / tr->accum, tmax = dt;
   dt_comm_t *w = tr->mesh.world;
+  if (tr->mesh.pp > 1) /* the loss is known on the last stage (0 on the others) */
+    DT_TRY(tr->mesh.pp_comm->ops->allreduce(tr->mesh.pp_comm, &mean_loss, &mean_loss, 1, DT_F64, DT_SUM, NULL, NULL));
   if (tr->mesh.size > 1) {
     DT_TRY(tr->mesh.dp_comm->ops->allreduce(tr->mesh.dp_comm, &mean_loss, &mean_loss, 1, DT_F64, DT_AVG, NULL, NULL));
     DT_TRY(w->ops->allreduce(w, &dt, &tmax, 1, DT_F64, DT_MAX, NULL, NULL));
@@ -565,17 +667,28 @@ dt_status_t dt_trainer_eval(dt_trainer_t *tr, dt_data_t *d, int batches, double 
   if (batches < 1) return DT_ERR(DT_ERR_DATA, "validation data has fewer than micro_batch=%d samples", tr->B);
   double sum[2] = {0, 0};
   int rounds = (batches + tr->mesh.dp - 1) / tr->mesh.dp;
+  const int s = tr->mesh.pp_idx, pp = tr->mesh.pp, last = s == pp - 1;
+  const size_t n = (size_t)tr->B * tr->T * tr->lay.d.C;
   for (int k = 0; k < rounds; k++) {
     int j = k * tr->mesh.dp + tr->mesh.dp_idx, real = j < batches;
     if (!real && tr->zero.stage != 3) break; /* ZeRO-3's forward gathers collectively: every rank runs each round */
     DT_TRY(dt_data_batch_sequential(d, (uint64_t)(real ? j : 0), tr->B, tr->inputs, tr->targets));
     float l = 0;
-    DT_TRY(be->ops->forward(be, tr->inputs, tr->targets, tr->B, tr->T, &l));
-    if (!real) continue;
+    if (pp == 1) {
+      DT_TRY(be->ops->forward(be, tr->inputs, tr->targets, tr->B, tr->T, &l));
+    } else { /* the batch through the stages, forward only */
+      if (s > 0) DT_TRY(dt_pipe_recv(&tr->pipe, tr->pp_recv, n, s - 1));
+      DT_TRY(be->ops->stage_forward(be, 0, tr->inputs, tr->targets, s > 0 ? tr->pp_recv : NULL, tr->B, tr->T, &l,
+                                    last ? NULL : tr->pp_send));
+      if (!last) DT_TRY(dt_pipe_send(&tr->pipe, tr->pp_send, n, s + 1));
+      DT_TRY(dt_pipe_flush(&tr->pipe));
+    }
+    if (!real || !last) continue; /* the loss is the last stage's */
     sum[0] += l;
     sum[1] += 1;
   }
   pinned_release(tr);
+  if (pp > 1) DT_TRY(tr->mesh.pp_comm->ops->allreduce(tr->mesh.pp_comm, sum, sum, 2, DT_F64, DT_SUM, NULL, NULL));
   if (tr->mesh.dp > 1)
     DT_TRY(tr->mesh.dp_comm->ops->allreduce(tr->mesh.dp_comm, sum, sum, 2, DT_F64, DT_SUM, NULL, NULL));
   *loss = sum[0] / sum[1];
@@ -604,6 +717,44 @@ static void print_header(dt_trainer_t *tr) {
             tr->scaler.scale, tr->scaler.interval);
   fprintf(o, "# FLOPs per token = 6*(12*L*C^2 + C*Vp) + 12*L*T*C = %.4g (fwd+bwd, full TxT attention)\n",
           tr->flops_per_token);
+}
+
+/* Pipeline bubble: each stage's mean forward, backward and micro-step-loop time per step (over
+ * pp_comm, collective), the idle share they imply, 1F1B's prediction for equal stages and the
+ * schedule simulated with these stages' own compute times (pipeline.h). Rank 0 prints. */
+static dt_status_t pp_report(dt_trainer_t *tr) {
+  const int pp = tr->mesh.pp, m = tr->accum, n = tr->n_pp_steps;
+  double mine[3] = {tr->t_pp_fwd / n, tr->t_pp_bwd / n, tr->t_pp_step / n}, *all = malloc(sizeof(double) * 3 * pp),
+         *tf = malloc(sizeof(double) * 2 * pp);
+  if (!all || !tf) {
+    free(all);
+    free(tf);
+    return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
+  }
+  dt_status_t st = tr->mesh.pp_comm->ops->allgather(tr->mesh.pp_comm, mine, all, 3, DT_F64, NULL, NULL);
+  if (st == DT_OK && is_root(tr)) {
+    double *tb = tf + pp, idle = 0;
+    char line[2048];
+    int k = 0;
+    for (int s = 0; s < pp; s++) {
+      const double *x = all + 3 * s;
+      tf[s] = x[0] / m, tb[s] = x[1] / m;
+      idle += 1.0 - (x[0] + x[1]) / x[2];
+      if (k < (int)sizeof line - 96)
+        k += snprintf(line + k, sizeof line - (size_t)k, "%s s%d %.1f/%.1f/%.1f", s ? "," : "", s, 1e3 * x[0], 1e3 * x[1],
+                      1e3 * x[2]);
+    }
+    double T = dt_pp_simulate(pp, m, tf, tb, NULL), sim = 0;
+    for (int s = 0; s < pp; s++) sim += 1.0 - m * (tf[s] + tb[s]) / T;
+    printf("# pp: 1F1B over %d stages x %d micro-batches, ms per step forward/backward/whole micro-step loop:%s\n", pp,
+           m, line);
+    printf("# pp: bubble (idle share of the micro-step loop, mean over stages) %.1f%% measured; 1F1B predicts "
+           "(pp-1)/(m+pp-1) = %.1f%% for equal stages, %.1f%% for these stages' measured compute times\n",
+           100.0 * idle / pp, 100.0 * dt_pp_bubble(pp, m), T > 0 ? 100.0 * sim / pp : -1.0);
+  }
+  free(all);
+  free(tf);
+  return st;
 }
 
 dt_status_t dt_trainer_run(dt_trainer_t *tr) {
@@ -647,6 +798,7 @@ dt_status_t dt_trainer_run(dt_trainer_t *tr) {
            "blocking all-reduce of all gradients (bucket by bucket): %.0f%% of the all-reduce hidden behind backward\n",
            tr->ddp.n_buckets, 1e3 * wait, 1e3 * full, full > 0 ? 100.0 * fmax(0.0, 1.0 - wait / full) : 0.0);
   }
+  if (tr->mesh.pp > 1 && tr->n_pp_steps > 0) DT_TRY(pp_report(tr));
   int nsteps = tr->step - start;
   if (is_root(tr) && tr->zero.stage == 3 && tr->mesh.dp > 1 && nsteps > 0) {
     double wait = tr->zero.t_wait / nsteps, full = 2 * tr->accum * tr->t_gather_full; /* fwd + bwd per micro-step */

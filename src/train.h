@@ -14,6 +14,7 @@
 #include "mesh.h"
 #include "metrics.h"
 #include "model.h"
+#include "pipeline.h"
 #include "precision.h"
 #include "zero.h"
 
@@ -48,6 +49,15 @@ typedef struct {
   dt_scaler_t scaler;      /* fp16 dynamic loss scaling (disabled: scale 1); skipped-step count */
   dt_zero_t zero;          /* parallel.zero: the optimizer-state shard of this rank */
   dt_ckpt_ranges_t zero_optim; /* zero >= 1: the checkpoint boxes of that shard (m, v) */
+  /* pipeline parallelism (pp > 1): the 1F1B transfers over mesh.pp_comm, the group of the first
+   * and last stage (the tied embedding's gradient is summed over it), one send and one receive
+   * buffer of (B, T, C), this stage's schedule, and per-step time sums for the bubble report */
+  dt_pipe_t pipe;
+  dt_comm_t *tied_comm;
+  float *pp_send, *pp_recv;
+  dt_pp_op_t *pp_ops;
+  double t_pp_fwd, t_pp_bwd, t_pp_step; /* forward and backward compute, whole micro-step loop */
+  int n_pp_steps;
 } dt_trainer_t;
 
 /* Data-parallel size and micro-steps per optimizer step for `world` ranks. Pure (no MPI), so a

@@ -173,10 +173,10 @@ static dt_status_t build(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank, int
   return DT_OK;
 }
 
-dt_status_t dt_layout_init(dt_layout_t *lay, dt_dims_t d) { return dt_layout_init_mp(lay, d, 1, 0, 1, 0); }
+dt_status_t dt_layout_init(dt_layout_t *lay, dt_dims_t d) { return dt_layout_init_mp(lay, d, 1, 0, 1, 0, 0); }
 
 dt_status_t dt_layout_init_tp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank) {
-  return dt_layout_init_mp(lay, d, tp, tp_rank, 1, 0);
+  return dt_layout_init_mp(lay, d, tp, tp_rank, 1, 0, 0);
 }
 
 void dt_pp_split(int L, int pp, double emb, double blk, double head, int *blocks) {
@@ -235,7 +235,26 @@ dt_status_t dt_layout_pp_groups(dt_dims_t d, int tp, double *emb, double *blk, d
   return DT_OK;
 }
 
-dt_status_t dt_layout_init_mp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank, int pp, int pp_rank) {
+dt_pp_balance_t dt_pp_balance_of(const dt_config_t *cfg) {
+  return strcmp(cfg->pp_balance, "compute") == 0 ? DT_PP_BALANCE_COMPUTE : DT_PP_BALANCE_PARAMS;
+}
+
+dt_status_t dt_pp_weights(dt_dims_t d, int tp, dt_pp_balance_t balance, double *emb, double *blk, double *head) {
+  if (balance == DT_PP_BALANCE_COMPUTE) {
+    const double C = d.C;
+    *emb = 0;
+    *blk = 72 * C * C + 12.0 * d.T * C;
+    *head = 6 * C * d.Vp;
+    return DT_OK;
+  }
+  double lnf, wte;
+  DT_TRY(dt_layout_pp_groups(d, tp, emb, blk, &lnf, &wte));
+  *head = lnf + wte; /* ln_f and the lm_head's copy of wte */
+  return DT_OK;
+}
+
+dt_status_t dt_layout_init_mp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank, int pp, int pp_rank,
+                              dt_pp_balance_t balance) {
   memset(lay, 0, sizeof *lay);
   if (pp < 1 || pp_rank < 0 || pp_rank >= pp)
     return DT_ERR(DT_ERR_CONFIG, "parallel.pp: %d with pipeline stage %d is invalid", pp, pp_rank);
@@ -245,9 +264,8 @@ dt_status_t dt_layout_init_mp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank
   if (pp == 1) {
     DT_TRY(build(lay, d, tp, tp_rank, 0, d.L, 1, 1));
   } else {
-    double emb, blk, lnf, wte;
-    DT_TRY(dt_layout_pp_groups(d, tp, &emb, &blk, &lnf, &wte));
-    double head = lnf + wte; /* ln_f and the lm_head's copy of wte */
+    double emb, blk, head;
+    DT_TRY(dt_pp_weights(d, tp, balance, &emb, &blk, &head));
     int *blocks = malloc(sizeof(int) * (size_t)pp);
     if (!blocks) return DT_ERR(DT_ERR_NOMEM, "model: out of memory");
     dt_pp_split(d.L, pp, emb, blk, head, blocks);

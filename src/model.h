@@ -82,12 +82,21 @@ dt_status_t dt_layout_init(dt_layout_t *lay, dt_dims_t d);
  * DT_ERR_CONFIG naming parallel.tp unless n_head % tp == 0 and Vp % tp == 0. n_params_true stays
  * the global count. */
 dt_status_t dt_layout_init_tp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank);
-/* Pipeline stage pp_rank of pp of that tp shard: contiguous blocks balanced by parameter count
- * (dt_pp_split over dt_layout_pp_groups), wte and wpe on the first stage, ln_f and a tied copy of
+/* Pipeline stage pp_rank of pp of that tp shard: contiguous blocks balanced by parameter count or
+ * by compute (dt_pp_split over dt_pp_weights), wte and wpe on the first stage, ln_f and a tied copy of
  * wte on the last. Tensors of other stages stay in the table, marked absent, so tensor indices,
  * dt_layout_block and the layer_begin groups keep their global meaning (absent groups are empty
  * ranges). DT_ERR_CONFIG naming parallel.pp unless 1 <= pp <= n_layer. pp = 1: dt_layout_init_tp. */
-dt_status_t dt_layout_init_mp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank, int pp, int pp_rank);
+typedef enum { DT_PP_BALANCE_PARAMS = 0, DT_PP_BALANCE_COMPUTE = 1 } dt_pp_balance_t;
+dt_status_t dt_layout_init_mp(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank, int pp, int pp_rank,
+                              dt_pp_balance_t balance);
+/* What dt_pp_split balances for `balance`: PARAMS = dt_layout_pp_groups (the embeddings, a block,
+ * ln_f + the wte copy); COMPUTE = training FLOPs per token (forward + backward, as
+ * dt_model_flops_per_token): a block 72 C^2 + 12 T C, the head's lm_head 6 C Vp, the embedding
+ * lookup 0. */
+dt_status_t dt_pp_weights(dt_dims_t d, int tp, dt_pp_balance_t balance, double *emb, double *blk, double *head);
+/* parallel.pp_balance of a validated config. */
+dt_pp_balance_t dt_pp_balance_of(const dt_config_t *cfg);
 /* Parameter floats per tp rank (alignment included) of the groups pp balances: the embeddings
  * (wte + wpe), one block, ln_f, and wte alone (the last stage's head is ln_f + a copy of wte). */
 dt_status_t dt_layout_pp_groups(dt_dims_t d, int tp, double *emb, double *blk, double *lnf, double *wte);

@@ -96,14 +96,18 @@ dt_status_t dt_plan_input(dt_plan_in_t *in, const dt_config_t *cfg, const char *
   in->bucket_mb = cfg->bucket_mb;
   in->threads = threads > 0 ? threads : 1;
   in->zero = configured_zero(cfg);
+  in->pp_balance = (int)dt_pp_balance_of(cfg);
   in->device_mem = device_mem;
   return DT_OK;
 }
 
-/* Pipeline stages: dt_pp_split, the function dt_layout_init_mp splits the model with. */
+/* Pipeline stages: dt_pp_split over dt_pp_weights, as dt_layout_init_mp splits the model (by
+ * compute: the split from FLOP weights, the stage sizes still in parameters). */
 static void split_stages(dt_plan_t *p, double emb, double blk, double head) {
   const int pp = p->in.pp;
-  dt_pp_split(p->in.d.L, pp, emb, blk, head, p->stage_blocks);
+  double we = emb, wb = blk, wh = head;
+  if (p->in.pp_balance == DT_PP_BALANCE_COMPUTE) dt_pp_weights(p->in.d, p->in.tp, DT_PP_BALANCE_COMPUTE, &we, &wb, &wh);
+  dt_pp_split(p->in.d.L, pp, we, wb, wh, p->stage_blocks);
   for (int s = 0; s < pp; s++)
     p->stage_params[s] = (s == 0 ? emb : 0) + (s == pp - 1 ? head : 0) + p->stage_blocks[s] * blk;
 }

@@ -24,6 +24,7 @@ typedef struct {
   int bucket_mb;      /* parallel.bucket_mb */
   int threads;        /* CPU OpenMP threads per rank (the attention scratch is per thread) */
   int zero;           /* configured parallel.zero, or -1 when this build has no such key */
+  int pp_balance;     /* dt_pp_balance_t: what the pipeline stages balance */
   double device_mem;  /* bytes per device for the fit verdict */
 } dt_plan_in_t;
 

@@ -164,7 +164,8 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   DT_TRY(dt_mesh_init(&tr->mesh, &mo));
   DT_TRY(derive_batch(tr));
   dt_dims_t d = dt_dims_from_config(&tr->cfg);
-  DT_TRY(dt_layout_init_mp(&tr->lay, d, tr->mesh.tp, tr->mesh.tp_idx, tr->mesh.pp, tr->mesh.pp_idx));
+  DT_TRY(dt_layout_init_mp(&tr->lay, d, tr->mesh.tp, tr->mesh.tp_idx, tr->mesh.pp, tr->mesh.pp_idx,
+                           dt_pp_balance_of(cfg)));
   if (cuda && tr->mesh.tp > 1)
     return DT_ERR(DT_ERR_UNSUPPORTED, "%s: parallel.tp = %d: tensor parallelism is implemented on the cpu backend only "
                   "(system.backend = cpu)", cfg_name, tr->mesh.tp);

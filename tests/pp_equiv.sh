@@ -5,7 +5,8 @@
 # rank, and the same final parameters (read back from the checkpoints every stage wrote its part
 # of) within 1e-5 norm-wise per tensor, at (dp, tp, pp) = (1,1,2), (1,1,4), (2,1,2), (1,2,2) on 4
 # ranks or fewer, and (2,2,2), (1,2,4), (2,1,4) on 8; (1,1,4) also with 8 micro-batches of 1
-# sequence (a long 1F1B steady state) and with pp = 4 > micro-batches = 2 (warm-up cut short).
+# sequence (a long 1F1B steady state) and with pp = 4 > micro-batches = 2 (warm-up cut short);
+# (1,1,3) with stages balanced by compute (parallel.pp_balance) instead of parameters.
 # (dp, tp) layouts without pp are tests/tp_equiv.sh's. What may differ: the gradient norm's sum
 # over stages and the tied embedding's gradient summed between the first and last stage instead of
 # accumulated in one buffer; a wrong stage split, a lost or misrouted activation, a missing tied
@@ -34,6 +35,7 @@ go 122 4 parallel.pp=2 parallel.tp=2
 go 222 8 parallel.pp=2 parallel.tp=2 train.micro_batch=2
 go 124 8 parallel.pp=4 parallel.tp=2
 go 214 8 parallel.pp=4 train.micro_batch=2
+go 113c 3 parallel.pp=3 parallel.pp_balance=compute
 grep -q "mesh dp=2 x tp=2 x pp=2" "$t/222.out" || { echo "FAIL: no 2x2x2 mesh line"; exit 1; }
 "$PY" - "$t" <<'PY'
 import json, sys
@@ -42,7 +44,7 @@ d = sys.argv[1]
 load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
 ref = load("1")
 assert len(ref) == 20, len(ref)
-runs = ("112", "114", "114m8", "212", "122", "222", "124", "214")
+runs = ("112", "114", "114m8", "212", "122", "222", "124", "214", "113c")
 for n in runs:
     rows = load(n)
     assert len(rows) == 20, (n, len(rows))
@@ -51,7 +53,8 @@ for n in runs:
         rel = abs(a["loss"] - b["loss"]) / abs(a["loss"])
         assert rel <= 1e-5, f"{n} step {b['step']}: loss {b['loss']} vs 1 rank {a['loss']} (rel {rel:.2e})"
         assert a["sample0"] == b["sample0"] and a["samples"] == b["samples"], (n, b["step"], "samples")
-    print(f"(dp,tp,pp)=({n[0]},{n[1]},{n[2]}){' 8 micro-batches' if n.endswith('m8') else ''}: losses agree at all 20 "
+    note = " 8 micro-batches" if n.endswith("m8") else " pp_balance=compute" if n.endswith("c") else ""
+    print(f"(dp,tp,pp)=({n[0]},{n[1]},{n[2]}){note}: losses agree at all 20 "
           f"steps; worst relative difference {worst:.2e} (limit 1e-5)")
 # final parameters, per tensor ||a-b|| / ||a||, without the key third of attn.c_attn.bias (its true
 # gradient is zero: rounding noise that AdamW turns into lr-sized steps; see ddp_equiv.sh)

@@ -124,6 +124,28 @@ Test(pipeline, stage_split_evens_out_the_blocks) {
   cr_assert(b[0] == 1 && b[1] == 1 && b[2] == 1 && b[3] == 1);
 }
 
+/* parallel.pp_balance = compute: GPT-2 124M at T = 128 weighs a block 72 C^2 + 12 T C = 43.6M FLOPs
+ * per token and the lm_head 6 C Vp = 231.8M (5.3 blocks), the embedding lookup nothing: 2 stages
+ * take 9 and 3 blocks (9 vs 8.3 block-equivalents; by parameters it is 6 and 6). */
+Test(pipeline, compute_balance) {
+  dt_dims_t d = {.L = 12, .NH = 12, .C = 768, .V = 50257, .Vp = 50304, .T = 128};
+  double e, b, h;
+  cr_assert_eq(dt_pp_weights(d, 1, DT_PP_BALANCE_COMPUTE, &e, &b, &h), DT_OK);
+  cr_assert_float_eq(b, 72.0 * 768 * 768 + 12.0 * 128 * 768, 1);
+  cr_assert_float_eq(h, 6.0 * 768 * 50304, 1);
+  cr_assert_float_eq(e, 0, 0);
+  int bl[2];
+  dt_pp_split(12, 2, e, b, h, bl);
+  cr_assert(bl[0] == 9 && bl[1] == 3, "%d %d", bl[0], bl[1]);
+  cr_assert_eq(dt_pp_weights(d, 1, DT_PP_BALANCE_PARAMS, &e, &b, &h), DT_OK);
+  dt_pp_split(12, 2, e, b, h, bl);
+  cr_assert(bl[0] == 6 && bl[1] == 6, "%d %d", bl[0], bl[1]);
+  dt_layout_t lay;
+  cr_assert_eq(dt_layout_init_mp(&lay, d, 1, 0, 2, 1, DT_PP_BALANCE_COMPUTE), DT_OK);
+  cr_assert(lay.l0 == 9 && lay.l1 == 12, "stage 1 holds blocks [%d, %d)", lay.l0, lay.l1);
+  dt_layout_free(&lay);
+}
+
 /* A stage's layout: the global tensor table with other stages' tensors absent (no arena space),
  * wte on the first and (a tied copy) on the last stage, and the init values of the whole model. */
 Test(pipeline, stage_layouts_partition_the_model) {
@@ -138,7 +160,7 @@ Test(pipeline, stage_layouts_partition_the_model) {
       memset(owner, 0, sizeof owner);
       for (int s = 0; s < pp; s++) {
         dt_layout_t lay;
-        cr_assert_eq(dt_layout_init_mp(&lay, d, tp, 0, pp, s), DT_OK, "%s", dt_err_msg());
+        cr_assert_eq(dt_layout_init_mp(&lay, d, tp, 0, pp, s, DT_PP_BALANCE_PARAMS), DT_OK, "%s", dt_err_msg());
         cr_assert_eq(lay.n_tensors, full.n_tensors);
         cr_assert_eq(lay.l0, next, "tp=%d pp=%d stage %d: blocks are contiguous", tp, pp, s);
         cr_assert(lay.l1 > lay.l0);
@@ -181,6 +203,6 @@ Test(pipeline, stage_layouts_partition_the_model) {
     dt_layout_free(&full);
   }
   dt_layout_t lay;
-  cr_assert_eq(dt_layout_init_mp(&lay, d, 1, 0, 6, 0), DT_ERR_CONFIG, "more stages than blocks");
+  cr_assert_eq(dt_layout_init_mp(&lay, d, 1, 0, 6, 0, DT_PP_BALANCE_PARAMS), DT_ERR_CONFIG, "more stages than blocks");
   cr_assert(strstr(dt_err_msg(), "parallel.pp"), "%s", dt_err_msg());
 }

@@ -4,7 +4,7 @@
 # the same run (interleaved: dd and dtrain alternate in every repetition). A benchmark, not a test.
 #   usage: bench/ckpt_io.sh [DIR] [REPEATS] [RANKS...]   (run from a build tree with ./dtrain and data/)
 #   e.g.   bench/ckpt_io.sh /tmp/ckptio 3 1 2 4
-# Both sides are measured the same way:
+# Both sides are measured the same way (dd with O_DIRECT is printed too, as the device's own speed):
 #   write: dd if=/dev/zero bs=16M conv=fsync (data on disk when dd exits) vs dtrain's own timer of
 #          the committed save (collective HDF5 write with checksums, flush, fsync, rename, dir fsync).
 #   read:  the file's pages are dropped from the page cache first (dd iflag=nocache count=0, i.e.
@@ -39,7 +39,7 @@ echo "# checkpoint I/O: GPT-2 124M + AdamW moments ($SRC/inputs/gpt2.ini), dir $
 echo "# $(getconf _NPROCESSORS_ONLN) cores; $($MPIRUN --version 2>/dev/null | head -1); OMPI_MCA_mpi_yield_when_idle=1"
 printf "# %-5s %11s %9s %9s %8s %8s %9s %9s %8s %8s\n" ranks bytes dd_w_MB/s w_MB/s w_s w/dd dd_r_MB/s r_MB/s r_s r/dd
 for n in $RANKS; do
-  w=(); r=(); ddw=(); ddr=(); bytes=0; left=""
+  w=(); r=(); ddw=(); ddr=(); ddwd=(); ddrd=(); bytes=0; left=""
   for i in $(seq 1 "$REP"); do
     rm -rf "$DIR/c$n"
     out=$($MPIRUN --oversubscribe --bind-to none -n "$n" "$D" "$SRC/inputs/gpt2.ini" "${args[@]}" checkpoint.dir="$DIR/c$n" checkpoint.resume=never)
@@ -55,6 +55,13 @@ for n in $RANKS; do
     dd if="$DIR/dd.bin" of=/dev/null bs=16M status=none
     ddr+=("$(since "$t0")")
     rm -f "$DIR/dd.bin"
+    t0=$(now) # the same with O_DIRECT (the device without the page cache), for reference
+    dd if=/dev/zero of="$DIR/dd.bin" bs=16M count=$(( (bytes + 16777215) / 16777216 )) oflag=direct conv=fsync status=none
+    ddwd+=("$(since "$t0")")
+    t0=$(now)
+    dd if="$DIR/dd.bin" of=/dev/null bs=16M iflag=direct status=none
+    ddrd+=("$(since "$t0")")
+    rm -f "$DIR/dd.bin"
     drop "$f"
     left="$left $(cached "$f")"
     out=$($MPIRUN --oversubscribe --bind-to none -n "$n" "$D" "$SRC/inputs/gpt2.ini" "${args[@]}" checkpoint.dir="$DIR/c$n" checkpoint.resume="$f")
@@ -62,11 +69,14 @@ for n in $RANKS; do
   done
   ws=$(printf '%s\n' "${w[@]}" | median); rs=$(printf '%s\n' "${r[@]}" | median)
   dws=$(printf '%s\n' "${ddw[@]}" | median); drs=$(printf '%s\n' "${ddr[@]}" | median)
+  dwds=$(printf '%s\n' "${ddwd[@]}" | median); drds=$(printf '%s\n' "${ddrd[@]}" | median)
   ddwb=$(( (bytes + 16777215) / 16777216 * 16777216 ))
   awk -v n="$n" -v b="$bytes" -v db="$ddwb" -v w="$ws" -v r="$rs" -v dw="$dws" -v dr="$drs" 'BEGIN{
     printf "  %-5d %11d %9.0f %9.0f %8.2f %7.0f%% %9.0f %9.0f %8.2f %7.0f%%\n", n, b, db / dw / 1e6, b / w / 1e6, w,
       100 * (b / w) / (db / dw), db / dr / 1e6, b / r / 1e6, r, 100 * (b / r) / (db / dr)}'
   echo "#   ($n ranks) write s: ${w[*]}; dd write s: ${ddw[*]}; read s: ${r[*]}; dd read s: ${ddr[*]}; bytes cached after the drop:$left"
+  awk -v db="$ddwb" -v a="$dwds" -v b="$drds" 'BEGIN{printf "#   (reference) dd with O_DIRECT, same run: write %.0f MB/s, read %.0f MB/s (medians)\n", db / a / 1e6, db / b / 1e6}'
+  echo "#   ($n ranks) dd O_DIRECT write s: ${ddwd[*]}; read s: ${ddrd[*]}"
 done
 echo "# w/dd, r/dd: dtrain's MB/s over dd's MB/s (goal >= 70%). dd writes the size rounded up to 16 MiB blocks"
 echo "# (its MB/s uses its own byte count). Write times include fsync on both sides; reads start with the"

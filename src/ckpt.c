@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "ckpt_int.h"
 #include "timer.h"
@@ -25,9 +26,55 @@ void dt_ckpt__fault(int rank, const char *phase) {
 }
 
 int dt_ckpt__faulty(MPI_Comm comm, const char *phase) {
-  int rank;
-  MPI_Comm_rank(comm, &rank);
+  int rank; /* the world rank: with node leaders the I/O runs on a sub-communicator */
+  (void)comm;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   return fault_phase && rank == fault_rank && strcmp(fault_phase, phase) == 0;
+}
+
+int dt_ckpt__own_io(void) {
+  const char *e = getenv("DTRAIN_CKPT_DIRECT");
+  return !e || strcmp(e, "0") != 0;
+}
+
+/* ---- node leaders ------------------------------------------------------------------------- */
+
+int dt_ckpt__node_leaders(MPI_Comm comm, const dt_ckpt_arenas_t *a, MPI_Comm *lead, MPI_Comm *node) {
+  *lead = *node = MPI_COMM_NULL;
+  const char *w = getenv("DTRAIN_CKPT_WRITERS");
+  int full = a->model.full && (!a->m || a->optim.full), all_full = 0, rank, size;
+  MPI_Allreduce(&full, &all_full, 1, MPI_INT, MPI_MIN, comm);
+  MPI_Comm_rank(comm, &rank);
+  MPI_Comm_size(comm, &size);
+  if (!all_full || size == 1 || (w && !strcmp(w, "all"))) return 0;
+  int k = w && atoi(w) > 0 ? atoi(w) : 0; /* test hook: groups of k consecutive ranks act as nodes */
+  if (k > 0) MPI_Comm_split(comm, rank / k, rank, node);
+  else MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, node);
+  int nrank, nsize, nodes_max = 0;
+  MPI_Comm_rank(*node, &nrank);
+  MPI_Comm_size(*node, &nsize);
+  MPI_Allreduce(&nsize, &nodes_max, 1, MPI_INT, MPI_MAX, comm);
+  if (nodes_max == 1) { /* one rank per node everywhere: every rank is a leader, nothing to gain */
+    MPI_Comm_free(node);
+    return 0;
+  }
+  MPI_Comm_split(comm, nrank == 0 ? 0 : MPI_UNDEFINED, rank, lead);
+  return 1;
+}
+
+void dt_ckpt__node_leaders_free(MPI_Comm *lead, MPI_Comm *node) {
+  if (*lead != MPI_COMM_NULL) MPI_Comm_free(lead);
+  if (*node != MPI_COMM_NULL) MPI_Comm_free(node);
+}
+
+void dt_ckpt__quiet_barrier(MPI_Comm comm) {
+  MPI_Request r;
+  int done = 0;
+  MPI_Ibarrier(comm, &r);
+  while (MPI_Test(&r, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
+    struct timespec ts = {0, 200000}; /* 0.2 ms: a waiting rank leaves its core to the I/O */
+    nanosleep(&ts, NULL);
+  }
 }
 
 /* Phase timer for bench/ckpt_io.sh: with DTRAIN_CKPT_TIMES set, rank 0 of comm prints

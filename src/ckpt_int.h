@@ -6,6 +6,7 @@
 
 #include <mpi.h>
 
+#include "ckpt.h"
 #include "status.h"
 
 /* Collective: every rank returns the status of the lowest failing rank (DT_OK if none), and
@@ -15,14 +16,33 @@ dt_status_t dt_ckpt__agree(MPI_Comm comm, dt_status_t st);
 const char *dt_ckpt__h5msg(char *buf, size_t n);
 /* Turn off HDF5's automatic error printing (we report errors ourselves). */
 void dt_ckpt__h5_quiet(void);
-/* 1 if the test hook asks this rank to fail at `phase`. */
+/* 1 if the test hook asks this rank (its MPI_COMM_WORLD rank) to fail at `phase`. */
 int dt_ckpt__faulty(MPI_Comm comm, const char *phase);
+/* Replicated arenas (model and optimizer ranges `full` on every rank: pure data parallelism): the
+ * file needs only one rank per node. Returns 1 and sets *node (the ranks of this shared-memory
+ * node) and *lead (the node leaders, node rank 0, ordered by rank; MPI_COMM_NULL on the others);
+ * returns 0 (nothing set) when some rank holds boxes, every node has one rank, or
+ * DTRAIN_CKPT_WRITERS=all asks for every rank to take part (DTRAIN_CKPT_WRITERS=K: groups of K
+ * consecutive ranks act as nodes, for tests). Collective over comm. */
+int dt_ckpt__node_leaders(MPI_Comm comm, const dt_ckpt_arenas_t *a, MPI_Comm *lead, MPI_Comm *node);
+void dt_ckpt__node_leaders_free(MPI_Comm *lead, MPI_Comm *node);
+/* Barrier that sleeps while it waits (MPI_Ibarrier + 0.2 ms naps): ranks with no I/O wait here
+ * without taking the cores from the node leaders doing it. */
+void dt_ckpt__quiet_barrier(MPI_Comm comm);
 /* DTRAIN_CKPT_TIMES set: rank 0 prints "# ckpt-time <what> <s since t0>" to stderr (benchmarks). */
 void dt_ckpt__time(MPI_Comm comm, const char *what, double t0);
 /* Communicator from the API's `const void *mpi_comm` (NULL = MPI_COMM_WORLD). */
 MPI_Comm dt_ckpt__comm(const void *mpi_comm);
 
 /* ---- shared by ckpt_write.c and ckpt_read.c ---- */
+/* Large datasets (>= DT_CKPT_OWN_MIN bytes) move through dtrain's own file descriptors at the
+ * dataset's file offset (H5Dget_offset), O_DIRECT where the file system takes it, in chunks of
+ * DT_CKPT_CHUNK bytes through DT_CKPT_ALIGN-aligned buffers: writes of replicated arenas
+ * (ckpt_write.c) and every read (ckpt_read.c). DTRAIN_CKPT_DIRECT=0: everything through HDF5. */
+#define DT_CKPT_ALIGN 4096u
+#define DT_CKPT_OWN_MIN (1u << 20)
+#define DT_CKPT_CHUNK (16u << 20)
+int dt_ckpt__own_io(void);
 #include <hdf5.h>
 
 #include "ckpt.h"

@@ -2,12 +2,14 @@
  * reads and checksums 1/P of it, an allgather gives every rank the whole tensor, the combined
  * CRC32C is verified and each rank copies out its boxes (transposing back to our layout). */
 #include <errno.h>
+#include <fcntl.h>
 #include <hdf5.h>
 #include <limits.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ckpt.h"
 #include "ckpt_int.h"
@@ -215,6 +217,43 @@ static int in_place(const dt_tensor_t *t, const fshape_t *f, const fbox_t *bx, i
          bx[0].c1 == f->FC && (f->FR == 1 || bx[0].src->ld == f->FC);
 }
 
+/* ---- own-descriptor reads (ckpt_int.h) ------------------------------------------------------ */
+
+/* Read up to n bytes at off; returns the bytes read (fewer only at end of file), -1 on error. */
+static ssize_t pread_full(int fd, void *buf, size_t n, uint64_t off) {
+  char *b = buf;
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = pread(fd, b + got, n - got, (off_t)(off + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -1;
+    if (r == 0) break;
+    got += (size_t)r;
+  }
+  return (ssize_t)got;
+}
+
+/* len bytes of the file at off into dst: O_DIRECT reads of the page-aligned cover of each chunk
+ * into the aligned bounce buffer (the extra bytes at the edges are dropped), or, when O_DIRECT is
+ * unavailable or refuses, a plain read. Adds the O_DIRECT bytes to *n_direct. 0 or -1 (errno). */
+static int read_own(int fd_direct, int fd_buf, char *bounce, uint64_t off, size_t len, char *dst, uint64_t *n_direct) {
+  while (len > 0) {
+    size_t n = len < DT_CKPT_CHUNK - 2 * DT_CKPT_ALIGN ? len : DT_CKPT_CHUNK - 2 * DT_CKPT_ALIGN;
+    uint64_t a0 = off / DT_CKPT_ALIGN * DT_CKPT_ALIGN;
+    size_t pre = (size_t)(off - a0), span = (pre + n + DT_CKPT_ALIGN - 1) / DT_CKPT_ALIGN * DT_CKPT_ALIGN;
+    ssize_t got = fd_direct >= 0 ? pread_full(fd_direct, bounce, span, a0) : -1;
+    if (got >= (ssize_t)(pre + n)) {
+      memcpy(dst, bounce + pre, n);
+      *n_direct += n;
+    } else if ((errno = 0, pread_full(fd_buf, dst, n, off)) != (ssize_t)n) {
+      if (errno == 0) errno = EIO; /* a short read: the file ends early */
+      return -1;
+    }
+    off += n, dst += n, len -= n;
+  }
+  return 0;
+}
+
 dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout_t *lay, const dt_ckpt_arenas_t *a,
                          dt_ckpt_state_t *st_out) {
   MPI_Comm comm = dt_ckpt__comm(mpi_comm);
@@ -236,6 +275,9 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   pthread_t th;
   int running = 0; /* an unpack thread to join */
   job_t job[2];
+  int fd_buf = -1, fd_direct = -1, *own = NULL; /* own[d]: read through our descriptors (read_own) */
+  uint64_t *foff = NULL, n_direct = 0;
+  char *bounce = NULL;
 
   double t0 = dt_time_now(), t_rd = 0, t_crc = 0, t_ag = 0, t_un = 0, tp;
   /* Phase 1 (local). */
@@ -285,6 +327,27 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   st = check_header(file, lay, &s, path);
   if (st == DT_OK) st = open_dsets(file, lay, &D, stored, path);
   if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
+  /* Large datasets through our own descriptors (the same choice on every rank: H5Dread is
+   * collective); every rank needs a plain descriptor, O_DIRECT is each rank's own business. */
+  int own_ok = dt_ckpt__own_io(), have, all;
+  if (own_ok) {
+    fd_buf = open(path, O_RDONLY | O_CLOEXEC);
+#ifdef O_DIRECT
+    fd_direct = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
+#endif
+    if (posix_memalign((void **)&bounce, DT_CKPT_ALIGN, DT_CKPT_CHUNK) != 0) bounce = NULL;
+    have = fd_buf >= 0 && bounce;
+    MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, comm);
+    own_ok = all;
+  }
+  own = calloc((size_t)D.n_ds, sizeof *own);
+  foff = calloc((size_t)D.n_ds, sizeof *foff);
+  if (!own || !foff) st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
+  for (int d = 0; own && foff && own_ok && d < D.n_ds; d++) {
+    haddr_t o = D.bytes[d] >= DT_CKPT_OWN_MIN ? H5Dget_offset(D.ds[d]) : HADDR_UNDEF;
+    own[d] = o != HADDR_UNDEF, foff[d] = (uint64_t)o;
+  }
+  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
 
   /* Every rank holds full arenas (the same boxes everywhere): then Conv1D weights use
    * transpose_share, a collective path all ranks must take together. */
@@ -315,7 +378,14 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     if (hi > lo) H5Sselect_hyperslab(fsp, H5S_SELECT_SET, start, NULL, count, NULL);
     else H5Sselect_none(fsp), H5Sselect_none(msp);
     tp = dt_time_now();
-    if (H5Dread(D.ds[d], H5T_NATIVE_FLOAT, msp, fsp, dxpl, buf + dsp[rank]) < 0) st = dt_ckpt__h5err(path, D.names[d], "cannot read");
+    if (own[d]) {
+      size_t nbytes = (size_t)(hi - lo) * unit * sizeof(float);
+      if (nbytes && read_own(fd_direct, fd_buf, bounce, foff[d] + (uint64_t)lo * unit * sizeof(float), nbytes,
+                             (char *)(buf + dsp[rank]), &n_direct) < 0)
+        st = DT_ERR(DT_ERR_IO, "%s: %s: read failed: %s", path, D.names[d], strerror(errno));
+    } else if (H5Dread(D.ds[d], H5T_NATIVE_FLOAT, msp, fsp, dxpl, buf + dsp[rank]) < 0) {
+      st = dt_ckpt__h5err(path, D.names[d], "cannot read");
+    }
     t_rd += dt_time_now() - tp;
     H5Sclose(msp);
     H5Sclose(fsp);
@@ -365,7 +435,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     }
   }
   dt_ckpt__time(comm, "read: tensors", t0);
-  dt_ckpt__time(comm, "  H5Dread", dt_time_now() - t_rd);
+  dt_ckpt__time(comm, own_ok ? (fd_direct >= 0 ? "  read (own, O_DIRECT)" : "  read (own, buffered)") : "  H5Dread",
+                dt_time_now() - t_rd);
   dt_ckpt__time(comm, "  crc", dt_time_now() - t_crc);
   dt_ckpt__time(comm, "  allgather", dt_time_now() - t_ag);
   dt_ckpt__time(comm, "  unpack wait", dt_time_now() - t_un);
@@ -376,6 +447,11 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
 
 out:
   if (running) pthread_join(th, NULL);
+  if (fd_buf >= 0) close(fd_buf);
+  if (fd_direct >= 0) close(fd_direct);
+  free(bounce);
+  free(own);
+  free(foff);
   dt_ckpt__dsets_free(&D);
   if (file >= 0) H5Fclose(file);
   if (fapl >= 0) H5Pclose(fapl);
@@ -395,4 +471,5 @@ out:
   else dt_ckpt_state_free(&s);
   return st;
 }
+
 

@@ -513,12 +513,25 @@ int main(int argc, char **argv) {
       printf("bench %zu params x 3 (%.0f MB): save %.2f s, load+verify %.2f s with %d ranks\n", big.n_params,
              big.n_params * 12.0 / 1e6, t1 - t0, t2 - t1, size);
     free(b.p), free(b.m), free(b.v), free(big.tensors);
+  } else if (strcmp(mode, "corrupt") == 0 && argc > 7) { /* corrupt FILE L C V T DATASET: load must refuse it */
+    dt_layout_t big;
+    layout(&big, atoi(argv[3]), 12, atoi(argv[4]), atoi(argv[5]), atoi(argv[6]));
+    bufs_t b = bufs(&big);
+    dt_ckpt_arenas_t a = dt_ckpt_arenas_full(b.p, b.m, b.v);
+    MPI_Comm w = MPI_COMM_WORLD;
+    dt_status_t st = dt_ckpt_load(&w, dir, &big, &a, NULL);
+    CHECK(all_agree(st, DT_ERR_CKPT) && strstr(dt_err_msg(), "CRC32C mismatch") && strstr(dt_err_msg(), argv[7]),
+          "corrupt %s: %s", argv[7], dt_err_msg());
+    if (rank == 0) printf("ok flipped bit in %s detected with %d ranks: %s\n", argv[7], size, dt_err_msg());
+    free(b.p), free(b.m), free(b.v), free(big.tensors);
   } else if (strcmp(mode, "load") == 0) {
     load_expect(dir, &lay, step, "cross-layout");
   }
   int tot;
   MPI_Allreduce(&fails, &tot, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
-  if (rank == 0) printf("%s: %d failure(s) with %d ranks\n", tot ? "FAILED" : "PASSED", tot, size);
+  const char *wr = getenv("DTRAIN_CKPT_WRITERS");
+  if (rank == 0) printf("%s: %d failure(s) with %d ranks (replicated arenas written by %s)\n", tot ? "FAILED" : "PASSED", tot, size,
+                        !wr ? "one rank per node" : !strcmp(wr, "all") ? "every rank" : "one rank per group of DTRAIN_CKPT_WRITERS ranks");
   free(lay.tensors);
   MPI_Finalize();
   return tot ? 1 : 0;

@@ -254,6 +254,26 @@ static int read_own(int fd_direct, int fd_buf, char *bounce, uint64_t off, size_
   return 0;
 }
 
+/* A dataset part read (and checksummed) on a helper thread while the previous dataset is
+ * exchanged between the ranks: disk and memory work overlap. */
+typedef struct {
+  int fd_direct, fd_buf;
+  char *bounce;
+  uint64_t off;
+  size_t n;
+  char *dst;
+  uint64_t n_direct;
+  uint32_t crc;
+  int err; /* errno of a failed read, 0 = ok */
+} prefetch_t;
+
+static void *prefetch_thread(void *p) {
+  prefetch_t *x = p;
+  x->err = x->n && read_own(x->fd_direct, x->fd_buf, x->bounce, x->off, x->n, x->dst, &x->n_direct) < 0 ? (errno ? errno : EIO) : 0;
+  x->crc = x->err ? 0 : dt_crc32c(0, x->dst, x->n);
+  return NULL;
+}
+
 dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout_t *lay, const dt_ckpt_arenas_t *a,
                          dt_ckpt_state_t *st_out) {
   MPI_Comm comm = dt_ckpt__comm(mpi_comm);
@@ -268,16 +288,19 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   dsets_t D;
   memset(&D, 0, sizeof D);
   hid_t fapl = -1, dxpl = -1, file = -1;
-  float *stg[2] = {NULL, NULL};
+  float *stg[3] = {NULL, NULL, NULL}; /* staging, by d % 3: d's exchange, d - 1's unpack, d + 1's prefetch */
   uint32_t *stored = NULL, *crcs = NULL, *mine = NULL; /* crcs: (size, n_ds) per-rank part CRCs */
   int *cnt = NULL, *dsp = NULL;
-  fbox_t *bx[2] = {NULL, NULL};
+  fbox_t *bx[3] = {NULL, NULL, NULL};
   pthread_t th;
   int running = 0; /* an unpack thread to join */
   job_t job[2];
   int fd_buf = -1, fd_direct = -1, *own = NULL; /* own[d]: read through our descriptors (read_own) */
   uint64_t *foff = NULL, n_direct = 0;
-  char *bounce = NULL;
+  char *bounce = NULL, *bounce2 = NULL;
+  prefetch_t pf;
+  pthread_t pth;
+  int pre = -1; /* the dataset being prefetched (pth running), -1 none */
 
   double t0 = dt_time_now(), t_rd = 0, t_crc = 0, t_ag = 0, t_un = 0, tp;
   /* Phase 1 (local). */
@@ -293,16 +316,16 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     mine = calloc((size_t)D.n_ds, sizeof *mine);
     cnt = calloc((size_t)size, sizeof *cnt);
     dsp = calloc((size_t)size, sizeof *dsp);
-    for (int k = 0; k < 2; k++) bx[k] = malloc((size_t)(rg[0].n > rg[1].n ? rg[0].n : rg[1].n) * sizeof(fbox_t) + 1);
-    size_t need = 1; /* two stage buffers, each the largest tensor that is not read in place */
+    for (int k = 0; k < 3; k++) bx[k] = malloc((size_t)(rg[0].n > rg[1].n ? rg[0].n : rg[1].n) * sizeof(fbox_t) + 1);
+    size_t need = 1; /* three stage buffers, each the largest tensor that is not read in place */
     for (int d = 0; bx[0] && d < D.n_ds; d++) {
       int ti = d % lay->n_tensors;
       fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[ti]);
       int nb = dt_ckpt__boxes_of(lay, &rg[d >= lay->n_tensors], ti, bx[0]);
       if (!in_place(&lay->tensors[ti], &f, bx[0], nb) && f.FR * f.FC > need) need = f.FR * f.FC;
     }
-    for (int k = 0; k < 2; k++) stg[k] = malloc(need * sizeof(float));
-    if (!stg[0] || !stg[1] || !stored || !crcs || !mine || !cnt || !dsp || !bx[0] || !bx[1])
+    for (int k = 0; k < 3; k++) stg[k] = malloc(need * sizeof(float));
+    if (!stg[0] || !stg[1] || !stg[2] || !stored || !crcs || !mine || !cnt || !dsp || !bx[0] || !bx[1] || !bx[2])
       st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
   }
   if (st == DT_OK && dt_ckpt__max_tensor(lay) >= INT_MAX) st = DT_ERR(DT_ERR_UNSUPPORTED, "%s: tensor too large for MPI counts", path);
@@ -336,7 +359,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     fd_direct = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
 #endif
     if (posix_memalign((void **)&bounce, DT_CKPT_ALIGN, DT_CKPT_CHUNK) != 0) bounce = NULL;
-    have = fd_buf >= 0 && bounce;
+    if (posix_memalign((void **)&bounce2, DT_CKPT_ALIGN, DT_CKPT_CHUNK) != 0) bounce2 = NULL;
+    have = fd_buf >= 0 && bounce && bounce2;
     MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, comm);
     own_ok = all;
   }
@@ -355,7 +379,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   MPI_Allreduce(MPI_IN_PLACE, full_all, 2, MPI_INT, MPI_MIN, comm);
 
   /* Phase 3: per dataset: read 1/P, checksum it, allgather tensor and CRCs, verify, unpack; the
-   * unpack (transposes) of tensor d runs on a helper thread while d + 1 is read. */
+   * unpack (transposes) of tensor d runs on a helper thread while d + 1 is read, and a large
+   * dataset's part is read (prefetched) on another while the one before is exchanged. */
   for (int d = 0; d < D.n_ds; d++) {
     int ti = d % lay->n_tensors, gi = d / lay->n_tensors;
     fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[ti]);
@@ -367,37 +392,57 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     dt_ckpt__split_first(&f, rank, size, &lo, &hi);
     /* The whole tensor as one contiguous box in file order (non-transposed, full arena): read and
      * gather it in place, no staging copy. Otherwise stage it and unpack. */
-    fbox_t *b = bx[d & 1];
+    fbox_t *b = bx[d % 3];
     int nb = dt_ckpt__boxes_of(lay, &rg[gi ? 1 : 0], ti, b);
-    float *local = gi == 0 ? a->params : gi == 1 ? a->m : a->v, *buf = stg[d & 1];
+    float *local = gi == 0 ? a->params : gi == 1 ? a->m : a->v, *buf = stg[d % 3];
     if (in_place(&lay->tensors[ti], &f, b, nb)) buf = local + dt_ckpt__local_index(&lay->tensors[ti], &b[0], 0, 0);
-    hid_t fsp = H5Dget_space(D.ds[d]);
-    hsize_t mc = hi > lo ? (hi - lo) * unit : 1;
-    hid_t msp = H5Screate_simple(1, &mc, NULL);
-    hsize_t start[2] = {lo, 0}, count[2] = {hi - lo, unit};
-    if (hi > lo) H5Sselect_hyperslab(fsp, H5S_SELECT_SET, start, NULL, count, NULL);
-    else H5Sselect_none(fsp), H5Sselect_none(msp);
     tp = dt_time_now();
-    if (own[d]) {
+    int crc_done = 0;
+    if (own[d] && pre == d) { /* prefetched */
+      pthread_join(pth, NULL);
+      pre = -1;
+      n_direct += pf.n_direct;
+      if (pf.err) st = DT_ERR(DT_ERR_IO, "%s: %s: read failed: %s", path, D.names[d], strerror(pf.err));
+      mine[d] = pf.crc, crc_done = 1;
+    } else if (own[d]) {
       size_t nbytes = (size_t)(hi - lo) * unit * sizeof(float);
       if (nbytes && read_own(fd_direct, fd_buf, bounce, foff[d] + (uint64_t)lo * unit * sizeof(float), nbytes,
                              (char *)(buf + dsp[rank]), &n_direct) < 0)
         st = DT_ERR(DT_ERR_IO, "%s: %s: read failed: %s", path, D.names[d], strerror(errno));
-    } else if (H5Dread(D.ds[d], H5T_NATIVE_FLOAT, msp, fsp, dxpl, buf + dsp[rank]) < 0) {
-      st = dt_ckpt__h5err(path, D.names[d], "cannot read");
+    } else {
+      hid_t fsp = H5Dget_space(D.ds[d]);
+      hsize_t mc = hi > lo ? (hi - lo) * unit : 1;
+      hid_t msp = H5Screate_simple(1, &mc, NULL);
+      hsize_t start[2] = {lo, 0}, count[2] = {hi - lo, unit};
+      if (hi > lo) H5Sselect_hyperslab(fsp, H5S_SELECT_SET, start, NULL, count, NULL);
+      else H5Sselect_none(fsp), H5Sselect_none(msp);
+      if (H5Dread(D.ds[d], H5T_NATIVE_FLOAT, msp, fsp, dxpl, buf + dsp[rank]) < 0) st = dt_ckpt__h5err(path, D.names[d], "cannot read");
+      H5Sclose(msp);
+      H5Sclose(fsp);
     }
     t_rd += dt_time_now() - tp;
-    H5Sclose(msp);
-    H5Sclose(fsp);
     if (st == DT_OK && dt_ckpt__faulty(comm, "read")) st = DT_ERR(DT_ERR_IO, "%s: %s: simulated read failure (test hook)", path, D.names[d]);
     if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
+    if (d + 1 < D.n_ds && own[d + 1]) { /* prefetch the next part into its own slot ((d + 1) % 3) */
+      int ti1 = (d + 1) % lay->n_tensors, gi1 = (d + 1) / lay->n_tensors;
+      fshape_t f1 = dt_ckpt__fshape(lay, &lay->tensors[ti1]);
+      hsize_t unit1 = f1.ndim == 2 ? f1.dims[1] : 1, lo1, hi1;
+      dt_ckpt__split_first(&f1, rank, size, &lo1, &hi1);
+      fbox_t *b1 = bx[(d + 1) % 3];
+      int nb1 = dt_ckpt__boxes_of(lay, &rg[gi1 ? 1 : 0], ti1, b1);
+      float *local1 = gi1 == 0 ? a->params : gi1 == 1 ? a->m : a->v, *buf1 = stg[(d + 1) % 3];
+      if (in_place(&lay->tensors[ti1], &f1, b1, nb1)) buf1 = local1 + dt_ckpt__local_index(&lay->tensors[ti1], &b1[0], 0, 0);
+      pf = (prefetch_t){fd_direct, fd_buf, bounce2, foff[d + 1] + (uint64_t)lo1 * unit1 * sizeof(float),
+                        (size_t)(hi1 - lo1) * unit1 * sizeof(float), (char *)(buf1 + lo1 * unit1), 0, 0, 0};
+      if (pthread_create(&pth, NULL, prefetch_thread, &pf) == 0) pre = d + 1;
+    }
     tp = dt_time_now();
-    mine[d] = dt_crc32c(0, buf + dsp[rank], (size_t)cnt[rank] * sizeof(float)); /* verified after the loop */
+    if (!crc_done) mine[d] = dt_crc32c(0, buf + dsp[rank], (size_t)cnt[rank] * sizeof(float)); /* verified after the loop */
     t_crc += dt_time_now() - tp, tp = dt_time_now();
     int share = size > 1 && full_all[gi ? 1 : 0] && whole_transposed(&lay->tensors[ti], &f, b, nb);
     if (!share) MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, cnt, dsp, MPI_FLOAT, comm);
     t_ag += dt_time_now() - tp;
-    if (share) { /* (the unpack thread of d - 1 uses the other stage buffer, which d + 1 reads into) */
+    if (share) { /* (the unpack thread of d - 1 uses another stage buffer) */
       tp = dt_time_now();
       if (running) pthread_join(th, NULL);
       running = 0;
@@ -407,10 +452,10 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
       continue;
     }
     tp = dt_time_now();
-    if (running) pthread_join(th, NULL); /* the previous tensor's unpack (it used the other buffers) */
+    if (running) pthread_join(th, NULL); /* the previous tensor's unpack (it used another slot) */
     running = 0;
     t_un += dt_time_now() - tp;
-    job[d & 1] = (job_t){lay, ti, buf == stg[d & 1] ? nb : 0, (gi ? a->optim : a->model).full, f, buf, b, local};
+    job[d & 1] = (job_t){lay, ti, buf == stg[d % 3] ? nb : 0, (gi ? a->optim : a->model).full, f, buf, b, local};
     if (job[d & 1].nb == 0 || pthread_create(&th, NULL, unpack_thread, &job[d & 1]) != 0) unpack_thread(&job[d & 1]);
     else running = 1;
   }
@@ -447,6 +492,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
 
 out:
   if (running) pthread_join(th, NULL);
+  if (pre >= 0) pthread_join(pth, NULL);
+  free(bounce2);
   if (fd_buf >= 0) close(fd_buf);
   if (fd_direct >= 0) close(fd_direct);
   free(bounce);
@@ -460,6 +507,7 @@ out:
   dt_ckpt_ranges_free(&rg[1]);
   free(stg[0]);
   free(stg[1]);
+  free(stg[2]);
   free(stored);
   free(crcs);
   free(mine);
@@ -467,6 +515,7 @@ out:
   free(dsp);
   free(bx[0]);
   free(bx[1]);
+  free(bx[2]);
   if (st == DT_OK && st_out) *st_out = s;
   else dt_ckpt_state_free(&s);
   return st;

@@ -15,9 +15,10 @@
  *                  block 0) becomes +inf after the all-reduce, before the norm: with
  *                  precision = fp16 every rank must skip that step and halve the loss scale
  *                  (tests/precision_scaler.sh); otherwise the run stops on the non-finite norm
- *   tied_drift     from `step` on, this rank's gradient of wte is scaled like bad_math after the
- *                  pipeline's tied-embedding sum (pp > 1: the first and last stage's copies of the
- *                  tied embedding drift apart; tests/pp_equiv.sh expects the save to refuse)
+ *   tied_drift     with pp > 1 only, from `step` on, this rank's gradient of wte is scaled like
+ *                  bad_math after the pipeline's tied-embedding sum (the first and last stage's
+ *                  copies of the tied embedding drift apart: the save refuses, tests/pp_equiv.sh;
+ *                  validation/'s model_parallel check fails first)
  * validation/ (tests/validation.sh) plants each and expects the matching check to fail. */
 #ifndef DT_FAULT_H
 #define DT_FAULT_H

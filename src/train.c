@@ -602,7 +602,7 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   }
   if (tr->zero.stage == 1) DT_TRY(dt_zero_reduce_grads(&tr->zero, be->grads)); /* this rank's shard, averaged */
   DT_TRY(pp_tied_grads(tr));
-  if (dt_fault("tied_drift", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: this rank's wte grads */
+  if (tr->mesh.pp > 1 && dt_fault("tied_drift", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: wte grads */
     dt_fault_scale(be->grads + tr->lay.tensors[0].offset, (size_t)tr->lay.tensors[0].rows * tr->lay.tensors[0].cols,
                    DT_FAULT_BAD_MATH_SCALE);
   if (dt_fault("bad_math", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: block 1's grads */

@@ -7,6 +7,7 @@
 #     the first failing check in its summary is the one that should catch it:
 #       bad_allreduce@1 -> collectives   bad_math@0:3 -> numerics
 #       ckpt_noflush@0  -> checkpoint    slow_rank@1  -> throughput
+#       tied_drift@1:3  -> model_parallel
 set -u
 : "${top_srcdir:?}" "${top_builddir:?}"
 CLUSTER="$top_srcdir/scripts/slurm-cluster.sh"
@@ -43,13 +44,13 @@ grep -v '^# \+[0-9]' "$DIR/clean.log" # the bench-comm rows are in the log file
 [ $rc -eq 0 ] || fail "clean validation run exited $rc"
 grep -q '^# failed checks: none' "$DIR/clean.log" || fail "clean run: summary does not say 'failed checks: none'"
 n_ok=$(grep -c '^ok [0-9]' "$DIR/clean.log")
-[ "$n_ok" -eq 7 ] || fail "clean run: $n_ok of 7 TAP lines are ok"
-grep -q '<testsuite name="dtrain-validation.ci" tests="7" failures="0"' "$DIR/clean.xml" || fail "JUnit XML: want 7 tests, 0 failures"
+[ "$n_ok" -eq 8 ] || fail "clean run: $n_ok of 8 TAP lines are ok"
+grep -q '<testsuite name="dtrain-validation.ci" tests="8" failures="0"' "$DIR/clean.xml" || fail "JUnit XML: want 8 tests, 0 failures"
 grep -q 'throughput/scaling_efficiency' "$DIR/clean.log" || fail "no scaling efficiency (1 node vs 2 nodes) in the summary"
-echo "ok: clean run passed all 7 checks in $(($(date +%s) - t0)) s (TAP + JUnit XML)"
+echo "ok: clean run passed all 8 checks in $(($(date +%s) - t0)) s (TAP + JUnit XML)"
 
 # 2. planted faults: the suite must fail and name the right check first
-for pair in bad_allreduce@1:collectives bad_math@0:3:numerics ckpt_noflush@0:checkpoint slow_rank@1:throughput; do
+for pair in bad_allreduce@1:collectives bad_math@0:3:numerics tied_drift@1:3:model_parallel ckpt_noflush@0:checkpoint slow_rank@1:throughput; do
   fault=${pair%:*}
   want=${pair##*:}
   log="$DIR/fault-${fault%%@*}.log"

@@ -183,7 +183,8 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
     tr->be.opt_lo = lo;
     tr->be.opt_hi = hi;
     DT_TRY(dt_zero_init(&tr->zero, cfg->zero, tr->mesh.dp_comm, tr->mesh.dp_idx, n, (size_t)cfg->bucket_mb << 20));
-    if (tr->lay.tp == 1) DT_TRY(dt_ckpt_ranges_add_flat(&tr->zero_optim, &tr->lay, lo, hi)); /* tp: host_arenas */
+    if (tr->lay.tp == 1 && tr->lay.pp <= 1) /* tp, pp: host_arenas clips the shard boxes */
+      DT_TRY(dt_ckpt_ranges_add_flat(&tr->zero_optim, &tr->lay, lo, hi));
   }
   DT_TRY(ops->init(&tr->be, &tr->lay, tr->B, tr->T, tr->mesh.threads));
   tr->be.tp_comm = tr->mesh.tp > 1 ? tr->mesh.tp_comm : NULL;
@@ -600,8 +601,10 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
     tr->t_comm_wait_sum += tr->ddp.t_comm_wait;
     tr->n_timed_steps++;
   }
-  if (tr->zero.stage == 1) DT_TRY(dt_zero_reduce_grads(&tr->zero, be->grads)); /* this rank's shard, averaged */
+  /* the tied embedding's two partial gradients (pp > 1) are summed while every rank still holds its
+   * whole gradient arena: ZeRO-1 cuts the first and last stage's arenas into different shards */
   DT_TRY(pp_tied_grads(tr));
+  if (tr->zero.stage == 1) DT_TRY(dt_zero_reduce_grads(&tr->zero, be->grads)); /* this rank's shard, averaged */
   if (tr->mesh.pp > 1 && dt_fault("tied_drift", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: wte grads */
     dt_fault_scale(be->grads + tr->lay.tensors[0].offset, (size_t)tr->lay.tensors[0].rows * tr->lay.tensors[0].cols,
                    DT_FAULT_BAD_MATH_SCALE);

@@ -6,7 +6,8 @@
 # of) within 1e-5 norm-wise per tensor, at (dp, tp, pp) = (1,1,2), (1,1,4), (2,1,2), (1,2,2) on 4
 # ranks or fewer, and (2,2,2), (1,2,4), (2,1,4) on 8; (1,1,4) also with 8 micro-batches of 1
 # sequence (a long 1F1B steady state) and with pp = 4 > micro-batches = 2 (warm-up cut short);
-# (1,1,3) with stages balanced by compute (parallel.pp_balance) instead of parameters.
+# (1,1,3) with stages balanced by compute (parallel.pp_balance) instead of parameters; (2,1,2) with
+# ZeRO-1 (AdamW state sharded over dp inside each stage).
 # (dp, tp) layouts without pp are tests/tp_equiv.sh's. What may differ: the gradient norm's sum
 # over stages and the tied embedding's gradient summed between the first and last stage instead of
 # accumulated in one buffer; a wrong stage split, a lost or misrouted activation, a missing tied
@@ -36,6 +37,7 @@ go 222 8 parallel.pp=2 parallel.tp=2 train.micro_batch=2
 go 124 8 parallel.pp=4 parallel.tp=2
 go 214 8 parallel.pp=4 train.micro_batch=2
 go 113c 3 parallel.pp=3 parallel.pp_balance=compute
+go 212z 4 parallel.pp=2 train.micro_batch=2 parallel.zero=1
 grep -q "mesh dp=2 x tp=2 x pp=2" "$t/222.out" || { echo "FAIL: no 2x2x2 mesh line"; exit 1; }
 "$PY" - "$t" <<'PY'
 import json, sys
@@ -44,7 +46,7 @@ d = sys.argv[1]
 load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
 ref = load("1")
 assert len(ref) == 20, len(ref)
-runs = ("112", "114", "114m8", "212", "122", "222", "124", "214", "113c")
+runs = ("112", "114", "114m8", "212", "122", "222", "124", "214", "113c", "212z")
 for n in runs:
     rows = load(n)
     assert len(rows) == 20, (n, len(rows))
@@ -53,7 +55,7 @@ for n in runs:
         rel = abs(a["loss"] - b["loss"]) / abs(a["loss"])
         assert rel <= 1e-5, f"{n} step {b['step']}: loss {b['loss']} vs 1 rank {a['loss']} (rel {rel:.2e})"
         assert a["sample0"] == b["sample0"] and a["samples"] == b["samples"], (n, b["step"], "samples")
-    note = " 8 micro-batches" if n.endswith("m8") else " pp_balance=compute" if n.endswith("c") else ""
+    note = {"m": " 8 micro-batches", "c": " pp_balance=compute", "z": " zero=1"}.get(n[3:4], "")
     print(f"(dp,tp,pp)=({n[0]},{n[1]},{n[2]}){note}: losses agree at all 20 "
           f"steps; worst relative difference {worst:.2e} (limit 1e-5)")
 # final parameters, per tensor ||a-b|| / ||a||, without the key third of attn.c_attn.bias (its true
@@ -104,7 +106,7 @@ bad() { # bad RANKS MESSAGE ARGS...
   grep -q "$msg" "$t/bad.err" || { echo "FAIL: message lacks '$msg'"; exit 1; }
 }
 bad 1 "parallel.pp: 5 stages for model.n_layer = 4" parallel.pp=5
-bad 2 "parallel.zero: ZeRO stage 1 with parallel.pp = 2 is not implemented yet" parallel.pp=2 parallel.zero=1
+bad 2 "parallel.zero: ZeRO stage 2 with parallel.pp = 2 is not implemented yet" parallel.pp=2 parallel.zero=2
 bad 3 "tp=1 x pp=2 = 2 does not divide the world size 3" parallel.pp=2
 bad 2 "parallel.micro_batches: 3 disagrees with train.grad_accum = 2" parallel.pp=2 parallel.micro_batches=3 train.grad_accum=2 train.global_batch=0
 echo "pp_equiv: OK"

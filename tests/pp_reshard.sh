@@ -3,7 +3,8 @@
 # global-shaped datasets; wte from the first stage, not the last stage's tied copy) resume at any
 # layout: a checkpoint from (dp, tp, pp) = (1, 2, 2) at step 10 of 20 continues at (2, 2, 1),
 # (1, 1, 4), (2, 1, 2) and on one rank, same global batch, within 1e-5 relative loss of the
-# uninterrupted run and on the same global samples (tests/ref/resumed_match.py). Resume at the
+# uninterrupted run and on the same global samples (tests/ref/resumed_match.py); with ZeRO-1 at
+# (2, 1, 2) too, and a (2, 1, 2) ZeRO-1 checkpoint (m, v shards of each stage) on one rank. Resume at the
 # same pipeline layout is exact: 20 steps straight and 10 + 10 at pp = 2 log bitwise the same
 # losses and end with bitwise the same parameters and AdamW moments. `dtrain eval` of a pp = 4
 # checkpoint gives the same loss at pp = 1, 2, 4 (the batch passed through the stages).
@@ -29,7 +30,11 @@ resume tp2dp2 4 c parallel.tp=2 train.micro_batch=2
 resume pp4 4 c parallel.pp=4
 resume dp2pp2 4 c parallel.pp=2 train.micro_batch=2
 resume one 1 c
+resume z1 4 c parallel.pp=2 train.micro_batch=2 parallel.zero=1
+mpi 4 "$DTRAIN" "$cfg" $m parallel.pp=2 train.micro_batch=2 parallel.zero=1 checkpoint.dir="$t/cz" train.stop_after=10 > "$t/cz.out"
+resume z1one 1 cz
 "$PY" "$top_srcdir/tests/ref/resumed_match.py" "$t" ref 11 20 "tp2dp2=step-10 (1,2,2) checkpoint at (2,2,1)" \
+  "z1=step-10 (1,2,2) checkpoint at (2,1,2) with zero=1" "z1one=step-10 (2,1,2) zero=1 checkpoint on 1 rank" \
   "pp4=step-10 (1,2,2) checkpoint at (1,1,4)" "dp2pp2=step-10 (1,2,2) checkpoint at (2,1,2)" \
   "one=step-10 (1,2,2) checkpoint on 1 rank"
 

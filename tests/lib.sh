@@ -35,3 +35,23 @@ tmpdir() {
   d=$(mktemp -d "${TMPDIR:-/tmp}/dtrain-test.XXXXXX")
   echo "$d"
 }
+
+# eval_agree DIR KEY CKPT CONFIG [keys...]: `dtrain eval` of checkpoint CKPT on 4 validation batches
+# at parallel.KEY = 1, 2 and 4 ranks must give the same loss within 1e-5 relative (each layout
+# reads its own shard or stage of the global tensors). Scratch files go to DIR.
+eval_agree() {
+  local dir=$1 key=$2 ck=$3 n
+  shift 3
+  for n in 1 2 4; do
+    mpi "$n" "$DTRAIN" eval "$@" parallel.$key=$n --checkpoint "$ck" --data "$DATA/austen_val_*.bin" \
+      --batches 4 2> /dev/null | tail -1 | tee "$dir/eval$n.txt"
+  done
+  "$PY" - "$dir" "$key" <<'PY'
+import sys
+d, key = sys.argv[1], sys.argv[2]
+l = [float(open(f"{d}/eval{n}.txt").read().split()[-1]) for n in (1, 2, 4)]
+w = max(abs(x - l[0]) / l[0] for x in l)
+assert w <= 1e-5, f"eval losses at {key}=1,2,4 {l} differ by {w:.2e}"
+print(f"dtrain eval at {key}=1,2,4: {l} agree within {w:.2e} (limit 1e-5)")
+PY
+}

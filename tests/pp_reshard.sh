@@ -62,16 +62,5 @@ PY
 
 # dtrain eval of a pp = 4 checkpoint at pp = 1, 2, 4
 mpi 4 "$DTRAIN" "$cfg" $m parallel.pp=4 checkpoint.dir="$t/e4" train.steps=5 > "$t/e4.out"
-for n in 1 2 4; do
-  mpi "$n" "$DTRAIN" eval "$cfg" $m parallel.pp=$n --checkpoint "$t/e4/ckpt_00000005.h5" --data "$DATA/austen_val_*.bin" \
-    --batches 4 2> /dev/null | tail -1 | tee "$t/eval$n.txt"
-done
-"$PY" - "$t" <<'PY'
-import sys
-d = sys.argv[1]
-l = [float(open(f"{d}/eval{n}.txt").read().split()[-1]) for n in (1, 2, 4)]
-w = max(abs(x - l[0]) / l[0] for x in l)
-assert w <= 1e-5, f"eval losses at pp=1,2,4 {l} differ by {w:.2e}"
-print(f"dtrain eval at pp=1,2,4: {l} agree within {w:.2e} (limit 1e-5)")
-PY
+eval_agree "$t" pp "$t/e4/ckpt_00000005.h5" "$cfg" $m
 echo "pp_reshard: OK"

@@ -32,16 +32,5 @@ resume back2 2 c4 parallel.tp=2
   "dp4=step-10 (2,2) checkpoint at (4,1)" "one=step-10 (2,2) checkpoint on 1 rank" \
   "pp4=step-10 (2,2) checkpoint at (dp,tp,pp) = (1,1,4)" "back2=step-10 (1,4) checkpoint at (1,2)"
 # dtrain eval reads its shard too: the (2,2) checkpoint's validation loss at tp = 1, 2, 4.
-for n in 1 2 4; do
-  mpi "$n" "$DTRAIN" eval "$cfg" $m parallel.tp=$n --checkpoint "$t/c/ckpt_00000010.h5" --data "$DATA/austen_val_*.bin" \
-    --batches 4 2> /dev/null | tail -1 | tee "$t/eval$n.txt"
-done
-"$PY" - "$t" <<'PY'
-import sys
-d = sys.argv[1]
-l = [float(open(f"{d}/eval{n}.txt").read().split()[-1]) for n in (1, 2, 4)]
-w = max(abs(x - l[0]) / l[0] for x in l)
-assert w <= 1e-5, f"eval losses at tp=1,2,4 {l} differ by {w:.2e}"
-print(f"dtrain eval at tp=1,2,4: {l} agree within {w:.2e} (limit 1e-5)")
-PY
+eval_agree "$t" tp "$t/c/ckpt_00000010.h5" "$cfg" $m
 echo "tp_reshard: OK"

@@ -47,6 +47,8 @@ load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
 ref = load("1")
 assert len(ref) == 20, len(ref)
 runs = ("112", "114", "114m8", "212", "122", "222", "124", "214", "113c", "212z")
+label = lambda n: f"(dp,tp,pp)=({n[0]},{n[1]},{n[2]})" + {"m": " 8 micro-batches", "c": " pp_balance=compute",
+                                                          "z": " zero=1"}.get(n[3:4], "")
 for n in runs:
     rows = load(n)
     assert len(rows) == 20, (n, len(rows))
@@ -55,8 +57,7 @@ for n in runs:
         rel = abs(a["loss"] - b["loss"]) / abs(a["loss"])
         assert rel <= 1e-5, f"{n} step {b['step']}: loss {b['loss']} vs 1 rank {a['loss']} (rel {rel:.2e})"
         assert a["sample0"] == b["sample0"] and a["samples"] == b["samples"], (n, b["step"], "samples")
-    note = {"m": " 8 micro-batches", "c": " pp_balance=compute", "z": " zero=1"}.get(n[3:4], "")
-    print(f"(dp,tp,pp)=({n[0]},{n[1]},{n[2]}){note}: losses agree at all 20 "
+    print(f"{label(n)}: losses agree at all 20 "
           f"steps; worst relative difference {worst:.2e} (limit 1e-5)")
 # final parameters, per tensor ||a-b|| / ||a||, without the key third of attn.c_attn.bias (its true
 # gradient is zero: tests/ref/tensors_match.py)
@@ -67,7 +68,7 @@ for n in runs:
     assert int(f["/state"].attrs["pp"]) == int(n[2]), f"{n}: layout attribute"
     w, wk = tensors_worst(f"{d}/c_1/ckpt_00000020.h5", f"{d}/c_{n}/ckpt_00000020.h5")
     assert w <= 1e-5, f"{n}: final {wk} differs by {w:.2e}"
-    print(f"(dp,tp,pp)=({n[0]},{n[1]},{n[2]}): final parameters within {w:.2e} of 1 rank (worst {wk}; limit 1e-5)")
+    print(f"{label(n)}: final parameters within {w:.2e} of 1 rank (worst {wk}; limit 1e-5)")
 PY
 for f in 112 114 122 222 124 214; do
   grep -q "^# pp: step 20: the last stage's copy of wte is bitwise equal to the first stage's" "$t/$f.out" ||

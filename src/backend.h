@@ -92,6 +92,9 @@ struct dt_backend {
   int B, T;                      /* activation capacity */
   int slots;                     /* activation sets (pipeline micro-batches in flight), set by the
                                     caller before init on a zeroed struct (0 = 1; stage_forward) */
+  int recompute;                 /* CPU, set before init: keep only each block's input and
+                                    recompute the block's activations in backward (bitwise the same
+                                    results, one more forward of compute, far less memory) */
   int threads;
   void *impl;                    /* backend-private state */
   int device;                    /* CUDA: device ordinal, set by the caller before init (CPU: unused) */
@@ -124,8 +127,10 @@ size_t dt_cpu_activation_floats(const dt_dims_t *d, int B, int T, int nthr);
 /* The same for one rank of tensor parallelism tp (local heads, hidden and vocab widths). */
 size_t dt_cpu_activation_floats_tp(const dt_dims_t *d, int tp, int B, int T, int nthr);
 /* The same for a pipeline stage of nl blocks (with the final layernorm, lm_head and loss if
- * `last`) keeping `slots` micro-batches of activations (one activation-gradient scratch). */
-size_t dt_cpu_activation_floats_stage(const dt_dims_t *d, int tp, int nl, int last, int slots, int B, int T, int nthr);
+ * `last`) keeping `slots` micro-batches of activations (one activation-gradient scratch), with
+ * activation recomputation (be->recompute) or without. */
+size_t dt_cpu_activation_floats_stage(const dt_dims_t *d, int tp, int nl, int last, int slots, int B, int T, int nthr,
+                                      int recompute);
 #ifdef DT_HAVE_CUDA
 extern const dt_backend_ops_t dt_backend_cuda;
 /* Floats of the CUDA backend's activation arena for capacity (B, T) (keeps (B, NH, T, T)

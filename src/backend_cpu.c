@@ -105,9 +105,12 @@ static void cpu_free(dt_backend_t *be) {
 }
 
 /* Carve the activation arena into nslots sets of a stage with nl blocks (lnf..lse if `last`)
- * and the shared scratch; with base == NULL only count. Returns floats used. */
+ * and the shared scratch; with base == NULL only count. Returns floats used. With recompute,
+ * a set keeps of each block only its output (residual3; the stage input is `encoded`), and one
+ * block's other activations (ln1 .. fch_gelu) are scratch shared by all sets and blocks: backward
+ * recomputes them from the block's input (block_forward) before it differentiates the block. */
 static size_t carve(cpu_acts_t *sets, int nslots, float *base, const dt_dims_t *d, int tp, int nl, int last, int B,
-                    int T, int nthr) {
+                    int T, int nthr, int recompute) {
   size_t off = 0, L = (size_t)nl, bt = (size_t)B * T, C = d->C, Cl = C / tp;
   cpu_acts_t dummy, *a = &dummy;
 #define TAKE(field, n)                                                  \
@@ -116,21 +119,25 @@ static size_t carve(cpu_acts_t *sets, int nslots, float *base, const dt_dims_t *
     a->field = base && n_ ? base + off : NULL;                          \
     off += (n_ + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN;                   \
   } while (0)
+#define TAKE_BLOCKS(n) /* the blocks' activations for n blocks */ \
+  do {                                                            \
+    TAKE(ln1, (n) * bt * C);                                      \
+    TAKE(ln1_mean, (n) * bt);                                     \
+    TAKE(ln1_rstd, (n) * bt);                                     \
+    TAKE(qkv, (n) * bt * 3 * Cl);                                 \
+    TAKE(atty, (n) * bt * Cl);                                    \
+    TAKE(att_lse, (n) * bt * (d->NH / tp));                       \
+    TAKE(residual2, (n) * bt * C);                                \
+    TAKE(ln2, (n) * bt * C);                                      \
+    TAKE(ln2_mean, (n) * bt);                                     \
+    TAKE(ln2_rstd, (n) * bt);                                     \
+    TAKE(fch, (n) * bt * 4 * Cl);                                 \
+    TAKE(fch_gelu, (n) * bt * 4 * Cl);                            \
+  } while (0)
   for (int k = 0; k < nslots; k++) {
     a = sets ? &sets[k] : &dummy;
     TAKE(encoded, bt * C);
-    TAKE(ln1, L * bt * C);
-    TAKE(ln1_mean, L * bt);
-    TAKE(ln1_rstd, L * bt);
-    TAKE(qkv, L * bt * 3 * Cl);
-    TAKE(atty, L * bt * Cl);
-    TAKE(att_lse, L * bt * (d->NH / tp));
-    TAKE(residual2, L * bt * C);
-    TAKE(ln2, L * bt * C);
-    TAKE(ln2_mean, L * bt);
-    TAKE(ln2_rstd, L * bt);
-    TAKE(fch, L * bt * 4 * Cl);
-    TAKE(fch_gelu, L * bt * 4 * Cl);
+    if (!recompute) TAKE_BLOCKS(L);
     TAKE(residual3, L * bt * C);
     TAKE(lnf, last ? bt * C : 0);
     TAKE(lnf_mean, last ? bt : 0);
@@ -140,37 +147,47 @@ static size_t carve(cpu_acts_t *sets, int nslots, float *base, const dt_dims_t *
     TAKE(lse, last ? bt : 0);
   }
   a = sets ? &sets[0] : &dummy; /* the scratch, shared by every set */
+  if (recompute && L > 0) TAKE_BLOCKS((size_t)1);
   TAKE(dres, bt * C);
   TAKE(dtmp, bt * C);
   TAKE(dqkv, bt * 3 * Cl);
   TAKE(dfch, bt * 4 * Cl);
   TAKE(attscr, dt_attention_scratch_floats(T, nthr));
   TAKE(xtmp, tp > 1 ? 2 * bt : 0);
+#undef TAKE_BLOCKS
 #undef TAKE
   for (int k = 1; sets && k < nslots; k++) {
     sets[k].dres = a->dres, sets[k].dtmp = a->dtmp, sets[k].dqkv = a->dqkv, sets[k].dfch = a->dfch;
     sets[k].attscr = a->attscr, sets[k].xtmp = a->xtmp;
+    if (recompute) {
+      cpu_acts_t *b = &sets[k];
+      b->ln1 = a->ln1, b->ln1_mean = a->ln1_mean, b->ln1_rstd = a->ln1_rstd, b->qkv = a->qkv, b->atty = a->atty;
+      b->att_lse = a->att_lse, b->residual2 = a->residual2, b->ln2 = a->ln2, b->ln2_mean = a->ln2_mean;
+      b->ln2_rstd = a->ln2_rstd, b->fch = a->fch, b->fch_gelu = a->fch_gelu;
+    }
   }
   return off;
 }
 
 size_t dt_cpu_activation_floats(const dt_dims_t *d, int B, int T, int nthr) {
-  return carve(NULL, 1, NULL, d, 1, d->L, 1, B, T, nthr);
+  return carve(NULL, 1, NULL, d, 1, d->L, 1, B, T, nthr, 0);
 }
 
 size_t dt_cpu_activation_floats_tp(const dt_dims_t *d, int tp, int B, int T, int nthr) {
-  return carve(NULL, 1, NULL, d, tp, d->L, 1, B, T, nthr);
+  return carve(NULL, 1, NULL, d, tp, d->L, 1, B, T, nthr, 0);
 }
 
-size_t dt_cpu_activation_floats_stage(const dt_dims_t *d, int tp, int nl, int last, int slots, int B, int T, int nthr) {
-  return carve(NULL, slots, NULL, d, tp, nl, last, B, T, nthr);
+size_t dt_cpu_activation_floats_stage(const dt_dims_t *d, int tp, int nl, int last, int slots, int B, int T, int nthr,
+                                      int recompute) {
+  return carve(NULL, slots, NULL, d, tp, nl, last, B, T, nthr, recompute);
 }
 
 static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads) {
   size_t opt_lo = be->opt_lo, opt_hi = be->opt_hi;
-  int slots = be->slots > 0 ? be->slots : 1;
+  int slots = be->slots > 0 ? be->slots : 1, recompute = be->recompute;
   memset(be, 0, sizeof *be);
   be->slots = slots;
+  be->recompute = recompute;
   if (opt_hi > lay->n_params || opt_lo > opt_hi)
     return DT_ERR(DT_ERR_ARG, "cpu backend: optimizer range [%zu, %zu) outside the arena of %zu", opt_lo, opt_hi,
                   lay->n_params);
@@ -199,7 +216,7 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
   dt_layout_stage(lay, &im->l0, &im->l1, &im->first, &im->last);
   const int nl = im->l1 - im->l0;
   /* what `dtrain plan` counts */
-  size_t nact = dt_cpu_activation_floats_stage(&lay->d, tp, nl, im->last, slots, B, T, im->nthr);
+  size_t nact = dt_cpu_activation_floats_stage(&lay->d, tp, nl, im->last, slots, B, T, im->nthr, recompute);
   im->arena = alloc_floats(nact);
   im->nslots = slots;
   im->acts = calloc((size_t)slots, sizeof *im->acts);
@@ -214,7 +231,7 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
     return DT_ERR(DT_ERR_NOMEM, "cpu backend: cannot allocate 4 x %zu parameter floats + %zu activation floats", n,
                   nact);
   }
-  carve(im->acts, slots, im->arena, &lay->d, tp, nl, im->last, B, T, im->nthr);
+  carve(im->acts, slots, im->arena, &lay->d, tp, nl, im->last, B, T, im->nthr, recompute);
   be->wparams = be->params;
   be->precision = DT_PREC_FP32;
   be->loss_scale = 1.0f;
@@ -404,12 +421,53 @@ DT_CPU_VEC static void xent_backward_inplace(float *zd, const float *lse, const 
   }
 }
 
+/* One block's activations in a set: its own (stored per block) or, with recompute, the shared
+ * one-block scratch; the block's output res3 is always its own (the next block's input). */
+typedef struct {
+  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *alse, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fchg, *res3;
+} cpu_block_t;
+
+static cpu_block_t block_views(const dt_backend_t *be, const cpu_impl_t *im, const cpu_acts_t *a, size_t j) {
+  const size_t k = be->recompute ? 0 : j, o = k * im->btc, ol = k * im->btcl, os = k * im->bt;
+  return (cpu_block_t){a->ln1 + o,     a->ln1_mean + os,   a->ln1_rstd + os,     a->qkv + 3 * ol,  a->atty + ol,
+                       a->att_lse + k * im->bth, a->residual2 + o, a->ln2 + o, a->ln2_mean + os, a->ln2_rstd + os,
+                       a->fch + 4 * ol, a->fch_gelu + 4 * ol, a->residual3 + j * im->btc};
+}
+
+/* Forward of block l from its input x into y (also backward's recomputation: the same code on
+ * the same input gives bitwise the same activations). */
+static dt_status_t block_forward(dt_backend_t *be, const cpu_block_t *y, const float *x, int l, int B, int T) {
+  cpu_impl_t *im = be->impl;
+  const int C = be->lay->d.C, N = B * T, Cl = im->Cl, NHl = im->NHl;
+  cpu_acts_t *a = &im->acts[0]; /* the shared attention scratch */
+  dt_status_t st = DT_OK;
+  DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(y->ln1, y->ln1_mean, y->ln1_rstd, x, P(be, l, DT_LN1W), P(be, l, DT_LN1B), N, C));
+  STORE(y->ln1, N * C);
+  DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(y->qkv, y->ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * Cl));
+  STORE(y->qkv, N * 3 * Cl);
+  DT_PROF(DT_PROF_ATTENTION, dt_attention_forward(y->atty, y->alse, a->attscr, y->qkv, B, T, Cl, NHl, im->nthr));
+  STORE(y->atty, N * Cl);
+  DT_PROF(DT_PROF_MATMUL, st = proj_residual(be, y->res2, y->atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), x, N, Cl, C));
+  DT_TRY(st);
+  STORE(y->res2, N * C);
+  DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(y->ln2, y->ln2_mean, y->ln2_rstd, y->res2, P(be, l, DT_LN2W), P(be, l, DT_LN2B), N, C));
+  STORE(y->ln2, N * C);
+  DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(y->fch, y->ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * Cl));
+  STORE(y->fch, N * 4 * Cl);
+  DT_PROF(DT_PROF_GELU, dt_gelu_forward(y->fchg, y->fch, (size_t)N * 4 * Cl));
+  STORE(y->fchg, N * 4 * Cl);
+  DT_PROF(DT_PROF_MATMUL, st = proj_residual(be, y->res3, y->fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), y->res2, N, 4 * Cl, C));
+  DT_TRY(st);
+  STORE(y->res3, N * C);
+  return DT_OK;
+}
+
 static dt_status_t cpu_stage_forward(dt_backend_t *be, int slot, const int *inputs, const int *targets,
                                      const float *x_in, int B, int T, float *loss, float *y_out) {
   cpu_impl_t *im = be->impl;
   const dt_layout_t *lay = be->lay;
   const int C = lay->d.C, V = lay->d.V, N = B * T;
-  const int Cl = im->Cl, NHl = im->NHl, Vpl = im->Vpl; /* this rank's widths (tp = 1: C, NH, Vp) */
+  const int Vpl = im->Vpl; /* this rank's vocab rows (tp = 1: Vp) */
   if (slot < 0 || slot >= im->nslots)
     return DT_ERR(DT_ERR_ARG, "cpu backend: activation set %d of %d", slot, im->nslots);
   cpu_acts_t *a = &im->acts[slot];
@@ -451,30 +509,9 @@ static dt_status_t cpu_stage_forward(dt_backend_t *be, int slot, const int *inpu
   const float *x = a->encoded; /* (B,T,C) residual stream entering block l */
   for (int l = im->l0; l < im->l1; l++) {
     if (be->layer_hook) DT_TRY(be->layer_hook(be->hook_ctx, l, DT_HOOK_FWD));
-    const size_t j = (size_t)(l - im->l0); /* this stage's activation index */
-    size_t o = j * im->btc, ol = j * im->btcl, os = j * im->bt;
-    float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * ol, *atty = a->atty + ol, *alse = a->att_lse + j * im->bth;
-    float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * ol, *fchg = a->fch_gelu + 4 * ol;
-    float *res3 = a->residual3 + o;
-    DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(ln1, a->ln1_mean + os, a->ln1_rstd + os, x, P(be, l, DT_LN1W), P(be, l, DT_LN1B), N, C));
-    STORE(ln1, N * C);
-    DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(qkv, ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * Cl));
-    STORE(qkv, N * 3 * Cl);
-    DT_PROF(DT_PROF_ATTENTION, dt_attention_forward(atty, alse, a->attscr, qkv, B, T, Cl, NHl, im->nthr));
-    STORE(atty, N * Cl);
-    DT_PROF(DT_PROF_MATMUL, st = proj_residual(be, res2, atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), x, N, Cl, C));
-    DT_TRY(st);
-    STORE(res2, N * C);
-    DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(ln2, a->ln2_mean + os, a->ln2_rstd + os, res2, P(be, l, DT_LN2W), P(be, l, DT_LN2B), N, C));
-    STORE(ln2, N * C);
-    DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(fch, ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * Cl));
-    STORE(fch, N * 4 * Cl);
-    DT_PROF(DT_PROF_GELU, dt_gelu_forward(fchg, fch, (size_t)N * 4 * Cl));
-    STORE(fchg, N * 4 * Cl);
-    DT_PROF(DT_PROF_MATMUL, st = proj_residual(be, res3, fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), res2, N, 4 * Cl, C));
-    DT_TRY(st);
-    STORE(res3, N * C);
-    x = res3;
+    const cpu_block_t y = block_views(be, im, a, (size_t)(l - im->l0)); /* this stage's block index */
+    DT_TRY(block_forward(be, &y, x, l, B, T));
+    x = y.res3;
     if (be->layer_hook) DT_TRY(be->layer_hook(be->hook_ctx, l, DT_HOOK_FWD_DONE));
   }
   if (!im->last) { /* the residual stream goes on to the next stage */
@@ -558,10 +595,11 @@ static dt_status_t cpu_stage_backward(dt_backend_t *be, int slot, int accum, con
   for (int l = im->l1 - 1; l >= im->l0; l--) {
     if (be->layer_hook) DT_TRY(be->layer_hook(be->hook_ctx, l, DT_HOOK_BWD));
     const size_t j = (size_t)(l - im->l0);
-    size_t o = j * im->btc, ol = j * im->btcl, os = j * im->bt;
-    const float *x = j > 0 ? a->residual3 + o - im->btc : a->encoded;
-    const float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * ol, *atty = a->atty + ol, *alse = a->att_lse + j * im->bth;
-    const float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * ol, *fchg = a->fch_gelu + 4 * ol;
+    const float *x = j > 0 ? a->residual3 + (j - 1) * im->btc : a->encoded;
+    const cpu_block_t y = block_views(be, im, a, j);
+    if (be->recompute) DT_TRY(block_forward(be, &y, x, l, B, T)); /* the block's activations again, bitwise */
+    const float *ln1 = y.ln1, *qkv = y.qkv, *atty = y.atty, *alse = y.alse;
+    const float *res2 = y.res2, *ln2 = y.ln2, *fch = y.fch, *fchg = y.fchg;
     /* dres holds d loss / d residual3[l] */
     DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg, P(be, l, DT_FCPROJW), N,
                        4 * Cl, C));
@@ -572,7 +610,7 @@ static dt_status_t cpu_stage_backward(dt_backend_t *be, int slot, int accum, con
     if (tp > 1) DT_TRY(tp_allreduce(be, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
     STORE(a->dtmp, N * C);
     DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, G(be, l, DT_LN2W), G(be, l, DT_LN2B), a->dres, a->dtmp, res2, P(be, l, DT_LN2W),
-                          a->ln2_mean + os, a->ln2_rstd + os, N, C));
+                          y.ln2_mean, y.ln2_rstd, N, C));
     STORE(a->dres, N * C);
     /* dres holds d loss / d residual2[l] */
     DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, atty, P(be, l, DT_ATTPROJW),
@@ -584,7 +622,7 @@ static dt_status_t cpu_stage_backward(dt_backend_t *be, int slot, int accum, con
     if (tp > 1) DT_TRY(tp_allreduce(be, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
     STORE(a->dtmp, N * C);
     DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, G(be, l, DT_LN1W), G(be, l, DT_LN1B), a->dres, a->dtmp, x, P(be, l, DT_LN1W),
-                          a->ln1_mean + os, a->ln1_rstd + os, N, C));
+                          y.ln1_mean, y.ln1_rstd, N, C));
     STORE(a->dres, N * C);
     /* dres holds d loss / d (block l input) */
     if (ready) ready(ctx, lay->layer_begin[1 + l], lay->layer_begin[2 + l]);

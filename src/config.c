@@ -37,6 +37,7 @@ const dt_config_key_t dt_config_keys[] = {
   {"train", "seed",         DT_KEY_U64,   OFF(seed),         "1337", 0, BIG, NULL, "seed for weight init and data shuffling"},
   {"train", "eval_every",   DT_KEY_INT,   OFF(eval_every),   "0",   0, 1 << 30, NULL, "validation loss every N steps (and at the end); 0 = off"},
   {"train", "eval_batches", DT_KEY_INT,   OFF(eval_batches), "8",   1, 1 << 20, NULL, "micro-batches per validation"},
+  {"train", "recompute",    DT_KEY_BOOL,  OFF(recompute),    "false", 0, 0, NULL, "activation recomputation (cpu backend): keep only each block's output and recompute the block's activations in backward; one more forward of compute per step, bitwise the same results; activations kept per block B*T*C floats instead of (16C + NH + 4)*B*T (dtrain plan shows both); not on the cuda backend"},
   {"train", "threads",      DT_KEY_INT,   OFF(threads),      "0",   0, 4096, NULL, "OpenMP threads per rank; 0 = SLURM_CPUS_PER_TASK, else OpenMP's default"},
   {"train", "precision",    DT_KEY_ENUM,  OFF(precision),    "fp32", 0, 0, "fp32|bf16|fp16", "storage precision of working weights, activations and activation gradients (fp32 master weights, AdamW state and gradient accumulation in every mode); fp16 adds dynamic loss scaling (README: Mixed precision)"},
   {"train", "loss_scale_init",   DT_KEY_FLOAT, OFF(loss_scale_init),   "65536", 1, 1e30, NULL, "fp16 only: initial loss scale, a power of two (GradScaler init_scale)"},

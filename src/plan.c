@@ -97,6 +97,7 @@ dt_status_t dt_plan_input(dt_plan_in_t *in, const dt_config_t *cfg, const char *
   in->threads = threads > 0 ? threads : 1;
   in->zero = configured_zero(cfg);
   in->pp_balance = (int)dt_pp_balance_of(cfg);
+  in->recompute = cfg->recompute;
   in->device_mem = device_mem;
   return DT_OK;
 }
@@ -183,25 +184,27 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
       /* DDP: MPI's temporaries of the 2 bucket all-reduces in flight (ddp.c); ZeRO: its staging
        * bucket (zero.h) + the temporaries of the collective on it (measured at 124M, dp=4) */
       r.comm = dp > 1 ? (z >= 1 ? 3 : 2) * in->bucket_mb * MIB : 0; /* dp = 1: no collectives */
-      if (tp == 1 && pp == 1) {
-        r.act_cpu = 4 * (double)dt_cpu_activation_floats(d, in->B, in->T, in->threads);
-        r.act_gpu = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T);
+      /* CPU: what the backend allocates for this stage (its blocks, the loss on the last stage,
+       * `inflight` micro-batches of activations), without and with recomputation (train.recompute:
+       * each block's output kept, one block's activations recomputed); a tp that does not divide
+       * Vp cannot run: estimated like the GPU (fixed part on every stage, an upper bound) */
+      double keep, rc;
+      if (d->Vp % tp == 0) {
+        keep = (double)dt_cpu_activation_floats_stage(d, tp, (int)n_l, s == pp - 1, inflight, in->B, in->T, in->threads, 0);
+        rc = (double)dt_cpu_activation_floats_stage(d, tp, (int)n_l, s == pp - 1, inflight, in->B, in->T, in->threads, 1);
       } else {
-        /* CPU: what the backend allocates for this stage (its blocks, the loss on the last stage,
-         * `inflight` micro-batches of activations); a tp that does not divide Vp cannot run:
-         * estimated like the GPU (fixed part on every stage, an upper bound) */
-        r.act_cpu = d->Vp % tp == 0 ? (double)dt_cpu_activation_floats_stage(d, tp, (int)n_l, s == pp - 1, inflight,
-                                                                                in->B, in->T, in->threads)
-                                    : c_fix - logits_sh + inflight * n_l * c_per_tp;
-        r.act_cpu *= 4;
-        r.act_gpu = 4 * (g_fix - 2 * logits_sh + inflight * n_l * g_per_tp); /* logits + dlogits */
+        keep = c_fix - logits_sh + inflight * n_l * c_per_tp;
+        rc = keep - inflight * n_l * c_per_tp + inflight * n_l * bt * C + c_per_tp;
       }
-      /* recomputation (not offered): keep each layer's input (B,T,C), recompute one layer */
-      r.act_cpu_rc = r.act_cpu - 4 * inflight * n_l * c_per_tp + 4 * (inflight * n_l * bt * C + c_per_tp);
+      r.act_cpu = 4 * (in->recompute ? rc : keep);
+      r.act_cpu_alt = 4 * (in->recompute ? keep : rc);
+      if (tp == 1 && pp == 1) r.act_gpu = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T);
+      else r.act_gpu = 4 * (g_fix - 2 * logits_sh + inflight * n_l * g_per_tp); /* logits + dlogits */
+      /* GPU recomputation (not offered): keep each layer's input (B,T,C), recompute one layer */
       r.act_gpu_rc = r.act_gpu - 4 * inflight * n_l * g_per_tp + 4 * (inflight * n_l * bt * C + g_per_tp);
       r.act_cpu += inflight * ints; /* the backend's copies of each micro-batch in flight */
       r.act_gpu += ints;
-      r.act_cpu_rc += inflight * ints;
+      r.act_cpu_alt += inflight * ints;
       r.act_gpu_rc += ints;
       /* CPU: the trainer's (B,T) batch (the initial weights are made and broadcast in the
        * parameter arena itself); pp > 1: its send and receive buffers of (B,T,C) */
@@ -353,9 +356,10 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   for (int z = 0; z < DT_PLAN_ZERO_STAGES; z++)
     k += snprintf(line + k, sizeof line - (size_t)k, " %9s", p->z[z].total_gpu <= in->device_mem ? "fits" : "NO");
   pl(o, prefix, "%s", line);
-  ROW("activations with recompute: NOT OFFERED", act_gpu_rc);
+  ROW(in->recompute ? "activations, CPU, without recompute" : "activations, CPU, train.recompute = true", act_cpu_alt);
+  ROW("activations, GPU, recompute: NOT OFFERED", act_gpu_rc);
   ROW("device total with recompute: NOT OFFERED", total_gpu_rc);
-  k = snprintf(line, sizeof line, "  %-44s", "fits with recompute (not offered)?");
+  k = snprintf(line, sizeof line, "  %-44s", "fits with recompute (GPU: not offered)?");
   for (int z = 0; z < DT_PLAN_ZERO_STAGES; z++)
     k += snprintf(line + k, sizeof line - (size_t)k, " %9s", p->z[z].total_gpu_rc <= in->device_mem ? "fits" : "NO");
   pl(o, prefix, "%s", line);
@@ -383,8 +387,9 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
     pl(o, prefix, "plan: configured parallel.zero = %d", in->zero);
   else
     pl(o, prefix, "plan: ZeRO is not in this build (no parallel.zero): stages 1-3 are what it would need");
-  pl(o, prefix, "plan: activation recomputation is not offered by dtrain; its rows keep each layer's input "
-     "(B,T,C) and recompute one layer");
+  pl(o, prefix, "plan: train.recompute = %s: the CPU backend keeps each block's output and recomputes one block's "
+     "activations in backward; the CUDA backend does not offer it (its rows show what it would save)",
+     in->recompute ? "true" : "false");
 
   /* roofline */
   const dt_plan_roof_t *f = &p->roof;

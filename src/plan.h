@@ -25,6 +25,7 @@ typedef struct {
   int threads;        /* CPU OpenMP threads per rank (the attention scratch is per thread) */
   int zero;           /* configured parallel.zero, or -1 when this build has no such key */
   int pp_balance;     /* dt_pp_balance_t: what the pipeline stages balance */
+  int recompute;      /* train.recompute: CPU activations recomputed in backward */
   double device_mem;  /* bytes per device for the fit verdict */
 } dt_plan_in_t;
 
@@ -38,8 +39,10 @@ typedef struct {
   double m, v;        /* AdamW moments, fp32 */
   double gather;      /* ZeRO-3: full-size working parameters of 2 groups (current + prefetched) */
   double comm;        /* communication staging (ZeRO-2/3: one bucket); DDP reduces in place */
-  double act_cpu, act_gpu;       /* activations (+ activation-gradient scratch) of this stage */
-  double act_cpu_rc, act_gpu_rc; /* the same with full activation recomputation (not offered) */
+  double act_cpu, act_gpu;       /* activations (+ activation-gradient scratch) of this stage (CPU:
+                                    with train.recompute as configured) */
+  double act_cpu_alt;            /* CPU activations with the other choice of train.recompute */
+  double act_gpu_rc;             /* GPU activations with full recomputation (not offered) */
   double work_cpu, work_gpu;     /* workspace: token buffers;
                                     GPU: assumed CUDA context + cuBLAS workspace */
   double total_cpu, total_gpu;   /* host RSS of the CPU backend / device memory of the CUDA backend */

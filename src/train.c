@@ -174,6 +174,10 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
                   "(system.backend = cpu)", cfg_name, tr->mesh.pp);
   tr->be.ops = ops;
   tr->be.slots = dt_pp_inflight(tr->mesh.pp_idx, tr->mesh.pp, tr->accum); /* 1F1B's micro-batches in flight */
+  tr->be.recompute = cfg->recompute;
+  if (cuda && cfg->recompute)
+    return DT_ERR(DT_ERR_UNSUPPORTED, "%s: train.recompute = true: activation recomputation is implemented on the cpu "
+                  "backend only (system.backend = cpu)", cfg_name);
   tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
   if (cfg->zero > 0) { /* pad the arena's end so it splits into dp equal shards; m, v: the shard only */
     size_t n, lo, hi;

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Tensor parallelism divides the model's memory: GPT-2 124M (inputs/gpt2.ini) for one step of
+# Tensor and pipeline parallelism divide the model's memory: GPT-2 124M (inputs/gpt2.ini) for one step of
 # B=1, T=64 on the CPU backend. Each rank's peak resident set (maximum RSS of the process, from
 # /usr/bin/time, so it includes initialisation, the step and the final sharded checkpoint write)
 # at tp=4 must stay below 40% of the tp=1 process. Params, grads and AdamW m, v are 4 x 497 MB at
@@ -26,4 +26,30 @@ awk -v a="$one" -v b="$four" 'BEGIN {
   r = b / a
   printf "peak RSS: tp=1 %.1f MiB, tp=4 largest rank %.1f MiB = %.1f%% of tp=1 (limit 40%%)\n", a / 1024, b / 1024, 100 * r
   exit !(r < 0.40) }' || { echo "FAIL: tp=4 does not divide the memory enough"; exit 1; }
+
+# Pipeline stages: at pp = 4 (1, 5, 5, 1 blocks; embeddings on stage 0, ln_f and a copy of the
+# tied wte on stage 3) each rank holds its stage only: its peak RSS must match the plan rank 0
+# prints for that stage (# plan: per pipeline stage ... total cpu) plus the pre-model resident set
+# rank 0 measured, within 10%, and the largest stage stays below 55% of the pp = 1 process (the
+# 38.6M-parameter embedding lives on two stages, so pp cannot divide the model evenly by 4).
+mpi 4 sh -c 'exec /usr/bin/time -o "$0.$OMPI_COMM_WORLD_RANK" -f "maxrss_kb %M" "$@"' "$t/pp.rss" "$DTRAIN" "${common[@]}" \
+  parallel.pp=4 checkpoint.dir="$t/cpp" log.metrics="$t/pp.jsonl" > "$t/pp.out" 2> "$t/pp.err"
+grep '^# plan: per pipeline stage' -A4 "$t/pp.out"
+"$PY" - "$t" "$one" <<'PY'
+import re, sys
+d, one = sys.argv[1], int(sys.argv[2]) / 1024
+out = open(f"{d}/pp.out").read()
+base = float(re.search(r"\+ ([\d.]+) MiB resident before the model", out).group(1))
+rows = re.findall(r"^# plan:\s+(\d+)\s+(\d+)\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+([\d.]+)\s+[\d.]+\s+[\d.]+$", out, re.M)
+assert len(rows) == 4, rows
+worst = 0
+for s, blocks, total_gb in rows:
+    rss = int(open(f"{d}/pp.rss.{s}").read().split()[-1]) / 1024
+    plan = float(total_gb) * 1e9 / 2**20 + base
+    print(f"pp=4 stage {s} ({blocks} blocks): peak RSS {rss:.1f} MiB, plan {plan:.1f} MiB ({100 * (rss - plan) / plan:+.1f}%)")
+    assert abs(rss - plan) <= 0.10 * plan, f"stage {s}: peak RSS {rss:.1f} MiB not within 10% of the plan {plan:.1f}"
+    worst = max(worst, rss)
+print(f"pp=4 largest stage {worst:.1f} MiB = {100 * worst / one:.1f}% of pp=1 ({one:.1f} MiB; limit 55%)")
+assert worst < 0.55 * one
+PY
 echo "tp_memory: OK"

@@ -2,7 +2,7 @@
 # dtrain under a real (throw-away, local) Slurm with 2 virtual nodes (scripts/slurm-cluster.sh):
 #  1. srun -N 2 --ntasks-per-node=2 (dp=4) trains and matches the single-rank run at every one
 #     of 20 steps within 1e-5 relative (summation order only; see ddp_equiv.sh);
-#     the hybrid mesh (dp, tp, pp) = (2,2,2) and (1,4,2) with 8 ranks on the 2 nodes matches it too;
+#     every factorisation of 8 ranks on the 2 nodes into dp x tp x pp matches one rank too;
 #  2. the sbatch template sbatch/ddp_4node.sh, scaled down to 2 nodes x 2 tasks with the CPU
 #     backend, runs end to end; its output has the rank table with each rank's
 #     SLURM_NODEID/SLURM_LOCALID matching the node and local rank MPI found;
@@ -52,21 +52,30 @@ print(f"srun dp=4 on 2 nodes vs 1 rank: 20 steps, worst relative loss difference
 assert w <= 1e-5
 PY
 
-# 1b. the hybrid mesh across the virtual nodes: 8 ranks on 2 nodes at (dp, tp, pp) = (2, 2, 2) and
-# (1, 4, 2) (tp groups are consecutive ranks, inside a node; pipeline stages and dp replicas span
-# the nodes), against one rank
-for l in 2,2,2 1,4,2; do
-  IFS=, read -r dp tp pp <<< "$l"
-  B=$((4 / dp))
-  echo "\$ srun -N 2 --ntasks-per-node=4 --mpi=pmix $D $cfg parallel.tp=$tp parallel.pp=$pp train.micro_batch=$B"
-  timeout 300 srun -N 2 --ntasks-per-node=4 --mpi=pmix --kill-on-bad-exit=1 "$D" "$cfg" parallel.tp=$tp parallel.pp=$pp \
-    train.micro_batch=$B log.metrics="$DIR/mesh$dp$tp$pp.jsonl" checkpoint.dir="$DIR/ck-mesh$dp$tp$pp" \
-    > "$DIR/mesh$dp$tp$pp.out" 2>&1 || { cat "$DIR/mesh$dp$tp$pp.out"; fail "srun ($l) run"; }
-  grep -q "mesh dp=$dp x tp=$tp x pp=$pp" "$DIR/mesh$dp$tp$pp.out" || fail "mesh line of ($l)"
-  grep -q "on 2 nodes" "$DIR/mesh$dp$tp$pp.out" || fail "($l) did not span 2 nodes"
+# 1b. the hybrid mesh across the virtual nodes: every factorisation of 8 ranks (2 nodes x 4 tasks)
+# into dp x tp x pp, an 8-layer, 8-head model (as tests/mesh8.sh under mpirun), against one rank
+# (tp groups are consecutive ranks, inside a node up to tp = 4; pipeline stages and dp replicas
+# span the nodes; tp = 8 spans both)
+m8="model.n_layer=8 model.n_head=8 model.n_embd=64 train.steps=10 train.warmup=2"
+mpi 1 "$D" "$cfg" $m8 log.metrics="$DIR/m8ref.jsonl" checkpoint.dir="$DIR/ck-m8ref" > "$DIR/m8ref.out" || fail "8-layer reference run"
+names=""
+for dp in 8 4 2 1; do
+  for tp in 1 2 4 8; do
+    pp=$((8 / dp / tp))
+    [ $((dp * tp * pp)) -eq 8 ] || continue
+    B=$((4 / dp))
+    [ "$B" -ge 1 ] || B=1
+    tag=mesh$dp$tp$pp
+    echo "\$ srun -N 2 --ntasks-per-node=4 --mpi=pmix $D $cfg $m8 parallel.tp=$tp parallel.pp=$pp train.micro_batch=$B"
+    timeout 300 srun -N 2 --ntasks-per-node=4 --mpi=pmix --kill-on-bad-exit=1 "$D" "$cfg" $m8 parallel.tp=$tp \
+      parallel.pp=$pp train.micro_batch=$B log.metrics="$DIR/$tag.jsonl" checkpoint.dir="$DIR/ck-$tag" \
+      > "$DIR/$tag.out" 2>&1 || { cat "$DIR/$tag.out"; fail "srun ($dp,$tp,$pp) run"; }
+    grep -q "8 ranks on 2 nodes, mesh dp=$dp x tp=$tp x pp=$pp" "$DIR/$tag.out" || fail "mesh line of ($dp,$tp,$pp)"
+    names="$names $tag=srun_(dp,tp,pp)=($dp,$tp,$pp)_on_2_nodes"
+  done
 done
-"$PY" "$top_srcdir/tests/ref/resumed_match.py" "$DIR" dp1 1 20 "mesh222=srun (dp,tp,pp)=(2,2,2) on 2 nodes vs 1 rank" \
-  "mesh142=srun (dp,tp,pp)=(1,4,2) on 2 nodes vs 1 rank" || fail "hybrid mesh losses under srun"
+[ "$(echo $names | wc -w)" -eq 10 ] || fail "$(echo $names | wc -w) layouts, want 10"
+"$PY" "$top_srcdir/tests/ref/resumed_match.py" "$DIR" m8ref 1 10 $names || fail "hybrid mesh losses under srun"
 
 # 2. the sbatch template, scaled down
 out="$DIR/job-%j.out"

@@ -27,6 +27,7 @@
 #include "backend.h"
 #include "cli.h"
 #include "mesh.h"
+#include "pipeline.h"
 #include "precision.h"
 #include "train.h"
 
@@ -242,7 +243,23 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
   f->dp_bytes[3] = 3 * ring * G;       /* + all-gather params again for backward */
   f->tp_bytes = tp > 1 ? acc * p->stage_blocks[s] * 4 * 2.0 * (tp - 1) / tp * bt * C * 4 : 0;
   f->pp_bytes = pp > 1 ? acc * 2 * bt * C * 4 : 0;
+  /* The step's length over the average stage's compute: the 1F1B schedule simulated with each
+   * stage's training FLOPs (its blocks, the lm_head on the last; dt_pp_weights) as its time,
+   * backward twice forward. Equal stages give 1 + (pp - 1)/accum; a split by parameters leaves
+   * the lm_head's cost on the last stage and the factor shows it. */
   f->bubble = 1 + (pp - 1) / acc;
+  if (pp > 1 && pp <= DT_PLAN_MAX_PP) {
+    double we, wb, wh, tf[DT_PLAN_MAX_PP], tb[DT_PLAN_MAX_PP], mean = 0;
+    dt_pp_weights(*d, tp, DT_PP_BALANCE_COMPUTE, &we, &wb, &wh);
+    for (int k = 0; k < pp; k++) {
+      double w = p->stage_blocks[k] * wb + (k == 0 ? we : 0) + (k == pp - 1 ? wh : 0);
+      tf[k] = w / 3, tb[k] = 2 * w / 3, mean += w / pp;
+    }
+    p->stage_flops_share = 0;
+    for (int k = 0; k < pp; k++) p->stage_flops_share = fmax(p->stage_flops_share, (tf[k] + tb[k]) / mean);
+    double T = dt_pp_simulate(pp, in->accum, tf, tb, NULL);
+    if (T > 0) f->bubble = T / (acc * mean);
+  }
   return DT_OK;
 }
 
@@ -406,6 +423,10 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
      f->dp_bytes[1] / GB, f->dp_bytes[3] / GB, f->tp_bytes / GB, f->pp_bytes / GB);
   pl(o, prefix, "roofline: time = max(FLOPs/peak, bytes/HBM) x bubble %.3f + comm (no overlap); links: NVLink inside a "
      "node of 8 GPUs, InfiniBand (1 NIC per GPU) beyond", f->bubble);
+  if (in->pp > 1)
+    pl(o, prefix, "roofline: bubble: 1F1B over %d stages x %d micro-batches simulated with each stage's FLOPs: %.3f "
+       "(equal stages: 1 + (pp-1)/m = %.3f; the busiest stage does %.2fx the mean)", in->pp, in->accum, f->bubble,
+       1.0 + (in->pp - 1.0) / in->accum, p->stage_flops_share);
   pl(o, prefix, "roofline: %-15s %-5s %9s %9s %9s %9s %9s %12s  %s", "gpu", "math", "peak TF", "compute s", "memory s",
      "comm s", "step s", "tokens/s", "bound");
   const dt_gpu_spec_t *gs[2] = {&dt_gpu_a100, &dt_gpu_h100};

@@ -68,7 +68,8 @@ typedef struct {
   double w_read16, act_rw16;           /* the same two with 2-byte storage (bf16 row) */
   double dp_bytes[DT_PLAN_ZERO_STAGES]; /* gradient/parameter collectives, bytes sent per rank */
   double tp_bytes, pp_bytes;    /* tensor-parallel all-reduces, pipeline sends, per rank */
-  double bubble;                /* 1F1B pipeline bubble factor 1 + (pp-1)/accum */
+  double bubble;                /* 1F1B step time over the mean stage's compute: simulated with the
+                                   stages' FLOPs (equal stages: 1 + (pp-1)/accum) */
 } dt_plan_roof_t;
 
 typedef struct {
@@ -81,6 +82,7 @@ typedef struct {
   dt_plan_zero_t z[DT_PLAN_ZERO_STAGES];
   dt_plan_zero_t stage[DT_PLAN_MAX_PP]; /* every pipeline stage at the configured ZeRO stage */
   dt_plan_roof_t roof;
+  double stage_flops_share;   /* pp > 1: the busiest stage's FLOPs over the mean stage's */
 } dt_plan_t;
 
 /* GPU backend activation floats for (B, T): mirrors the carve in cuda/backend_cuda.cu (which keeps

@@ -210,3 +210,28 @@ Test(plan, parse_bytes) {
   cr_assert_eq(dt_plan_parse_bytes("lots"), -1);
   cr_assert_eq(dt_plan_parse_bytes("-1G"), -1);
 }
+
+/* The roofline's pipeline bubble is the 1F1B schedule simulated with each stage's FLOPs: GPT-2
+ * 124M (T = 128) on 2 stages, 8 micro-batches. Split by parameters (6 + 6 blocks) the last stage
+ * also runs the lm_head (6 C Vp = 5.3 blocks of FLOPs): 1.39, far above the equal-stage 1 + 1/8;
+ * split by compute (9 + 3 blocks) it is 1.15. The ratio 1.21 is what bench/mp_step.sh measured
+ * on the CPU (6245 vs 5126 ms/step). */
+Test(plan, pipeline_bubble_from_stage_flops) {
+  dt_dims_t d = small();
+  d.T = 128;
+  dt_plan_in_t in = input(d, 1, 128, 1, 1, 2, DT_PREC_FP32);
+  in.accum = 8;
+  cr_assert_eq(dt_plan_compute(&P, &in), DT_OK, "%s", dt_err_msg());
+  cr_assert(P.stage_blocks[0] == 6 && P.stage_blocks[1] == 6);
+  double by_params = P.roof.bubble;
+  in.pp_balance = DT_PP_BALANCE_COMPUTE;
+  cr_assert_eq(dt_plan_compute(&P, &in), DT_OK, "%s", dt_err_msg());
+  cr_assert(P.stage_blocks[0] == 9 && P.stage_blocks[1] == 3);
+  double by_compute = P.roof.bubble;
+  cr_assert(by_params > 1.38 && by_params < 1.40, "by parameters: %g", by_params);
+  cr_assert(by_compute > 1.125 && by_compute < 1.16, "by compute: %g", by_compute);
+  /* one stage: no bubble */
+  in.pp = 1;
+  cr_assert_eq(dt_plan_compute(&P, &in), DT_OK, "%s", dt_err_msg());
+  cr_assert_float_eq(P.roof.bubble, 1.0, 1e-12);
+}

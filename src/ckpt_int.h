@@ -38,11 +38,15 @@ MPI_Comm dt_ckpt__comm(const void *mpi_comm);
 /* Large datasets (>= DT_CKPT_OWN_MIN bytes) move through dtrain's own file descriptors at the
  * dataset's file offset (H5Dget_offset), O_DIRECT where the file system takes it, in chunks of
  * DT_CKPT_CHUNK bytes through DT_CKPT_ALIGN-aligned buffers: writes of replicated arenas
- * (ckpt_write.c) and every read (ckpt_read.c). DTRAIN_CKPT_DIRECT=0: everything through HDF5. */
+ * (ckpt_write.c) and every read (ckpt_read.c). DTRAIN_CKPT_DIRECT=0: everything through HDF5;
+ * DTRAIN_CKPT_DIRECT=buffered: own descriptors without O_DIRECT. */
 #define DT_CKPT_ALIGN 4096u
 #define DT_CKPT_OWN_MIN (1u << 20)
 #define DT_CKPT_CHUNK (16u << 20)
 int dt_ckpt__own_io(void);
+/* An O_DIRECT descriptor of path (flags: O_RDONLY or O_WRONLY), or -1 when the file system refuses
+ * it, the OS has none, or DTRAIN_CKPT_DIRECT=buffered asks for plain descriptors. */
+int dt_ckpt__open_direct(const char *path, int flags);
 #include <hdf5.h>
 
 #include "ckpt.h"

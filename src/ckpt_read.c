@@ -355,9 +355,7 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   int own_ok = dt_ckpt__own_io(), have, all;
   if (own_ok) {
     fd_buf = open(path, O_RDONLY | O_CLOEXEC);
-#ifdef O_DIRECT
-    fd_direct = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT);
-#endif
+    fd_direct = dt_ckpt__open_direct(path, O_RDONLY);
     if (posix_memalign((void **)&bounce, DT_CKPT_ALIGN, DT_CKPT_CHUNK) != 0) bounce = NULL;
     if (posix_memalign((void **)&bounce2, DT_CKPT_ALIGN, DT_CKPT_CHUNK) != 0) bounce2 = NULL;
     have = fd_buf >= 0 && bounce && bounce2;

@@ -471,9 +471,7 @@ static dt_status_t write_file(MPI_Comm comm, int world, const char *path, const 
   if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
   wb_fd = open(path, O_WRONLY | O_CLOEXEC);
   if (own_ok) {
-#ifdef O_DIRECT
-    dio_fd = open(path, O_WRONLY | O_CLOEXEC | O_DIRECT); /* -1 (tmpfs, ...): buffered writes */
-#endif
+    dio_fd = dt_ckpt__open_direct(path, O_WRONLY); /* -1: plain writes */
     int have = wb_fd >= 0, all = 0; /* every rank needs a descriptor, else nobody takes the path */
     MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, comm);
     own_ok = all;

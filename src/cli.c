@@ -33,7 +33,7 @@ static void usage(FILE *out) {
           "2 bad configuration or usage, %d stopped by SIGUSR1/SIGTERM after a checkpoint (requeue).\n"
           "\n"
           "parallel.tp = N: Megatron-style tensor parallelism over N consecutive ranks; parallel.pp = N: N pipeline\n"
-          "stages run 1F1B; parallel.zero = 1|2|3: ZeRO over dp (1 only with pp > 1). All three on the cpu backend only.\n"
+          "stages run 1F1B; parallel.zero = 1|2|3: ZeRO over dp (1|2 with pp > 1). All three on the cpu backend only.\n"
           "train.precision = bf16 | fp16 (fp16 with dynamic loss scaling) works on the CPU backend by rounding\n"
           "float storage (emulated: for numerics, not speed).\n"
           "The CUDA backend and NCCL are compiled in when configured but have never run on a GPU; its\n"

@@ -52,7 +52,7 @@ const dt_config_key_t dt_config_keys[] = {
 
   {"parallel", "dp",        DT_KEY_INT, OFF(dp),        "0", 0, 1 << 20, NULL, "data-parallel ranks; 0 = auto (world size / (tp*pp))"},
   {"parallel", "tp",        DT_KEY_INT, OFF(tp),        "1", 1, 1 << 20, NULL, "tensor-parallel ranks (Megatron-style, cpu backend; must divide n_head and the padded vocab)"},
-  {"parallel", "pp",        DT_KEY_INT, OFF(pp),        "1", 1, 1 << 20, NULL, "pipeline-parallel stages (cpu backend; at most n_layer): contiguous blocks balanced by parameter count, embeddings on the first stage, ln_f and the tied lm_head on the last, 1F1B schedule; with zero = 0 or 1"},
+  {"parallel", "pp",        DT_KEY_INT, OFF(pp),        "1", 1, 1 << 20, NULL, "pipeline-parallel stages (cpu backend; at most n_layer): contiguous blocks balanced by parameter count, embeddings on the first stage, ln_f and the tied lm_head on the last, 1F1B schedule; with zero <= 2"},
   {"parallel", "pp_balance", DT_KEY_ENUM, OFF(pp_balance), "params", 0, 0, "params|compute", "what pipeline stages balance: parameters (memory; the embeddings count on the first stage, ln_f and the wte copy on the last) or training FLOPs per token (the lm_head counts, the embedding lookup does not: faster steps, more memory on the first stage)"},
   {"parallel", "micro_batches", DT_KEY_INT, OFF(micro_batches), "0", 0, 1 << 20, NULL, "micro-batches per optimizer step that 1F1B pipelines (bubble (pp-1)/(micro_batches+pp-1)): another name for train.grad_accum; 0 = from it or global_batch"},
   {"parallel", "zero",      DT_KEY_INT, OFF(zero),      "0", 0, 3, NULL, "ZeRO stage over the dp group: 0 = DDP (full state on every rank), 1 = AdamW m, v sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded too (each bucket reduced to its owners during backward, the rest freed); 3 (FSDP) = parameters sharded too (each block gathered before its forward and backward, the next one prefetched, freed after; fp32 only); CPU backend only"},
@@ -357,9 +357,9 @@ dt_status_t dt_config_validate(const dt_config_t *cfg, const char *name) {
     return DT_ERR(DT_ERR_CONFIG, "%s: %d stages for model.n_layer = %d blocks (each stage needs at least one)", w,
                   cfg->pp, cfg->n_layer);
   }
-  if (cfg->pp > 1 && cfg->zero > 1) {
+  if (cfg->pp > 1 && cfg->zero > 2) {
     where(cfg, name, "parallel", "zero", w, sizeof w);
-    return DT_ERR(DT_ERR_CONFIG, "%s: ZeRO stage %d with parallel.pp = %d is not implemented yet (zero = 0 or 1 with pp > 1)",
+    return DT_ERR(DT_ERR_CONFIG, "%s: ZeRO stage %d with parallel.pp = %d is not implemented yet (zero <= 2 with pp > 1)",
                   w, cfg->zero, cfg->pp);
   }
   if (cfg->micro_batches > 0 && cfg->grad_accum > 0 && cfg->micro_batches != cfg->grad_accum) {

@@ -53,8 +53,14 @@ void dt_ddp_begin(dt_ddp_t *d) {
 static void start(dt_ddp_t *d, dt_bucket_t *b) {
   b->started = 1;
   if (d->err != DT_OK) return;
-  if (d->action) {
-    d->err = d->action(d->action_ctx, d->grads, b->lo, b->hi);
+  if (d->action) { /* on the parts of the bucket outside the held range */
+    size_t hl = d->hold_lo > b->lo ? d->hold_lo : b->lo, hh = d->hold_hi < b->hi ? d->hold_hi : b->hi;
+    if (hl >= hh) {
+      d->err = d->action(d->action_ctx, d->grads, b->lo, b->hi);
+      return;
+    }
+    if (b->lo < hl) d->err = d->action(d->action_ctx, d->grads, b->lo, hl);
+    if (d->err == DT_OK && hh < b->hi) d->err = d->action(d->action_ctx, d->grads, hh, b->hi);
     return;
   }
   int busy = 0;

@@ -30,6 +30,9 @@ typedef struct {
    * reduce to the owners, zero.h); NULL = all-reduce. */
   dt_status_t (*action)(void *ctx, float *grads, size_t lo, size_t hi);
   void *action_ctx;
+  /* With an action: arena range [hold_lo, hold_hi) is left out of it (the caller handles it
+   * after the step: pipeline parallelism's tied embedding under ZeRO-2); empty = none. */
+  size_t hold_lo, hold_hi;
 } dt_ddp_t;
 
 /* group_begin: the layout's group start offsets (n_groups+1 entries, last = n); buckets are

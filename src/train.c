@@ -451,6 +451,11 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
   if (tr->zero.stage >= 2) {
     tr->ddp.action = dt_zero_reduce_bucket;
     tr->ddp.action_ctx = &tr->zero;
+    const dt_tensor_t *w = &tr->lay.tensors[0];
+    if (tr->mesh.pp > 1 && !w->absent) { /* the tied wte is summed between the stages first (step) */
+      tr->ddp.hold_lo = w->offset;
+      tr->ddp.hold_hi = w->offset + (size_t)w->rows * w->cols;
+    }
   }
   if (tr->zero.stage == 3 && tr->mesh.dp > 1) { /* reference: every block gathered, blocking */
     DT_TRY(tr->mesh.dp_comm->ops->barrier(tr->mesh.dp_comm));
@@ -524,6 +529,7 @@ static void pinned_release(dt_trainer_t *tr) {
 static dt_status_t pp_microsteps(dt_trainer_t *tr, int ddp, uint64_t slice, double *loss_sum) {
   dt_backend_t *be = &tr->be;
   const int s = tr->mesh.pp_idx, pp = tr->mesh.pp, m = tr->accum, first = s == 0, last = s == pp - 1;
+  const int z2 = tr->zero.stage >= 2;
   const size_t n = (size_t)tr->B * tr->T * tr->lay.d.C;
   tr->pipe.t_wait = 0;
   double t_step = dt_time_now();
@@ -546,8 +552,10 @@ static dt_status_t pp_microsteps(dt_trainer_t *tr, int ddp, uint64_t slice, doub
       if (last) DT_TRY(dt_pipe_flush(&tr->pipe));
       else DT_TRY(dt_pipe_recv(&tr->pipe, tr->pp_recv, n, s + 1));
       t0 = dt_time_now();
+      if (z2) dt_ddp_begin(&tr->ddp); /* ZeRO-2: every micro-batch's buckets to their owners */
       DT_TRY(be->ops->stage_backward(be, slot, m, last ? NULL : tr->pp_recv, first ? NULL : tr->pp_send,
-                                     (op.mb == m - 1 && ddp) ? dt_ddp_ready : NULL, &tr->ddp));
+                                     ((op.mb == m - 1 && ddp) || z2) ? dt_ddp_ready : NULL, &tr->ddp));
+      if (z2) DT_TRY(dt_ddp_finish(&tr->ddp));
       tr->t_pp_bwd += dt_time_now() - t0;
       if (!first) DT_TRY(dt_pipe_send(&tr->pipe, tr->pp_send, n, s - 1));
     }
@@ -599,15 +607,18 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
     DT_TRY(be->ops->backward(be, tr->accum, ((last && ddp) || z2) ? dt_ddp_ready : NULL, &tr->ddp));
     if (z2) DT_TRY(dt_ddp_finish(&tr->ddp));
   }
-  if (z2) dt_zero_average_shard(&tr->zero, be->grads);
   if (ddp) {
     DT_TRY(dt_ddp_finish(&tr->ddp));
     tr->t_comm_wait_sum += tr->ddp.t_comm_wait;
     tr->n_timed_steps++;
   }
-  /* the tied embedding's two partial gradients (pp > 1) are summed while every rank still holds its
-   * whole gradient arena: ZeRO-1 cuts the first and last stage's arenas into different shards */
+  /* the tied embedding's two partial gradients (pp > 1) are summed while every rank still holds
+   * them whole: ZeRO cuts the first and last stage's arenas into different shards, so ZeRO-1
+   * reduce-scatters after this and ZeRO-2 held the wte range back from its in-backward reductions */
   DT_TRY(pp_tied_grads(tr));
+  if (z2 && tr->ddp.hold_hi > tr->ddp.hold_lo)
+    DT_TRY(dt_zero_reduce_bucket(&tr->zero, be->grads, tr->ddp.hold_lo, tr->ddp.hold_hi));
+  if (z2) dt_zero_average_shard(&tr->zero, be->grads);
   if (tr->zero.stage == 1) DT_TRY(dt_zero_reduce_grads(&tr->zero, be->grads)); /* this rank's shard, averaged */
   if (tr->mesh.pp > 1 && dt_fault("tied_drift", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: wte grads */
     dt_fault_scale(be->grads + tr->lay.tensors[0].offset, (size_t)tr->lay.tensors[0].rows * tr->lay.tensors[0].cols,

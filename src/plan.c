@@ -178,6 +178,8 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
       r.params = 4 * (z >= 3 ? ceil_div(P, dp) : P);
       r.wparams = mixed ? r.params : 0;
       r.grads = 4 * (z >= 2 ? ceil_div(P, dp) : P);
+      if (z == 2 && pp > 1 && (s == 0 || s == pp - 1)) /* ZeRO-2 x pp keeps wte's gradient whole (train.c) */
+        r.grads = 4 * (ceil_div(P - wte, dp) + wte);
       r.m = r.v = 4 * (z >= 1 ? ceil_div(P, dp) : P);
       /* ZeRO-3 (zero.c): the embeddings and ln_f gathered for the whole step, plus the running
        * block and the prefetched one; this rank's own part of them is already in params / dp */

@@ -254,6 +254,30 @@ static int read_own(int fd_direct, int fd_buf, char *bounce, uint64_t off, size_
   return 0;
 }
 
+/* Dataset d for this rank: its tensor and group, file shape, the rank's rows [lo, hi) of the first
+ * file dimension (of unit floats each), its boxes (into bx), and the buffer that takes the whole
+ * tensor in file order: the arena itself when the tensor is one contiguous non-transposed box
+ * there (read and gathered in place, no staging copy), else the stage buffer (then unpacked). */
+typedef struct {
+  int ti, gi, nb;
+  fshape_t f;
+  hsize_t unit, lo, hi;
+  fbox_t *b;
+  float *local, *buf;
+} part_t;
+
+static part_t part_of(const dt_layout_t *lay, const dt_ckpt_ranges_t *rg, const dt_ckpt_arenas_t *a, int d, int rank,
+                      int size, fbox_t *bx, float *stage) {
+  part_t p = {.ti = d % lay->n_tensors, .gi = d / lay->n_tensors, .b = bx, .buf = stage};
+  p.f = dt_ckpt__fshape(lay, &lay->tensors[p.ti]);
+  p.unit = p.f.ndim == 2 ? p.f.dims[1] : 1;
+  dt_ckpt__split_first(&p.f, rank, size, &p.lo, &p.hi);
+  p.nb = dt_ckpt__boxes_of(lay, &rg[p.gi ? 1 : 0], p.ti, bx);
+  p.local = p.gi == 0 ? a->params : p.gi == 1 ? a->m : a->v;
+  if (in_place(&lay->tensors[p.ti], &p.f, bx, p.nb)) p.buf = p.local + dt_ckpt__local_index(&lay->tensors[p.ti], &bx[0], 0, 0);
+  return p;
+}
+
 /* A dataset part read (and checksummed) on a helper thread while the previous dataset is
  * exchanged between the ranks: disk and memory work overlap. */
 typedef struct {
@@ -380,20 +404,17 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
    * unpack (transposes) of tensor d runs on a helper thread while d + 1 is read, and a large
    * dataset's part is read (prefetched) on another while the one before is exchanged. */
   for (int d = 0; d < D.n_ds; d++) {
-    int ti = d % lay->n_tensors, gi = d / lay->n_tensors;
-    fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[ti]);
-    hsize_t unit = f.ndim == 2 ? f.dims[1] : 1, lo, hi;
+    const part_t p = part_of(lay, rg, a, d, rank, size, bx[d % 3], stg[d % 3]);
+    const int ti = p.ti, gi = p.gi, nb = p.nb;
+    const fshape_t f = p.f;
+    const hsize_t unit = p.unit, lo = p.lo, hi = p.hi;
+    fbox_t *b = p.b;
+    float *local = p.local, *buf = p.buf;
     for (int r = 0; r < size; r++) {
-      dt_ckpt__split_first(&f, r, size, &lo, &hi);
-      cnt[r] = (int)((hi - lo) * unit), dsp[r] = (int)(lo * unit);
+      hsize_t rlo, rhi;
+      dt_ckpt__split_first(&f, r, size, &rlo, &rhi);
+      cnt[r] = (int)((rhi - rlo) * unit), dsp[r] = (int)(rlo * unit);
     }
-    dt_ckpt__split_first(&f, rank, size, &lo, &hi);
-    /* The whole tensor as one contiguous box in file order (non-transposed, full arena): read and
-     * gather it in place, no staging copy. Otherwise stage it and unpack. */
-    fbox_t *b = bx[d % 3];
-    int nb = dt_ckpt__boxes_of(lay, &rg[gi ? 1 : 0], ti, b);
-    float *local = gi == 0 ? a->params : gi == 1 ? a->m : a->v, *buf = stg[d % 3];
-    if (in_place(&lay->tensors[ti], &f, b, nb)) buf = local + dt_ckpt__local_index(&lay->tensors[ti], &b[0], 0, 0);
     tp = dt_time_now();
     int crc_done = 0;
     if (own[d] && pre == d) { /* prefetched */
@@ -422,16 +443,9 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     if (st == DT_OK && dt_ckpt__faulty(comm, "read")) st = DT_ERR(DT_ERR_IO, "%s: %s: simulated read failure (test hook)", path, D.names[d]);
     if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
     if (d + 1 < D.n_ds && own[d + 1]) { /* prefetch the next part into its own slot ((d + 1) % 3) */
-      int ti1 = (d + 1) % lay->n_tensors, gi1 = (d + 1) / lay->n_tensors;
-      fshape_t f1 = dt_ckpt__fshape(lay, &lay->tensors[ti1]);
-      hsize_t unit1 = f1.ndim == 2 ? f1.dims[1] : 1, lo1, hi1;
-      dt_ckpt__split_first(&f1, rank, size, &lo1, &hi1);
-      fbox_t *b1 = bx[(d + 1) % 3];
-      int nb1 = dt_ckpt__boxes_of(lay, &rg[gi1 ? 1 : 0], ti1, b1);
-      float *local1 = gi1 == 0 ? a->params : gi1 == 1 ? a->m : a->v, *buf1 = stg[(d + 1) % 3];
-      if (in_place(&lay->tensors[ti1], &f1, b1, nb1)) buf1 = local1 + dt_ckpt__local_index(&lay->tensors[ti1], &b1[0], 0, 0);
-      pf = (prefetch_t){fd_direct, fd_buf, bounce2, foff[d + 1] + (uint64_t)lo1 * unit1 * sizeof(float),
-                        (size_t)(hi1 - lo1) * unit1 * sizeof(float), (char *)(buf1 + lo1 * unit1), 0, 0, 0};
+      const part_t q = part_of(lay, rg, a, d + 1, rank, size, bx[(d + 1) % 3], stg[(d + 1) % 3]);
+      pf = (prefetch_t){fd_direct, fd_buf, bounce2, foff[d + 1] + (uint64_t)q.lo * q.unit * sizeof(float),
+                        (size_t)(q.hi - q.lo) * q.unit * sizeof(float), (char *)(q.buf + q.lo * q.unit), 0, 0, 0};
       if (pthread_create(&pth, NULL, prefetch_thread, &pf) == 0) pre = d + 1;
     }
     tp = dt_time_now();

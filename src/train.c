@@ -200,10 +200,12 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
     size_t n = (size_t)tr->B * tr->T * tr->lay.d.C;
     tr->pp_send = malloc(sizeof(float) * n);
     tr->pp_recv = malloc(sizeof(float) * n);
-    tr->pp_ops = malloc(sizeof *tr->pp_ops * 2 * (size_t)tr->accum);
-    if (!tr->pp_send || !tr->pp_recv || !tr->pp_ops) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
-    dt_pp_schedule(s, pp, tr->accum, tr->pp_ops);
+    if (!tr->pp_send || !tr->pp_recv) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   }
+  /* the micro-step order: 1F1B for this stage (with one stage: forward, backward, forward, ...) */
+  tr->pp_ops = malloc(sizeof *tr->pp_ops * 2 * (size_t)tr->accum);
+  if (!tr->pp_ops) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
+  dt_pp_schedule(tr->mesh.pp_idx, tr->mesh.pp, tr->accum, tr->pp_ops);
   if (tr->zero.stage == 3) { /* FSDP: blocks gathered around their use (zero.h) */
     DT_TRY(dt_zero3_attach(&tr->zero, tr->be.params, tr->lay.layer_begin, tr->lay.d.L));
     tr->be.layer_hook = dt_zero3_hook;
@@ -522,11 +524,27 @@ static void pinned_release(dt_trainer_t *tr) {
   dt_zero3_release(&tr->zero, g[L + 1], g[L + 2]);
 }
 
-/* Pipeline parallelism: this stage's 1F1B operations for one optimizer step (pipeline.h). Every
- * stage reads the micro-batch itself (the first needs the tokens, the last the targets); the
- * activations and their gradients travel through tr->pipe. The loss is known on the last stage
- * only (added to *loss_sum there). The last backward reports gradient ranges to DDP. */
-static dt_status_t pp_microsteps(dt_trainer_t *tr, int ddp, uint64_t slice, double *loss_sum) {
+/* A stage's forward and backward; backends without pipeline stages (CUDA) run the whole model
+ * (pp = 1 there: the arguments for the neighbouring stages are NULL). */
+static dt_status_t stage_fwd(dt_backend_t *be, int slot, const int *inputs, const int *targets, const float *x_in,
+                             int B, int T, float *loss, float *y_out) {
+  if (be->ops->stage_forward) return be->ops->stage_forward(be, slot, inputs, targets, x_in, B, T, loss, y_out);
+  return be->ops->forward(be, inputs, targets, B, T, loss);
+}
+
+static dt_status_t stage_bwd(dt_backend_t *be, int slot, int accum, const float *dy, float *dx, dt_grad_ready_fn ready,
+                             void *ctx) {
+  if (be->ops->stage_backward) return be->ops->stage_backward(be, slot, accum, dy, dx, ready, ctx);
+  return be->ops->backward(be, accum, ready, ctx);
+}
+
+/* One optimizer step's micro-batches: this stage's 1F1B operations (pipeline.h; with one stage
+ * simply forward, backward, forward, ...). Every stage reads the micro-batch itself (the first
+ * needs the tokens, the last the targets); with pp > 1 the activations and their gradients
+ * travel through tr->pipe. The loss is known on the last stage only (added to *loss_sum there).
+ * Data parallelism: the last backward reports gradient ranges to DDP; ZeRO-2: every backward
+ * reduces its buckets to their owners. */
+static dt_status_t microsteps(dt_trainer_t *tr, int ddp, uint64_t slice, double *loss_sum) {
   dt_backend_t *be = &tr->be;
   const int s = tr->mesh.pp_idx, pp = tr->mesh.pp, m = tr->accum, first = s == 0, last = s == pp - 1;
   const int z2 = tr->zero.stage >= 2;
@@ -543,8 +561,8 @@ static dt_status_t pp_microsteps(dt_trainer_t *tr, int ddp, uint64_t slice, doub
       DT_TRY(dt_data_batch(tr->train, slice + (uint64_t)op.mb * (uint64_t)tr->B, tr->B, tr->inputs, tr->targets));
       float loss = 0;
       t0 = dt_time_now();
-      DT_TRY(be->ops->stage_forward(be, slot, tr->inputs, tr->targets, first ? NULL : tr->pp_recv, tr->B, tr->T, &loss,
-                                    last ? NULL : tr->pp_send));
+      DT_TRY(stage_fwd(be, slot, tr->inputs, tr->targets, first ? NULL : tr->pp_recv, tr->B, tr->T, &loss,
+                       last ? NULL : tr->pp_send));
       tr->t_pp_fwd += dt_time_now() - t0;
       if (last) *loss_sum += loss;
       else DT_TRY(dt_pipe_send(&tr->pipe, tr->pp_send, n, s + 1));
@@ -553,8 +571,8 @@ static dt_status_t pp_microsteps(dt_trainer_t *tr, int ddp, uint64_t slice, doub
       else DT_TRY(dt_pipe_recv(&tr->pipe, tr->pp_recv, n, s + 1));
       t0 = dt_time_now();
       if (z2) dt_ddp_begin(&tr->ddp); /* ZeRO-2: every micro-batch's buckets to their owners */
-      DT_TRY(be->ops->stage_backward(be, slot, m, last ? NULL : tr->pp_recv, first ? NULL : tr->pp_send,
-                                     ((op.mb == m - 1 && ddp) || z2) ? dt_ddp_ready : NULL, &tr->ddp));
+      DT_TRY(stage_bwd(be, slot, m, last ? NULL : tr->pp_recv, first ? NULL : tr->pp_send,
+                       ((op.mb == m - 1 && ddp) || z2) ? dt_ddp_ready : NULL, &tr->ddp));
       if (z2) DT_TRY(dt_ddp_finish(&tr->ddp));
       tr->t_pp_bwd += dt_time_now() - t0;
       if (!first) DT_TRY(dt_pipe_send(&tr->pipe, tr->pp_send, n, s - 1));
@@ -596,17 +614,7 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   if (ddp) dt_ddp_begin(&tr->ddp);
   double loss_sum = 0;
   uint64_t slice = tr->sample_pos + (uint64_t)tr->mesh.dp_idx * (uint64_t)tr->accum * (uint64_t)tr->B;
-  if (tr->mesh.pp > 1) DT_TRY(pp_microsteps(tr, ddp, slice, &loss_sum));
-  for (int k = 0; k < tr->accum && tr->mesh.pp == 1; k++) {
-    DT_TRY(dt_data_batch(tr->train, slice + (uint64_t)k * (uint64_t)tr->B, tr->B, tr->inputs, tr->targets));
-    float loss = 0;
-    DT_TRY(be->ops->forward(be, tr->inputs, tr->targets, tr->B, tr->T, &loss));
-    loss_sum += loss;
-    int last = k == tr->accum - 1;
-    if (z2) dt_ddp_begin(&tr->ddp);
-    DT_TRY(be->ops->backward(be, tr->accum, ((last && ddp) || z2) ? dt_ddp_ready : NULL, &tr->ddp));
-    if (z2) DT_TRY(dt_ddp_finish(&tr->ddp));
-  }
+  DT_TRY(microsteps(tr, ddp, slice, &loss_sum));
   if (ddp) {
     DT_TRY(dt_ddp_finish(&tr->ddp));
     tr->t_comm_wait_sum += tr->ddp.t_comm_wait;
@@ -693,15 +701,12 @@ dt_status_t dt_trainer_eval(dt_trainer_t *tr, dt_data_t *d, int batches, double 
     if (!real && tr->zero.stage != 3) break; /* ZeRO-3's forward gathers collectively: every rank runs each round */
     DT_TRY(dt_data_batch_sequential(d, (uint64_t)(real ? j : 0), tr->B, tr->inputs, tr->targets));
     float l = 0;
-    if (pp == 1) {
-      DT_TRY(be->ops->forward(be, tr->inputs, tr->targets, tr->B, tr->T, &l));
-    } else { /* the batch through the stages, forward only */
-      if (s > 0) DT_TRY(dt_pipe_recv(&tr->pipe, tr->pp_recv, n, s - 1));
-      DT_TRY(be->ops->stage_forward(be, 0, tr->inputs, tr->targets, s > 0 ? tr->pp_recv : NULL, tr->B, tr->T, &l,
-                                    last ? NULL : tr->pp_send));
-      if (!last) DT_TRY(dt_pipe_send(&tr->pipe, tr->pp_send, n, s + 1));
-      DT_TRY(dt_pipe_flush(&tr->pipe));
-    }
+    /* the batch through the stages, forward only (one stage: the whole model) */
+    if (s > 0) DT_TRY(dt_pipe_recv(&tr->pipe, tr->pp_recv, n, s - 1));
+    DT_TRY(stage_fwd(be, 0, tr->inputs, tr->targets, s > 0 ? tr->pp_recv : NULL, tr->B, tr->T, &l,
+                     last ? NULL : tr->pp_send));
+    if (!last) DT_TRY(dt_pipe_send(&tr->pipe, tr->pp_send, n, s + 1));
+    DT_TRY(dt_pipe_flush(&tr->pipe));
     if (!real || !last) continue; /* the loss is the last stage's */
     sum[0] += l;
     sum[1] += 1;

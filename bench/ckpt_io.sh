@@ -11,6 +11,8 @@
 #          posix_fadvise DONTNEED on that file only; no root needed), then dd if=FILE bs=16M
 #          of=/dev/null vs dtrain's timer of the load (open, checks, read, CRC32C verification,
 #          transposes into the arenas, allgather between ranks).
+#   start: the whole resuming dtrain (train.steps=0) as the shell sees it, mpirun to exit: launch,
+#          model setup, the load above, exit; what a requeued job waits before its first step.
 # CKPT_IO_PHASES=1 also prints dtrain's per-phase times (DTRAIN_CKPT_TIMES) to stderr; DTRAIN_CKPT_TWO_PHASE=1
 # switches the MPI-IO layer from independent transfers under collective HDF5 calls (the default,
 # H5FD_MPIO_INDIVIDUAL_IO) to two-phase collective buffering, for comparison.
@@ -37,9 +39,9 @@ dev=$(df -P "$DIR" | awk 'NR==2{print $1}')
 fs=$(df -PT "$DIR" | awk 'NR==2{print $2}')
 echo "# checkpoint I/O: GPT-2 124M + AdamW moments ($SRC/inputs/gpt2.ini), dir $DIR on $dev ($fs), $REP repetitions, medians"
 echo "# $(getconf _NPROCESSORS_ONLN) cores; $($MPIRUN --version 2>/dev/null | head -1); OMPI_MCA_mpi_yield_when_idle=1"
-printf "# %-5s %11s %9s %9s %8s %8s %9s %9s %8s %8s\n" ranks bytes dd_w_MB/s w_MB/s w_s w/dd dd_r_MB/s r_MB/s r_s r/dd
+printf "# %-5s %11s %9s %9s %8s %8s %9s %9s %8s %8s %8s\n" ranks bytes dd_w_MB/s w_MB/s w_s w/dd dd_r_MB/s r_MB/s r_s r/dd start_s
 for n in $RANKS; do
-  w=(); r=(); ddw=(); ddr=(); ddwd=(); ddrd=(); bytes=0; left=""
+  w=(); r=(); st=(); ddw=(); ddr=(); ddwd=(); ddrd=(); bytes=0; left=""
   for i in $(seq 1 "$REP"); do
     rm -rf "$DIR/c$n"
     out=$($MPIRUN --oversubscribe --bind-to none -n "$n" "$D" "$SRC/inputs/gpt2.ini" "${args[@]}" checkpoint.dir="$DIR/c$n" checkpoint.resume=never)
@@ -64,16 +66,18 @@ for n in $RANKS; do
     rm -f "$DIR/dd.bin"
     drop "$f"
     left="$left $(cached "$f")"
+    t0=$(now)
     out=$($MPIRUN --oversubscribe --bind-to none -n "$n" "$D" "$SRC/inputs/gpt2.ini" "${args[@]}" checkpoint.dir="$DIR/c$n" checkpoint.resume="$f")
+    st+=("$(since "$t0")")
     r+=("$(echo "$out" | sed -n 's/^# resume: .*read in \([0-9.]*\) s)$/\1/p')")
   done
-  ws=$(printf '%s\n' "${w[@]}" | median); rs=$(printf '%s\n' "${r[@]}" | median)
+  ws=$(printf '%s\n' "${w[@]}" | median); rs=$(printf '%s\n' "${r[@]}" | median); ss=$(printf '%s\n' "${st[@]}" | median)
   dws=$(printf '%s\n' "${ddw[@]}" | median); drs=$(printf '%s\n' "${ddr[@]}" | median)
   dwds=$(printf '%s\n' "${ddwd[@]}" | median); drds=$(printf '%s\n' "${ddrd[@]}" | median)
   ddwb=$(( (bytes + 16777215) / 16777216 * 16777216 ))
-  awk -v n="$n" -v b="$bytes" -v db="$ddwb" -v w="$ws" -v r="$rs" -v dw="$dws" -v dr="$drs" 'BEGIN{
-    printf "  %-5d %11d %9.0f %9.0f %8.2f %7.0f%% %9.0f %9.0f %8.2f %7.0f%%\n", n, b, db / dw / 1e6, b / w / 1e6, w,
-      100 * (b / w) / (db / dw), db / dr / 1e6, b / r / 1e6, r, 100 * (b / r) / (db / dr)}'
+  awk -v n="$n" -v b="$bytes" -v db="$ddwb" -v w="$ws" -v r="$rs" -v dw="$dws" -v dr="$drs" -v s="$ss" 'BEGIN{
+    printf "  %-5d %11d %9.0f %9.0f %8.2f %7.0f%% %9.0f %9.0f %8.2f %7.0f%% %8.2f\n", n, b, db / dw / 1e6, b / w / 1e6, w,
+      100 * (b / w) / (db / dw), db / dr / 1e6, b / r / 1e6, r, 100 * (b / r) / (db / dr), s}'
   echo "#   ($n ranks) write s: ${w[*]}; dd write s: ${ddw[*]}; read s: ${r[*]}; dd read s: ${ddr[*]}; bytes cached after the drop:$left"
   awk -v db="$ddwb" -v a="$dwds" -v b="$drds" 'BEGIN{printf "#   (reference) dd with O_DIRECT, same run: write %.0f MB/s, read %.0f MB/s (medians)\n", db / a / 1e6, db / b / 1e6}'
   echo "#   ($n ranks) dd O_DIRECT write s: ${ddwd[*]}; read s: ${ddrd[*]}"

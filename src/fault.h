@@ -9,6 +9,8 @@
  *                  multiplied by DT_FAULT_BAD_MATH_SCALE after the all-reduce (wrong arithmetic
  *                  in one layer on one rank; CPU backend only: host gradient arena)
  *   slow_rank      this rank sleeps DT_FAULT_SLOW_RANK_S seconds in every step from `step` on
+ *   slow_io        this rank sleeps DT_FAULT_SLOW_IO_S seconds at the start of every checkpoint
+ *                  save (the others wait for it in the collective open: the save's time grows)
  *   bad_allreduce  float (f32/f64) results of blocking allreduce/reduce_scatter/allgather on this
  *                  rank get +1 in one element (MPI communicator, comm_mpi.c)
  *   grad_inf       at exactly step `step` (1-based), one gradient of this rank (the first of
@@ -32,6 +34,7 @@ int dt_fault_at(const char *name, int rank, int step);
 
 #define DT_FAULT_BAD_MATH_SCALE 4.0f
 #define DT_FAULT_SLOW_RANK_S 0.5
+#define DT_FAULT_SLOW_IO_S 40.0
 
 /* Helpers the hooks call: x[0..n) *= s; sleep for `seconds`. */
 void dt_fault_scale(float *x, size_t n, float s);

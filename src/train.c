@@ -450,6 +450,7 @@ dt_status_t dt_trainer_save(dt_trainer_t *tr) {
                         .dp = tr->mesh.dp, .tp = tr->mesh.tp, .pp = tr->mesh.pp, .ini = ini};
   char path[DT_PATH_MAX];
   double t0 = dt_time_now();
+  if (dt_fault("slow_io", tr->mesh.rank, -1)) dt_fault_sleep(DT_FAULT_SLOW_IO_S); /* test-only: inside the timed save */
   dt_status_t s = dt_ckpt_save(NULL, tr->cfg.ckpt_dir, tr->cfg.ckpt_keep, &tr->lay, &a, &st, path, sizeof path);
   arenas_release(tr, &a);
   free(ini);

@@ -8,6 +8,8 @@
 #       bad_allreduce@1 -> collectives   bad_math@0:3 -> numerics
 #       ckpt_noflush@0  -> checkpoint    slow_rank@1  -> throughput
 #       tied_drift@1:3  -> model_parallel
+#  3. slow_io@1 under salloc with only environment,checkpoint_io: checkpoint_io fails on the
+#     write bandwidth (one rank stalls every save by 40 s).
 set -u
 : "${top_srcdir:?}" "${top_builddir:?}"
 CLUSTER="$top_srcdir/scripts/slurm-cluster.sh"
@@ -44,10 +46,11 @@ grep -v '^# \+[0-9]' "$DIR/clean.log" # the bench-comm rows are in the log file
 [ $rc -eq 0 ] || fail "clean validation run exited $rc"
 grep -q '^# failed checks: none' "$DIR/clean.log" || fail "clean run: summary does not say 'failed checks: none'"
 n_ok=$(grep -c '^ok [0-9]' "$DIR/clean.log")
-[ "$n_ok" -eq 8 ] || fail "clean run: $n_ok of 8 TAP lines are ok"
-grep -q '<testsuite name="dtrain-validation.ci" tests="8" failures="0"' "$DIR/clean.xml" || fail "JUnit XML: want 8 tests, 0 failures"
+[ "$n_ok" -eq 9 ] || fail "clean run: $n_ok of 9 TAP lines are ok"
+grep -q '<testsuite name="dtrain-validation.ci" tests="9" failures="0"' "$DIR/clean.xml" || fail "JUnit XML: want 9 tests, 0 failures"
+grep -q 'checkpoint_io/ckpt_write_vs_dd' "$DIR/clean.log" || fail "no checkpoint write bandwidth vs dd in the summary"
 grep -q 'throughput/scaling_efficiency' "$DIR/clean.log" || fail "no scaling efficiency (1 node vs 2 nodes) in the summary"
-echo "ok: clean run passed all 8 checks in $(($(date +%s) - t0)) s (TAP + JUnit XML)"
+echo "ok: clean run passed all 9 checks in $(($(date +%s) - t0)) s (TAP + JUnit XML)"
 
 # 2. planted faults: the suite must fail and name the right check first
 for pair in bad_allreduce@1:collectives bad_math@0:3:numerics tied_drift@1:3:model_parallel ckpt_noflush@0:checkpoint slow_rank@1:throughput; do
@@ -68,4 +71,16 @@ for pair in bad_allreduce@1:collectives bad_math@0:3:numerics tied_drift@1:3:mod
   grep -q "^not ok [0-9]* - $want:" "$log" || fail "DTRAIN_FAULT=$fault: no 'not ok' TAP line for $want"
   echo "ok: DTRAIN_FAULT=$fault -> exit $rc, failing checks: $got ($(($(date +%s) - t0)) s)"
 done
+# The checkpoint_io check can fail: one rank stalls every save by 40 s (only the checks it needs).
+t0=$(date +%s)
+log="$DIR/fault-slow_io.log"
+echo "\$ DTRAIN_FAULT=slow_io@1 salloc -N 2 --ntasks-per-node=2 --cpus-per-task=1 $top_srcdir/validation/run --system ci --checks environment,checkpoint_io --workdir $DIR/slow_io --timeout 120"
+DTRAIN_FAULT=slow_io@1 timeout 600 salloc -N 2 --ntasks-per-node=2 --cpus-per-task=1 --time=10 \
+  "$top_srcdir/validation/run" --system ci --checks environment,checkpoint_io --workdir "$DIR/slow_io" --timeout 120 > "$log" 2>&1
+rc=$?
+sed -n '/^# summary:/,/^# failed checks/p' "$log"
+[ $rc -ne 0 ] || { cat "$log"; fail "DTRAIN_FAULT=slow_io@1: the suite passed (exit 0)"; }
+grep -q "^# failed checks: checkpoint_io$" "$log" || { cat "$log"; fail "DTRAIN_FAULT=slow_io@1: checkpoint_io is not the failing check"; }
+grep -q "^not ok 2 - checkpoint_io: ckpt_write_vs_dd" "$log" || fail "DTRAIN_FAULT=slow_io@1: not failed on the write bandwidth"
+echo "ok: DTRAIN_FAULT=slow_io@1 -> exit $rc, checkpoint_io failed on the write bandwidth ($(($(date +%s) - t0)) s)"
 echo "validation: OK ($(($(date +%s) - t_start)) s)"

@@ -6,11 +6,7 @@
 #  2. A truncated newest checkpoint and a bit-flipped one (a byte inside a tensor's data) are
 #     each reported with a clear message and skipped in favour of the one before.
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 common="checkpoint.every=5 checkpoint.keep=5"
 mpi 2 "$DTRAIN" "$cfg" $common checkpoint.dir="$t/ref" log.metrics="$t/ref.jsonl" > "$t/ref.out"
 

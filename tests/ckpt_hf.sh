@@ -4,11 +4,7 @@
 # `dtrain eval` on the same batches within 1e-5 relative (fp32 both sides; differences are
 # summation order only).
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 mpi 2 "$DTRAIN" "$cfg" train.steps=10 checkpoint.dir="$t/c" > "$t/train.out"
 shard=$(ls "$DATA"/austen_val_*.bin | head -1)
 mpi 2 "$DTRAIN" eval "$cfg" --checkpoint "$t/c/ckpt_00000010.h5" --data "$shard" --batches 4 | tee "$t/eval.out"

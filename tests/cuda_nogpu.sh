@@ -9,11 +9,7 @@ if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then
   echo "skip: a GPU is present"
   exit 77
 fi
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 cuda_built=0
 grep -q '^#define DT_HAVE_CUDA 1' dt_build.h && cuda_built=1
 echo "CUDA built in: $cuda_built"

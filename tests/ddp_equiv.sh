@@ -5,11 +5,7 @@
 # micro-steps), which in fp32 moves results by a few ulps per step; 1e-5 leaves room for 20
 # steps of that drift while still catching any wrong sample, scale or missing reduction.
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 mpi 1 "$DTRAIN" "$cfg" log.metrics="$t/dp1.jsonl" checkpoint.dir="$t/c1" > "$t/dp1.out"
 mpi 2 "$DTRAIN" "$cfg" log.metrics="$t/dp2.jsonl" checkpoint.dir="$t/c2" > "$t/dp2.out"
 mpi 4 "$DTRAIN" "$cfg" train.micro_batch=2 log.metrics="$t/dp4.jsonl" checkpoint.dir="$t/c4" > "$t/dp4.out"

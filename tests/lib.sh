@@ -36,6 +36,28 @@ tmpdir() {
   echo "$d"
 }
 
+# The common start of a training test: the data made, a fresh work directory $t removed on exit,
+# the build tree as working directory and $cfg the small test model.
+begin_test() {
+  ensure_data
+  t=$(tmpdir)
+  trap 'rm -rf "$t"' EXIT
+  cd "$top_builddir" || exit 1
+  cfg="$top_srcdir/tests/small.ini"
+}
+
+# The 10 factorisations of 8 ranks as words "dp,tp,pp,B", B the micro-batch that keeps the global
+# batch at 4 sequences (1 below dp = 4): the hybrid-mesh tests' layouts.
+mesh8_layouts() {
+  local dp tp
+  for dp in 8 4 2 1; do
+    for tp in 1 2 4 8; do
+      [ $((dp * tp)) -le 8 ] && [ $((8 % (dp * tp))) -eq 0 ] || continue
+      echo "$dp,$tp,$((8 / dp / tp)),$((dp <= 4 ? 4 / dp : 1))"
+    done
+  done
+}
+
 # eval_agree DIR KEY CKPT CONFIG [keys...]: `dtrain eval` of checkpoint CKPT on 4 validation batches
 # at parallel.KEY = 1, 2 and 4 ranks must give the same loss within 1e-5 relative (each layout
 # reads its own shard or stage of the global tensors). Scratch files go to DIR.

@@ -6,25 +6,16 @@
 # within 1e-5 relative and the same global samples. (Across the virtual nodes of a local Slurm:
 # tests/slurm_train.sh.)
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 m="model.n_layer=8 model.n_head=8 model.n_embd=64 train.steps=10 train.warmup=2"
 mpi 1 "$DTRAIN" "$cfg" $m log.metrics="$t/ref.jsonl" checkpoint.dir="$t/c_ref" > "$t/ref.out"
 names=""
-for dp in 8 4 2 1; do
-  for tp in 1 2 4 8; do
-    pp=$((8 / dp / tp))
-    [ $((dp * tp * pp)) -eq 8 ] || continue
-    B=$((4 / dp))
-    [ "$B" -ge 1 ] || B=1
-    mpi 8 "$DTRAIN" "$cfg" $m parallel.tp=$tp parallel.pp=$pp train.micro_batch=$B log.metrics="$t/m$dp$tp$pp.jsonl" \
-      checkpoint.dir="$t/c$dp$tp$pp" > "$t/m$dp$tp$pp.out"
-    grep -q "mesh dp=$dp x tp=$tp x pp=$pp" "$t/m$dp$tp$pp.out" || { echo "FAIL: mesh line of ($dp,$tp,$pp)"; exit 1; }
-    names="$names m$dp$tp$pp=(dp,tp,pp)=($dp,$tp,$pp)"
-  done
+for lay in $(mesh8_layouts); do # (not a `while read` loop: mpirun and srun read stdin)
+  IFS=, read -r dp tp pp B <<< "$lay"
+  mpi 8 "$DTRAIN" "$cfg" $m parallel.tp=$tp parallel.pp=$pp train.micro_batch=$B log.metrics="$t/m$dp$tp$pp.jsonl" \
+    checkpoint.dir="$t/c$dp$tp$pp" > "$t/m$dp$tp$pp.out"
+  grep -q "mesh dp=$dp x tp=$tp x pp=$pp" "$t/m$dp$tp$pp.out" || { echo "FAIL: mesh line of ($dp,$tp,$pp)"; exit 1; }
+  names="$names m$dp$tp$pp=(dp,tp,pp)=($dp,$tp,$pp)"
 done
 "$PY" "$top_srcdir/tests/ref/resumed_match.py" "$t" ref 1 10 $names
 [ "$(echo $names | wc -w)" -eq 10 ] || { echo "FAIL: $(echo $names | wc -w) layouts, want 10"; exit 1; }

@@ -17,11 +17,7 @@
 # every save ("# pp: ... bitwise equal"); a planted drift (DTRAIN_FAULT=tied_drift) must fail it.
 # The per-stage memory table and the bubble report are printed; bad pp values are one-line errors.
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 m="model.n_layer=4 model.n_head=4 model.n_embd=128"
 go() { # go NAME RANKS ARGS...: one training run, metrics and checkpoints under $t
   local name=$1 n=$2

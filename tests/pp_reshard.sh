@@ -10,11 +10,7 @@
 # checkpoint gives the same loss at pp = 1, 2, 4 (the batch passed through the stages).
 # The other direction (a (2,2,1) checkpoint resumed at (1,1,4)) is in tests/tp_reshard.sh.
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 m="model.n_layer=4 model.n_head=4 model.n_embd=128"
 mpi 4 "$DTRAIN" "$cfg" $m parallel.tp=2 parallel.pp=2 checkpoint.dir="$t/ref" log.metrics="$t/ref.jsonl" > "$t/ref.out"
 mpi 4 "$DTRAIN" "$cfg" $m parallel.tp=2 parallel.pp=2 checkpoint.dir="$t/c" train.stop_after=10 > "$t/c.out"

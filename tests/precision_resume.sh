@@ -8,11 +8,7 @@
 # scale and skip flag must be bitwise identical, and so must the final weights and moments.
 # Also: a checkpoint without the skipped_steps attribute (older files) resumes with 0 skipped.
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 opts=(system.backend=cpu train.steps=16 train.precision=fp16 train.loss_scale_init=1024 train.loss_scale_window=3)
 echo "+ DTRAIN_FAULT=grad_inf@0:5 for every run"
 mpi 2 -x DTRAIN_FAULT=grad_inf@0:5 "$DTRAIN" "$cfg" "${opts[@]}" checkpoint.dir="$t/a" log.metrics="$t/a.jsonl" > "$t/a.out"

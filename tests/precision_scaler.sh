@@ -16,11 +16,7 @@
 # fault in a bf16 run (no loss scaling) stops the job with exit status 1 and a message naming
 # the non-finite gradient norm.
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 common=(system.backend=cpu train.steps=12 train.precision=fp16 train.loss_scale_init=1024 train.loss_scale_window=3
   checkpoint.every=1 checkpoint.keep=20)
 echo "+ DTRAIN_FAULT=grad_inf@1:5"

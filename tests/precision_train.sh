@@ -12,11 +12,7 @@
 # must be skipped, every skipped step (null grad_norm) halves the scale for the next, a clean
 # step keeps it (growth only after 2000), and at most 15 of the 30 steps may be skipped.
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 for p in fp32 bf16 fp16; do
   run "$DTRAIN" "$cfg" system.backend=cpu train.steps=200 train.precision=$p log.every=1 \
     log.metrics="$t/$p.jsonl" checkpoint.dir="$t/c_$p" > "$t/$p.out"

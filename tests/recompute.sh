@@ -8,11 +8,7 @@
 # parameters are gathered before its backward, so before the recomputation). The memory it saves
 # is checked against the planner in tests/plan_mem.sh.
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 m="model.n_layer=4 model.n_head=4 model.n_embd=128"
 pair() { # pair NAME RANKS ARGS...: the same run without and with recomputation
   local name=$1 n=$2 rc

@@ -3,11 +3,7 @@
 # logged loss (printed with 17 significant digits) and the final parameters and AdamW moments
 # (compared in the final checkpoints) must be bitwise identical. Same layout (dp=2), CPU.
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 mpi 2 "$DTRAIN" "$cfg" checkpoint.dir="$t/a" log.metrics="$t/a.jsonl" > "$t/a.out"
 mpi 2 "$DTRAIN" "$cfg" checkpoint.dir="$t/b" log.metrics="$t/b.jsonl" train.stop_after=10 > "$t/b1.out"
 ls "$t/b"

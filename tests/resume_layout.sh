@@ -4,11 +4,7 @@
 # uninterrupted dp=2 run within 1e-5 relative (only summation order differs, see ddp_equiv.sh),
 # and the global sample indices consumed after resume are exactly those of the uninterrupted run.
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 mpi 2 "$DTRAIN" "$cfg" checkpoint.dir="$t/ref" log.metrics="$t/ref.jsonl" > "$t/ref.out"
 mpi 2 "$DTRAIN" "$cfg" checkpoint.dir="$t/c" train.stop_after=10 > "$t/c.out"
 for n in 1 4; do

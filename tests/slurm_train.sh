@@ -59,20 +59,15 @@ PY
 m8="model.n_layer=8 model.n_head=8 model.n_embd=64 train.steps=10 train.warmup=2"
 mpi 1 "$D" "$cfg" $m8 log.metrics="$DIR/m8ref.jsonl" checkpoint.dir="$DIR/ck-m8ref" > "$DIR/m8ref.out" || fail "8-layer reference run"
 names=""
-for dp in 8 4 2 1; do
-  for tp in 1 2 4 8; do
-    pp=$((8 / dp / tp))
-    [ $((dp * tp * pp)) -eq 8 ] || continue
-    B=$((4 / dp))
-    [ "$B" -ge 1 ] || B=1
-    tag=mesh$dp$tp$pp
-    echo "\$ srun -N 2 --ntasks-per-node=4 --mpi=pmix $D $cfg $m8 parallel.tp=$tp parallel.pp=$pp train.micro_batch=$B"
-    timeout 300 srun -N 2 --ntasks-per-node=4 --mpi=pmix --kill-on-bad-exit=1 "$D" "$cfg" $m8 parallel.tp=$tp \
-      parallel.pp=$pp train.micro_batch=$B log.metrics="$DIR/$tag.jsonl" checkpoint.dir="$DIR/ck-$tag" \
-      > "$DIR/$tag.out" 2>&1 || { cat "$DIR/$tag.out"; fail "srun ($dp,$tp,$pp) run"; }
-    grep -q "8 ranks on 2 nodes, mesh dp=$dp x tp=$tp x pp=$pp" "$DIR/$tag.out" || fail "mesh line of ($dp,$tp,$pp)"
-    names="$names $tag=srun_(dp,tp,pp)=($dp,$tp,$pp)_on_2_nodes"
-  done
+for lay in $(mesh8_layouts); do # (not a `while read` loop: mpirun and srun read stdin)
+  IFS=, read -r dp tp pp B <<< "$lay"
+  tag=mesh$dp$tp$pp
+  echo "\$ srun -N 2 --ntasks-per-node=4 --mpi=pmix $D $cfg $m8 parallel.tp=$tp parallel.pp=$pp train.micro_batch=$B"
+  timeout 300 srun -N 2 --ntasks-per-node=4 --mpi=pmix --kill-on-bad-exit=1 "$D" "$cfg" $m8 parallel.tp=$tp \
+    parallel.pp=$pp train.micro_batch=$B log.metrics="$DIR/$tag.jsonl" checkpoint.dir="$DIR/ck-$tag" \
+    > "$DIR/$tag.out" 2>&1 || { cat "$DIR/$tag.out"; fail "srun ($dp,$tp,$pp) run"; }
+  grep -q "8 ranks on 2 nodes, mesh dp=$dp x tp=$tp x pp=$pp" "$DIR/$tag.out" || fail "mesh line of ($dp,$tp,$pp)"
+  names="$names $tag=srun_(dp,tp,pp)=($dp,$tp,$pp)_on_2_nodes"
 done
 [ "$(echo $names | wc -w)" -eq 10 ] || fail "$(echo $names | wc -w) layouts, want 10"
 "$PY" "$top_srcdir/tests/ref/resumed_match.py" "$DIR" m8ref 1 10 $names || fail "hybrid mesh losses under srun"

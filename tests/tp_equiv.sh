@@ -16,11 +16,7 @@
 # partial sums are rounded once after the sum instead of once per full product, a difference at
 # bf16's 2^-8 resolution that 20 steps of training keep small.
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 m="model.n_layer=4 model.n_head=4 model.n_embd=128"
 mpi 1 "$DTRAIN" "$cfg" $m log.metrics="$t/r1.jsonl" checkpoint.dir="$t/c_1_1" > "$t/r1.out"
 mpi 2 "$DTRAIN" "$cfg" $m parallel.tp=2 log.metrics="$t/r12.jsonl" checkpoint.dir="$t/c_1_2" > "$t/r12.out"

@@ -6,11 +6,7 @@
 # tp_equiv.sh) and consume the same global samples. Then the other way: a checkpoint written at
 # tp = 4 resumes at tp = 2, and `dtrain eval` gives the same loss at tp = 1, 2, 4.
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 m="model.n_layer=4 model.n_head=4 model.n_embd=128"
 mpi 4 "$DTRAIN" "$cfg" $m parallel.tp=2 checkpoint.dir="$t/ref" log.metrics="$t/ref.jsonl" > "$t/ref.out"
 mpi 4 "$DTRAIN" "$cfg" $m parallel.tp=2 checkpoint.dir="$t/c" train.stop_after=10 > "$t/c.out"

@@ -10,11 +10,7 @@
 # Also: zero=1 and 2 with fp16 loss scaling track zero=0 fp16; stage 3 with 16-bit storage is a
 # one-line error (not implemented yet).
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 common="train.grad_clip=0.5 train.micro_batch=2"
 mpi 2 "$DTRAIN" "$cfg" $common parallel.zero=0 log.metrics="$t/z0.jsonl" checkpoint.dir="$t/z0" > "$t/z0.out"
 mpi 2 "$DTRAIN" "$cfg" $common parallel.zero=1 log.metrics="$t/z1d2.jsonl" checkpoint.dir="$t/z1d2" > "$t/z1d2.out"

@@ -7,11 +7,7 @@
 # Steps 11-20 match the uninterrupted
 # run's losses within 1e-5 relative and consume the same global samples.
 source "$top_srcdir/tests/lib.sh"
-ensure_data
-t=$(tmpdir)
-trap 'rm -rf "$t"' EXIT
-cd "$top_builddir"
-cfg="$top_srcdir/tests/small.ini"
+begin_test
 mb() { case $1 in 1) echo "train.micro_batch=4";; 2) echo "train.micro_batch=4";; 4) echo "train.micro_batch=2";; esac; }
 mpi 2 "$DTRAIN" "$cfg" checkpoint.dir="$t/ref" log.metrics="$t/ref.jsonl" > "$t/ref.out"
 mpi 4 "$DTRAIN" "$cfg" $(mb 4) parallel.zero=1 checkpoint.dir="$t/w1" train.stop_after=10 > "$t/w1.out"

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <time.h>
 
 #include "ckpt_int.h"
@@ -47,6 +48,32 @@ int dt_ckpt__open_direct(const char *path, int flags) {
   (void)path, (void)flags;
   return -1;
 #endif
+}
+
+/* The staging buffers of own-descriptor I/O. An O_DIRECT request is built from the buffer's
+ * physical pages and a virtio/NVMe request takes a bounded number of segments (here 254): from
+ * scattered 4 KiB pages a 16 MiB read became ~1 MiB device requests, from 2 MiB huge pages it
+ * is split only at the device's largest request (4 MiB here), like the page cache's readahead.
+ * So: an anonymous mapping aligned to 2 MiB, asked for huge pages, faulted in at once. */
+#define IO_HUGE (2u << 20)
+void *dt_ckpt__io_buf(size_t n) {
+  size_t len = n + IO_HUGE;
+  char *p = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) return NULL;
+  char *a = (char *)(((uintptr_t)p + IO_HUGE - 1) / IO_HUGE * IO_HUGE); /* trim to [a, a + n) */
+  if (a > p) munmap(p, (size_t)(a - p));
+  if (p + len > a + n) munmap(a + n, (size_t)(p + len - (a + n)));
+#ifdef MADV_HUGEPAGE
+  (void)madvise(a, n, MADV_HUGEPAGE); /* best effort: THP off or no huge pages free still works */
+#endif
+#ifdef MADV_POPULATE_WRITE
+  (void)madvise(a, n, MADV_POPULATE_WRITE);
+#endif
+  return a;
+}
+
+void dt_ckpt__io_buf_free(void *p, size_t n) {
+  if (p) munmap(p, n);
 }
 
 /* ---- node leaders ------------------------------------------------------------------------- */

@@ -44,6 +44,10 @@ MPI_Comm dt_ckpt__comm(const void *mpi_comm);
 #define DT_CKPT_OWN_MIN (1u << 20)
 #define DT_CKPT_CHUNK (16u << 20)
 int dt_ckpt__own_io(void);
+/* A DT_CKPT_ALIGN-aligned staging buffer of n bytes in huge pages where the kernel has them
+ * (large O_DIRECT requests); NULL when out of memory. Free with dt_ckpt__io_buf_free(p, n). */
+void *dt_ckpt__io_buf(size_t n);
+void dt_ckpt__io_buf_free(void *p, size_t n);
 /* An O_DIRECT descriptor of path (flags: O_RDONLY or O_WRONLY), or -1 when the file system refuses
  * it, the OS has none, or DTRAIN_CKPT_DIRECT=buffered asks for plain descriptors. */
 int dt_ckpt__open_direct(const char *path, int flags);

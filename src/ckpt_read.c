@@ -380,8 +380,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   if (own_ok) {
     fd_buf = open(path, O_RDONLY | O_CLOEXEC);
     fd_direct = dt_ckpt__open_direct(path, O_RDONLY);
-    if (posix_memalign((void **)&bounce, DT_CKPT_ALIGN, DT_CKPT_CHUNK) != 0) bounce = NULL;
-    if (posix_memalign((void **)&bounce2, DT_CKPT_ALIGN, DT_CKPT_CHUNK) != 0) bounce2 = NULL;
+    bounce = dt_ckpt__io_buf(DT_CKPT_CHUNK);
+    bounce2 = dt_ckpt__io_buf(DT_CKPT_CHUNK);
     have = fd_buf >= 0 && bounce && bounce2;
     MPI_Allreduce(&have, &all, 1, MPI_INT, MPI_MIN, comm);
     own_ok = all;
@@ -505,10 +505,10 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
 out:
   if (running) pthread_join(th, NULL);
   if (pre >= 0) pthread_join(pth, NULL);
-  free(bounce2);
+  dt_ckpt__io_buf_free(bounce2, DT_CKPT_CHUNK);
   if (fd_buf >= 0) close(fd_buf);
   if (fd_direct >= 0) close(fd_direct);
-  free(bounce);
+  dt_ckpt__io_buf_free(bounce, DT_CKPT_CHUNK);
   free(own);
   free(foff);
   dt_ckpt__dsets_free(&D);

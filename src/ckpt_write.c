@@ -323,10 +323,9 @@ static dt_status_t write_own(const dt_layout_t *lay, const dt_ckpt_arenas_t *a, 
                              const uint64_t *foff, int rank, int size, int fd_direct, int fd_buf, segs_t *segs,
                              uint64_t *n_direct, const char *path) {
   float *buf[2] = {NULL, NULL};
-  for (int k = 0; k < 2; k++)
-    if (posix_memalign((void **)&buf[k], DT_CKPT_ALIGN, DT_CKPT_CHUNK) != 0) buf[k] = NULL;
+  for (int k = 0; k < 2; k++) buf[k] = dt_ckpt__io_buf(DT_CKPT_CHUNK);
   if (!buf[0] || !buf[1]) {
-    free(buf[0]), free(buf[1]);
+    dt_ckpt__io_buf_free(buf[0], DT_CKPT_CHUNK), dt_ckpt__io_buf_free(buf[1], DT_CKPT_CHUNK);
     return DT_ERR(DT_ERR_NOMEM, "%s: out of memory for the write buffers", path);
   }
   chunk_t c[2];
@@ -381,8 +380,8 @@ static dt_status_t write_own(const dt_layout_t *lay, const dt_ckpt_arenas_t *a, 
   }
   if (st == DT_OK && ((fd_direct >= 0 && fdatasync(fd_direct) != 0) || fdatasync(fd_buf) != 0))
     st = DT_ERR(DT_ERR_IO, "%s: fdatasync: %s", path, strerror(errno));
-  free(buf[0]);
-  free(buf[1]);
+  dt_ckpt__io_buf_free(buf[0], DT_CKPT_CHUNK);
+  dt_ckpt__io_buf_free(buf[1], DT_CKPT_CHUNK);
   return st;
 }
 

@@ -11,7 +11,7 @@ static uint32_t tab[8][256];
 static uint32_t x2n[64]; /* x2n[k] = x^(2^k) mod P */
 static pthread_once_t tab_once = PTHREAD_ONCE_INIT;
 static int have_hw; /* set once in tab_init */
-#define STRIDE 4096 /* bytes per stream in crc32c_hw3 */
+#define STRIDE 16384 /* bytes per stream in crc32c_hw3 (4096: 7.5 GB/s, 16384: 10.7, one core) */
 static uint32_t op_stride, op_2stride; /* shift operators for STRIDE and 2 STRIDE bytes */
 
 static uint32_t combine_op(uint64_t len2);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <time.h>
 
 #include "ckpt_int.h"
@@ -74,6 +75,17 @@ void *dt_ckpt__io_buf(size_t n) {
 
 void dt_ckpt__io_buf_free(void *p, size_t n) {
   if (p) munmap(p, n);
+}
+
+size_t dt_ckpt__dio_align(int fd) {
+  if (fd < 0) return 0;
+#ifdef STATX_DIOALIGN
+  struct statx sx;
+  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN) && sx.stx_dio_mem_align &&
+      sx.stx_dio_offset_align)
+    return sx.stx_dio_mem_align > sx.stx_dio_offset_align ? sx.stx_dio_mem_align : sx.stx_dio_offset_align;
+#endif
+  return DT_CKPT_ALIGN; /* the kernel does not say: a page works wherever O_DIRECT does */
 }
 
 /* ---- node leaders ------------------------------------------------------------------------- */

@@ -48,6 +48,9 @@ int dt_ckpt__own_io(void);
  * (large O_DIRECT requests); NULL when out of memory. Free with dt_ckpt__io_buf_free(p, n). */
 void *dt_ckpt__io_buf(size_t n);
 void dt_ckpt__io_buf_free(void *p, size_t n);
+/* The alignment of file offset and memory that O_DIRECT on descriptor fd needs (statx
+ * STATX_DIOALIGN where the kernel tells, else DT_CKPT_ALIGN); 0 for fd < 0. */
+size_t dt_ckpt__dio_align(int fd);
 /* An O_DIRECT descriptor of path (flags: O_RDONLY or O_WRONLY), or -1 when the file system refuses
  * it, the OS has none, or DTRAIN_CKPT_DIRECT=buffered asks for plain descriptors. */
 int dt_ckpt__open_direct(const char *path, int flags);

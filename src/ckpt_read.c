@@ -245,7 +245,7 @@ static ssize_t pread_full(int fd, void *buf, size_t n, uint64_t off) {
 /* len bytes of the file at off into dst: O_DIRECT reads of the page-aligned cover of each chunk
  * into the aligned bounce buffer (the extra bytes at the edges are dropped), or, when O_DIRECT is
  * unavailable or refuses, a plain read. 0 or -1 (errno). */
-static int read_own(int fd_direct, int fd_buf, char *bounce, uint64_t off, size_t len, char *dst) {
+static int read_bounce(int fd_direct, int fd_buf, char *bounce, uint64_t off, size_t len, char *dst) {
   while (len > 0) {
     size_t n = len < DT_CKPT_CHUNK - 2 * DT_CKPT_ALIGN ? len : DT_CKPT_CHUNK - 2 * DT_CKPT_ALIGN;
     uint64_t a0 = off / DT_CKPT_ALIGN * DT_CKPT_ALIGN;
@@ -260,6 +260,30 @@ static int read_own(int fd_direct, int fd_buf, char *bounce, uint64_t off, size_
     off += n, dst += n, len -= n;
   }
   return 0;
+}
+
+/* The same, but where the file offset and dst agree modulo the file's direct-I/O alignment `al`
+ * (dt_ckpt__dio_align; GPT-2's tensors all do), the aligned middle goes from the device straight
+ * into dst: no bounce copy. Only the unaligned edges, and all of it when the kernel refuses a
+ * request (*al is then set to 0 for the rest of the load), take the bounce buffer. */
+static int read_own(int fd_direct, int fd_buf, char *bounce, uint64_t off, size_t len, char *dst, size_t *al) {
+  size_t a = *al;
+  if (fd_direct < 0 || a == 0 || ((uintptr_t)dst - off) % a != 0 || len < 2 * a)
+    return read_bounce(fd_direct, fd_buf, bounce, off, len, dst);
+  size_t head = (size_t)((a - off % a) % a), mid = (len - head) / a * a;
+  if (head && read_bounce(fd_direct, fd_buf, bounce, off, head, dst) < 0) return -1;
+  for (size_t i = head; i < head + mid;) {
+    size_t n = head + mid - i < DT_CKPT_CHUNK ? head + mid - i : DT_CKPT_CHUNK;
+    ssize_t got = pread_full(fd_direct, dst + i, n, off + i);
+    if (got == (ssize_t)n) {
+      i += n;
+      continue;
+    }
+    if (got < 0 && errno != EINVAL) return -1;
+    *al = 0; /* refused (or short): the rest through the bounce buffer */
+    return read_bounce(fd_direct, fd_buf, bounce, off + i, len - i, dst + i);
+  }
+  return read_bounce(fd_direct, fd_buf, bounce, off + head + mid, len - head - mid, dst + head + mid);
 }
 
 /* Dataset d for this rank: its tensor and group, file shape, the rank's rows [lo, hi) of the first
@@ -295,7 +319,6 @@ struct reader {
   pthread_cond_t cv;
   int stop, released; /* released: staged datasets whose slot is free again, in order */
   int *ready, *err;   /* [d]: the reader finished d; errno of a failed read (0 = ok) */
-  uint32_t *crc;      /* [d]: CRC32C of the part */
   /* read-only for the thread */
   const dt_layout_t *lay;
   const dt_ckpt_ranges_t *rg;
@@ -306,6 +329,7 @@ struct reader {
   fbox_t *bx; /* the thread's own box scratch */
   int n_ds, rank, size, fd_direct, fd_buf;
   char *bounce;
+  size_t dio_align; /* read_own's; 0 = bounce buffer only */
 };
 
 static float *slot_of(const reader_t *R, int d) { return R->kst[d] >= 0 ? R->slot[R->kst[d] % NSLOT] : NULL; }
@@ -335,12 +359,12 @@ static void *reader_thread(void *p) {
     size_t n = (size_t)(q.hi - q.lo) * q.unit * sizeof(float);
     char *dst = (char *)(q.buf + q.lo * q.unit);
     errno = 0;
-    int e = n && read_own(R->fd_direct, R->fd_buf, R->bounce, R->foff[d] + (uint64_t)q.lo * q.unit * sizeof(float), n, dst) < 0
+    int e = n && read_own(R->fd_direct, R->fd_buf, R->bounce, R->foff[d] + (uint64_t)q.lo * q.unit * sizeof(float), n, dst,
+                          &R->dio_align) < 0
                 ? (errno ? errno : EIO)
                 : 0;
-    uint32_t c = e ? 0 : dt_crc32c(0, dst, n);
     pthread_mutex_lock(&R->mu);
-    R->err[d] = e, R->crc[d] = c, R->ready[d] = 1;
+    R->err[d] = e, R->ready[d] = 1;
     pthread_cond_broadcast(&R->cv);
     pthread_mutex_unlock(&R->mu);
     if (e) break; /* the main thread stops at d */
@@ -348,12 +372,11 @@ static void *reader_thread(void *p) {
   return NULL;
 }
 
-/* Wait for the reader to finish dataset d; returns its errno (0 = ok), *crc its CRC. */
-static int reader_wait(reader_t *R, int d, uint32_t *crc) {
+/* Wait for the reader to finish dataset d; returns its errno (0 = ok). */
+static int reader_wait(reader_t *R, int d) {
   pthread_mutex_lock(&R->mu);
   while (!R->ready[d]) pthread_cond_wait(&R->cv, &R->mu);
   int e = R->err[d];
-  *crc = R->crc[d];
   pthread_mutex_unlock(&R->mu);
   return e;
 }
@@ -372,7 +395,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   dsets_t D;
   memset(&D, 0, sizeof D);
   hid_t fapl = -1, dxpl = -1, file = -1;
-  float *stg[NSLOT] = {NULL}; /* staging slots (reader_t) */
+  float *stg[NSLOT] = {NULL}; /* staging slots (reader_t), stg_bytes each */
+  size_t stg_bytes = 0;
   uint32_t *stored = NULL, *crcs = NULL, *mine = NULL; /* crcs: (size, n_ds) per-rank part CRCs */
   int *cnt = NULL, *dsp = NULL, *kst = NULL, *rd_ready = NULL, *rd_err = NULL;
   fbox_t *bx[4] = {NULL, NULL, NULL, NULL}; /* [d % 3]: the main thread's boxes of d; [3]: the reader's */
@@ -382,7 +406,6 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   int fd_buf = -1, fd_direct = -1, *own = NULL; /* own[d]: read through our descriptors (read_own) */
   uint64_t *foff = NULL;
   char *bounce = NULL;
-  uint32_t *rd_crc = NULL;
   reader_t R = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
   pthread_t rth;
   int reading = 0; /* the reader thread runs (join it) */
@@ -404,8 +427,7 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     kst = calloc((size_t)D.n_ds, sizeof *kst);
     rd_ready = calloc((size_t)D.n_ds, sizeof *rd_ready);
     rd_err = calloc((size_t)D.n_ds, sizeof *rd_err);
-    rd_crc = calloc((size_t)D.n_ds, sizeof *rd_crc);
-    int ok = kst && rd_ready && rd_err && rd_crc;
+    int ok = kst && rd_ready && rd_err;
     for (int k = 0; k < 4; k++) ok &= (bx[k] = malloc((size_t)(rg[0].n > rg[1].n ? rg[0].n : rg[1].n) * sizeof(fbox_t) + 1)) != NULL;
     size_t need = 1; /* NSLOT stage buffers, each the largest tensor that is not read in place */
     for (int d = 0, k = 0; ok && d < D.n_ds; d++) {
@@ -415,7 +437,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
       kst[d] = in_place(&lay->tensors[ti], &f, bx[0], nb) ? -1 : k++;
       if (kst[d] >= 0 && f.FR * f.FC > need) need = f.FR * f.FC;
     }
-    for (int k = 0; ok && k < NSLOT; k++) ok &= (stg[k] = malloc(need * sizeof(float))) != NULL;
+    stg_bytes = need * sizeof(float);
+    for (int k = 0; ok && k < NSLOT; k++) ok &= (stg[k] = dt_ckpt__io_buf(stg_bytes)) != NULL;
     if (!ok || !stored || !crcs || !mine || !cnt || !dsp) st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
   }
   if (st == DT_OK && dt_ckpt__max_tensor(lay) >= INT_MAX) st = DT_ERR(DT_ERR_UNSUPPORTED, "%s: tensor too large for MPI counts", path);
@@ -472,9 +495,9 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   /* Phase 3: per dataset: read 1/P, checksum it, allgather tensor and CRCs, verify, unpack. The
    * reader thread reads the large parts ahead; the unpack (transposes) of tensor d runs on
    * another helper thread while the main thread exchanges d + 1. */
-  R.ready = rd_ready, R.err = rd_err, R.crc = rd_crc, R.lay = lay, R.rg = rg, R.a = a, R.own = own, R.kst = kst;
+  R.ready = rd_ready, R.err = rd_err, R.lay = lay, R.rg = rg, R.a = a, R.own = own, R.kst = kst;
   R.foff = foff, R.slot = stg, R.bx = bx[3], R.n_ds = D.n_ds, R.rank = rank, R.size = size;
-  R.fd_direct = fd_direct, R.fd_buf = fd_buf, R.bounce = bounce;
+  R.fd_direct = fd_direct, R.fd_buf = fd_buf, R.bounce = bounce, R.dio_align = dt_ckpt__dio_align(fd_direct);
   if (own_ok) {
     if (pthread_create(&rth, NULL, reader_thread, &R) == 0) reading = 1;
     else st = DT_ERR(DT_ERR_NOMEM, "%s: cannot start the reader thread: %s", path, strerror(errno));
@@ -493,11 +516,9 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
       cnt[r] = (int)((rhi - rlo) * unit), dsp[r] = (int)(rlo * unit);
     }
     tp = dt_time_now();
-    int crc_done = 0;
     if (own[d]) {
-      int e = reader_wait(&R, d, &mine[d]);
+      int e = reader_wait(&R, d);
       if (e) st = DT_ERR(DT_ERR_IO, "%s: %s: read failed: %s", path, D.names[d], strerror(e));
-      crc_done = 1;
     } else {
       (void)slot_wait(&R, d); /* never stopped here: only this thread stops the reader */
       hid_t fsp = H5Dget_space(D.ds[d]);
@@ -514,7 +535,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     if (st == DT_OK && dt_ckpt__faulty(comm, "read")) st = DT_ERR(DT_ERR_IO, "%s: %s: simulated read failure (test hook)", path, D.names[d]);
     if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
     tp = dt_time_now();
-    if (!crc_done) mine[d] = dt_crc32c(0, buf + dsp[rank], (size_t)cnt[rank] * sizeof(float)); /* verified after the loop */
+    /* here, not on the reader: the disk is the longest path of a load (verified after the loop) */
+    mine[d] = dt_crc32c(0, buf + dsp[rank], (size_t)cnt[rank] * sizeof(float));
     t_crc += dt_time_now() - tp, tp = dt_time_now();
     int share = size > 1 && full_all[gi ? 1 : 0] && whole_transposed(&lay->tensors[ti], &f, b, nb);
     if (!share) MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, buf, cnt, dsp, MPI_FLOAT, comm);
@@ -588,7 +610,7 @@ out:
   if (dxpl >= 0) H5Pclose(dxpl);
   dt_ckpt_ranges_free(&rg[0]);
   dt_ckpt_ranges_free(&rg[1]);
-  for (int k = 0; k < NSLOT; k++) free(stg[k]);
+  for (int k = 0; k < NSLOT; k++) dt_ckpt__io_buf_free(stg[k], stg_bytes);
   for (int k = 0; k < 4; k++) free(bx[k]);
   free(stored);
   free(crcs);
@@ -598,7 +620,6 @@ out:
   free(kst);
   free(rd_ready);
   free(rd_err);
-  free(rd_crc);
   if (st == DT_OK && st_out) *st_out = s;
   else dt_ckpt_state_free(&s);
   return st;

@@ -90,6 +90,14 @@ size_t dt_ckpt__dio_align(int fd) {
 
 /* ---- node leaders ------------------------------------------------------------------------- */
 
+void dt_ckpt__node_comm(MPI_Comm comm, MPI_Comm *node) {
+  const char *w = getenv("DTRAIN_CKPT_WRITERS");
+  int rank, k = w && !strcmp(w, "all") ? 1 : w && atoi(w) > 0 ? atoi(w) : 0;
+  MPI_Comm_rank(comm, &rank);
+  if (k > 0) MPI_Comm_split(comm, rank / k, rank, node); /* test hook: groups of k consecutive ranks */
+  else MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, node);
+}
+
 int dt_ckpt__node_leaders(MPI_Comm comm, const dt_ckpt_arenas_t *a, MPI_Comm *lead, MPI_Comm *node) {
   *lead = *node = MPI_COMM_NULL;
   const char *w = getenv("DTRAIN_CKPT_WRITERS");
@@ -98,9 +106,7 @@ int dt_ckpt__node_leaders(MPI_Comm comm, const dt_ckpt_arenas_t *a, MPI_Comm *le
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   if (!all_full || size == 1 || (w && !strcmp(w, "all"))) return 0;
-  int k = w && atoi(w) > 0 ? atoi(w) : 0; /* test hook: groups of k consecutive ranks act as nodes */
-  if (k > 0) MPI_Comm_split(comm, rank / k, rank, node);
-  else MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, node);
+  dt_ckpt__node_comm(comm, node);
   int nrank, nsize, nodes_max = 0;
   MPI_Comm_rank(*node, &nrank);
   MPI_Comm_size(*node, &nsize);

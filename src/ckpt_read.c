@@ -482,7 +482,7 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   if (st == DT_OK) st = dt_ckpt__ranges_resolve(lay, &a->model, 0, rank, size, &rg[0]);
   if (st == DT_OK && optim) st = dt_ckpt__ranges_resolve(lay, &a->optim, 0, rank, size, &rg[1]);
   if (st == DT_OK) st = dt_ckpt__dsets_init(&D, lay, optim ? 3 : 1);
-  size_t max_row = 1; /* bytes of the longest row (a slot holds at least one) */
+  size_t max_row = 1, max_ds = 1; /* bytes of the longest row (a slot holds one) and dataset */
   if (st == DT_OK) {
     stored = calloc((size_t)D.n_ds, sizeof *stored);
     foff = calloc((size_t)D.n_ds, sizeof *foff);
@@ -496,6 +496,7 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
       hsize_t per = PIECE / (unit[d] * sizeof(float)) ? PIECE / (unit[d] * sizeof(float)) : 1;
       n_pc += (int)((f.dims[0] + per - 1) / per);
       if (unit[d] * sizeof(float) > max_row) max_row = unit[d] * sizeof(float);
+      if (f.dims[0] * unit[d] * sizeof(float) > max_ds) max_ds = f.dims[0] * unit[d] * sizeof(float);
     }
     pc = malloc((size_t)(n_pc ? n_pc : 1) * sizeof *pc);
     for (int d = 0, i = 0; pc && d < D.n_ds; d++) {
@@ -549,7 +550,9 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
    * instead of costing a round trip each (GPT-2 124M: 294 of them). */
   for (int d = 0; own_ok && d < D.n_ds; d++)
     if (D.bytes[d] < DT_CKPT_OWN_MIN) (void)posix_fadvise(fd_buf, (off_t)foff[d], (off_t)D.bytes[d], POSIX_FADV_WILLNEED);
-  st = window_open(comm, (PIECE > max_row ? PIECE : max_row) + 2 * DT_CKPT_ALIGN, &W, path);
+  /* a slot: a piece (no more than the largest dataset: small models get a small window) */
+  size_t piece = max_ds < PIECE ? max_ds : PIECE;
+  st = window_open(comm, (piece > max_row ? piece : max_row) + 2 * DT_CKPT_ALIGN, &W, path);
   if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
 
   /* Phase 3: per piece: this rank's share read (reader thread) and checksummed, the node's shares

@@ -577,7 +577,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     hsize_t lo, hi;
     share_of(&W, p, W.g, W.j, &lo, &hi);
     tp = dt_time_now();
-    if (!own_ok) { /* collective: every rank calls it for every piece */
+    if (!own_ok) { /* collective: every rank calls it for every piece (once the slot is free) */
+      wait_node(&W, W.copied, i - NW + 1);
       hid_t fsp = H5Dget_space(D.ds[d]);
       hsize_t mc = hi > lo ? (hi - lo) * u : 1;
       hid_t msp = H5Screate_simple(1, &mc, NULL);

@@ -11,6 +11,7 @@
 
 #include "cli.h"
 #include "comm.h"
+#include "mpi_check.h"
 #include "timer.h"
 
 typedef enum { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BROADCAST, OP_SENDRECV, OP_N } bench_op_t;
@@ -250,12 +251,9 @@ int dt_bench_comm_main(int argc, char **argv) {
   bench_opts_t o;
   int code = parse_args(argc, argv, &o);
   if (code >= 0) return code;
-  int provided;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   bench_t B = {.world = MPI_COMM_WORLD};
-  MPI_Comm_rank(MPI_COMM_WORLD, &B.rank);
+  dt_mpi_init(&argc, &argv, &B.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &B.n);
-  dt_err_set_rank(B.rank);
   long long wrong = 0;
   dt_status_t st = dt_comm_mpi_create(&B.world, &B.c);
   B.a = malloc(o.max_bytes);

@@ -14,6 +14,7 @@
 #include "data.h"
 #include "dt_build.h" /* autoconf: PACKAGE_VERSION */
 #include "mesh.h"
+#include "mpi_check.h"
 #include "plan.h"
 #include "train.h"
 
@@ -92,11 +93,8 @@ static int fail(dt_status_t st, int mpi_up) {
 }
 
 static int train_main(int argc, char **argv) {
-  int provided = 0;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  dt_err_set_rank(rank);
+  dt_mpi_init(&argc, &argv, &rank);
   int world = 1, dp, accum;
   MPI_Comm_size(MPI_COMM_WORLD, &world);
   dt_config_t cfg;

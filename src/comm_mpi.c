@@ -45,6 +45,14 @@ const char *dt__hostname(void) {
   return host;
 }
 
+int dt_mpi_init(int *argc, char ***argv, int *rank) {
+  int provided = 0, rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
+  *rank = 0;
+  if (rc == MPI_SUCCESS) MPI_Comm_rank(MPI_COMM_WORLD, rank);
+  dt_err_set_rank(*rank);
+  return rc;
+}
+
 static int err_world_rank(void) {
   if (dt_err_rank() >= 0) return dt_err_rank();
   int init = 0, fin = 0, r = -1;

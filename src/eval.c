@@ -9,6 +9,7 @@
 
 #include "ckpt.h"
 #include "cli.h"
+#include "mpi_check.h"
 #include "train.h"
 
 static int usage(FILE *out, int code) {
@@ -48,11 +49,8 @@ int dt_eval_main(int argc, char **argv) {
   }
   if (!cfg_path || !ckpt || !data) return usage(stderr, 2);
 
-  int provided;
-  MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   int rank;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  dt_err_set_rank(rank);
+  dt_mpi_init(&argc, &argv, &rank);
   dt_config_t cfg;
   if (dt_cli_load_config(&cfg, cfg_path, n_over, over) != DT_OK) {
     if (rank == 0) fprintf(stderr, "dtrain: %s\n", dt_err_msg());

@@ -275,13 +275,11 @@ static int parse_nonneg(const char *s, int *out) {
 }
 
 int dt_layout_main(int argc, char **argv) {
-  int provided = 0;
-  if (MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided) != MPI_SUCCESS) {
+  int rank = 0;
+  if (dt_mpi_init(&argc, &argv, &rank) != MPI_SUCCESS) {
     fprintf(stderr, "dtrain layout: MPI_Init failed\n");
     return 1;
   }
-  int rank = 0;
-  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   dt_mesh_opts_t o = {.cuda = -1, .runtime_devices = -1, .threads = 0, .dp = 0, .tp = 1, .pp = 1, .args = NULL};
   char args[256] = "";
   int bad = 0;

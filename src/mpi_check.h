@@ -18,6 +18,9 @@ dt_status_t dt__mpi_error(int rc, const char *call, const char *file, int line);
 /* Collective over comm: every rank returns the status of the lowest failing rank, with that
  * rank's dt_err message recorded (DT_OK when no rank failed), so no rank goes on alone. */
 dt_status_t dt_mpi_agree(MPI_Comm comm, dt_status_t st);
+/* MPI_Init_thread(FUNNELED), as every dtrain command starts MPI; sets *rank (0 if MPI_Init
+ * failed) and dt_err's rank; returns MPI's return code. */
+int dt_mpi_init(int *argc, char ***argv, int *rank);
 /* Hostname of this process (cached, never NULL). */
 const char *dt__hostname(void);
 

@@ -30,6 +30,23 @@ mpi() {
   run "$MPIRUN" --oversubscribe --bind-to none -n "$n" -x OMP_NUM_THREADS=1 "$@"
 }
 
+# srun_once_more OUT CMD...: run CMD (an srun launch) with its output in OUT. When it fails
+# because a rank called address 0 and Open MPI's handler found no frame above libc's signal
+# frame, run it once more (the first output is kept as OUT.first). That is how Debian's Open MPI
+# 4.1.4 sometimes dies inside MPI_Init under srun --mpi=pmix with virtual nodes on one host
+# (btl=self,tcp): a core showed mca_btl_tcp calling a not yet registered PML callback (tag 0x41)
+# from opal_progress in ompi_mpi_init, in 8 of ~260 back-to-back 8-rank launches. A dtrain bug
+# that calls address 0 would fail the second launch as well.
+srun_once_more() {
+  local out=$1
+  shift
+  "$@" > "$out" 2>&1 && return 0
+  grep -q 'Failing at address: (nil)' "$out" && ! grep -q '\[ 1\] ' "$out" || return 1
+  echo "note: a rank called address 0 with no caller frame (Open MPI startup race, tests/lib.sh); launching once more"
+  mv "$out" "$out.first"
+  "$@" > "$out" 2>&1
+}
+
 tmpdir() {
   local d
   d=$(mktemp -d "${TMPDIR:-/tmp}/dtrain-test.XXXXXX")

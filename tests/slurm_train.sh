@@ -38,8 +38,8 @@ fail() { echo "FAIL: $*"; exit 1; }
 # 1. srun, 2 nodes x 2 ranks, against one rank under mpirun
 mpi 1 "$D" "$cfg" log.metrics="$DIR/dp1.jsonl" > "$DIR/dp1.out" || fail "single-rank run"
 echo "\$ srun -N 2 --ntasks-per-node=2 --mpi=pmix $D $cfg train.micro_batch=2"
-timeout 300 srun -N 2 --ntasks-per-node=2 --mpi=pmix --kill-on-bad-exit=1 "$D" "$cfg" train.micro_batch=2 \
-  log.metrics="$DIR/srun.jsonl" checkpoint.dir="$DIR/ck-srun" > "$DIR/srun.out" 2>&1 || { cat "$DIR/srun.out"; fail "srun run"; }
+srun_once_more "$DIR/srun.out" timeout 300 srun -N 2 --ntasks-per-node=2 --mpi=pmix --kill-on-bad-exit=1 "$D" "$cfg" \
+  train.micro_batch=2 log.metrics="$DIR/srun.jsonl" checkpoint.dir="$DIR/ck-srun" || { cat "$DIR/srun.out"; fail "srun run"; }
 grep '^# layout\|^# mesh' "$DIR/srun.out"
 "$PY" - "$DIR" <<'PY' || fail "srun losses"
 import json, sys
@@ -63,9 +63,9 @@ for lay in $(mesh8_layouts); do # (not a `while read` loop: mpirun and srun read
   IFS=, read -r dp tp pp B <<< "$lay"
   tag=mesh$dp$tp$pp
   echo "\$ srun -N 2 --ntasks-per-node=4 --mpi=pmix $D $cfg $m8 parallel.tp=$tp parallel.pp=$pp train.micro_batch=$B"
-  timeout 300 srun -N 2 --ntasks-per-node=4 --mpi=pmix --kill-on-bad-exit=1 "$D" "$cfg" $m8 parallel.tp=$tp \
-    parallel.pp=$pp train.micro_batch=$B log.metrics="$DIR/$tag.jsonl" checkpoint.dir="$DIR/ck-$tag" \
-    > "$DIR/$tag.out" 2>&1 || { cat "$DIR/$tag.out"; fail "srun ($dp,$tp,$pp) run"; }
+  srun_once_more "$DIR/$tag.out" timeout 300 srun -N 2 --ntasks-per-node=4 --mpi=pmix --kill-on-bad-exit=1 "$D" "$cfg" \
+    $m8 parallel.tp=$tp parallel.pp=$pp train.micro_batch=$B log.metrics="$DIR/$tag.jsonl" checkpoint.dir="$DIR/ck-$tag" \
+    || { cat "$DIR/$tag.out"; fail "srun ($dp,$tp,$pp) run"; }
   grep -q "8 ranks on 2 nodes, mesh dp=$dp x tp=$tp x pp=$pp" "$DIR/$tag.out" || fail "mesh line of ($dp,$tp,$pp)"
   names="$names $tag=srun_(dp,tp,pp)=($dp,$tp,$pp)_on_2_nodes"
 done

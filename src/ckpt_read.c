@@ -303,6 +303,10 @@ static void unpack_rows(const dt_layout_t *lay, int ti, const fshape_t *f, const
                          local + dt_ckpt__local_index(t, x, i0, x->c0), x->src->ld);
       continue;
     }
+    if (x->c0 == 0 && x->c1 == f->FC && x->src->ld == f->FC) { /* whole rows, contiguous in the arena too */
+      memcpy(local + dt_ckpt__local_index(t, x, i0, 0), rows + (i0 - r0) * f->FC, (i1 - i0) * f->FC * sizeof(float));
+      continue;
+    }
     for (hsize_t i = i0; i < i1; i++)
       memcpy(local + dt_ckpt__local_index(t, x, i, x->c0), rows + (i - r0) * f->FC + x->c0, (x->c1 - x->c0) * sizeof(float));
   }

@@ -365,6 +365,9 @@ static dt_status_t resume(dt_trainer_t *tr) {
   char path[DT_PATH_MAX] = "";
   dt_status_t s;
   populate_params(tr);
+  /* the load is collective: time it from when every rank is ready, so the time is the load's and
+   * not the wait for the slowest rank's setup (that is in the whole start's time) */
+  DT_TRY(tr->mesh.world->ops->barrier(tr->mesh.world));
   double t0 = dt_time_now();
   if (!strcmp(r, "auto")) {
     s = dt_ckpt_load_latest(NULL, tr->cfg.ckpt_dir, &tr->lay, &a, &st, path, sizeof path);

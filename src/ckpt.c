@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 
@@ -142,6 +143,14 @@ void dt_ckpt__time(MPI_Comm comm, const char *what, double t0) {
   int rank;
   MPI_Comm_rank(comm, &rank);
   if (on && rank == 0) fprintf(stderr, "# ckpt-time %-16s %8.3f s\n", what, dt_time_now() - t0);
+}
+
+/* CPU seconds (user + system, all threads) this process has used: with dt_ckpt__time, shows
+ * whether a load waits for the disk or for the cores (4 ranks on 2 cores: for the cores). */
+double dt_ckpt__cpu(void) {
+  struct rusage u;
+  if (getrusage(RUSAGE_SELF, &u) != 0) return 0;
+  return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) + 1e-6 * (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec);
 }
 
 MPI_Comm dt_ckpt__comm(const void *mpi_comm) { return mpi_comm ? *(const MPI_Comm *)mpi_comm : MPI_COMM_WORLD; }

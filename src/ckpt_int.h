@@ -34,6 +34,7 @@ void dt_ckpt__node_comm(MPI_Comm comm, MPI_Comm *node);
 void dt_ckpt__quiet_barrier(MPI_Comm comm);
 /* DTRAIN_CKPT_TIMES set: rank 0 prints "# ckpt-time <what> <s since t0>" to stderr (benchmarks). */
 void dt_ckpt__time(MPI_Comm comm, const char *what, double t0);
+double dt_ckpt__cpu(void); /* this process's CPU seconds so far (user + system) */
 /* Communicator from the API's `const void *mpi_comm` (NULL = MPI_COMM_WORLD). */
 MPI_Comm dt_ckpt__comm(const void *mpi_comm);
 

@@ -478,7 +478,7 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   pthread_t rth;
   int reading = 0; /* the reader thread runs (join it) */
 
-  double t0 = dt_time_now(), t_rd = 0, t_crc = 0, t_ag = 0, t_un = 0, tp;
+  double t0 = dt_time_now(), cpu0 = dt_ckpt__cpu(), t_rd = 0, t_crc = 0, t_ag = 0, t_un = 0, tp;
   /* Phase 1 (local). */
   dt_status_t st = DT_OK;
   int optim = a->m != NULL;
@@ -660,6 +660,7 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   dt_ckpt__time(comm, "  crc", dt_time_now() - t_crc);
   dt_ckpt__time(comm, "  exchange", dt_time_now() - t_ag);
   dt_ckpt__time(comm, "  copy out", dt_time_now() - t_un);
+  dt_ckpt__time(comm, "  cpu (rank 0)", dt_time_now() - (dt_ckpt__cpu() - cpu0));
 
   /* Phase 4: the rest of the state. */
   st = read_state_data(file, &s, dxpl, path);

@@ -238,6 +238,12 @@ typedef struct {
   hsize_t r0, r1; /* its rows (first file dimension) */
 } piece_t;
 
+/* Rows of `unit` floats in a piece: as many as fit in PIECE bytes, at least one. */
+static hsize_t rows_per_piece(hsize_t unit) {
+  const hsize_t n = PIECE / (unit * sizeof(float));
+  return n ? n : 1;
+}
+
 /* Rows [*a, *z) of [r0, r1) for part i of n. */
 static void split_rows(hsize_t r0, hsize_t r1, int i, int n, hsize_t *a, hsize_t *z) {
   *a = r0 + (r1 - r0) * (hsize_t)i / (hsize_t)n;
@@ -500,7 +506,7 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     for (int d = 0; unit && d < D.n_ds; d++) { /* the pieces */
       fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[d % lay->n_tensors]);
       unit[d] = f.ndim == 2 ? f.dims[1] : 1;
-      hsize_t per = PIECE / (unit[d] * sizeof(float)) ? PIECE / (unit[d] * sizeof(float)) : 1;
+      const hsize_t per = rows_per_piece(unit[d]);
       n_pc += (int)((f.dims[0] + per - 1) / per);
       if (unit[d] * sizeof(float) > max_row) max_row = unit[d] * sizeof(float);
       if (f.dims[0] * unit[d] * sizeof(float) > max_ds) max_ds = f.dims[0] * unit[d] * sizeof(float);
@@ -508,7 +514,7 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     pc = malloc((size_t)(n_pc ? n_pc : 1) * sizeof *pc);
     for (int d = 0, i = 0; pc && d < D.n_ds; d++) {
       fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[d % lay->n_tensors]);
-      hsize_t per = PIECE / (unit[d] * sizeof(float)) ? PIECE / (unit[d] * sizeof(float)) : 1;
+      const hsize_t per = rows_per_piece(unit[d]);
       for (hsize_t r = 0; r < f.dims[0]; r += per) pc[i++] = (piece_t){d, r, r + per < f.dims[0] ? r + per : f.dims[0]};
     }
     mine = calloc((size_t)(n_pc ? n_pc : 1), sizeof *mine);

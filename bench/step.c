@@ -80,8 +80,10 @@ static int parse_args(opts_t *o, int argc, char **argv) {
 }
 
 /* The sgemm ceiling on the model's matmul shapes, through dt_cpu_sgemm (the engine the backend
- * uses), in all three forms a training step runs them (ops_cpu.c): forward out (N,OC) = inp (N,K)
- * W^T [NT], backward dinp (N,K) = dout (N,OC) W [NN] and dW (OC,K) += dout^T inp [TN]. Measured
+ * uses), in all three forms a training step runs them (ops_cpu.c). The blocks' Conv1D weights W
+ * (K,OC): forward out (N,OC) = inp (N,K) W [NN], backward dinp (N,K) = dout (N,OC) W^T [NT] and
+ * dW (K,OC) += inp^T dout [TN]; the lm_head's wte (OC,K): forward inp W^T [NT], dinp = dout W
+ * [NN], dW (OC,K) += dout^T inp [TN]. Measured
  * in two rounds, before and after the timed steps, so that a machine whose load changes during
  * the run affects the ceiling and the step alike; each (shape, form) time is the median of all
  * its samples. Returns the FLOP-weighted GFLOP/s (one step's matmul FLOPs / their total time). */
@@ -109,9 +111,15 @@ static void ceiling_round(ceil_t *c) {
     for (int s = 0; s < SH_N; s++)
       for (int f = 0; f < FORMS; f++) {
         double t0 = omp_get_wtime();
-        if (f == 0) dt_cpu_sgemm(0, 1, N, OC[s], K[s], 1.0f, A, K[s], W, K[s], 0.0f, O, OC[s]);
-        if (f == 1) dt_cpu_sgemm(0, 0, N, K[s], OC[s], 1.0f, O, OC[s], W, K[s], 0.0f, A, K[s]);
-        if (f == 2) dt_cpu_sgemm(1, 0, OC[s], K[s], N, 1.0f, O, OC[s], A, K[s], 1.0f, G, K[s]);
+        if (s < SH_N - 1) { /* Conv1D */
+          if (f == 0) dt_cpu_sgemm(0, 0, N, OC[s], K[s], 1.0f, A, K[s], W, OC[s], 0.0f, O, OC[s]);
+          if (f == 1) dt_cpu_sgemm(0, 1, N, K[s], OC[s], 1.0f, O, OC[s], W, OC[s], 0.0f, A, K[s]);
+          if (f == 2) dt_cpu_sgemm(1, 0, K[s], OC[s], N, 1.0f, A, K[s], O, OC[s], 1.0f, G, OC[s]);
+        } else { /* lm_head */
+          if (f == 0) dt_cpu_sgemm(0, 1, N, OC[s], K[s], 1.0f, A, K[s], W, K[s], 0.0f, O, OC[s]);
+          if (f == 1) dt_cpu_sgemm(0, 0, N, K[s], OC[s], 1.0f, O, OC[s], W, K[s], 0.0f, A, K[s]);
+          if (f == 2) dt_cpu_sgemm(1, 0, OC[s], K[s], N, 1.0f, O, OC[s], A, K[s], 1.0f, G, K[s]);
+        }
         if (rep >= 0) c->t[s][f][c->n + rep] = omp_get_wtime() - t0;
       }
   c->n += CEIL_REPS;
@@ -123,7 +131,7 @@ static double ceiling_report(ceil_t *c) {
   const int count[SH_N] = {c->L, c->L, c->L, c->L, 1};
   const char *what[SH_N] = {"qkv   (BT x C) x (C x 3C)", "proj  (BT x C) x (C x C)", "fc    (BT x C) x (C x 4C)",
                             "fcprj (BT x 4C) x (4C x C)", "head  (BT x C) x (C x Vp)"};
-  const char *form[FORMS] = {"fwd NT", "dinp NN", "dW TN"};
+  const char *form[2][FORMS] = {{"fwd NN", "dinp NT", "dW TN"}, {"fwd NT", "dinp NN", "dW TN"}};
   double tot_f = 0, tot_t = 0, fwd_f = 0, fwd_t = 0;
   for (int s = 0; s < SH_N; s++) {
     double f = 2.0 * c->N * K[s] * OC[s], gf[FORMS];
@@ -133,10 +141,11 @@ static double ceiling_report(ceil_t *c) {
       tot_f += f * count[s], tot_t += tm * count[s];
       if (k == 0) fwd_f += f * count[s], fwd_t += tm * count[s];
     }
-    printf("#   sgemm %-28s N=%-6d GFLOP/s %s %6.1f  %s %6.1f  %s %6.1f\n", what[s], c->N, form[0], gf[0], form[1], gf[1],
-           form[2], gf[2]);
+    const char *const *fm = form[s == SH_N - 1];
+    printf("#   sgemm %-28s N=%-6d GFLOP/s %s %6.1f  %s %6.1f  %s %6.1f\n", what[s], c->N, fm[0], gf[0], fm[1], gf[1],
+           fm[2], gf[2]);
   }
-  printf("# sgemm ceiling: %.1f GFLOP/s over all three forms (forward NT alone: %.1f), medians of %d samples taken "
+  printf("# sgemm ceiling: %.1f GFLOP/s over all three forms (forwards alone: %.1f), medians of %d samples taken "
          "before and after the steps\n", tot_f / tot_t * 1e-9, fwd_f / fwd_t * 1e-9, c->n);
   return tot_f / tot_t * 1e-9;
 }

@@ -258,7 +258,10 @@ static dt_status_t gemm_rm_batched(cublasHandle_t h, bool ta, bool tb, int M, in
   return DT_OK;
 }
 
-/* out (N,OC) = inp (N,C) W^T + bias */
+/* Weights in two layouts, as on the CPU (ops_cpu.h): the lm_head's wte (OC, C) like nn.Linear
+ * (matmul_*), the blocks' (C, OC) like Hugging Face's Conv1D (conv1d_*). */
+
+/* out (N,OC) = inp (N,C) W^T + bias, W (OC,C) */
 static dt_status_t matmul_forward(cu_impl_t *im, float *out, const float *inp, const float *w, const float *bias, int N,
                                   int C, int OC) {
   DT_TRY(gemm_rm(im->blas, false, true, N, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC));
@@ -271,6 +274,23 @@ static dt_status_t matmul_backward(cu_impl_t *im, float *dinp, float *dweight, f
                                    const float *inp, const float *w, int N, int C, int OC) {
   if (dinp) DT_TRY(gemm_rm(im->blas, false, false, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C));
   DT_TRY(gemm_rm(im->blas, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C));
+  if (dbias) DT_TRY(dt_cu_col_sum(dbias, dout, N, OC, im->compute));
+  return DT_OK;
+}
+
+/* out (N,OC) = inp (N,C) W + bias, W (C,OC) */
+static dt_status_t conv1d_forward(cu_impl_t *im, float *out, const float *inp, const float *w, const float *bias, int N,
+                                  int C, int OC) {
+  DT_TRY(gemm_rm(im->blas, false, false, N, OC, C, 1.0f, inp, C, w, OC, 0.0f, out, OC));
+  if (bias) DT_TRY(dt_cu_add_bias(out, bias, N, OC, im->compute));
+  return DT_OK;
+}
+
+/* dinp (N,C) = dout W^T; dweight (C,OC) += inp^T dout; dbias (OC) += sum_N dout */
+static dt_status_t conv1d_backward(cu_impl_t *im, float *dinp, float *dweight, float *dbias, const float *dout,
+                                   const float *inp, const float *w, int N, int C, int OC) {
+  if (dinp) DT_TRY(gemm_rm(im->blas, false, true, N, C, OC, 1.0f, dout, OC, w, OC, 0.0f, dinp, C));
+  DT_TRY(gemm_rm(im->blas, true, false, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC));
   if (dbias) DT_TRY(dt_cu_col_sum(dbias, dout, N, OC, im->compute));
   return DT_OK;
 }
@@ -369,21 +389,21 @@ static dt_status_t cu_forward(dt_backend_t *be, const int *inputs, const int *ta
     DT_TRY(dt_cu_layernorm_forward(ln1, a->ln1_mean + os, a->ln1_rstd + os, x, P(be, l, DT_LN1W), P(be, l, DT_LN1B),
                                    N, C, s));
     STORE(ln1, (size_t)N * C);
-    DT_TRY(matmul_forward(im, qkv, ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * C));
+    DT_TRY(conv1d_forward(im, qkv, ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * C));
     STORE(qkv, (size_t)N * 3 * C);
     DT_TRY(attention_forward(im, atty, att, qkv, B, T, C, NH));
     STORE(atty, (size_t)N * C);
-    DT_TRY(matmul_forward(im, res2, atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), N, C, C));
+    DT_TRY(conv1d_forward(im, res2, atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), N, C, C));
     DT_TRY(dt_cu_residual_forward(res2, res2, x, (size_t)N * C, s));
     STORE(res2, (size_t)N * C); /* once after the residual add, like the CPU's fused matmul + residual */
     DT_TRY(dt_cu_layernorm_forward(ln2, a->ln2_mean + os, a->ln2_rstd + os, res2, P(be, l, DT_LN2W), P(be, l, DT_LN2B),
                                    N, C, s));
     STORE(ln2, (size_t)N * C);
-    DT_TRY(matmul_forward(im, fch, ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * C));
+    DT_TRY(conv1d_forward(im, fch, ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * C));
     STORE(fch, (size_t)N * 4 * C);
     DT_TRY(dt_cu_gelu_forward(fchg, fch, (size_t)N * 4 * C, s));
     STORE(fchg, (size_t)N * 4 * C);
-    DT_TRY(matmul_forward(im, res3, fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), N, 4 * C, C));
+    DT_TRY(conv1d_forward(im, res3, fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), N, 4 * C, C));
     DT_TRY(dt_cu_residual_forward(res3, res3, res2, (size_t)N * C, s));
     STORE(res3, (size_t)N * C);
     x = res3;
@@ -447,23 +467,23 @@ static dt_status_t cu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn rea
     const float *x = l > 0 ? a->residual3 + o - im->btc : a->encoded;
     const float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * o, *atty = a->atty + o, *att = a->att + l * im->attn;
     const float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * o, *fchg = a->fch_gelu + 4 * o;
-    DT_TRY(matmul_backward(im, a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg,
+    DT_TRY(conv1d_backward(im, a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg,
                            P(be, l, DT_FCPROJW), N, 4 * C, C));
     STORE(a->dfch, (size_t)N * 4 * C);
     DT_TRY(dt_cu_gelu_backward(a->dfch, fch, a->dfch, (size_t)N * 4 * C, s));
     STORE(a->dfch, (size_t)N * 4 * C);
-    DT_TRY(matmul_backward(im, a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, ln2, P(be, l, DT_FCW), N, C,
+    DT_TRY(conv1d_backward(im, a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, ln2, P(be, l, DT_FCW), N, C,
                            4 * C));
     STORE(a->dtmp, (size_t)N * C);
     DT_TRY(dt_cu_layernorm_backward(a->dres, G(be, l, DT_LN2W), G(be, l, DT_LN2B), a->dres, a->dtmp, res2,
                                     P(be, l, DT_LN2W), a->ln2_mean + os, a->ln2_rstd + os, N, C, s));
     STORE(a->dres, (size_t)N * C);
-    DT_TRY(matmul_backward(im, a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, atty,
+    DT_TRY(conv1d_backward(im, a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, atty,
                            P(be, l, DT_ATTPROJW), N, C, C));
     STORE(a->dtmp, (size_t)N * C);
     DT_TRY(attention_backward(im, a->dqkv, a->datt, a->dtmp, qkv, att, B, T, C, NH));
     STORE(a->dqkv, (size_t)N * 3 * C);
-    DT_TRY(matmul_backward(im, a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, ln1, P(be, l, DT_QKVW), N, C,
+    DT_TRY(conv1d_backward(im, a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, ln1, P(be, l, DT_QKVW), N, C,
                            3 * C));
     STORE(a->dtmp, (size_t)N * C);
     DT_TRY(dt_cu_layernorm_backward(a->dres, G(be, l, DT_LN1W), G(be, l, DT_LN1B), a->dres, a->dtmp, x,

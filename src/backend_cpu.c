@@ -273,9 +273,10 @@ static float *G(const dt_backend_t *be, int l, int which) { return be->grads + d
 /* ---- tensor parallelism (Megatron-LM) --------------------------------------------------------
  * With tp ranks (be->tp_comm) each rank holds the shards of dt_layout_init_tp and runs the same
  * per-layer code at its local widths Cl = C/tp, NHl = NH/tp, 4Cl, Vpl = Vp/tp:
- *   c_attn, c_fc (row-parallel in our (out, in) storage): local output columns, no communication;
+ *   c_attn, c_fc (column-parallel: (in, out) storage, a block of output columns): local outputs,
+ *   no communication;
  *   attention: over the local heads only (head size C/NH unchanged);
- *   attn.c_proj, mlp.c_proj (split along their input): a partial (B,T,C) product, all-reduced
+ *   attn.c_proj, mlp.c_proj (row-parallel, split along their input rows): a partial (B,T,C) product, all-reduced
  *   over tp, then + bias + residual (the bias is replicated and added once, after the sum);
  *   embedding: each rank adds the wte rows it owns (zeros for others), all-reduce, + wpe;
  *   lm_head: local logits (B,T,Vpl); cross-entropy from all-reduced row max, sum of exponentials
@@ -291,15 +292,15 @@ static dt_status_t tp_allreduce(dt_backend_t *be, void *x, size_t n, dt_dtype_t 
   return be->tp_comm->ops->allreduce(be->tp_comm, x, x, n, ty, op, NULL, NULL);
 }
 
-/* out = resid + inp W^T + bias; W (OC, IC) local columns of the global input dim when tp > 1. */
+/* out = resid + inp W + bias; W (IC, OC) (Conv1D), local rows of the global input dim when tp > 1. */
 static dt_status_t proj_residual(dt_backend_t *be, float *out, const float *inp, const float *w, const float *bias,
                                  const float *resid, int N, int IC, int OC) {
   cpu_impl_t *im = be->impl;
   if (im->tp == 1) {
-    dt_matmul_residual_forward(out, inp, w, bias, resid, N, IC, OC);
+    dt_conv1d_residual_forward(out, inp, w, bias, resid, N, IC, OC);
     return DT_OK;
   }
-  dt_matmul_forward(out, inp, w, NULL, N, IC, OC);
+  dt_conv1d_forward(out, inp, w, NULL, N, IC, OC);
   DT_TRY(tp_allreduce(be, out, (size_t)N * OC, DT_F32, DT_SUM));
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
@@ -443,7 +444,7 @@ static dt_status_t block_forward(dt_backend_t *be, const cpu_block_t *y, const f
   dt_status_t st = DT_OK;
   DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(y->ln1, y->ln1_mean, y->ln1_rstd, x, P(be, l, DT_LN1W), P(be, l, DT_LN1B), N, C));
   STORE(y->ln1, N * C);
-  DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(y->qkv, y->ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * Cl));
+  DT_PROF(DT_PROF_MATMUL, dt_conv1d_forward(y->qkv, y->ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * Cl));
   STORE(y->qkv, N * 3 * Cl);
   DT_PROF(DT_PROF_ATTENTION, dt_attention_forward(y->atty, y->alse, a->attscr, y->qkv, B, T, Cl, NHl, im->nthr));
   STORE(y->atty, N * Cl);
@@ -452,7 +453,7 @@ static dt_status_t block_forward(dt_backend_t *be, const cpu_block_t *y, const f
   STORE(y->res2, N * C);
   DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_forward(y->ln2, y->ln2_mean, y->ln2_rstd, y->res2, P(be, l, DT_LN2W), P(be, l, DT_LN2B), N, C));
   STORE(y->ln2, N * C);
-  DT_PROF(DT_PROF_MATMUL, dt_matmul_forward(y->fch, y->ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * Cl));
+  DT_PROF(DT_PROF_MATMUL, dt_conv1d_forward(y->fch, y->ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * Cl));
   STORE(y->fch, N * 4 * Cl);
   DT_PROF(DT_PROF_GELU, dt_gelu_forward(y->fchg, y->fch, (size_t)N * 4 * Cl));
   STORE(y->fchg, N * 4 * Cl);
@@ -601,24 +602,24 @@ static dt_status_t cpu_stage_backward(dt_backend_t *be, int slot, int accum, con
     const float *ln1 = y.ln1, *qkv = y.qkv, *atty = y.atty, *alse = y.alse;
     const float *res2 = y.res2, *ln2 = y.ln2, *fch = y.fch, *fchg = y.fchg;
     /* dres holds d loss / d residual3[l] */
-    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg, P(be, l, DT_FCPROJW), N,
+    DT_PROF(DT_PROF_MATMUL, dt_conv1d_backward(a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg, P(be, l, DT_FCPROJW), N,
                        4 * Cl, C));
     STORE(a->dfch, N * 4 * Cl);
     DT_PROF(DT_PROF_GELU, dt_gelu_backward(a->dfch, fch, a->dfch, (size_t)N * 4 * Cl));
     STORE(a->dfch, N * 4 * Cl);
-    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, ln2, P(be, l, DT_FCW), N, C, 4 * Cl));
+    DT_PROF(DT_PROF_MATMUL, dt_conv1d_backward(a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, ln2, P(be, l, DT_FCW), N, C, 4 * Cl));
     if (tp > 1) DT_TRY(tp_allreduce(be, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
     STORE(a->dtmp, N * C);
     DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, G(be, l, DT_LN2W), G(be, l, DT_LN2B), a->dres, a->dtmp, res2, P(be, l, DT_LN2W),
                           y.ln2_mean, y.ln2_rstd, N, C));
     STORE(a->dres, N * C);
     /* dres holds d loss / d residual2[l] */
-    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, atty, P(be, l, DT_ATTPROJW),
+    DT_PROF(DT_PROF_MATMUL, dt_conv1d_backward(a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, atty, P(be, l, DT_ATTPROJW),
                        N, Cl, C));
     STORE(a->dtmp, N * Cl);
     DT_PROF(DT_PROF_ATTENTION, dt_attention_backward(a->dqkv, a->attscr, a->dtmp, qkv, alse, B, T, Cl, NHl, im->nthr));
     STORE(a->dqkv, N * 3 * Cl);
-    DT_PROF(DT_PROF_MATMUL, dt_matmul_backward(a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, ln1, P(be, l, DT_QKVW), N, C, 3 * Cl));
+    DT_PROF(DT_PROF_MATMUL, dt_conv1d_backward(a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, ln1, P(be, l, DT_QKVW), N, C, 3 * Cl));
     if (tp > 1) DT_TRY(tp_allreduce(be, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
     STORE(a->dtmp, N * C);
     DT_PROF(DT_PROF_LAYERNORM, dt_layernorm_backward(a->dres, G(be, l, DT_LN1W), G(be, l, DT_LN1B), a->dres, a->dtmp, x, P(be, l, DT_LN1W),

@@ -1,6 +1,6 @@
 /* Checkpoint internals shared by ckpt_write.c and ckpt_read.c: status agreement over the
  * communicator, HDF5 error text and attributes, the ranges (boxes of global tensors a rank holds)
- * and their mapping between our (out, in) arenas and the Hugging Face file layout. */
+ * and their file boxes (the arenas' layout is the Hugging Face file's, so the mapping is 1:1). */
 #include "ckpt.h"
 
 #include <fcntl.h>
@@ -203,15 +203,15 @@ int dt_ckpt__is_wte(const dt_tensor_t *t) { return strcmp(t->name, "wte.weight")
 /* Rows of the global tensor in our layout as far as the file is concerned (wte: true V). */
 int dt_ckpt__hf_rows(const dt_layout_t *lay, const dt_tensor_t *t) { return dt_ckpt__is_wte(t) ? lay->d.V : dt_tensor_grows(t); }
 
-/* File shape: 1-D (cols); 2-D (rows, cols) or transposed. Returns ndim. */
+/* File shape: 1-D (cols); 2-D (rows, cols), our layout (wte: V rows). Returns ndim. */
 static int file_shape(const dt_layout_t *lay, const dt_tensor_t *t, hsize_t dims[2]) {
   if (t->ndim == 1) {
     dims[0] = (hsize_t)dt_tensor_gcols(t);
     dims[1] = 1;
     return 1;
   }
-  dims[0] = (hsize_t)(t->hf_transpose ? dt_tensor_gcols(t) : dt_ckpt__hf_rows(lay, t));
-  dims[1] = (hsize_t)(t->hf_transpose ? dt_ckpt__hf_rows(lay, t) : dt_tensor_gcols(t));
+  dims[0] = (hsize_t)dt_ckpt__hf_rows(lay, t);
+  dims[1] = (hsize_t)dt_tensor_gcols(t);
   return 2;
 }
 
@@ -345,11 +345,10 @@ dt_status_t dt_ckpt__ranges_resolve(const dt_layout_t *lay, const dt_ckpt_ranges
     int rows = dt_ckpt__hf_rows(lay, t), cols = t->cols;
     dt_ckpt_range_t b = {.tensor = i, .row0 = 0, .row1 = rows, .col0 = 0, .col1 = cols, .ld = (size_t)cols};
     if (split) {
-      int tr = t->ndim == 2 && t->hf_transpose; /* first file dim is our cols */
-      int n = t->ndim == 1 || tr ? cols : rows;
+      int n = t->ndim == 1 ? cols : rows;
       int a = (int)((long long)n * rank / size), z = (int)((long long)n * (rank + 1) / size);
       if (a == z) continue;
-      if (t->ndim == 1 || tr) b.col0 = a, b.col1 = z;
+      if (t->ndim == 1) b.col0 = a, b.col1 = z;
       else b.row0 = a, b.row1 = z;
     }
     b.off = t->offset + (size_t)b.row0 * (size_t)cols + (size_t)b.col0;
@@ -358,12 +357,10 @@ dt_status_t dt_ckpt__ranges_resolve(const dt_layout_t *lay, const dt_ckpt_ranges
   return DT_OK;
 }
 
-/* A box in file coordinates: rows [r0, r1) x cols [c0, c1) of the (possibly transposed) tensor. */
+/* A box in file coordinates: rows [r0, r1) x cols [c0, c1) of the tensor (the file's layout is ours). */
 
-fbox_t dt_ckpt__to_file(const dt_tensor_t *t, const dt_ckpt_range_t *r) {
-  fbox_t b = {(hsize_t)r->row0, (hsize_t)r->row1, (hsize_t)r->col0, (hsize_t)r->col1, r};
-  if (t->ndim == 2 && t->hf_transpose) b = (fbox_t){(hsize_t)r->col0, (hsize_t)r->col1, (hsize_t)r->row0, (hsize_t)r->row1, r};
-  return b;
+fbox_t dt_ckpt__to_file(const dt_ckpt_range_t *r) {
+  return (fbox_t){(hsize_t)r->row0, (hsize_t)r->row1, (hsize_t)r->col0, (hsize_t)r->col1, r};
 }
 
 static int fbox_cmp(const void *a, const void *b) {
@@ -372,57 +369,9 @@ static int fbox_cmp(const void *a, const void *b) {
 }
 
 /* Local float for file element (i, j) of box b. */
-size_t dt_ckpt__local_index(const dt_tensor_t *t, const fbox_t *b, hsize_t i, hsize_t j) {
+size_t dt_ckpt__local_index(const fbox_t *b, hsize_t i, hsize_t j) {
   const dt_ckpt_range_t *r = b->src;
-  size_t rr = t->ndim == 2 && t->hf_transpose ? j : i, cc = t->ndim == 2 && t->hf_transpose ? i : j;
-  return r->off + (rr - (size_t)r->row0) * r->ld + (cc - (size_t)r->col0);
-}
-
-/* dst[c * ldd + r] = src[r * lds + c] for r < nr, c < nc: 8x8 tiles (AVX2 when the CPU has it),
- * so both sides are read and written in cache lines instead of one strided float at a time. */
-#if defined(__x86_64__) && defined(__GNUC__)
-#include <immintrin.h>
-__attribute__((target("avx2"))) static void tile8_avx2(const float *s, size_t lds, float *d, size_t ldd) {
-  __m256 r0 = _mm256_loadu_ps(s), r1 = _mm256_loadu_ps(s + lds), r2 = _mm256_loadu_ps(s + 2 * lds),
-         r3 = _mm256_loadu_ps(s + 3 * lds), r4 = _mm256_loadu_ps(s + 4 * lds), r5 = _mm256_loadu_ps(s + 5 * lds),
-         r6 = _mm256_loadu_ps(s + 6 * lds), r7 = _mm256_loadu_ps(s + 7 * lds);
-  __m256 t0 = _mm256_unpacklo_ps(r0, r1), t1 = _mm256_unpackhi_ps(r0, r1), t2 = _mm256_unpacklo_ps(r2, r3),
-         t3 = _mm256_unpackhi_ps(r2, r3), t4 = _mm256_unpacklo_ps(r4, r5), t5 = _mm256_unpackhi_ps(r4, r5),
-         t6 = _mm256_unpacklo_ps(r6, r7), t7 = _mm256_unpackhi_ps(r6, r7);
-  __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE), u2 = _mm256_shuffle_ps(t1, t3, 0x44),
-         u3 = _mm256_shuffle_ps(t1, t3, 0xEE), u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE),
-         u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
-  _mm256_storeu_ps(d, _mm256_permute2f128_ps(u0, u4, 0x20));
-  _mm256_storeu_ps(d + ldd, _mm256_permute2f128_ps(u1, u5, 0x20));
-  _mm256_storeu_ps(d + 2 * ldd, _mm256_permute2f128_ps(u2, u6, 0x20));
-  _mm256_storeu_ps(d + 3 * ldd, _mm256_permute2f128_ps(u3, u7, 0x20));
-  _mm256_storeu_ps(d + 4 * ldd, _mm256_permute2f128_ps(u0, u4, 0x31));
-  _mm256_storeu_ps(d + 5 * ldd, _mm256_permute2f128_ps(u1, u5, 0x31));
-  _mm256_storeu_ps(d + 6 * ldd, _mm256_permute2f128_ps(u2, u6, 0x31));
-  _mm256_storeu_ps(d + 7 * ldd, _mm256_permute2f128_ps(u3, u7, 0x31));
-}
-#endif
-
-static void tile8_c(const float *s, size_t lds, float *d, size_t ldd) {
-  for (int r = 0; r < 8; r++)
-    for (int c = 0; c < 8; c++) d[c * ldd + r] = s[r * lds + c];
-}
-
-void dt_ckpt__transpose(const float *src, size_t lds, size_t nr, size_t nc, float *dst, size_t ldd) {
-  void (*tile)(const float *, size_t, float *, size_t) = tile8_c;
-#if defined(__x86_64__) && defined(__GNUC__)
-  if (__builtin_cpu_supports("avx2")) tile = tile8_avx2;
-#endif
-  /* 128 x 128 blocks of 8x8 tiles: a block's source rows and destination lines stay in cache
-   * (one core, 8 MB pieces of GPT-2's Conv1D weights: 682 x 3072 3.7 -> 5.3 GB/s, 2730 x 768
-   * 1.5 -> 4.0 GB/s against whole 8-row strips) */
-  const size_t B = 128, r8 = nr / 8 * 8, c8 = nc / 8 * 8;
-  for (size_t R = 0; R < r8; R += B)
-    for (size_t C = 0; C < c8; C += B)
-      for (size_t r = R; r < R + B && r < r8; r += 8)
-        for (size_t c = C; c < C + B && c < c8; c += 8) tile(src + r * lds + c, lds, dst + c * ldd + r, ldd);
-  for (size_t r = 0; r < nr; r++) /* edges */
-    for (size_t c = r < r8 ? c8 : 0; c < nc; c++) dst[c * ldd + r] = src[r * lds + c];
+  return r->off + (i - (size_t)r->row0) * r->ld + (j - (size_t)r->col0);
 }
 
 /* ---- HDF5 attribute helpers -------------------------------------------------------------- */
@@ -488,10 +437,10 @@ void dt_ckpt__split_first(const fshape_t *f, int rank, int size, hsize_t *a, hsi
 }
 
 /* Boxes of ranges rs that belong to tensor ti, as file boxes sorted by first column. */
-int dt_ckpt__boxes_of(const dt_layout_t *lay, const dt_ckpt_ranges_t *rs, int ti, fbox_t *out) {
+int dt_ckpt__boxes_of(const dt_ckpt_ranges_t *rs, int ti, fbox_t *out) {
   int n = 0;
   for (int i = 0; i < rs->n; i++)
-    if (rs->r[i].tensor == ti) out[n++] = dt_ckpt__to_file(&lay->tensors[ti], &rs->r[i]);
+    if (rs->r[i].tensor == ti) out[n++] = dt_ckpt__to_file(&rs->r[i]);
   qsort(out, (size_t)n, sizeof *out, fbox_cmp);
   return n;
 }

@@ -104,9 +104,9 @@ dt_status_t dt_ckpt_save(const void *mpi_comm, const char *dir, int keep, const 
 dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layout_t *lay,
                           const dt_ckpt_arenas_t *a, const dt_ckpt_state_t *st);
 /* Read a checkpoint: completion marker, format, shapes against lay, every CRC32C, then the
- * tensors into a (transposed back to our layout) and the state into st (st may be NULL). Each
- * rank reads 1/P of every dataset and checksums it; an MPI allgather gives every rank the whole
- * tensor, from which it copies its ranges. On failure the buffers' contents are unspecified. */
+ * tensors into a and the state into st (st may be NULL). Each byte is read once per node through
+ * a shared window (docs/checkpoint-format.md, "Reading"), and every rank copies its ranges from
+ * there. On failure the buffers' contents are unspecified. */
 dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout_t *lay,
                          const dt_ckpt_arenas_t *a, dt_ckpt_state_t *st);
 /* Newest checkpoint in dir (largest step among ckpt_<digits>.h5; `latest` is not trusted) that

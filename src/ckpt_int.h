@@ -64,7 +64,7 @@ int dt_ckpt__open_direct(const char *path, int flags);
 
 #define DT_CKPT_GROUPS 3 /* /model, /optim/exp_avg, /optim/exp_avg_sq */
 
-/* A box in file coordinates: rows [r0, r1) x cols [c0, c1) of the (possibly transposed) tensor. */
+/* A box in file coordinates (the arena's too): rows [r0, r1) x cols [c0, c1) of a tensor. */
 typedef struct { hsize_t r0, r1, c0, c1; const dt_ckpt_range_t *src; } fbox_t;
 
 /* File shape of a tensor and its (FR, FC) matrix view ((1, n) for 1-D tensors). */
@@ -92,17 +92,15 @@ fshape_t dt_ckpt__fshape(const dt_layout_t *lay, const dt_tensor_t *t);
  * rank's 1/P of each tensor's first file dimension (split = 1, contiguous in the file). */
 dt_status_t dt_ckpt__ranges_resolve(const dt_layout_t *lay, const dt_ckpt_ranges_t *in, int split, int rank, int size,
                                     dt_ckpt_ranges_t *out);
-fbox_t dt_ckpt__to_file(const dt_tensor_t *t, const dt_ckpt_range_t *r);
+fbox_t dt_ckpt__to_file(const dt_ckpt_range_t *r);
 /* Local float index of file element (i, j) of box b. */
-size_t dt_ckpt__local_index(const dt_tensor_t *t, const fbox_t *b, hsize_t i, hsize_t j);
+size_t dt_ckpt__local_index(const fbox_t *b, hsize_t i, hsize_t j);
 /* Select file box b in space sp (SET or OR). */
 herr_t dt_ckpt__select_box(hid_t sp, const fshape_t *f, const fbox_t *b, H5S_seloper_t op);
 /* This rank's share [*a, *z) of the first file dimension split evenly over `size` ranks. */
 void dt_ckpt__split_first(const fshape_t *f, int rank, int size, hsize_t *a, hsize_t *z);
 /* Boxes of rs on tensor ti as file boxes sorted by first column; returns their number. */
-int dt_ckpt__boxes_of(const dt_layout_t *lay, const dt_ckpt_ranges_t *rs, int ti, fbox_t *out);
-/* dst (nc, nr; leading dim ldd) = transpose of src (nr, nc; leading dim lds). */
-void dt_ckpt__transpose(const float *src, size_t lds, size_t nr, size_t nc, float *dst, size_t ldd);
+int dt_ckpt__boxes_of(const dt_ckpt_ranges_t *rs, int ti, fbox_t *out);
 /* Floats in the largest tensor (file shape). */
 size_t dt_ckpt__max_tensor(const dt_layout_t *lay);
 herr_t dt_ckpt__attr_put(hid_t loc, const char *name, hid_t ftype, hid_t mtype, const void *val);

@@ -1,7 +1,7 @@
 /* Checkpoint read: collective open, marker/format/shape checks, then the datasets in pieces of
  * rows through a window of shared memory per node: each rank reads its share of a piece (a reader
  * thread, O_DIRECT), node leaders exchange their nodes' shares, every rank copies its boxes out
- * (transposing back to our layout), and the CRC32C of every share is combined and verified. */
+ * (the file's layout is the arena's), and the CRC32C of every share is combined and verified. */
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
@@ -224,7 +224,7 @@ static int read_own(int fd_direct, int fd_buf, char *bounce, uint64_t off, size_
  * of at most PIECE bytes (one row when a row is larger). Each piece passes through one of NW
  * slots of a window that the ranks of a node share: every rank of the node reads its share of
  * the piece into the slot, the node leaders exchange their nodes' shares (more than one node),
- * and every rank copies its boxes out of the slot into its arenas (transposing Conv1D weights).
+ * and every rank copies its boxes out of the slot into its arenas.
  * The ranks of a node never send each other a tensor: each byte is read once per node and copied
  * once per rank (an allgather through MPI moved 1.5-3.5 GB/s on this 2-core VM). */
 #define PIECE (8u << 20)
@@ -293,31 +293,25 @@ static void wait_node(const window_t *W, atomic_int *c, int want) {
   for (int m = 0; m < W->kof[W->g]; m++) wait_at_least(&c[m], want);
 }
 
-/* Copy file rows [r0, r1) of tensor ti (at `rows`, row length FC; 1-D tensors: elements
- * [r0, r1)) into this rank's boxes bx, transposing Conv1D weights back to our (out, in) layout. */
-static void unpack_rows(const dt_layout_t *lay, int ti, const fshape_t *f, const float *rows, hsize_t r0, hsize_t r1,
-                        const fbox_t *bx, int nb, float *local) {
-  const dt_tensor_t *t = &lay->tensors[ti];
+/* Copy file rows [r0, r1) of a tensor (at `rows`, row length FC; 1-D tensors: elements
+ * [r0, r1)) into this rank's boxes bx: plain copies, the file's layout being the arena's. */
+static void unpack_rows(const fshape_t *f, const float *rows, hsize_t r0, hsize_t r1, const fbox_t *bx, int nb,
+                        float *local) {
   for (int b = 0; b < nb; b++) {
     const fbox_t *x = &bx[b];
     if (f->ndim == 1) { /* the (1, n) view: the piece is a column range */
       hsize_t c0 = x->c0 > r0 ? x->c0 : r0, c1 = x->c1 < r1 ? x->c1 : r1;
-      if (c1 > c0) memcpy(local + dt_ckpt__local_index(t, x, 0, c0), rows + (c0 - r0), (c1 - c0) * sizeof(float));
+      if (c1 > c0) memcpy(local + dt_ckpt__local_index(x, 0, c0), rows + (c0 - r0), (c1 - c0) * sizeof(float));
       continue;
     }
     hsize_t i0 = x->r0 > r0 ? x->r0 : r0, i1 = x->r1 < r1 ? x->r1 : r1;
     if (i1 <= i0) continue;
-    if (t->hf_transpose) { /* file (rows, cols) -> our (cols, rows), in 8x8 tiles */
-      dt_ckpt__transpose(rows + (i0 - r0) * f->FC + x->c0, f->FC, i1 - i0, x->c1 - x->c0,
-                         local + dt_ckpt__local_index(t, x, i0, x->c0), x->src->ld);
-      continue;
-    }
     if (x->c0 == 0 && x->c1 == f->FC && x->src->ld == f->FC) { /* whole rows, contiguous in the arena too */
-      memcpy(local + dt_ckpt__local_index(t, x, i0, 0), rows + (i0 - r0) * f->FC, (i1 - i0) * f->FC * sizeof(float));
+      memcpy(local + dt_ckpt__local_index(x, i0, 0), rows + (i0 - r0) * f->FC, (i1 - i0) * f->FC * sizeof(float));
       continue;
     }
     for (hsize_t i = i0; i < i1; i++)
-      memcpy(local + dt_ckpt__local_index(t, x, i, x->c0), rows + (i - r0) * f->FC + x->c0, (x->c1 - x->c0) * sizeof(float));
+      memcpy(local + dt_ckpt__local_index(x, i, x->c0), rows + (i - r0) * f->FC + x->c0, (x->c1 - x->c0) * sizeof(float));
   }
 }
 
@@ -626,9 +620,9 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
       wait_at_least(W.exch_done, i + 1);
     }
     t_ag += dt_time_now() - tp, tp = dt_time_now();
-    int nb = dt_ckpt__boxes_of(lay, &rg[gi ? 1 : 0], ti, bx);
+    int nb = dt_ckpt__boxes_of(&rg[gi ? 1 : 0], ti, bx);
     float *local = gi == 0 ? a->params : gi == 1 ? a->m : a->v;
-    unpack_rows(lay, ti, &f, rows, p->r0, p->r1, bx, nb, local);
+    unpack_rows(&f, rows, p->r0, p->r1, bx, nb, local);
     const dt_tensor_t *t = &lay->tensors[ti];
     if (zeroed != d && (gi ? a->optim : a->model).full && dt_ckpt__is_wte(t) && t->rows > lay->d.V) { /* padded vocab */
       memset(local + t->offset + (size_t)lay->d.V * (size_t)t->cols, 0, (size_t)(t->rows - lay->d.V) * (size_t)t->cols * sizeof(float));

@@ -1,5 +1,5 @@
-/* Checkpoint write: every rank packs its boxes of each tensor into the Hugging Face file layout
- * and joins one collective H5Dwrite per dataset; the per-rank CRC32C runs are tiled and combined
+/* Checkpoint write: every rank packs its boxes of each tensor in file order (the arena's layout is
+ * the file's, Hugging Face's) and joins one collective H5Dwrite per dataset; the per-rank CRC32C runs are tiled and combined
  * on rank 0 into each dataset's checksum; state and the completion marker come last. */
 #include <errno.h>
 #include <fcntl.h>
@@ -164,35 +164,22 @@ typedef struct {
 /* 1 if the job's data is one contiguous run of the arena (written from there, no stage). */
 static int direct(const job_t *j) {
   const fbox_t *x = &j->bx[0];
-  return j->nb == 1 && !(j->t->ndim == 2 && j->t->hf_transpose) && (x->src->ld == x->c1 - x->c0 || x->r1 - x->r0 == 1);
+  return j->nb == 1 && (x->src->ld == x->c1 - x->c0 || x->r1 - x->r0 == 1);
 }
 
-/* Pack the boxes in file order and record CRC runs. Conv1D weights are transposed in panels of
- * file rows that are checksummed while they are still in cache; a contiguous box is not copied. */
-#define PANEL 32 /* file rows per transpose panel: 32 x 3072 floats = 384 KiB, within L2 */
+/* Pack the boxes in file order and record CRC runs; a contiguous box is not copied. */
 static int pack(job_t *j) {
-  const dt_tensor_t *t = j->t;
   const fshape_t *f = &j->f;
   const fbox_t *bx = j->bx;
   float *stage = j->stage;
   hsize_t k = 0, rmin = (hsize_t)-1, rmax = 0;
-  int tr = t->ndim == 2 && t->hf_transpose;
   j->buf = stage;
   if (j->nb == 1) { /* the common case (full arenas, tensor shards): one box, block copies */
     const fbox_t *x = &bx[0];
     hsize_t nr = x->r1 - x->r0, w = x->c1 - x->c0;
     size_t ld = x->src->ld;
-    const float *src = j->local + dt_ckpt__local_index(t, x, x->r0, x->c0);
+    const float *src = j->local + dt_ckpt__local_index(x, x->r0, x->c0);
     j->count = nr * w;
-    if (tr) {
-      for (hsize_t i = 0; i < nr; i += PANEL) {
-        hsize_t n = nr - i < PANEL ? nr - i : PANEL;
-        dt_ckpt__transpose(src + i, ld, w, n, stage + i * w, w); /* our (w rows, n cols) -> file (n, w) */
-        for (hsize_t q = i; q < i + n; q++)
-          if (segs_add(j->segs, j->ds, ((x->r0 + q) * f->FC + x->c0) * sizeof(float), stage + q * w, w * sizeof(float)) < 0) return -1;
-      }
-      return 0;
-    }
     if (direct(j)) j->buf = src;
     for (hsize_t q = 0; q < nr; q++) {
       const float *row = src + q * ld;
@@ -210,12 +197,8 @@ static int pack(job_t *j) {
       const fbox_t *x = &bx[b];
       if (i < x->r0 || i >= x->r1) continue;
       float *dst = stage + k;
-      if (tr) {
-        for (hsize_t c = x->c0; c < x->c1; c++) stage[k++] = j->local[dt_ckpt__local_index(t, x, i, c)];
-      } else {
-        memcpy(dst, j->local + dt_ckpt__local_index(t, x, i, x->c0), (x->c1 - x->c0) * sizeof(float));
-        k += x->c1 - x->c0;
-      }
+      memcpy(dst, j->local + dt_ckpt__local_index(x, i, x->c0), (x->c1 - x->c0) * sizeof(float));
+      k += x->c1 - x->c0;
       if (segs_add(j->segs, j->ds, (i * f->FC + x->c0) * sizeof(float), dst, (x->c1 - x->c0) * sizeof(float)) < 0) return -1;
     }
   j->count = k;
@@ -233,7 +216,7 @@ static void job_init(job_t *j, const dt_layout_t *lay, const dt_ckpt_arenas_t *a
                      fbox_t *bx, float *stage, segs_t *segs, const int *own) {
   int ti = d % lay->n_tensors, gi = d / lay->n_tensors;
   *j = (job_t){.t = &lay->tensors[ti], .f = dt_ckpt__fshape(lay, &lay->tensors[ti]), .bx = bx,
-               .nb = own && own[d] ? 0 : dt_ckpt__boxes_of(lay, &rg[gi ? 1 : 0], ti, bx),
+               .nb = own && own[d] ? 0 : dt_ckpt__boxes_of(&rg[gi ? 1 : 0], ti, bx),
                .local = gi == 0 ? a->params : gi == 1 ? a->m : a->v, .stage = stage, .segs = segs, .ds = (uint64_t)d};
 }
 
@@ -260,37 +243,14 @@ static void start_writeback(int fd) {
  * that does not fill its last page, and every write O_DIRECT refuses, go through a normal
  * descriptor. DTRAIN_CKPT_DIRECT=0 turns the path off (every dataset through H5Dwrite). */
 
-/* File elements [e0, e1) (row-major in the file's (FR, FC)) of tensor t of a full arena into dst. */
-static void pack_elems(const dt_tensor_t *t, const fshape_t *f, const float *arena, uint64_t e0, uint64_t e1,
-                       float *dst) {
-  const float *src = arena + t->offset;
-  if (!(t->ndim == 2 && t->hf_transpose)) { /* file order is ours (wte: the first V rows) */
-    memcpy(dst, src + e0, (size_t)(e1 - e0) * sizeof(float));
-    return;
-  }
-  /* Conv1D: file (i, j) is our (j, i) = src[j * cols + i]; whole file rows in transposed panels */
-  const uint64_t FC = f->FC, ld = (uint64_t)t->cols;
-  uint64_t e = e0;
-  while (e < e1) {
-    uint64_t i = e / FC, j = e % FC;
-    if (j == 0 && e1 - e >= FC) {
-      uint64_t n = (e1 - e) / FC;
-      for (uint64_t r = 0; r < n; r += PANEL) {
-        uint64_t k = n - r < PANEL ? n - r : PANEL;
-        dt_ckpt__transpose(src + i + r, ld, FC, k, dst, FC);
-        dst += k * FC;
-      }
-      e += n * FC;
-      continue;
-    }
-    uint64_t stop = (i + 1) * FC < e1 ? (i + 1) * FC : e1;
-    for (; e < stop; e++, j++) *dst++ = src[j * ld + i];
-  }
+/* File elements [e0, e1) (row-major in the file's (FR, FC), which is the arena's order: wte's
+ * first V rows) of tensor t of a full arena into dst. */
+static void pack_elems(const dt_tensor_t *t, const float *arena, uint64_t e0, uint64_t e1, float *dst) {
+  memcpy(dst, arena + t->offset + e0, (size_t)(e1 - e0) * sizeof(float));
 }
 
 typedef struct { /* one chunk: bytes [lo, hi) of dataset d, at file offset foff + lo */
   const dt_tensor_t *t;
-  fshape_t f;
   const float *arena;
   int d;
   uint64_t foff, lo, hi;
@@ -301,7 +261,7 @@ typedef struct { /* one chunk: bytes [lo, hi) of dataset d, at file offset foff 
 
 static void *pack_chunk(void *p) {
   chunk_t *c = p;
-  pack_elems(c->t, &c->f, c->arena, c->lo / sizeof(float), c->hi / sizeof(float), c->buf);
+  pack_elems(c->t, c->arena, c->lo / sizeof(float), c->hi / sizeof(float), c->buf);
   c->failed = segs_add(c->segs, (uint64_t)c->d, c->lo, c->buf, c->hi - c->lo) < 0;
   return NULL;
 }
@@ -351,7 +311,7 @@ static dt_status_t write_own(const dt_layout_t *lay, const dt_ckpt_arenas_t *a, 
       if (lo >= end) { d++, started = 0; continue; }
       hi = end - lo > DT_CKPT_CHUNK ? lo + DT_CKPT_CHUNK : end;
       int ti = d % lay->n_tensors, gi = d / lay->n_tensors;
-      *n = (chunk_t){&lay->tensors[ti], dt_ckpt__fshape(lay, &lay->tensors[ti]), gi == 0 ? a->params : gi == 1 ? a->m : a->v,
+      *n = (chunk_t){&lay->tensors[ti], gi == 0 ? a->params : gi == 1 ? a->m : a->v,
                      d, foff[d], lo, hi, buf[have ? !cur : cur], segs, 0};
       lo = hi;
       got = 1;

@@ -46,7 +46,7 @@ static size_t align_up(size_t n) { return (n + DT_ALIGN - 1) / DT_ALIGN * DT_ALI
 typedef struct { int split, nblk, g0, gstride; } shard_t;
 
 static void add_tensor(dt_layout_t *lay, size_t *off, const char *name, int rows, int cols, int ndim, int decay,
-                       int hf_transpose, int layer, shard_t sh) {
+                       int layer, shard_t sh) {
   dt_tensor_t *t = &lay->tensors[lay->n_tensors++];
   snprintf(t->name, sizeof t->name, "%s", name);
   t->offset = *off;
@@ -67,7 +67,6 @@ static void add_tensor(dt_layout_t *lay, size_t *off, const char *name, int rows
   t->cols = cols;
   t->ndim = ndim;
   t->decay = decay;
-  t->hf_transpose = hf_transpose;
   t->layer = layer;
   *off = align_up(*off + (size_t)rows * cols);
 }
@@ -130,22 +129,22 @@ static dt_status_t build(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank, int
   lay->layer_begin[0] = 0;
   const int r = tp_rank, Ct = C / tp;
   const shard_t rep = {DT_SPLIT_NONE, 1, 0, 0};
-  add_tensor(lay, &off, "wte.weight", d.Vp, C, 2, 1, 0, -1, (shard_t){DT_SPLIT_ROWS, 1, r * (d.Vp / tp), 0});
+  add_tensor(lay, &off, "wte.weight", d.Vp, C, 2, 1, -1, (shard_t){DT_SPLIT_ROWS, 1, r * (d.Vp / tp), 0});
   if (!first && !last) drop_last(lay, &off);
   else if (!first) lay->tensors[0].tied_copy = 1;
-  add_tensor(lay, &off, "wpe.weight", d.T, C, 2, 1, 0, -1, rep);
+  add_tensor(lay, &off, "wpe.weight", d.T, C, 2, 1, -1, rep);
   if (!first) drop_last(lay, &off);
   static const struct {
     const char *name;
-    int out_mult, in_mult, ndim, transpose; /* rows = out_mult*C (1 for 1-D), cols = in_mult*C */
+    int rows_mult, cols_mult, ndim; /* rows = rows_mult*C (1 for 1-D), cols = cols_mult*C */
     int split, nblk, mult; /* tp shard: split dim, blocks, block length = mult*C/tp (stride C) */
-  } blk[DT_BLOCK_TENSORS] = {
-      {"ln_1.weight", 0, 1, 1, 0, 0, 1, 0},        {"ln_1.bias", 0, 1, 1, 0, 0, 1, 0},
-      {"attn.c_attn.weight", 3, 1, 2, 1, DT_SPLIT_ROWS, 3, 1}, {"attn.c_attn.bias", 0, 3, 1, 0, DT_SPLIT_COLS, 3, 1},
-      {"attn.c_proj.weight", 1, 1, 2, 1, DT_SPLIT_COLS, 1, 1}, {"attn.c_proj.bias", 0, 1, 1, 0, 0, 1, 0},
-      {"ln_2.weight", 0, 1, 1, 0, 0, 1, 0},        {"ln_2.bias", 0, 1, 1, 0, 0, 1, 0},
-      {"mlp.c_fc.weight", 4, 1, 2, 1, DT_SPLIT_ROWS, 1, 4},    {"mlp.c_fc.bias", 0, 4, 1, 0, DT_SPLIT_COLS, 1, 4},
-      {"mlp.c_proj.weight", 1, 4, 2, 1, DT_SPLIT_COLS, 1, 4},  {"mlp.c_proj.bias", 0, 1, 1, 0, 0, 1, 0},
+  } blk[DT_BLOCK_TENSORS] = { /* 2-D weights are Conv1D's (in, out) */
+      {"ln_1.weight", 0, 1, 1, 0, 1, 0},                    {"ln_1.bias", 0, 1, 1, 0, 1, 0},
+      {"attn.c_attn.weight", 1, 3, 2, DT_SPLIT_COLS, 3, 1}, {"attn.c_attn.bias", 0, 3, 1, DT_SPLIT_COLS, 3, 1},
+      {"attn.c_proj.weight", 1, 1, 2, DT_SPLIT_ROWS, 1, 1}, {"attn.c_proj.bias", 0, 1, 1, 0, 1, 0},
+      {"ln_2.weight", 0, 1, 1, 0, 1, 0},                    {"ln_2.bias", 0, 1, 1, 0, 1, 0},
+      {"mlp.c_fc.weight", 1, 4, 2, DT_SPLIT_COLS, 1, 4},    {"mlp.c_fc.bias", 0, 4, 1, DT_SPLIT_COLS, 1, 4},
+      {"mlp.c_proj.weight", 4, 1, 2, DT_SPLIT_ROWS, 1, 4},  {"mlp.c_proj.bias", 0, 1, 1, 0, 1, 0},
   };
   for (int l = 0; l < d.L; l++) {
     lay->layer_begin[1 + l] = off;
@@ -153,15 +152,14 @@ static dt_status_t build(dt_layout_t *lay, dt_dims_t d, int tp, int tp_rank, int
       snprintf(nm, sizeof nm, "h.%d.%s", l, blk[i].name);
       int two_d = blk[i].ndim == 2;
       shard_t sh = {blk[i].split, blk[i].nblk, r * blk[i].mult * Ct, C};
-      add_tensor(lay, &off, nm, two_d ? blk[i].out_mult * C : 1, blk[i].in_mult * C, blk[i].ndim, two_d,
-                 blk[i].transpose, l, sh);
+      add_tensor(lay, &off, nm, two_d ? blk[i].rows_mult * C : 1, blk[i].cols_mult * C, blk[i].ndim, two_d, l, sh);
       if (l < l0 || l >= l1) drop_last(lay, &off);
     }
   }
   lay->layer_begin[1 + d.L] = off;
-  add_tensor(lay, &off, "ln_f.weight", 1, C, 1, 0, 0, d.L, rep);
+  add_tensor(lay, &off, "ln_f.weight", 1, C, 1, 0, d.L, rep);
   if (!last) drop_last(lay, &off);
-  add_tensor(lay, &off, "ln_f.bias", 1, C, 1, 0, 0, d.L, rep);
+  add_tensor(lay, &off, "ln_f.bias", 1, C, 1, 0, d.L, rep);
   if (!last) drop_last(lay, &off);
   lay->layer_begin[2 + d.L] = off;
   lay->n_params = off;
@@ -304,7 +302,10 @@ const dt_tensor_t *dt_layout_find(const dt_layout_t *lay, const char *name) {
 #define INIT_CHUNK 65536
 
 /* Each (tensor, chunk) pair gets its own RNG stream, so the result does not depend on the number
- * of threads. */
+ * of threads. A tensor's stream runs over its elements in row-major order of the (out, in) shape
+ * for the blocks' weights (stored (in, out)), which keeps every seed's initial weights what they
+ * were when dtrain stored those weights (out, in). */
+static int init_transposed(const dt_tensor_t *t) { return t->ndim == 2 && t->layer >= 0 && t->name[0] == 'h'; }
 void dt_model_init_params(const dt_layout_t *lay, float *params, uint64_t seed) {
   dt_model_init_params_range(lay, params, seed, 0, lay->n_params);
 }
@@ -326,7 +327,8 @@ void dt_model_init_params_range(const dt_layout_t *lay, float *params, uint64_t 
       continue;
     }
     if (lay->tp > 1) { /* a shard: the whole tensor's streams, keeping the owned elements */
-      size_t gn = (size_t)(i == 0 ? lay->d.V : t->grows) * t->gcols, gc = (size_t)t->gcols;
+      size_t gn = (size_t)(i == 0 ? lay->d.V : t->grows) * t->gcols, gc = (size_t)t->gcols, gr = (size_t)t->grows;
+      int tr = init_transposed(t);
       int resid = strstr(t->name, "attn.c_proj.weight") || strstr(t->name, "mlp.c_proj.weight");
       double s = resid ? std_resid : std;
       long nchunk = (long)((gn + INIT_CHUNK - 1) / INIT_CHUNK);
@@ -334,7 +336,7 @@ void dt_model_init_params_range(const dt_layout_t *lay, float *params, uint64_t 
 #pragma omp parallel for schedule(static)
       for (long c = 0; c < nchunk; c++) {
         size_t lo = (size_t)c * INIT_CHUNK, hi = lo + INIT_CHUNK < gn ? lo + INIT_CHUNK : gn;
-        if (t->split == DT_SPLIT_ROWS) { /* skip chunks whose rows are all elsewhere */
+        if (t->split == DT_SPLIT_ROWS && !tr) { /* skip chunks whose rows are all elsewhere */
           int r0 = (int)(lo / gc), r1 = (int)((hi - 1) / gc), any = 0;
           for (int b = 0; b < t->nblk; b++) {
             int b0 = t->g0 + b * t->gstride;
@@ -347,7 +349,8 @@ void dt_model_init_params_range(const dt_layout_t *lay, float *params, uint64_t 
         dt_rng_seed(&r, dt_rng_next(&r) + 0xd1b54a32d192ed03ULL * (uint64_t)c);
         for (size_t k = lo; k < hi; k++) {
           float v = (float)(s * dt_rng_normal(&r));
-          long li = dt_tensor_local_index(t, (int)(k / gc), (int)(k % gc));
+          long li = tr ? dt_tensor_local_index(t, (int)(k % gr), (int)(k / gr))
+                       : dt_tensor_local_index(t, (int)(k / gc), (int)(k % gc));
           if (li >= 0) params[li] = v;
         }
       }
@@ -357,16 +360,20 @@ void dt_model_init_params_range(const dt_layout_t *lay, float *params, uint64_t 
     int resid = strstr(t->name, "attn.c_proj.weight") || strstr(t->name, "mlp.c_proj.weight");
     double s = resid ? std_resid : std;
     long nchunk = (long)((n + INIT_CHUNK - 1) / INIT_CHUNK);
+    const size_t rows = (size_t)t->rows, cols = (size_t)t->cols;
+    const int tr = init_transposed(t);
 #pragma omp parallel for schedule(static)
     for (long c = 0; c < nchunk; c++) {
       size_t k0 = (size_t)c * INIT_CHUNK, k1 = (size_t)(c + 1) * INIT_CHUNK < n ? (size_t)(c + 1) * INIT_CHUNK : n;
-      if (t->offset + k1 <= lo || t->offset + k0 >= hi) continue; /* chunk outside [lo, hi) */
+      /* chunk outside [lo, hi)? (a transposed chunk is spread over the whole tensor) */
+      if (tr ? t->offset + n <= lo || t->offset >= hi : t->offset + k1 <= lo || t->offset + k0 >= hi) continue;
       dt_rng_t r;
       dt_rng_seed(&r, seed ^ (0x632be59bd9b4e019ULL * (uint64_t)(i + 1)));
       dt_rng_seed(&r, dt_rng_next(&r) + 0xd1b54a32d192ed03ULL * (uint64_t)c);
       for (size_t k = k0; k < k1; k++) { /* the whole chunk's stream, stored where in range */
         float v = (float)(s * dt_rng_normal(&r));
-        if (t->offset + k >= lo && t->offset + k < hi) p[k] = v;
+        size_t at = tr ? (k % rows) * cols + k / rows : k; /* transposed: (out, in) = (k / rows, k % rows) */
+        if (t->offset + at >= lo && t->offset + at < hi) p[at] = v;
       }
     }
   }

@@ -1,12 +1,14 @@
 /* GPT-2 model description: dimensions and the layout of the parameter arena.
  * Parameters live in one float arena carved into named tensors, block-major:
  *   wte (Vp, C), wpe (T, C),
- *   for each block l: ln_1.weight (C), ln_1.bias (C), attn.c_attn.weight (3C, C), attn.c_attn.bias (3C),
+ *   for each block l: ln_1.weight (C), ln_1.bias (C), attn.c_attn.weight (C, 3C), attn.c_attn.bias (3C),
  *                     attn.c_proj.weight (C, C), attn.c_proj.bias (C), ln_2.weight (C), ln_2.bias (C),
- *                     mlp.c_fc.weight (4C, C), mlp.c_fc.bias (4C), mlp.c_proj.weight (C, 4C), mlp.c_proj.bias (C)
+ *                     mlp.c_fc.weight (C, 4C), mlp.c_fc.bias (4C), mlp.c_proj.weight (4C, C), mlp.c_proj.bias (C)
  *   ln_f.weight (C), ln_f.bias (C).
- * Weights are stored (out, in) like torch.nn.Linear: y = x W^T + b. Hugging Face's Conv1D stores
- * (in, out); checkpoints transpose. Each tensor starts on a DT_ALIGN-float boundary.
+ * The blocks' weights are stored (in, out) like Hugging Face's Conv1D: y = x W + b; wte (Vp, C)
+ * is also the tied lm_head, used as logits = x wte^T. So every tensor has the layout of its
+ * checkpoint dataset and checkpoints copy without transposing. Each tensor starts on a
+ * DT_ALIGN-float boundary.
  * Gradients and AdamW moments use the same layout in their own arenas. Block-major order means
  * backward finalises gradients from the end of the arena downwards (ln_f, block L-1, ..., wte). */
 #ifndef DT_MODEL_H
@@ -37,7 +39,6 @@ typedef struct {
   int rows, cols;  /* shape as stored here: (rows, cols); 1-D tensors have rows = 1 */
   int ndim;        /* 1 or 2 as in the HF state_dict */
   int decay;       /* 1 = weight decay applies (2-D weights incl. embeddings) */
-  int hf_transpose;/* 1 = HF stores it transposed (Conv1D weights) */
   int layer;       /* block index, -1 for embeddings, L for ln_f */
   /* Tensor parallelism (dt_layout_init_tp): rows, cols above are the LOCAL shard's shape; the
    * global tensor is (grows, gcols). split says which of our storage dims is cut: the local
@@ -74,10 +75,10 @@ dt_status_t dt_layout_init(dt_layout_t *lay, dt_dims_t d);
 /* Megatron-style tensor-parallel shard of rank tp_rank of tp (tp = 1: same as dt_layout_init).
  * lay->d keeps the GLOBAL dims; the arena holds only this rank's shards (tensor order unchanged):
  *   wte (Vp, C): vocab rows [r*Vp/tp, (r+1)*Vp/tp)          (row split)
- *   attn.c_attn.weight (3C, C) / .bias (3C): rows of this rank's heads in each of q, k, v
+ *   attn.c_attn.weight (C, 3C) / .bias (3C): columns of this rank's heads in each of q, k, v
  *                                       (3 blocks of C/tp, gstride C)
- *   attn.c_proj.weight (C, C): input columns of this rank's heads (column split)
- *   mlp.c_fc.weight (4C, C) / .bias: row block of 4C/tp    mlp.c_proj.weight (C, 4C): column block
+ *   attn.c_proj.weight (C, C): input rows of this rank's heads (row split)
+ *   mlp.c_fc.weight (C, 4C) / .bias: column block of 4C/tp   mlp.c_proj.weight (4C, C): row block
  *   wpe, ln_*, attn.c_proj.bias, mlp.c_proj.bias: replicated.
  * DT_ERR_CONFIG naming parallel.tp unless n_head % tp == 0 and Vp % tp == 0. n_params_true stays
  * the global count. */

@@ -200,15 +200,25 @@ DT_CPU_VEC static void prefill(float *out, const float *bias, const float *resid
   }
 }
 
-void dt_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC) {
-  if (bias) prefill(out, bias, NULL, N, OC);
-  dt_cpu_sgemm(0, 1, N, OC, C, 1.0f, inp, C, weight, C, bias ? 1.0f : 0.0f, out, OC);
+/* Both weight layouts through one sgemm: (OC, C) = nn.Linear (lm_head), (C, OC) = Conv1D. */
+static void mm_forward(float *out, const float *inp, const float *w, int w_in_out, int N, int C, int OC, float beta) {
+  dt_cpu_sgemm(0, !w_in_out, N, OC, C, 1.0f, inp, C, w, w_in_out ? OC : C, beta, out, OC);
 }
 
-void dt_matmul_residual_forward(float *out, const float *inp, const float *weight, const float *bias,
+void dt_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC) {
+  if (bias) prefill(out, bias, NULL, N, OC);
+  mm_forward(out, inp, weight, 0, N, C, OC, bias ? 1.0f : 0.0f);
+}
+
+void dt_conv1d_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC) {
+  if (bias) prefill(out, bias, NULL, N, OC);
+  mm_forward(out, inp, weight, 1, N, C, OC, bias ? 1.0f : 0.0f);
+}
+
+void dt_conv1d_residual_forward(float *out, const float *inp, const float *weight, const float *bias,
                                 const float *resid, int N, int C, int OC) {
   prefill(out, bias, resid, N, OC);
-  dt_cpu_sgemm(0, 1, N, OC, C, 1.0f, inp, C, weight, C, 1.0f, out, OC);
+  mm_forward(out, inp, weight, 1, N, C, OC, 1.0f);
 }
 
 DT_CPU_VEC static void bias_backward(float *dbias, const float *dout, int N, int OC) {
@@ -226,13 +236,26 @@ DT_CPU_VEC static void bias_backward(float *dbias, const float *dout, int N, int
   }
 }
 
+static void mm_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *w, int w_in_out, int N, int C, int OC) {
+  if (w_in_out) {
+    if (dinp) dt_cpu_sgemm(0, 1, N, C, OC, 1.0f, dout, OC, w, OC, 0.0f, dinp, C); /* (N,OC) x (C,OC)^T */
+    dt_cpu_sgemm(1, 0, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC);       /* (C,N) x (N,OC), accumulated */
+  } else {
+    if (dinp) dt_cpu_sgemm(0, 0, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C); /* (N,OC) x (OC,C) */
+    dt_cpu_sgemm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);      /* (OC,N) x (N,C), accumulated */
+  }
+  if (dbias) bias_backward(dbias, dout, N, OC);
+}
+
 void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, int N, int C, int OC) {
-  if (dinp) /* (N,OC) x (OC,C) */
-    dt_cpu_sgemm(0, 0, N, C, OC, 1.0f, dout, OC, weight, C, 0.0f, dinp, C);
-  /* (OC,N) x (N,C), accumulated */
-  dt_cpu_sgemm(1, 0, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C);
-  if (dbias) bias_backward(dbias, dout, N, OC);
+  mm_backward(dinp, dweight, dbias, dout, inp, weight, 0, N, C, OC);
+}
+
+void dt_conv1d_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *weight, int N, int C, int OC) {
+  mm_backward(dinp, dweight, dbias, dout, inp, weight, 1, N, C, OC);
 }
 
 /* ---- elementwise --------------------------------------------------------------------------- */

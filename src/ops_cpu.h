@@ -3,7 +3,8 @@
  * as the CPU twins of the CUDA kernels.
  *
  * Dimensions: B batch, T sequence, C channels, NH heads, hs = C/NH, V vocab, Vp padded vocab,
- * N = B*T rows. All tensors are row-major float; weights are (out, in) like torch.nn.Linear.
+ * N = B*T rows. All tensors are row-major float. Weights: the lm_head's (wte) is (out, in) like
+ * torch.nn.Linear (dt_matmul_*); the blocks' are (in, out) like Hugging Face's Conv1D (dt_conv1d_*).
  *
  * Gradient convention (everywhere in dtrain):
  *   - PARAMETER gradients ACCUMULATE: dweight += ..., dbias += ... (grad accumulation over micro-steps).
@@ -47,14 +48,20 @@ void dt_layernorm_backward(float *dinp, float *dweight, float *dbias, const floa
                            const float *inp, const float *weight, const float *mean, const float *rstd, int N,
                            int C);
 
-/* out = inp W^T + bias.  out (N,OC), inp (N,C), weight (OC,C), bias (OC) or NULL. dt_cpu_sgemm. */
+/* nn.Linear layout: out = inp W^T + bias.  out (N,OC), inp (N,C), weight (OC,C), bias (OC) or NULL. */
 void dt_matmul_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC);
-/* out = resid + inp W^T + bias (residual add fused; out may alias resid).  resid (N,OC) */
-void dt_matmul_residual_forward(float *out, const float *inp, const float *weight, const float *bias,
-                                const float *resid, int N, int C, int OC);
 /* dinp = dout W (if dinp != NULL); dweight += dout^T inp; dbias += sum_N dout (if dbias != NULL).
  * dinp (N,C), dweight (OC,C), dbias (OC), dout (N,OC) */
 void dt_matmul_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
+                        const float *weight, int N, int C, int OC);
+/* Conv1D layout (Hugging Face GPT-2, and the checkpoint's): out = inp W + bias, weight (C,OC). */
+void dt_conv1d_forward(float *out, const float *inp, const float *weight, const float *bias, int N, int C, int OC);
+/* out = resid + inp W + bias (residual add fused; out may alias resid).  resid (N,OC) */
+void dt_conv1d_residual_forward(float *out, const float *inp, const float *weight, const float *bias,
+                                const float *resid, int N, int C, int OC);
+/* dinp = dout W^T (if dinp != NULL); dweight += inp^T dout; dbias += sum_N dout (if dbias != NULL).
+ * dinp (N,C), dweight (C,OC), dbias (OC), dout (N,OC) */
+void dt_conv1d_backward(float *dinp, float *dweight, float *dbias, const float *dout, const float *inp,
                         const float *weight, int N, int C, int OC);
 
 /* Causal multi-head self-attention (no projections), flash-attention style: no (T,T) matrix is

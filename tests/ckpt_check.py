@@ -2,8 +2,8 @@
 
 usage: ckpt_check.py FILE STEP [L C V T]
 Checks: the /model names and shapes are exactly Hugging Face GPT2LMHeadModel's state_dict
-(without "transformer."), Conv1D weights hold the transpose of our (out, in) storage, wte has
-the true vocab rows, the values are the test fill, /optim mirrors /model, every dataset's
+(without "transformer."), every tensor holds our arena storage as it is (Conv1D weights are
+(in, out) in both), wte has the true vocab rows, the values are the test fill, /optim mirrors /model, every dataset's
 crc32c attribute equals a CRC32C computed here, and the state and completion marker."""
 import sys
 import h5py
@@ -40,7 +40,6 @@ for i in range(L):
            (f"h.{i}.mlp.c_fc.weight", (C, 4 * C)), (f"h.{i}.mlp.c_fc.bias", (4 * C,)),
            (f"h.{i}.mlp.c_proj.weight", (4 * C, C)), (f"h.{i}.mlp.c_proj.bias", (C,))]
 hf += [("ln_f.weight", (C,)), ("ln_f.bias", (C,))]
-conv1d = lambda n: n.endswith(("c_attn.weight", "c_proj.weight", "c_fc.weight"))
 
 fails = 0
 def check(cond, msg):
@@ -57,11 +56,11 @@ for t, (name, shape) in enumerate(hf):
     d = f["model"][name]
     check(d.shape == shape, f"{name}: shape {d.shape}, HF has {shape}")
     check(d.dtype == np.dtype("<f4"), f"{name}: dtype {d.dtype}")
-    # our storage (rows, cols): Conv1D weights are (out, in) = transpose of the file
-    ours = (shape[1], shape[0]) if conv1d(name) else (shape if len(shape) == 2 else (1, shape[0]))
+    # the fill is a function of (tensor, row, col) of our storage (rows, cols), which is the file's
+    ours = shape if len(shape) == 2 else (1, shape[0])
     r, c = np.meshgrid(np.arange(ours[0]), np.arange(ours[1]), indexing="ij")
     p = (t + (r * ours[1] + c) / 65536.0 + 32.0 * (step % 4)).astype(np.float32)
-    want = p.T if conv1d(name) else p.reshape(shape)
+    want = p.reshape(shape)
     for grp, w in (("model", want), ("optim/exp_avg", -want), ("optim/exp_avg_sq", want / 4)):
         a = f[grp][name][()]
         check(a.shape == shape and np.array_equal(a, w), f"/{grp}/{name}: values differ from the fill")
@@ -76,6 +75,6 @@ check(ini.startswith(b"[model]"), "config_ini text")
 check(int(f["state/config_ini"].attrs["crc32c"]) == crc32c(ini + b"\0"), "config_ini crc32c")
 rng = f["state/rng"][()]
 check(int(f["state/rng"].attrs["crc32c"]) == crc32c(np.ascontiguousarray(rng, dtype="<u8").tobytes()), "rng crc32c")
-print(f"{path}: {len(hf)} /model names and shapes = HF GPT2 (L={L} C={C} V={V} T={T}), Conv1D weights transposed, "
+print(f"{path}: {len(hf)} /model names and shapes = HF GPT2 (L={L} C={C} V={V} T={T}), Conv1D (in, out), "
       f"values = fill of step {step}, {ncrc + 2} crc32c attributes = python CRC32C: {'FAIL' if fails else 'ok'}")
 sys.exit(1 if fails else 0)

@@ -53,7 +53,7 @@ mpi 2 save "$W/x" 12
 mpi 1 load "$W/x" 12
 mpi 4 load "$W/x" 12
 
-echo "# independent check with h5py (names, shapes, transposes, values, CRC32C in python)"
+echo "# independent check with h5py (names, shapes, values, CRC32C in python)"
 run "$PY" "$S/tests/ckpt_check.py" "$W/x/ckpt_00000012.h5" 12
 run "$PY" "$S/tests/ckpt_check.py" "$W/all4/sharded/ckpt_00000007.h5" 7
 run "$PY" "$S/tests/ckpt_check.py" "$W/all1/roundtrip/ckpt_00000007.h5" 7

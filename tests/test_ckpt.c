@@ -30,11 +30,11 @@ static int rank, size, fails;
   } while (0)
 
 /* ---- test-only layout builder (model.h's documented order) ---- */
-static void add_t(dt_layout_t *lay, size_t *off, const char *name, int rows, int cols, int ndim, int tr, int layer) {
+static void add_t(dt_layout_t *lay, size_t *off, const char *name, int rows, int cols, int ndim, int layer) {
   dt_tensor_t *t = &lay->tensors[lay->n_tensors++];
   memset(t, 0, sizeof *t);
   snprintf(t->name, sizeof t->name, "%s", name);
-  t->offset = *off, t->rows = rows, t->cols = cols, t->ndim = ndim, t->hf_transpose = tr, t->layer = layer;
+  t->offset = *off, t->rows = rows, t->cols = cols, t->ndim = ndim, t->layer = layer;
   t->decay = ndim == 2;
   *off += ((size_t)rows * cols + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN;
 }
@@ -45,21 +45,21 @@ static void layout(dt_layout_t *lay, int L, int NH, int C, int V, int T) {
   lay->tensors = calloc((size_t)(2 + 12 * L + 2), sizeof(dt_tensor_t));
   size_t off = 0;
   char n[48];
-  add_t(lay, &off, "wte.weight", lay->d.Vp, C, 2, 0, -1);
-  add_t(lay, &off, "wpe.weight", T, C, 2, 0, -1);
-  for (int l = 0; l < L; l++) {
-    struct { const char *s; int r, c, nd, tr; } b[12] = {
-        {"ln_1.weight", 1, C, 1, 0}, {"ln_1.bias", 1, C, 1, 0}, {"attn.c_attn.weight", 3 * C, C, 2, 1},
-        {"attn.c_attn.bias", 1, 3 * C, 1, 0}, {"attn.c_proj.weight", C, C, 2, 1}, {"attn.c_proj.bias", 1, C, 1, 0},
-        {"ln_2.weight", 1, C, 1, 0}, {"ln_2.bias", 1, C, 1, 0}, {"mlp.c_fc.weight", 4 * C, C, 2, 1},
-        {"mlp.c_fc.bias", 1, 4 * C, 1, 0}, {"mlp.c_proj.weight", C, 4 * C, 2, 1}, {"mlp.c_proj.bias", 1, C, 1, 0}};
+  add_t(lay, &off, "wte.weight", lay->d.Vp, C, 2, -1);
+  add_t(lay, &off, "wpe.weight", T, C, 2, -1);
+  for (int l = 0; l < L; l++) { /* Conv1D weights (in, out) */
+    struct { const char *s; int r, c, nd; } b[12] = {
+        {"ln_1.weight", 1, C, 1}, {"ln_1.bias", 1, C, 1}, {"attn.c_attn.weight", C, 3 * C, 2},
+        {"attn.c_attn.bias", 1, 3 * C, 1}, {"attn.c_proj.weight", C, C, 2}, {"attn.c_proj.bias", 1, C, 1},
+        {"ln_2.weight", 1, C, 1}, {"ln_2.bias", 1, C, 1}, {"mlp.c_fc.weight", C, 4 * C, 2},
+        {"mlp.c_fc.bias", 1, 4 * C, 1}, {"mlp.c_proj.weight", 4 * C, C, 2}, {"mlp.c_proj.bias", 1, C, 1}};
     for (int k = 0; k < 12; k++) {
       snprintf(n, sizeof n, "h.%d.%s", l, b[k].s);
-      add_t(lay, &off, n, b[k].r, b[k].c, b[k].nd, b[k].tr, l);
+      add_t(lay, &off, n, b[k].r, b[k].c, b[k].nd, l);
     }
   }
-  add_t(lay, &off, "ln_f.weight", 1, C, 1, 0, L);
-  add_t(lay, &off, "ln_f.bias", 1, C, 1, 0, L);
+  add_t(lay, &off, "ln_f.weight", 1, C, 1, L);
+  add_t(lay, &off, "ln_f.bias", 1, C, 1, L);
   lay->n_params = off;
 }
 
@@ -421,26 +421,7 @@ static void test_crc(void) {
   CHECK(dt_crc32c_combine(a, b, 4) == 0xE3069283u, "combine");
 }
 
-/* The 8x8-tiled transpose the checkpoint uses for Conv1D weights against the obvious loop, on
- * sizes that are and are not multiples of 8 and with padded leading dimensions. */
-void dt_ckpt__transpose(const float *src, size_t lds, size_t nr, size_t nc, float *dst, size_t ldd);
-static void test_transpose(void) {
-  static float src[45 * 50], dst[50 * 45];
-  long bad = 0;
-  for (size_t nr = 1; nr <= 41; nr += 5)
-    for (size_t nc = 1; nc <= 41; nc += 4) {
-      size_t lds = nc + nr % 3, ldd = nr + nc % 2;
-      for (size_t i = 0; i < sizeof src / sizeof *src; i++) src[i] = (float)i;
-      for (size_t i = 0; i < sizeof dst / sizeof *dst; i++) dst[i] = -1.0f;
-      dt_ckpt__transpose(src, lds, nr, nc, dst, ldd);
-      for (size_t c = 0; c < nc; c++)
-        for (size_t r = 0; r < ldd; r++) bad += dst[c * ldd + r] != (r < nr ? src[r * lds + c] : -1.0f);
-    }
-  CHECK(bad == 0, "transpose: %ld wrong elements", bad);
-  if (rank == 0 && bad == 0) printf("ok transpose: 8x8 tiles and edges equal the plain loop (81 shapes, padded ld)\n");
-}
-
-/* Round trip with dimensions that are not multiples of 8 (transpose edges, uneven rank splits). */
+/* Round trip with dimensions that are not multiples of 8 (uneven rank splits). */
 static void test_odd(const char *dir) {
   dt_layout_t odd;
   layout(&odd, 1, 2, 20, 37, 5);
@@ -476,7 +457,6 @@ int main(int argc, char **argv) {
   char d[1000];
   if (strcmp(mode, "all") == 0) {
     test_crc();
-    test_transpose();
     snprintf(d, sizeof d, "%s/odd", dir);
     test_odd(d);
     snprintf(d, sizeof d, "%s/roundtrip", dir);

@@ -88,13 +88,22 @@ static void ref_layernorm(double *out, const double *x, const double *w, const d
   }
 }
 
-static void ref_matmul(double *out, const double *x, const double *W, const double *b, int N, int C, int OC) {
+/* out = x W^T + b with W (OC, C) (nn.Linear: the lm_head) or, conv1d = 1, out = x W + b with
+ * W (C, OC) (Hugging Face's Conv1D: the blocks' weights). */
+static void ref_linear(double *out, const double *x, const double *W, const double *b, int N, int C, int OC,
+                       int conv1d) {
   for (int i = 0; i < N; i++)
     for (int o = 0; o < OC; o++) {
       double s = b ? b[o] : 0.0;
-      for (int c = 0; c < C; c++) s += x[i * C + c] * W[o * C + c];
+      for (int c = 0; c < C; c++) s += x[i * C + c] * (conv1d ? W[c * OC + o] : W[o * C + c]);
       out[i * OC + o] = s;
     }
+}
+static void ref_matmul(double *out, const double *x, const double *W, const double *b, int N, int C, int OC) {
+  ref_linear(out, x, W, b, N, C, OC, 0);
+}
+static void ref_conv1d(double *out, const double *x, const double *W, const double *b, int N, int C, int OC) {
+  ref_linear(out, x, W, b, N, C, OC, 1);
 }
 
 static void ref_attention(double *out, const double *qkv, int B, int T, int C, int NH) {
@@ -165,9 +174,10 @@ static void check_layout(dt_dims_t d) {
   const dt_tensor_t *t = dt_layout_find(&lay, "wte.weight");
   cr_assert(t && t == &lay.tensors[0] && t->rows == d.Vp && t->cols == C && t->layer == -1 && t->decay);
   t = dt_layout_find(&lay, "wpe.weight");
-  cr_assert(t && t->rows == d.T && t->cols == C && t->layer == -1 && t->decay && !t->hf_transpose);
-  int rows[DT_BLOCK_TENSORS] = {1, 1, 3 * C, 1, C, 1, 1, 1, 4 * C, 1, C, 1};
-  int cols[DT_BLOCK_TENSORS] = {C, C, C, 3 * C, C, C, C, C, C, 4 * C, 4 * C, C};
+  cr_assert(t && t->rows == d.T && t->cols == C && t->layer == -1 && t->decay);
+  /* Hugging Face's shapes: Conv1D weights (in, out) */
+  int rows[DT_BLOCK_TENSORS] = {1, 1, C, 1, C, 1, 1, 1, C, 1, 4 * C, 1};
+  int cols[DT_BLOCK_TENSORS] = {C, C, 3 * C, 3 * C, C, C, C, C, 4 * C, 4 * C, C, C};
   for (int l = 0; l < L; l++)
     for (int k = 0; k < DT_BLOCK_TENSORS; k++) {
       char nm[64];
@@ -179,7 +189,6 @@ static void check_layout(dt_dims_t d) {
       cr_expect(t->rows == rows[k] && t->cols == cols[k], "%s shape %dx%d", nm, t->rows, t->cols);
       cr_expect_eq(t->layer, l);
       cr_expect_eq(t->ndim, rows[k] == 1 ? 1 : 2, "%s ndim", nm);
-      cr_expect_eq(t->hf_transpose, t->ndim == 2, "%s hf_transpose", nm);
     }
   t = dt_layout_find(&lay, "ln_f.bias");
   cr_assert(t && t == &lay.tensors[lay.n_tensors - 1] && t->layer == L && t->ndim == 1 && !t->decay);
@@ -231,16 +240,16 @@ static void check_tp_layout(dt_dims_t d, int tp) {
               wte->g0 == r * d.Vp / tp, "wte shard rank %d", r);
     for (int l = 0; l < d.L; l++) {
       const dt_tensor_t *q = dt_layout_block(&lay, l, DT_QKVW), *qb = dt_layout_block(&lay, l, DT_QKVB);
-      cr_expect(q->rows == 3 * C / tp && q->cols == C && q->grows == 3 * C && q->nblk == 3 && q->gstride == C &&
-                q->g0 == r * C / tp && q->split == DT_SPLIT_ROWS, "c_attn.weight shard");
+      cr_expect(q->rows == C && q->cols == 3 * C / tp && q->gcols == 3 * C && q->nblk == 3 && q->gstride == C &&
+                q->g0 == r * C / tp && q->split == DT_SPLIT_COLS, "c_attn.weight shard");
       cr_expect(qb->rows == 1 && qb->cols == 3 * C / tp && qb->gcols == 3 * C && qb->nblk == 3 &&
                 qb->split == DT_SPLIT_COLS, "c_attn.bias shard");
       const dt_tensor_t *ap = dt_layout_block(&lay, l, DT_ATTPROJW), *fc = dt_layout_block(&lay, l, DT_FCW);
       const dt_tensor_t *fp = dt_layout_block(&lay, l, DT_FCPROJW), *fb = dt_layout_block(&lay, l, DT_FCB);
-      cr_expect(ap->rows == C && ap->cols == C / tp && ap->split == DT_SPLIT_COLS && ap->g0 == r * C / tp, "attn.c_proj");
-      cr_expect(fc->rows == 4 * C / tp && fc->cols == C && fc->split == DT_SPLIT_ROWS && fc->g0 == r * 4 * C / tp, "c_fc");
+      cr_expect(ap->rows == C / tp && ap->cols == C && ap->split == DT_SPLIT_ROWS && ap->g0 == r * C / tp, "attn.c_proj");
+      cr_expect(fc->rows == C && fc->cols == 4 * C / tp && fc->split == DT_SPLIT_COLS && fc->g0 == r * 4 * C / tp, "c_fc");
       cr_expect(fb->cols == 4 * C / tp && fb->split == DT_SPLIT_COLS, "c_fc.bias");
-      cr_expect(fp->rows == C && fp->cols == 4 * C / tp && fp->gcols == 4 * C && fp->split == DT_SPLIT_COLS, "mlp.c_proj");
+      cr_expect(fp->rows == 4 * C / tp && fp->cols == C && fp->grows == 4 * C && fp->split == DT_SPLIT_ROWS, "mlp.c_proj");
       cr_expect(dt_layout_block(&lay, l, DT_ATTPROJB)->split == DT_SPLIT_NONE, "attn.c_proj.bias replicated");
       cr_expect(dt_layout_block(&lay, l, DT_LN1W)->split == DT_SPLIT_NONE, "ln_1 replicated");
       cr_expect(dt_layout_block(&lay, l, DT_FCPROJB)->cols == C, "mlp.c_proj.bias replicated");
@@ -405,7 +414,7 @@ Test(kmath, expf_tanhf) {
 /* Each context holds double copies of the layer inputs, the random output weighting R (the
  * objective is sum(out * R), so the analytic backward gets dout = R) and scratch for out. */
 typedef struct {
-  int B, T, C, NH, N, OC, V, Vp;
+  int B, T, C, NH, N, OC, V, Vp, conv1d;
   double *x, *w, *b, *out, *R;
   const int *tok;
 } lctx_t;
@@ -469,7 +478,7 @@ Test(grad, layernorm) {
 
 static double obj_matmul(void *p) {
   lctx_t *c = p;
-  ref_matmul(c->out, c->x, c->w, c->b, c->N, c->C, c->OC);
+  ref_linear(c->out, c->x, c->w, c->b, c->N, c->C, c->OC, c->conv1d);
   return dot(c->out, c->R, (size_t)c->N * c->OC);
 }
 
@@ -521,39 +530,54 @@ Test(ops, residual_and_fused_matmul) {
   enum { N = 5, C = 7, OC = 9 };
   float x[N * C], w[OC * C], b[OC], r[N * OC], out[N * OC], ref[N * OC], s[N * OC];
   fill_normal(x, N * C, 1, 41), fill_normal(w, OC * C, 1, 42), fill_normal(b, OC, 1, 43), fill_normal(r, N * OC, 1, 44);
-  dt_matmul_forward(ref, x, w, b, N, C, OC);
+  dt_conv1d_forward(ref, x, w, b, N, C, OC);
   dt_residual_forward(s, ref, r, N * OC);
   for (int i = 0; i < N * OC; i++) cr_assert_float_eq(s[i], ref[i] + r[i], 0.0f);
-  dt_matmul_residual_forward(out, x, w, b, r, N, C, OC);
+  dt_conv1d_residual_forward(out, x, w, b, r, N, C, OC);
   for (int i = 0; i < N * OC; i++) cr_assert_float_eq(out[i], s[i], 1e-5f * (1 + fabsf(s[i])), "element %d", i);
   memcpy(out, r, sizeof out); /* in place: out aliases resid */
-  dt_matmul_residual_forward(out, x, w, b, out, N, C, OC);
+  dt_conv1d_residual_forward(out, x, w, b, out, N, C, OC);
   for (int i = 0; i < N * OC; i++) cr_assert_float_eq(out[i], s[i], 1e-5f * (1 + fabsf(s[i])), "in place, element %d", i);
 }
 
-Test(grad, matmul) {
+/* Both weight layouts: nn.Linear's (OC, C) (dt_matmul_*, the lm_head) and Conv1D's (C, OC)
+ * (dt_conv1d_*, the blocks): forward against float64, gradients against finite differences. */
+static void check_matmul_grad(int conv1d) {
   enum { N = 6, C = 8, OC = 20 };
+  const char *nm = conv1d ? "conv1d" : "matmul";
+  void (*fwd)(float *, const float *, const float *, const float *, int, int, int) =
+      conv1d ? dt_conv1d_forward : dt_matmul_forward;
+  void (*bwd)(float *, float *, float *, const float *, const float *, const float *, int, int, int) =
+      conv1d ? dt_conv1d_backward : dt_matmul_backward;
   float x[N * C], w[OC * C], b[OC], out[N * OC], R[N * OC], dx[N * C], dw[OC * C] = {0}, db[OC] = {0};
   fill_normal(x, N * C, 1, 9), fill_normal(w, OC * C, 0.5, 10), fill_normal(b, OC, 1, 11);
   fill_normal(R, N * OC, 1, 12);
   for (int i = 0; i < N * C; i++) dx[i] = 1e6f; /* written, not accumulated */
-  dt_matmul_forward(out, x, w, b, N, C, OC);
-  dt_matmul_backward(dx, dw, db, R, x, w, N, C, OC);
-  lctx_t c = {.N = N, .C = C, .OC = OC, .x = to_double(x, N * C), .w = to_double(w, OC * C), .b = to_double(b, OC),
-              .out = malloc(sizeof(double) * N * OC), .R = to_double(R, N * OC)};
+  fwd(out, x, w, b, N, C, OC);
+  bwd(dx, dw, db, R, x, w, N, C, OC);
+  lctx_t c = {.N = N, .C = C, .OC = OC, .conv1d = conv1d, .x = to_double(x, N * C), .w = to_double(w, OC * C),
+              .b = to_double(b, OC), .out = malloc(sizeof(double) * N * OC), .R = to_double(R, N * OC)};
   obj_matmul(&c);
-  expect_close("matmul forward", out, c.out, N * OC, 1e-6);
-  fd_check("matmul dinp", c.x, N * C, dx, obj_matmul, &c);
-  fd_check("matmul dweight", c.w, OC * C, dw, obj_matmul, &c);
-  fd_check("matmul dbias", c.b, OC, db, obj_matmul, &c);
+  char what[64];
+  snprintf(what, sizeof what, "%s forward", nm);
+  expect_close(what, out, c.out, N * OC, 1e-6);
+  snprintf(what, sizeof what, "%s dinp", nm);
+  fd_check(what, c.x, N * C, dx, obj_matmul, &c);
+  snprintf(what, sizeof what, "%s dweight", nm);
+  fd_check(what, c.w, OC * C, dw, obj_matmul, &c);
+  snprintf(what, sizeof what, "%s dbias", nm);
+  fd_check(what, c.b, OC, db, obj_matmul, &c);
   /* a second backward accumulates into dweight/dbias */
   float dw1[OC * C], db1[OC];
   memcpy(dw1, dw, sizeof dw), memcpy(db1, db, sizeof db);
-  dt_matmul_backward(dx, dw, db, R, x, w, N, C, OC);
+  bwd(dx, dw, db, R, x, w, N, C, OC);
   for (int i = 0; i < OC * C; i++) cr_assert_float_eq(dw[i], 2 * dw1[i], 1e-5 * fabsf(dw1[i]) + 1e-7);
   for (int i = 0; i < OC; i++) cr_assert_float_eq(db[i], 2 * db1[i], 1e-5 * fabsf(db1[i]) + 1e-7);
   free(c.x), free(c.w), free(c.b), free(c.out), free(c.R);
 }
+
+Test(grad, matmul) { check_matmul_grad(0); }
+Test(grad, conv1d) { check_matmul_grad(1); }
 
 static double obj_attention(void *p) {
   lctx_t *c = p;
@@ -671,14 +695,14 @@ static double obj_model(void *ctx) {
     for (int c = 0; c < C; c++) m->x[i * C + c] = wte[m->inp[i] * C + c] + wpe[(i % m->T) * C + c];
   for (int l = 0; l < lay->d.L; l++) {
     ref_layernorm(m->h, m->x, W(l, DT_LN1W), W(l, DT_LN1B), N, C);
-    ref_matmul(m->qkv, m->h, W(l, DT_QKVW), W(l, DT_QKVB), N, C, 3 * C);
+    ref_conv1d(m->qkv, m->h, W(l, DT_QKVW), W(l, DT_QKVB), N, C, 3 * C);
     ref_attention(m->a, m->qkv, m->B, m->T, C, lay->d.NH);
-    ref_matmul(m->tmp, m->a, W(l, DT_ATTPROJW), W(l, DT_ATTPROJB), N, C, C);
+    ref_conv1d(m->tmp, m->a, W(l, DT_ATTPROJW), W(l, DT_ATTPROJB), N, C, C);
     for (int i = 0; i < N * C; i++) m->x[i] += m->tmp[i];
     ref_layernorm(m->h, m->x, W(l, DT_LN2W), W(l, DT_LN2B), N, C);
-    ref_matmul(m->f, m->h, W(l, DT_FCW), W(l, DT_FCB), N, C, 4 * C);
+    ref_conv1d(m->f, m->h, W(l, DT_FCW), W(l, DT_FCB), N, C, 4 * C);
     for (int i = 0; i < N * 4 * C; i++) m->f[i] = ref_gelu(m->f[i]);
-    ref_matmul(m->tmp, m->f, W(l, DT_FCPROJW), W(l, DT_FCPROJB), N, 4 * C, C);
+    ref_conv1d(m->tmp, m->f, W(l, DT_FCPROJW), W(l, DT_FCPROJB), N, 4 * C, C);
     for (int i = 0; i < N * C; i++) m->x[i] += m->tmp[i];
   }
 #undef W

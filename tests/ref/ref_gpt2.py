@@ -43,9 +43,14 @@ def read_dump(path):
     return recs
 
 
-BLOCK = [("ln_1.weight", "C"), ("ln_1.bias", "C"), ("attn.c_attn.weight", (3, 1)), ("attn.c_attn.bias", "3C"),
+# 2-D block weights are Hugging Face Conv1D's (in, out), as dtrain stores them: y = x @ W + b
+BLOCK = [("ln_1.weight", "C"), ("ln_1.bias", "C"), ("attn.c_attn.weight", (1, 3)), ("attn.c_attn.bias", "3C"),
          ("attn.c_proj.weight", (1, 1)), ("attn.c_proj.bias", "C"), ("ln_2.weight", "C"), ("ln_2.bias", "C"),
-         ("mlp.c_fc.weight", (4, 1)), ("mlp.c_fc.bias", "4C"), ("mlp.c_proj.weight", (1, 4)), ("mlp.c_proj.bias", "C")]
+         ("mlp.c_fc.weight", (1, 4)), ("mlp.c_fc.bias", "4C"), ("mlp.c_proj.weight", (4, 1)), ("mlp.c_proj.bias", "C")]
+
+
+def conv1d(x, w, b):
+    return x @ w + b
 
 
 class GPT2(nn.Module):
@@ -79,7 +84,7 @@ class GPT2(nn.Module):
         for l in range(self.L):
             g = lambda n: self.w(f"h.{l}.{n}")
             h = F.layer_norm(x, (C,), g("ln_1.weight"), g("ln_1.bias"), eps=1e-5)
-            qkv = F.linear(h, g("attn.c_attn.weight"), g("attn.c_attn.bias"))
+            qkv = conv1d(h, g("attn.c_attn.weight"), g("attn.c_attn.bias"))
             q, k, v = qkv.split(C, dim=2)
             q = q.view(B, T, NH, hs).transpose(1, 2)
             k = k.view(B, T, NH, hs).transpose(1, 2)
@@ -88,10 +93,10 @@ class GPT2(nn.Module):
             att = att.masked_fill(~self.mask[:T, :T], float("-inf"))
             att = F.softmax(att, dim=-1)
             y = (att @ v).transpose(1, 2).contiguous().view(B, T, C)
-            x = x + F.linear(y, g("attn.c_proj.weight"), g("attn.c_proj.bias"))
+            x = x + conv1d(y, g("attn.c_proj.weight"), g("attn.c_proj.bias"))
             h = F.layer_norm(x, (C,), g("ln_2.weight"), g("ln_2.bias"), eps=1e-5)
-            h = F.gelu(F.linear(h, g("mlp.c_fc.weight"), g("mlp.c_fc.bias")), approximate="tanh")
-            x = x + F.linear(h, g("mlp.c_proj.weight"), g("mlp.c_proj.bias"))
+            h = F.gelu(conv1d(h, g("mlp.c_fc.weight"), g("mlp.c_fc.bias")), approximate="tanh")
+            x = x + conv1d(h, g("mlp.c_proj.weight"), g("mlp.c_proj.bias"))
         x = F.layer_norm(x, (C,), self.w("ln_f.weight"), self.w("ln_f.bias"), eps=1e-5)
         return x @ self.w("wte.weight").t()  # (B, T, Vp), tied lm_head
 

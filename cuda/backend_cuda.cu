@@ -261,38 +261,40 @@ static dt_status_t gemm_rm_batched(cublasHandle_t h, bool ta, bool tb, int M, in
 /* Weights in two layouts, as on the CPU (ops_cpu.h): the lm_head's wte (OC, C) like nn.Linear
  * (matmul_*), the blocks' (C, OC) like Hugging Face's Conv1D (conv1d_*). */
 
-/* out (N,OC) = inp (N,C) W^T + bias, W (OC,C) */
+/* out (N,OC) = inp (N,C) W^T + bias with W (OC,C), or inp W + bias with W (C,OC) (w_in_out) */
+static dt_status_t linear_forward(cu_impl_t *im, float *out, const float *inp, const float *w, bool w_in_out,
+                                  const float *bias, int N, int C, int OC) {
+  DT_TRY(gemm_rm(im->blas, false, !w_in_out, N, OC, C, 1.0f, inp, C, w, w_in_out ? OC : C, 0.0f, out, OC));
+  if (bias) DT_TRY(dt_cu_add_bias(out, bias, N, OC, im->compute));
+  return DT_OK;
+}
+
+/* W (OC,C): dinp (N,C) = dout W, dweight (OC,C) += dout^T inp; W (C,OC) (w_in_out): dinp = dout W^T,
+ * dweight (C,OC) += inp^T dout; dbias (OC) += sum_N dout */
+static dt_status_t linear_backward(cu_impl_t *im, float *dinp, float *dweight, float *dbias, const float *dout,
+                                   const float *inp, const float *w, bool w_in_out, int N, int C, int OC) {
+  if (dinp) DT_TRY(gemm_rm(im->blas, false, w_in_out, N, C, OC, 1.0f, dout, OC, w, w_in_out ? OC : C, 0.0f, dinp, C));
+  if (w_in_out) DT_TRY(gemm_rm(im->blas, true, false, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC));
+  else DT_TRY(gemm_rm(im->blas, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C));
+  if (dbias) DT_TRY(dt_cu_col_sum(dbias, dout, N, OC, im->compute));
+  return DT_OK;
+}
+
 static dt_status_t matmul_forward(cu_impl_t *im, float *out, const float *inp, const float *w, const float *bias, int N,
                                   int C, int OC) {
-  DT_TRY(gemm_rm(im->blas, false, true, N, OC, C, 1.0f, inp, C, w, C, 0.0f, out, OC));
-  if (bias) DT_TRY(dt_cu_add_bias(out, bias, N, OC, im->compute));
-  return DT_OK;
+  return linear_forward(im, out, inp, w, false, bias, N, C, OC);
 }
-
-/* dinp (N,C) = dout W; dweight (OC,C) += dout^T inp; dbias (OC) += sum_N dout */
 static dt_status_t matmul_backward(cu_impl_t *im, float *dinp, float *dweight, float *dbias, const float *dout,
                                    const float *inp, const float *w, int N, int C, int OC) {
-  if (dinp) DT_TRY(gemm_rm(im->blas, false, false, N, C, OC, 1.0f, dout, OC, w, C, 0.0f, dinp, C));
-  DT_TRY(gemm_rm(im->blas, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C));
-  if (dbias) DT_TRY(dt_cu_col_sum(dbias, dout, N, OC, im->compute));
-  return DT_OK;
+  return linear_backward(im, dinp, dweight, dbias, dout, inp, w, false, N, C, OC);
 }
-
-/* out (N,OC) = inp (N,C) W + bias, W (C,OC) */
 static dt_status_t conv1d_forward(cu_impl_t *im, float *out, const float *inp, const float *w, const float *bias, int N,
                                   int C, int OC) {
-  DT_TRY(gemm_rm(im->blas, false, false, N, OC, C, 1.0f, inp, C, w, OC, 0.0f, out, OC));
-  if (bias) DT_TRY(dt_cu_add_bias(out, bias, N, OC, im->compute));
-  return DT_OK;
+  return linear_forward(im, out, inp, w, true, bias, N, C, OC);
 }
-
-/* dinp (N,C) = dout W^T; dweight (C,OC) += inp^T dout; dbias (OC) += sum_N dout */
 static dt_status_t conv1d_backward(cu_impl_t *im, float *dinp, float *dweight, float *dbias, const float *dout,
                                    const float *inp, const float *w, int N, int C, int OC) {
-  if (dinp) DT_TRY(gemm_rm(im->blas, false, true, N, C, OC, 1.0f, dout, OC, w, OC, 0.0f, dinp, C));
-  DT_TRY(gemm_rm(im->blas, true, false, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC));
-  if (dbias) DT_TRY(dt_cu_col_sum(dbias, dout, N, OC, im->compute));
-  return DT_OK;
+  return linear_backward(im, dinp, dweight, dbias, dout, inp, w, true, N, C, OC);
 }
 
 /* ---- attention (ops_cpu.c's dt_attention_forward/backward with per-b strided batches over heads) */

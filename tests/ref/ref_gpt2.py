@@ -210,11 +210,21 @@ def main():
     # element is one of those amplified ones, so a max-norm criterion measured which of two
     # correct fp32 roundings an element happened to take (it flipped between machines).
     # A real bug (bias correction, decay on biases, clipping, lr) gives errors of 1e-3 and more.
-    final_rows = []
+    # The key third of attn.c_attn.bias is left out (as tests/ref/tensors_match.py does): its true
+    # gradient is exactly zero (q.b_k shifts every score of a query alike), so after 10 steps it is
+    # amplified rounding noise and nothing else; its numbers are printed for information. Its
+    # step-1 gradient is compared with everything else above.
+    final_rows, key_rows = [], []
     for n in model.names:
         c = r["final/" + n].astype(np.float64)
         b32 = m32.w(n).detach().numpy().astype(np.float64).ravel()
         b64 = m64.w(n).detach().numpy().ravel()
+        if n.endswith("attn.c_attn.bias"):
+            C, k = model.C, slice(model.C, 2 * model.C)
+            den = max(np.linalg.norm(b64), 1e-30)
+            key_rows.append((n, np.linalg.norm(c[k] - b64[k]) / den, np.linalg.norm(b32[k] - b64[k]) / den))
+            qv = np.r_[0:C, 2 * C:3 * C]
+            c, b32, b64 = c[qv], b32[qv], b64[qv]
         den = max(np.linalg.norm(b64), 1e-30)
         e_c64 = np.linalg.norm(c - b64) / den
         e_3264 = np.linalg.norm(b32 - b64) / den
@@ -239,7 +249,10 @@ def main():
         bad = e_c64 > lim
         fail |= bad
         print(f"{'final ' + n:36s} {e_c32:10.3e} {e_3264:11.3e} {e_c64:10.3e} {lim:10.3e}{'  FAIL' if bad else ''}")
-    print("(errors: ||a-b|| / ||float64 final|| per tensor; limit = max(1e-5, 3 * (t32 vs t64)))")
+    print("(errors: ||a-b|| / ||float64 final|| per tensor; limit = max(1e-5, 3 * (t32 vs t64));"
+          " attn.c_attn.bias: its q and v thirds)")
+    for n, e_c64, e_3264 in key_rows:
+        print(f"  not compared: {n} key third, C vs t64 {e_c64:.3e}, t32 vs t64 {e_3264:.3e} (zero true gradient)")
     if fail:
         print("ref_gpt2.py: FAIL (final parameters)", file=sys.stderr)
         return 1

@@ -305,7 +305,7 @@ const dt_tensor_t *dt_layout_find(const dt_layout_t *lay, const char *name) {
  * of threads. A tensor's stream runs over its elements in row-major order of the (out, in) shape
  * for the blocks' weights (stored (in, out)), which keeps every seed's initial weights what they
  * were when dtrain stored those weights (out, in). */
-static int init_transposed(const dt_tensor_t *t) { return t->ndim == 2 && t->layer >= 0 && t->name[0] == 'h'; }
+static int init_transposed(const dt_tensor_t *t) { return t->ndim == 2 && t->layer >= 0; } /* the blocks' weights */
 void dt_model_init_params(const dt_layout_t *lay, float *params, uint64_t seed) {
   dt_model_init_params_range(lay, params, seed, 0, lay->n_params);
 }

@@ -302,11 +302,11 @@ static void wait_node(const window_t *W, atomic_int *c, int want) {
  * lines into the cache first (on x86-64; elsewhere memcpy). */
 static void copy_out(float *dst, const float *src, size_t n) {
 #if defined(__x86_64__) || defined(__SSE2__)
-  size_t head = (size_t)((16 - ((uintptr_t)dst & 15)) & 15) / sizeof(float);
-  if (n < 64 || ((uintptr_t)dst & 3)) {
+  if (n < 64) {
     memcpy(dst, src, n * sizeof(float));
     return;
   }
+  size_t head = ((16 - ((uintptr_t)dst & 15)) & 15) / sizeof(float); /* to a 16-byte boundary */
   for (size_t i = 0; i < head; i++) dst[i] = src[i];
   dst += head, src += head, n -= head;
   size_t i = 0;

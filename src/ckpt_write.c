@@ -1,6 +1,7 @@
 /* Checkpoint write: every rank packs its boxes of each tensor in file order (the arena's layout is
- * the file's, Hugging Face's) and joins one collective H5Dwrite per dataset; the per-rank CRC32C runs are tiled and combined
- * on rank 0 into each dataset's checksum; state and the completion marker come last. */
+ * the file's, Hugging Face's) and joins one collective H5Dwrite per dataset; the per-rank CRC32C
+ * runs are tiled and combined on rank 0 into each dataset's checksum; state and the completion
+ * marker come last. */
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
@@ -148,7 +149,6 @@ static dt_status_t write_state(hid_t file, const dt_ckpt_state_t *s, const char 
 /* One tensor's packing, run on a helper thread while the previous tensor is written (HDF5 is
  * not thread safe: no HDF5 call in here). */
 typedef struct {
-  const dt_tensor_t *t;
   fshape_t f;
   fbox_t *bx;         /* this rank's boxes of t, file coordinates */
   int nb;
@@ -215,7 +215,7 @@ static void *pack_thread(void *p) {
 static void job_init(job_t *j, const dt_layout_t *lay, const dt_ckpt_arenas_t *a, const dt_ckpt_ranges_t *rg, int d,
                      fbox_t *bx, float *stage, segs_t *segs, const int *own) {
   int ti = d % lay->n_tensors, gi = d / lay->n_tensors;
-  *j = (job_t){.t = &lay->tensors[ti], .f = dt_ckpt__fshape(lay, &lay->tensors[ti]), .bx = bx,
+  *j = (job_t){.f = dt_ckpt__fshape(lay, &lay->tensors[ti]), .bx = bx,
                .nb = own && own[d] ? 0 : dt_ckpt__boxes_of(&rg[gi ? 1 : 0], ti, bx),
                .local = gi == 0 ? a->params : gi == 1 ? a->m : a->v, .stage = stage, .segs = segs, .ds = (uint64_t)d};
 }
@@ -243,12 +243,6 @@ static void start_writeback(int fd) {
  * that does not fill its last page, and every write O_DIRECT refuses, go through a normal
  * descriptor. DTRAIN_CKPT_DIRECT=0 turns the path off (every dataset through H5Dwrite). */
 
-/* File elements [e0, e1) (row-major in the file's (FR, FC), which is the arena's order: wte's
- * first V rows) of tensor t of a full arena into dst. */
-static void pack_elems(const dt_tensor_t *t, const float *arena, uint64_t e0, uint64_t e1, float *dst) {
-  memcpy(dst, arena + t->offset + e0, (size_t)(e1 - e0) * sizeof(float));
-}
-
 typedef struct { /* one chunk: bytes [lo, hi) of dataset d, at file offset foff + lo */
   const dt_tensor_t *t;
   const float *arena;
@@ -261,7 +255,8 @@ typedef struct { /* one chunk: bytes [lo, hi) of dataset d, at file offset foff 
 
 static void *pack_chunk(void *p) {
   chunk_t *c = p;
-  pack_elems(c->t, c->arena, c->lo / sizeof(float), c->hi / sizeof(float), c->buf);
+  /* the file's row-major order is the arena's (wte: its first V rows) */
+  memcpy(c->buf, (const char *)(c->arena + c->t->offset) + c->lo, c->hi - c->lo);
   c->failed = segs_add(c->segs, (uint64_t)c->d, c->lo, c->buf, c->hi - c->lo) < 0;
   return NULL;
 }

@@ -6,7 +6,7 @@ ensure_data
 t=$(tmpdir)
 trap 'rm -rf "$t"' EXIT
 cd "$top_builddir"
-run "$DTRAIN" "$top_srcdir/inputs/tiny.ini" train.steps=60 train.warmup=10 train.eval_every=30 \
+run "$DTRAIN" "$top_srcdir/inputs/tiny.ini" system.backend=cpu train.steps=60 train.warmup=10 train.eval_every=30 \
   log.every=1 log.metrics="$t/m.jsonl" checkpoint.dir="$t/ckpt" | tee "$t/out"
 "$PY" - "$t/m.jsonl" <<'PY'
 import json, math, sys

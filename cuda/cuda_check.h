@@ -49,6 +49,23 @@ static inline const char *dt__cublas_str(cublasStatus_t s) {
 /* After a kernel launch: launch-configuration errors surface here. */
 #define DT_KERNEL_CHECK() DT_CUDA_CHECK(cudaGetLastError())
 
+/* Every kernel launch in dtrain: kernel<<<grid, block, shmem, stream>>>(args...), then
+ * DT_KERNEL_CHECK(). Launches are spelled only here, so the emulation build (cuda/emu/, which
+ * compiles the same .cu files with the host C++ compiler) can run them on the CPU. */
+#ifdef DT_CUDA_EMU
+#define DT_LAUNCH(kernel, grid, block, shmem, stream, ...)           \
+  do {                                                               \
+    dt_emu_launch(kernel, grid, block, shmem, stream, __VA_ARGS__); \
+    DT_KERNEL_CHECK();                                               \
+  } while (0)
+#else
+#define DT_LAUNCH(kernel, grid, block, shmem, stream, ...)   \
+  do {                                                       \
+    kernel<<<(grid), (block), (shmem), (stream)>>>(__VA_ARGS__); \
+    DT_KERNEL_CHECK();                                       \
+  } while (0)
+#endif
+
 #define DT_CUBLAS_CHECK(call)                                                                        \
   do {                                                                                               \
     cublasStatus_t dt_cb_rc_ = (call);                                                               \

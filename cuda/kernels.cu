@@ -62,18 +62,16 @@ __global__ static void encoder_backward_wpe_k(float *dwpe, const float *dout, in
 dt_status_t dt_cu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C,
                                   cudaStream_t s) {
   size_t n = (size_t)B * T * C;
-  encoder_forward_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(out, inp, wte, wpe, T, C, n);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(encoder_forward_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, inp, wte, wpe, T, C, n);
   return DT_OK;
 }
 
 dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C,
                                    cudaStream_t s) {
   size_t n = (size_t)B * T * C;
-  encoder_backward_wte_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(dwte, dout, inp, C, n);
-  DT_KERNEL_CHECK();
-  encoder_backward_wpe_k<<<dt_cuda_grid((size_t)T * C, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(dwpe, dout, B, T, C);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(encoder_backward_wte_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dwte, dout, inp, C, n);
+  DT_LAUNCH(encoder_backward_wpe_k, dt_cuda_grid((size_t)T * C, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dwpe, dout, B, T,
+            C);
   return DT_OK;
 }
 
@@ -99,9 +97,8 @@ __global__ static void layernorm_forward_k(float *out, float *mean, float *rstd,
   }
 }
 
-__global__ static void layernorm_backward_dinp_k(float *dinp, const float *dresid, const float *dout,
-                                                 const float *inp, const float *w, const float *mean,
-                                                 const float *rstd, int N, int C) {
+__global__ static void layernorm_backward_dinp_k(float *dinp, const float *dresid, const float *dout, const float *inp,
+                                                 const float *w, const float *mean, const float *rstd, int N, int C) {
   size_t row = warp_row();
   int lane = threadIdx.x % DT_CUDA_WARP;
   if (row >= (size_t)N) return;
@@ -166,22 +163,20 @@ __global__ static void col_sum_k(float *dst, const float *src, int N, int OC) {
 
 dt_status_t dt_cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                                     const float *bias, int N, int C, cudaStream_t s) {
-  layernorm_forward_k<<<dt_cuda_warp_rows_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(out, mean, rstd, inp, weight,
-                                                                                         bias, N, C);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(layernorm_forward_k, dt_cuda_warp_rows_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, mean, rstd, inp,
+            weight, bias, N, C);
   return DT_OK;
 }
 
-dt_status_t dt_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dresid,
-                                     const float *dout, const float *inp, const float *weight, const float *mean,
-                                     const float *rstd, int N, int C, cudaStream_t s) {
+dt_status_t dt_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dresid, const float *dout,
+                                     const float *inp, const float *weight, const float *mean, const float *rstd, int N,
+                                     int C, cudaStream_t s) {
   /* parameter grads first: they read only inputs, and dinp may alias dresid */
   dim3 blk(COLS_X, COLS_Y);
-  layernorm_backward_params_k<<<dt_cuda_grid(C, COLS_X), blk, 0, s>>>(dweight, dbias, dout, inp, mean, rstd, N, C);
-  DT_KERNEL_CHECK();
-  layernorm_backward_dinp_k<<<dt_cuda_warp_rows_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(
-      dinp, dresid, dout, inp, weight, mean, rstd, N, C);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(layernorm_backward_params_k, dt_cuda_grid(C, COLS_X), blk, 0, s, dweight, dbias, dout, inp, mean, rstd, N,
+            C);
+  DT_LAUNCH(layernorm_backward_dinp_k, dt_cuda_warp_rows_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dinp, dresid,
+            dout, inp, weight, mean, rstd, N, C);
   return DT_OK;
 }
 
@@ -193,15 +188,13 @@ __global__ static void add_bias_k(float *out, const float *bias, int OC, size_t 
 
 dt_status_t dt_cu_add_bias(float *out, const float *bias, int N, int OC, cudaStream_t s) {
   size_t n = (size_t)N * OC;
-  add_bias_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(out, bias, OC, n);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(add_bias_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, bias, OC, n);
   return DT_OK;
 }
 
 dt_status_t dt_cu_col_sum(float *dst, const float *src, int N, int OC, cudaStream_t s) {
   dim3 blk(COLS_X, COLS_Y);
-  col_sum_k<<<dt_cuda_grid(OC, COLS_X), blk, 0, s>>>(dst, src, N, OC);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(col_sum_k, dt_cuda_grid(OC, COLS_X), blk, 0, s, dst, src, N, OC);
   return DT_OK;
 }
 
@@ -234,14 +227,13 @@ __global__ static void softmax_causal_backward_k(float *d, const float *att, int
 }
 
 dt_status_t dt_cu_softmax_causal(float *att, int rows, int T, cudaStream_t s) {
-  softmax_causal_k<<<dt_cuda_warp_rows_grid(rows, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(att, rows, T);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(softmax_causal_k, dt_cuda_warp_rows_grid(rows, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, att, rows, T);
   return DT_OK;
 }
 
 dt_status_t dt_cu_softmax_causal_backward(float *d, const float *att, int rows, int T, cudaStream_t s) {
-  softmax_causal_backward_k<<<dt_cuda_warp_rows_grid(rows, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(d, att, rows, T);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(softmax_causal_backward_k, dt_cuda_warp_rows_grid(rows, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, d, att, rows,
+            T);
   return DT_OK;
 }
 
@@ -258,14 +250,12 @@ __global__ static void residual_k(float *out, const float *a, const float *b, si
 }
 
 dt_status_t dt_cu_gelu_forward(float *out, const float *inp, size_t n, cudaStream_t s) {
-  gelu_forward_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(out, inp, n);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(gelu_forward_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, inp, n);
   return DT_OK;
 }
 
 dt_status_t dt_cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, cudaStream_t s) {
-  gelu_backward_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(dinp, inp, dout, n);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(gelu_backward_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dinp, inp, dout, n);
   return DT_OK;
 }
 
@@ -276,21 +266,19 @@ __global__ static void round_k(float *dst, const float *src, size_t n, int prec)
 
 dt_status_t dt_cu_round_copy(float *dst, const float *src, size_t n, int prec, cudaStream_t s) {
   if (prec == DT_PREC_FP32 && dst == src) return DT_OK;
-  round_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(dst, src, n, prec);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(round_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dst, src, n, prec);
   return DT_OK;
 }
 
 dt_status_t dt_cu_residual_forward(float *out, const float *a, const float *b, size_t n, cudaStream_t s) {
-  residual_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(out, a, b, n);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(residual_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, a, b, n);
   return DT_OK;
 }
 
 /* ---- softmax + cross-entropy over the vocabulary ------------------------------------------ */
 
-__global__ static void crossentropy_forward_k(float *losses, float *lse, const float *logits, const int *targets,
-                                              int V, int Vp) {
+__global__ static void crossentropy_forward_k(float *losses, float *lse, const float *logits, const int *targets, int V,
+                                              int Vp) {
   __shared__ float smx[1024 / DT_CUDA_WARP], ssum[1024 / DT_CUDA_WARP];
   size_t i = blockIdx.x;
   const float *z = logits + i * Vp;
@@ -321,20 +309,18 @@ __global__ static void crossentropy_backward_k(float *dlogits, const float *logi
   }
 }
 
-dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets, int N,
-                                       int V, int Vp, cudaStream_t s) {
+dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets, int N, int V,
+                                       int Vp, cudaStream_t s) {
   if (N < 1) return DT_OK;
-  crossentropy_forward_k<<<N, dt_cuda_row_block(V), 0, s>>>(losses, lse, logits, targets, V, Vp);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(crossentropy_forward_k, N, dt_cuda_row_block(V), 0, s, losses, lse, logits, targets, V, Vp);
   return DT_OK;
 }
 
 dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
                                         float dloss, int N, int V, int Vp, cudaStream_t s) {
   size_t n = (size_t)N * Vp;
-  crossentropy_backward_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(dlogits, logits, lse, targets,
-                                                                                   dloss, V, Vp, n);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(crossentropy_backward_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dlogits, logits, lse, targets,
+            dloss, V, Vp, n);
   return DT_OK;
 }
 
@@ -352,9 +338,8 @@ __global__ static void adamw_k(float *p, const float *g, float *m, float *v, siz
 
 dt_status_t dt_cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
                         float eps, float wd, float bc1, float bc2, float gscale, cudaStream_t s) {
-  adamw_k<<<dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s>>>(p, g, m, v, n, lr, beta1, beta2, eps, wd, bc1,
-                                                                   bc2, gscale);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(adamw_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, p, g, m, v, n, lr, beta1, beta2, eps, wd, bc1,
+            bc2, gscale);
   return DT_OK;
 }
 
@@ -372,7 +357,6 @@ __global__ static void sumsq_partial_k(double *partial, const float *g, size_t n
 }
 
 dt_status_t dt_cu_sumsq_partial(double *partial, const float *g, size_t n, cudaStream_t s) {
-  sumsq_partial_k<<<DT_CUDA_SUMSQ_BLOCKS, DT_CUDA_BLOCK, 0, s>>>(partial, g, n);
-  DT_KERNEL_CHECK();
+  DT_LAUNCH(sumsq_partial_k, DT_CUDA_SUMSQ_BLOCKS, DT_CUDA_BLOCK, 0, s, partial, g, n);
   return DT_OK;
 }

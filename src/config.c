@@ -28,7 +28,7 @@ const dt_config_key_t dt_config_keys[] = {
   {"train", "lr",           DT_KEY_FLOAT, OFF(lr),           "3e-4", 0, 10, NULL, "peak learning rate"},
   {"train", "min_lr",       DT_KEY_FLOAT, OFF(min_lr),       "0",   0, 10, NULL, "learning rate at the end of the cosine schedule"},
   {"train", "warmup",       DT_KEY_INT,   OFF(warmup),       "0",   0, 1 << 30, NULL, "linear warmup steps: lr*(step+1)/warmup for step < warmup"},
-  {"train", "lr_schedule",  DT_KEY_ENUM,  OFF(lr_schedule),  "cosine", 0, 0, "cosine|constant", "after warmup: cosine decay to min_lr at the last step, or constant"},
+  {"train", "lr_schedule",  DT_KEY_ENUM,  OFF(lr_schedule),  "cosine", 0, 0, "cosine|constant", "after warmup: cosine from lr down to min_lr at step `steps` (README), or constant"},
   {"train", "weight_decay", DT_KEY_FLOAT, OFF(weight_decay), "0.1", 0, 10, NULL, "AdamW decoupled weight decay on 2-D weights (embeddings included)"},
   {"train", "beta1",        DT_KEY_FLOAT, OFF(beta1),        "0.9", 0, 0.999999, NULL, "AdamW beta1"},
   {"train", "beta2",        DT_KEY_FLOAT, OFF(beta2),        "0.95", 0, 0.999999999, NULL, "AdamW beta2"},

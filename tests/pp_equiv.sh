@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # Pipeline parallelism (parallel.pp, 1F1B, cpu backend) and the hybrid dp x tp x pp mesh are exact
 # up to summation order: a 4-layer, 4-head, 128-channel model trained 20 steps at the same global
-# batch (8 sequences) and seed gives the same loss at every step within 1e-5 relative as on one
-# rank, and the same final parameters (read back from the checkpoints every stage wrote its part
-# of) within 1e-5 norm-wise per tensor, at (dp, tp, pp) = (1,1,2), (1,1,4), (2,1,2), (1,2,2) on 4
+# batch (8 sequences) and seed gives the same loss and gradient norm at every step within 1e-5
+# relative and the same lr (the 1-rank run's checked against the schedule formula) as on one rank,
+# and the same final parameters and AdamW moments (read back from the checkpoints every stage
+# wrote its part of) within 3e-5 and 1e-4 norm-wise per tensor (unclipped, small cancelling
+# tensors such as layernorm biases show summation order most; see tests/tp_equiv.sh), at (dp, tp, pp) = (1,1,2), (1,1,4), (2,1,2), (1,2,2) on 4
 # ranks or fewer, and (2,2,2), (1,2,4), (2,1,4) on 8; (1,1,4) also with 8 micro-batches of 1
 # sequence (a long 1F1B steady state) and with pp = 4 > micro-batches = 2 (warm-up cut short);
 # (1,1,3) with stages balanced by compute (parallel.pp_balance) instead of parameters; (2,1,2) with
@@ -42,38 +44,29 @@ go 1v 1 model.vocab_size=4096
 go 212z 4 parallel.pp=2 train.micro_batch=2 parallel.zero=1 model.vocab_size=4096
 go 212y 4 parallel.pp=2 train.micro_batch=1 parallel.zero=2 model.vocab_size=4096
 grep -q "mesh dp=2 x tp=2 x pp=2" "$t/222.out" || { echo "FAIL: no 2x2x2 mesh line"; exit 1; }
-"$PY" - "$t" "$top_srcdir/tests/ref" <<'PY'
-import json, sys
-import h5py, numpy as np
+"$PY" - "$t" "$top_srcdir/tests/ref" "$cfg" $m <<'PY'
+import sys
+import h5py
 d = sys.argv[1]
-load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
+sys.path.insert(0, sys.argv[2])
+from metrics_match import load, agree, check_lr, schedule
+from tensors_match import state_close
 refname = lambda n: "1v" if n[3:4] in ("z", "y") else "1"
-ref = load("1")
-assert len(ref) == 20, len(ref)
+for r in ("1", "1v"):
+    check_lr(load(f"{d}/{r}.jsonl"), schedule(sys.argv[3], sys.argv[4:]), f"1 rank{' (V=4096)' if r == '1v' else ''}")
 runs = ("112", "114", "114m8", "212", "122", "222", "124", "214", "113c", "212z", "212y")
 label = lambda n: f"(dp,tp,pp)=({n[0]},{n[1]},{n[2]})" + {"m": " 8 micro-batches", "c": " pp_balance=compute",
                                                           "z": " zero=1 (V=4096)", "y": " zero=2, 4 micro-batches (V=4096)"}.get(n[3:4], "")
 for n in runs:
-    rows = load(n)
-    assert len(rows) == 20, (n, len(rows))
-    ref = load(refname(n))
-    worst = max(abs(a["loss"] - b["loss"]) / abs(a["loss"]) for a, b in zip(ref, rows))
-    for a, b in zip(ref, rows):
-        rel = abs(a["loss"] - b["loss"]) / abs(a["loss"])
-        assert rel <= 1e-5, f"{n} step {b['step']}: loss {b['loss']} vs 1 rank {a['loss']} (rel {rel:.2e})"
-        assert a["sample0"] == b["sample0"] and a["samples"] == b["samples"], (n, b["step"], "samples")
-    print(f"{label(n)}: losses agree at all 20 "
-          f"steps; worst relative difference {worst:.2e} (limit 1e-5)")
-# final parameters, per tensor ||a-b|| / ||a||, without the key third of attn.c_attn.bias (its true
-# gradient is zero: tests/ref/tensors_match.py)
-sys.path.insert(0, sys.argv[2])
-from tensors_match import worst as tensors_worst
+    ref = load(f"{d}/{refname(n)}.jsonl")
+    assert len(ref) == 20, (refname(n), len(ref))
+    agree(ref, load(f"{d}/{n}.jsonl"), label(n), 1e-5, ref_name="1 rank")
+# final parameters and AdamW moments, per tensor ||a-b|| / ||a||, without the key third of
+# attn.c_attn.bias (its true gradient is zero: tests/ref/tensors_match.py)
 for n in runs:
     f = h5py.File(f"{d}/c_{n}/ckpt_00000020.h5", "r")
     assert int(f["/state"].attrs["pp"]) == int(n[2]), f"{n}: layout attribute"
-    w, wk = tensors_worst(f"{d}/c_{refname(n)}/ckpt_00000020.h5", f"{d}/c_{n}/ckpt_00000020.h5")
-    assert w <= 1e-5, f"{n}: final {wk} differs by {w:.2e}"
-    print(f"{label(n)}: final parameters within {w:.2e} of 1 rank (worst {wk}; limit 1e-5)")
+    state_close(f"{d}/c_{refname(n)}/ckpt_00000020.h5", f"{d}/c_{n}/ckpt_00000020.h5", label(n), 3e-5, 1e-4, 1e-4)
 PY
 for f in 112 114 122 222 124 214; do
   grep -q "^# pp: step 20: the last stage's copy of wte is bitwise equal to the first stage's" "$t/$f.out" ||

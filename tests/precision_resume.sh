@@ -4,8 +4,9 @@
 # planted on rank 0 at step 5 (DTRAIN_FAULT=grad_inf@0:5). 16 steps straight vs 9 steps,
 # checkpoint, a NEW job, 7 more. After step 9 the state is scale 2048, growth 1, 1 skipped step
 # (not the initial 1024/0/0): a resume that lost any of it would grow the scale at the wrong
-# step or use another AdamW step count, and the losses would differ. Every logged loss, loss
-# scale and skip flag must be bitwise identical, and so must the final weights and moments.
+# step or use another AdamW step count, and the losses would differ. Every logged loss, gradient
+# norm, lr, loss scale and skip flag must be bitwise identical, and so must the final weights and
+# moments; the lr is also checked against the schedule formula (tests/ref/metrics_match.py).
 # Also: a checkpoint without the skipped_steps attribute (older files) resumes with 0 skipped.
 source "$top_srcdir/tests/lib.sh"
 begin_test
@@ -20,6 +21,7 @@ grep '^# resume' "$t/b2.out"
 grep -q '^# resume: .*ckpt_00000009.h5 at step 9' "$t/b2.out" || { echo "FAIL: did not resume from step 9"; exit 1; }
 grep -q '^# resume: loss scale 2048, 1 clean steps since the last overflow or growth, 1 steps skipped' "$t/b2.out" ||
   { echo "FAIL: the resumed scaler state is not 2048/1/1"; exit 1; }
+"$PY" "$top_srcdir/tests/ref/metrics_match.py" lr "$t/b.jsonl" "$cfg" "${opts[@]}"
 "$PY" - "$t" <<'PY'
 import json, sys
 import h5py, numpy as np
@@ -29,9 +31,9 @@ b = [json.loads(l) for l in open(f"{d}/b.jsonl")]
 assert [r["step"] for r in a] == list(range(1, 17)) and [r["step"] for r in b] == list(range(1, 17)), "steps"
 assert [r["skipped"] for r in a] == [int(s == 5) for s in range(1, 17)], "step 5 must be the only skip"
 for x, y in zip(a, b):
-    for k in ("loss", "loss_scale", "skipped", "sample0"):
+    for k in ("loss", "grad_norm", "lr", "loss_scale", "skipped", "sample0"):
         assert x[k] == y[k], f"step {x['step']}: {k} {x[k]!r} != {y[k]!r}"
-print("16 losses bitwise identical (17 digits); loss scales", [r["loss_scale"] for r in a], "and skips identical")
+print("16 losses (17 digits), grad norms and lr identical; loss scales", [r["loss_scale"] for r in a], "and skips identical")
 fa, fb = h5py.File(f"{d}/a/ckpt_00000016.h5", "r"), h5py.File(f"{d}/b/ckpt_00000016.h5", "r")
 n = 0
 for grp in ("model", "optim/exp_avg", "optim/exp_avg_sq"):

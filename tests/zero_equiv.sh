@@ -2,10 +2,12 @@
 # ZeRO stages 1, 2 and 3 make the update plain data parallelism makes: for the same global batch
 # and seed, zero=1, 2 and 3 at dp=2 (2 micro-steps: stages 2-3 accumulate into the owners' shards;
 # the zero=3 run also evaluates, whose forwards gather blocks too), dp=4, and dp=2 x tp=2 (ZeRO
-# over each tensor-parallel shard) give the zero=0 run's loss at each of 20 steps within 1e-5 relative,
-# the same gradient norms (clipping is active: train.grad_clip=0.5 clips most steps, so the
-# global norm from the shards' sums of squares matters), and the same final parameters and AdamW
-# moments, gathered through the checkpoints (each rank writes only its shard of m and v).
+# over each tensor-parallel shard) give the zero=0 run's loss at each of 20 steps within 1e-5
+# relative, the same lr (the zero=0 run's checked against the schedule formula), the same gradient
+# norms (clipping is active: train.grad_clip=0.5 clips most steps, so the global norm from the
+# shards' sums of squares matters; this is the suite's clipped equivalence run, tests/small.ini
+# itself trains unclipped), and the same final parameters and AdamW moments, gathered through the
+# checkpoints (each rank writes only its shard of m and v).
 # Differences are summation order only (reduce-scatter vs all-reduce, shard sums of squares).
 # Also: zero=1 and 2 with fp16 loss scaling track zero=0 fp16; stage 3 with 16-bit storage is a
 # one-line error (not implemented yet).
@@ -25,47 +27,34 @@ mpi 4 "$DTRAIN" "$cfg" $common parallel.zero=3 parallel.tp=2 log.metrics="$t/z3t
 mpi 2 "$DTRAIN" "$cfg" $common train.precision=fp16 parallel.zero=0 log.metrics="$t/h0.jsonl" checkpoint.dir="$t/h0" > "$t/h0.out"
 mpi 2 "$DTRAIN" "$cfg" $common train.precision=fp16 parallel.zero=1 log.metrics="$t/h1.jsonl" checkpoint.dir="$t/h1" > "$t/h1.out"
 mpi 2 "$DTRAIN" "$cfg" $common train.precision=fp16 parallel.zero=2 log.metrics="$t/h2.jsonl" checkpoint.dir="$t/h2" > "$t/h2.out"
-"$PY" - "$t" "$top_srcdir/tests/ref" <<'PY'
-import json, sys
-import h5py, numpy as np
+"$PY" - "$t" "$top_srcdir/tests/ref" "$cfg" <<'PY'
+import sys
 d = sys.argv[1]
-load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
+sys.path.insert(0, sys.argv[2])
+from metrics_match import load, agree, check_lr, schedule
 def losses(ref_name, names):
-    ref = load(ref_name)
-    assert len(ref) == 20, len(ref)
+    ref = load(f"{d}/{ref_name}.jsonl")
+    assert [r["step"] for r in ref] == list(range(1, 21)), (ref_name, "steps")
+    check_lr(ref, schedule(sys.argv[3]), ref_name)
     clipped = sum(r["grad_norm"] > 0.5 for r in ref)
-    worst = wn = 0.0
-    for n in names:
-        rows = load(n)
-        assert len(rows) == 20, (n, len(rows))
-        for a, b in zip(ref, rows):
-            rel = abs(a["loss"] - b["loss"]) / abs(a["loss"])
-            reln = abs(a["grad_norm"] - b["grad_norm"]) / abs(a["grad_norm"])
-            worst, wn = max(worst, rel), max(wn, reln)
-            assert rel <= 1e-5, f"{n} step {b['step']}: loss {b['loss']} vs {a['loss']} (rel {rel:.2e})"
-            assert reln <= 1e-5, f"{n} step {b['step']}: grad norm {b['grad_norm']} vs {a['grad_norm']} (rel {reln:.2e})"
-    print(f"{ref_name} vs {names}: losses within {worst:.2e}, grad norms within {wn:.2e} at all 20 steps "
-          f"(limit 1e-5; clipping active on {clipped} of 20 steps)")
+    print(f"{ref_name}: clipping active on {clipped} of 20 steps (grad_clip 0.5)")
     assert clipped >= 5, "the test means to exercise clipping"
+    for n in names:
+        agree(ref, load(f"{d}/{n}.jsonl"), n, 1e-5, ref_name=ref_name)
 losses("z0", ["z1d2", "z1d4", "z1tp", "z2d2", "z2d4", "z2tp", "z3d2", "z3d4", "z3tp"])
 losses("h0", ["h1", "h2"])
-# Final tensors: per tensor ||a-b|| / ||a||, the key third of c_attn.bias excluded as in
-# ddp_equiv.sh (its true gradient is 0: AdamW turns rounding noise of either sign into steps).
-sys.path.insert(0, sys.argv[2])
-from tensors_match import worst as tensors_worst
-def close(a_path, b_path, what):
-    w = max(tensors_worst(a_path, b_path, g)[0] for g in ("model", "optim/exp_avg", "optim/exp_avg_sq"))
-    assert w <= 1e-5, f"{what}: final tensors differ by {w:.2e}"
-    print(f"{what}: final parameters and AdamW moments within {w:.2e} of zero=0 (limit 1e-5)")
-close(f"{d}/z0/ckpt_00000020.h5", f"{d}/z1d2/ckpt_00000020.h5", "zero=1 dp=2")
-close(f"{d}/z0/ckpt_00000020.h5", f"{d}/z1d4/ckpt_00000020.h5", "zero=1 dp=4")
-close(f"{d}/z0/ckpt_00000020.h5", f"{d}/z1tp/ckpt_00000020.h5", "zero=1 dp=2 x tp=2")
-close(f"{d}/z0/ckpt_00000020.h5", f"{d}/z2d2/ckpt_00000020.h5", "zero=2 dp=2")
-close(f"{d}/z0/ckpt_00000020.h5", f"{d}/z2d4/ckpt_00000020.h5", "zero=2 dp=4")
-close(f"{d}/z0/ckpt_00000020.h5", f"{d}/z2tp/ckpt_00000020.h5", "zero=2 dp=2 x tp=2")
-close(f"{d}/z0/ckpt_00000020.h5", f"{d}/z3d2/ckpt_00000020.h5", "zero=3 dp=2")
-close(f"{d}/z0/ckpt_00000020.h5", f"{d}/z3d4/ckpt_00000020.h5", "zero=3 dp=4")
-close(f"{d}/z0/ckpt_00000020.h5", f"{d}/z3tp/ckpt_00000020.h5", "zero=3 dp=2 x tp=2")
+# Final parameters and AdamW moments: per tensor ||a-b|| / ||a||, the key third of c_attn.bias
+# excluded as in ddp_equiv.sh (its true gradient is 0: AdamW turns rounding noise into steps).
+from tensors_match import state_close
+for n, what in (("z1d2", "zero=1 dp=2"), ("z1d4", "zero=1 dp=4"), ("z1tp", "zero=1 dp=2 x tp=2"),
+                ("z2d2", "zero=2 dp=2"), ("z2d4", "zero=2 dp=4"), ("z2tp", "zero=2 dp=2 x tp=2"),
+                ("z3d2", "zero=3 dp=2"), ("z3d4", "zero=3 dp=4"), ("z3tp", "zero=3 dp=2 x tp=2")):
+    state_close(f"{d}/z0/ckpt_00000020.h5", f"{d}/{n}/ckpt_00000020.h5", f"{what} vs zero=0", 1e-5, 1e-5, 1e-5)
+# fp16 rounds the activations to 11 bits: a summation-order difference that crosses a rounding
+# boundary moves a value by up to 2^-11 relative, so 20 steps end up to 2e-4 apart (measured when
+# written: parameters 7e-5, m 2e-4, v 8e-5 at zero=2); a sharding or scale error is O(1)
+for n in ("h1", "h2"):
+    state_close(f"{d}/h0/ckpt_00000020.h5", f"{d}/{n}/ckpt_00000020.h5", f"fp16 zero={n[1]} vs zero=0", 1e-3, 1e-3, 1e-3)
 PY
 # Each rank holds only its shard of m and v: the run says so in its memory plan; stages not
 # implemented are a one-line config error.

@@ -2,30 +2,30 @@
 
 usage: resumed_match.py DIR REF FIRST LAST NAME[=LABEL] ...
 Reads DIR/REF.jsonl and DIR/NAME.jsonl (dtrain metrics). Each NAME must log exactly steps
-FIRST..LAST, consume the same global samples as REF at each of them (sample0, samples) and have
-the same loss within 1e-5 relative. Prints one line per run; exit 1 (assertion) on a mismatch."""
+FIRST..LAST, consume the same global samples as REF at each of them (sample0, samples), have the
+same loss and gradient norm within 1e-5 relative and the same lr (metrics_match.agree). Prints
+one line per run; exit 1 (assertion) on a mismatch. The REF run's lr against the schedule
+formula: metrics_match.py lr."""
 import json
+import os
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from metrics_match import agree  # noqa: E402
 
 
 def main():
     d, ref_name, first, last = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
     ref = {r["step"]: r for r in load(ref_name)}
+    want = list(range(first, last + 1))
+    assert all(s in ref for s in want), f"{ref_name} lacks some of steps {first}-{last}"
     for arg in sys.argv[5:]:
         n, _, label = arg.partition("=")
         rows = load(n)
-        steps = [r["step"] for r in rows]
-        assert steps == list(range(first, last + 1)), (n, steps)
-        worst = 0.0
         for r in rows:
-            x = ref[r["step"]]
-            assert (r["sample0"], r["samples"]) == (x["sample0"], x["samples"]), f"{n} step {r['step']}: samples differ"
-            rel = abs(r["loss"] - x["loss"]) / abs(x["loss"])
-            worst = max(worst, rel)
-            assert rel <= 1e-5, f"{n} step {r['step']}: {r['loss']} vs {x['loss']} rel {rel:.2e}"
-        print(f"{label or n}: steps {first}-{last} consume the same global samples; "
-              f"worst loss difference {worst:.2e} (limit 1e-5)")
+            assert "sample0" in r, f"{n} step {r['step']}: no sample0 logged"
+        agree([ref[s] for s in want], rows, label or n, 1e-5, ref_name=ref_name)
 
 
 if __name__ == "__main__":

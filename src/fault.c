@@ -1,6 +1,9 @@
 /* DTRAIN_FAULT parsing (see fault.h). */
 #include "fault.h"
 
+#include <signal.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -44,4 +47,15 @@ void dt_fault_sleep(double seconds) {
   struct timespec ts = {.tv_sec = (time_t)seconds, .tv_nsec = (long)((seconds - (double)(time_t)seconds) * 1e9)};
   while (nanosleep(&ts, &ts) != 0) {
   }
+}
+
+void dt_fault_kill(const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  fputs("dtrain: DTRAIN_FAULT ", stderr);
+  vfprintf(stderr, fmt, ap);
+  fputc('\n', stderr);
+  va_end(ap);
+  raise(SIGKILL);
+  abort(); /* not reached: SIGKILL cannot be caught */
 }

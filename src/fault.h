@@ -2,7 +2,9 @@
  * DTRAIN_FAULT="name@rank[:step]" plants one fault on one rank (all ranks when rank is '*'),
  * from `step` on (default: at once; faults marked "at" only at exactly that step). Never set it
  * in production. Names in use:
- *   ckpt_kill      SIGKILL this rank in the middle of writing a checkpoint's datasets
+ *   ckpt_kill      SIGKILL this rank in the middle of writing a checkpoint's datasets (after half
+ *                  of them; a rank that writes no part of the file dies on entering the save);
+ *                  the line it prints first says which
  *   ckpt_noflush   a checkpoint whose completion marker is never written (the file is committed
  *                  but incomplete, as after a lost flush); rank 0 decides (rank field: 0 or '*')
  *   bad_math       from `step` on, this rank's gradients of the first transformer block are
@@ -36,8 +38,10 @@ int dt_fault_at(const char *name, int rank, int step);
 #define DT_FAULT_SLOW_RANK_S 0.5
 #define DT_FAULT_SLOW_IO_S 40.0
 
-/* Helpers the hooks call: x[0..n) *= s; sleep for `seconds`. */
+/* Helpers the hooks call: x[0..n) *= s; sleep for `seconds`; print "dtrain: DTRAIN_FAULT " and
+ * the formatted line to stderr (where the fault fires, for the test to check), then SIGKILL. */
 void dt_fault_scale(float *x, size_t n, float s);
 void dt_fault_sleep(double seconds);
+void dt_fault_kill(const char *fmt, ...) __attribute__((format(printf, 1, 2), noreturn));
 
 #endif

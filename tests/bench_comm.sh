@@ -1,13 +1,17 @@
 #!/bin/bash
 # dtrain bench-comm on 3 ranks (not a power of two): every table is present, no value is wrong,
-# algbw = size/time and busbw = algbw * {2(n-1)/n, (n-1)/n, 1} as printed; a planted
+# algbw = size/time and busbw = algbw * {2(n-1)/n, (n-1)/n, 1} as printed, exit status 0 and the
+# verdict "ok, 0 wrong values"; a planted
 # DTRAIN_FAULT=bad_allreduce@2 is counted as wrong values and gives exit 1; bad options exit 2.
 source "$top_srcdir/tests/lib.sh"
 set +e
 t=$(tmpdir)
 trap 'rm -rf "$t"' EXIT
 mpi 3 "$DTRAIN" bench-comm --max-bytes 256K --iters 3 --warmup 1 > "$t/ok.txt"
+rc=$?
 cat "$t/ok.txt"
+[ $rc -eq 0 ] || { echo "FAIL: bench-comm exited $rc, want 0"; exit 1; }
+grep -q '^# bench-comm: ok, 0 wrong values in total$' "$t/ok.txt" || { echo "FAIL: no '# bench-comm: ok, 0 wrong values' verdict"; exit 1; }
 "$PY" - "$t/ok.txt" 3 <<'PY'
 import re, sys
 text, n = open(sys.argv[1]).read(), int(sys.argv[2])

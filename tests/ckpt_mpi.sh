@@ -58,6 +58,12 @@ run "$PY" "$S/tests/ckpt_check.py" "$W/x/ckpt_00000012.h5" 12
 run "$PY" "$S/tests/ckpt_check.py" "$W/all4/sharded/ckpt_00000007.h5" 7
 run "$PY" "$S/tests/ckpt_check.py" "$W/all1/roundtrip/ckpt_00000007.h5" 7
 
+echo "# a mode the driver does not know is an error (exit 2), never a run of nothing that prints PASSED"
+rc=0
+mpi 1 nosuch "$W/x" > "$W/nosuch.out" 2>&1 || rc=$?
+cat "$W/nosuch.out"
+[ "$rc" -eq 2 ] && ! grep -q PASSED "$W/nosuch.out" || { echo "FAIL: test_ckpt nosuch: exit $rc"; exit 1; }
+
 echo "# h5dump -H reads the file; c_attn.weight is (C, 3C) = (32, 96), wte (V, C) = (100, 32)"
 run h5dump -H "$W/x/ckpt_00000012.h5" > "$W/dump.txt"
 grep -A3 'DATASET "h.0.attn.c_attn.weight"' "$W/dump.txt" | grep -q 'SIMPLE { ( 32, 96 ) / ( 32, 96 ) }'

@@ -446,7 +446,7 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (argc < 3) {
-    if (rank == 0) fprintf(stderr, "usage: test_ckpt all|save|load DIR [STEP]\n");
+    if (rank == 0) fprintf(stderr, "usage: test_ckpt all|save|load DIR [STEP] | bench DIR L C V T | corrupt FILE L C V T DATASET\n");
     MPI_Finalize();
     return 2;
   }
@@ -506,6 +506,13 @@ int main(int argc, char **argv) {
     free(b.p), free(b.m), free(b.v), free(big.tensors);
   } else if (strcmp(mode, "load") == 0) {
     load_expect(dir, &lay, step, "cross-layout");
+  } else { /* a typo must not run nothing and print PASSED */
+    if (rank == 0)
+      fprintf(stderr, "test_ckpt: unknown mode '%s' or too few arguments (all|save|load DIR [STEP], "
+              "bench DIR L C V T, corrupt FILE L C V T DATASET)\n", mode);
+    free(lay.tensors);
+    MPI_Finalize();
+    return 2;
   }
   int tot;
   MPI_Allreduce(&fails, &tot, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);

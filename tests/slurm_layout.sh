@@ -47,29 +47,34 @@ run() { # run ok|nz CMD...: print the command, run it with a time limit, check t
 expect_out() { grep -qF -- "$1" "$out" && echo "ok: output has '$1'" || fail "output lacks '$1'"; }
 # rows of the table: rank host node local device threads dp pp tp SLURM_NODEID SLURM_LOCALID visible gpu
 rows() { awk '$1 == "#" && $2 ~ /^[0-9]+$/ { $1 = ""; print substr($0, 2) }' "$out"; }
+# check_rows N AWK-CONDITION WHAT: the table has exactly the rows of ranks 0..N-1, none of which
+# meets AWK-CONDITION (a disagreement); an empty or short table is a failure, not an ok
+check_rows() {
+  local n=$1 cond=$2 what=$3 got bad
+  got=$(rows | awk '{ print $1 }' | sort -n | tr '\n' ' ')
+  [ "$got" = "$(seq -s ' ' 0 $((n - 1))) " ] || { fail "table rows for ranks '$got', want 0..$((n - 1))"; return; }
+  bad=$(rows | awk "{ if ($cond) print \"rank \" \$1 }")
+  [ -z "$bad" ] && echo "ok: $n rows; $what" || fail "inconsistent rows: $bad"
+}
 
 # 1. Two nodes, two tasks and two GPUs per node: shared list "0,1", device = local rank.
 run ok srun -N 2 --ntasks-per-node=2 --gpus-per-node=2 --mpi=pmix "$D" layout --backend cuda
 expect_out "# layout: 4 ranks on 2 nodes"
 expect_out "launcher srun job "
-[ "$(rows | wc -l)" -eq 4 ] || fail "want 4 table rows"
-bad=$(rows | awk '{ if ($3 != $10 || $4 != $11 || $5 != $4 || $1 != 2 * $3 + $4 || $12 != "0,1" || $13 != $4) print "rank " $1 }')
-[ -z "$bad" ] && echo "ok: node = SLURM_NODEID, local = SLURM_LOCALID, device = local, rank = 2*node+local, visible 0,1, gpu = local" ||
-  fail "inconsistent rows: $bad"
+check_rows 4 '$3 != $10 || $4 != $11 || $5 != $4 || $1 != 2 * $3 + $4 || $12 != "0,1" || $13 != $4' \
+  "node = SLURM_NODEID, local = SLURM_LOCALID, device = local, rank = 2*node+local, visible 0,1, gpu = local"
 
 # Cyclic distribution: ranks alternate between the nodes; node and local rank still follow Slurm.
 run ok srun -N 2 --ntasks-per-node=2 -m cyclic --mpi=pmix "$D" layout --backend cpu
-bad=$(rows | awk '{ if ($3 != $10 || $4 != $11 || $1 != $3 + 2 * $4) print "rank " $1 }')
-[ -z "$bad" ] && echo "ok: cyclic: rank = node + 2*local, node = SLURM_NODEID, local = SLURM_LOCALID" ||
-  fail "inconsistent rows: $bad"
+check_rows 4 '$3 != $10 || $4 != $11 || $1 != $3 + 2 * $4' \
+  "cyclic: rank = node + 2*local, node = SLURM_NODEID, local = SLURM_LOCALID"
 
 # 2. One GPU per task (-c 2): each task sees its own device, so device 0; threads from SLURM_CPUS_PER_TASK.
 run ok srun -N 2 --ntasks-per-node=2 --gpus-per-task=1 -c 2 --mpi=pmix "$D" layout --backend cuda --tp 2
 expect_out "mesh dp=2 x tp=2 x pp=1"
 expect_out "threads from slurm"
-bad=$(rows | awk '{ if ($3 != $10 || $4 != $11 || $5 != 0 || $6 != 2 || $12 != $4 || $13 != $4 || $9 != $4) print "rank " $1 }')
-[ -z "$bad" ] && echo "ok: device 0 per task, visible = gpu = own GPU, 2 threads, tp index = local rank" ||
-  fail "inconsistent rows: $bad"
+check_rows 4 '$3 != $10 || $4 != $11 || $5 != 0 || $6 != 2 || $12 != $4 || $13 != $4 || $9 != $4' \
+  "device 0 per task, visible = gpu = own GPU, 2 threads, tp index = local rank"
 
 # 3. One task seeing 4 GPUs: CUDA stops at once naming the command that works; CPU only notes it.
 run nz srun -N 1 -n 1 --gpus=4 "$D" layout --backend cuda

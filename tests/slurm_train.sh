@@ -7,8 +7,8 @@
 #     backend, runs end to end; its output has the rank table with each rank's
 #     SLURM_NODEID/SLURM_LOCALID matching the node and local rank MPI found;
 #  3. a pre-timeout signal (scancel --signal=USR1, as --signal=USR1@T would send it) makes the
-#     job write a checkpoint and requeue itself; the requeued run resumes from it
-#     (SLURM_RESTART_COUNT=1) and finishes.
+#     job write a checkpoint and requeue itself; the requeued run (SLURM_RESTART_COUNT=1) resumes
+#     from exactly that checkpoint's step and finishes.
 set -u
 : "${top_srcdir:?}" "${top_builddir:?}"
 D="$top_builddir/dtrain"
@@ -132,6 +132,12 @@ cat "$o"
 grep -q 'stop requested by signal' "$o" || fail "no signal stop in the output"
 grep -q 'requeueing job' "$o" || fail "the template did not requeue"
 grep -q '^# job .* restart 1' "$o" || fail "no restarted run"
-grep -q '^# resume: .*ckpt_000000[0-9]*.h5 at step' "$o" || fail "the requeued run did not resume"
+# the requeued run resumes from exactly the step the signal stopped the first run at
+stop=$(sed -n 's/^# stop requested by signal at step \([0-9]*\):.*/\1/p' "$o" | head -1)
+[ -n "$stop" ] || fail "no step in the signal stop line"
+grep -q "^# checkpoint: .*ckpt_$(printf %08d "$stop").h5 (step $stop," "$o" || fail "no checkpoint written at step $stop"
+grep -q "^# resume: .*ckpt_$(printf %08d "$stop").h5 at step $stop," "$o" ||
+  { grep '^# resume' "$o"; fail "the requeued run did not resume from the step-$stop checkpoint"; }
+echo "ok: stopped by the signal at step $stop, checkpointed there, resumed there after the requeue"
 grep -q "^ *120 " "$o" || fail "the requeued run did not finish"
 echo "slurm_train: OK"

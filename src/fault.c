@@ -27,6 +27,12 @@ static int match(const char *name, int rank, int *step) {
   return 1;
 }
 
+int dt_fault_named(const char *name) {
+  const char *f = getenv("DTRAIN_FAULT");
+  size_t n = strlen(name);
+  return f && strncmp(f, name, n) == 0 && f[n] == '@';
+}
+
 int dt_fault(const char *name, int rank, int step) {
   int from = -1;
   if (!match(name, rank, &from)) return 0;

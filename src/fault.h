@@ -11,8 +11,10 @@
  *                  multiplied by DT_FAULT_BAD_MATH_SCALE after the all-reduce (wrong arithmetic
  *                  in one layer on one rank; CPU backend only: host gradient arena)
  *   slow_rank      this rank sleeps DT_FAULT_SLOW_RANK_S seconds in every step from `step` on
- *   slow_io        this rank sleeps DT_FAULT_SLOW_IO_S seconds at the start of every checkpoint
- *                  save (the others wait for it in the collective open: the save's time grows)
+ *   slow_io        every checkpoint save of this rank lasts DT_FAULT_SLOW_IO_X times as long: after
+ *                  the save it sleeps (X - 1) times the save's duration, and every rank waits for
+ *                  it before the save's time is taken, so the measured bandwidth drops by X
+ *                  whatever the disk's speed
  *   bad_allreduce  float (f32/f64) results of blocking allreduce/reduce_scatter/allgather on this
  *                  rank get +1 in one element (MPI communicator, comm_mpi.c)
  *   grad_inf       at exactly step `step` (1-based), one gradient of this rank (the first of
@@ -31,12 +33,15 @@
 int dt_fault(const char *name, int rank, int step);
 /* 1 when DTRAIN_FAULT names `name` for this rank with exactly this step (no step given: step 1). */
 int dt_fault_at(const char *name, int rank, int step);
+/* 1 when DTRAIN_FAULT names `name`, for any rank (the same on every rank: hooks that all ranks
+ * must join, like slow_io's wait). */
+int dt_fault_named(const char *name);
 
 #include <stddef.h>
 
 #define DT_FAULT_BAD_MATH_SCALE 4.0f
 #define DT_FAULT_SLOW_RANK_S 0.5
-#define DT_FAULT_SLOW_IO_S 40.0
+#define DT_FAULT_SLOW_IO_X 100.0
 
 /* Helpers the hooks call: x[0..n) *= s; sleep for `seconds`; print "dtrain: DTRAIN_FAULT " and
  * the formatted line to stderr (where the fault fires, for the test to check), then SIGKILL. */

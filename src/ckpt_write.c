@@ -509,7 +509,8 @@ static dt_status_t write_file(MPI_Comm comm, int world, const char *path, const 
     t_wb += dt_time_now() - tp;
     if (st == DT_OK && dt_ckpt__faulty(comm, "write")) st = DT_ERR(DT_ERR_IO, "%s: %s: simulated write failure (test hook)", path, D.names[d]);
     if (d == D.n_ds / 2 && dt_fault("ckpt_kill", dt_err_rank(), -1)) /* test-only, fault.h */
-      dt_fault_kill("rank %d: ckpt_kill: SIGKILL after writing dataset %d of %d of %s", dt_err_rank(), d + 1, D.n_ds, path);
+      dt_fault_kill("rank %d: ckpt_kill: SIGKILL after writing dataset %d of %d of %s", dt_err_rank(), d + 1, D.n_ds,
+                    path);
     if (msp >= 0) H5Sclose(msp);
     H5Sclose(fsp);
     tp = dt_time_now();
@@ -607,7 +608,8 @@ dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layou
     st = write_file(lead, size, path, lay, a, st_in);
   } else { /* test hooks of the ranks that write nothing (fault.h, ckpt__fault) */
     if (dt_fault("ckpt_kill", dt_err_rank(), -1))
-      dt_fault_kill("rank %d: ckpt_kill: SIGKILL in the save of %s, which this rank does not write", dt_err_rank(), path);
+      dt_fault_kill("rank %d: ckpt_kill: SIGKILL in the save of %s, which this rank does not write", dt_err_rank(),
+                    path);
     if (dt_ckpt__faulty(comm, "open") || dt_ckpt__faulty(comm, "write"))
       st = DT_ERR(DT_ERR_IO, "%s: simulated %s failure (test hook)", path, dt_ckpt__faulty(comm, "open") ? "open" : "write");
   }

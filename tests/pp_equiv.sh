@@ -5,9 +5,10 @@
 # relative and the same lr (the 1-rank run's checked against the schedule formula) as on one rank,
 # and the same final parameters and AdamW moments (read back from the checkpoints every stage
 # wrote its part of) within 3e-5 and 1e-4 norm-wise per tensor (unclipped, small cancelling
-# tensors such as layernorm biases show summation order most; see tests/tp_equiv.sh), at (dp, tp, pp) = (1,1,2), (1,1,4), (2,1,2), (1,2,2) on 4
-# ranks or fewer, and (2,2,2), (1,2,4), (2,1,4) on 8; (1,1,4) also with 8 micro-batches of 1
-# sequence (a long 1F1B steady state) and with pp = 4 > micro-batches = 2 (warm-up cut short);
+# tensors such as layernorm biases show summation order most; see tests/tp_equiv.sh), at
+# (dp, tp, pp) = (1,1,2), (1,1,4), (2,1,2), (1,2,2) on 4 ranks or fewer, and (2,2,2), (1,2,4),
+# (2,1,4) on 8; (1,1,4) also with 8 micro-batches of 1 sequence (a long 1F1B steady state) and
+# with pp = 4 > micro-batches = 2 (warm-up cut short);
 # (1,1,3) with stages balanced by compute (parallel.pp_balance) instead of parameters; (2,1,2) with
 # ZeRO-1 (AdamW state sharded over dp inside each stage) and with ZeRO-2 (gradients too, reduced to
 # their owners every micro-batch; the tied wte held back until the stages have summed it).

@@ -1,7 +1,8 @@
 #!/bin/bash
 # dtrain under a real (throw-away, local) Slurm with 2 virtual nodes (scripts/slurm-cluster.sh):
-#  1. srun -N 2 --ntasks-per-node=2 (dp=4) trains and matches the single-rank run at every one
-#     of 20 steps within 1e-5 relative (summation order only; see ddp_equiv.sh);
+#  1. srun -N 2 --ntasks-per-node=2 (dp=4) trains and matches the single-rank run's loss and
+#     gradient norm at every one of 20 steps within 1e-5 relative (summation order only; see
+#     ddp_equiv.sh) and its lr (checked against the schedule formula);
 #     every factorisation of 8 ranks on the 2 nodes into dp x tp x pp matches one rank too;
 #  2. the sbatch template sbatch/ddp_4node.sh, scaled down to 2 nodes x 2 tasks with the CPU
 #     backend, runs end to end; its output has the rank table with each rank's
@@ -41,15 +42,15 @@ echo "\$ srun -N 2 --ntasks-per-node=2 --mpi=pmix $D $cfg train.micro_batch=2"
 srun_once_more "$DIR/srun.out" timeout 300 srun -N 2 --ntasks-per-node=2 --mpi=pmix --kill-on-bad-exit=1 "$D" "$cfg" \
   train.micro_batch=2 log.metrics="$DIR/srun.jsonl" checkpoint.dir="$DIR/ck-srun" || { cat "$DIR/srun.out"; fail "srun run"; }
 grep '^# layout\|^# mesh' "$DIR/srun.out"
-"$PY" - "$DIR" <<'PY' || fail "srun losses"
-import json, sys
+"$PY" - "$DIR" "$top_srcdir/tests/ref" "$cfg" <<'PY' || fail "srun losses, gradient norms or lr"
+import sys
 d = sys.argv[1]
-a = [json.loads(l) for l in open(f"{d}/dp1.jsonl")]
-b = [json.loads(l) for l in open(f"{d}/srun.jsonl")]
+sys.path.insert(0, sys.argv[2])
+from metrics_match import load, agree, check_lr, schedule
+a, b = load(f"{d}/dp1.jsonl"), load(f"{d}/srun.jsonl")
 assert len(a) == len(b) == 20
-w = max(abs(x["loss"] - y["loss"]) / abs(x["loss"]) for x, y in zip(a, b))
-print(f"srun dp=4 on 2 nodes vs 1 rank: 20 steps, worst relative loss difference {w:.2e} (limit 1e-5)")
-assert w <= 1e-5
+check_lr(a, schedule(sys.argv[3]), "1 rank")
+agree(a, b, "srun dp=4 on 2 nodes", 1e-5, ref_name="1 rank")
 PY
 
 # 1b. the hybrid mesh across the virtual nodes: every factorisation of 8 ranks (2 nodes x 4 tasks)

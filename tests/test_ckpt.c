@@ -446,7 +446,8 @@ int main(int argc, char **argv) {
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (argc < 3) {
-    if (rank == 0) fprintf(stderr, "usage: test_ckpt all|save|load DIR [STEP] | bench DIR L C V T | corrupt FILE L C V T DATASET\n");
+    if (rank == 0)
+      fprintf(stderr, "usage: test_ckpt all|save|load DIR [STEP] | bench DIR L C V T | corrupt FILE L C V T DATASET\n");
     MPI_Finalize();
     return 2;
   }

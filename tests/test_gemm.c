@@ -82,7 +82,8 @@ static double check(int ta, int tb, int M, int N, int K, float alpha, float beta
                 dt_gemm_engine_name(), ta, tb, M, N, K, alpha, beta, pad, i, j, got, ref, bound);
       if (Cb)
         cr_assert(fabs(got - (double)Cb[(long)i * ldc + j]) <= 2 * bound,
-                  "own vs BLAS ta=%d tb=%d M=%d N=%d K=%d alpha=%g beta=%g pad=%d: C[%d][%d] = %.9g, BLAS %.9g (2 x bound %.3g)",
+                  "own vs BLAS ta=%d tb=%d M=%d N=%d K=%d alpha=%g beta=%g pad=%d: C[%d][%d] = %.9g, BLAS %.9g "
+                  "(2 x bound %.3g)",
                   ta, tb, M, N, K, alpha, beta, pad, i, j, got, Cb[(long)i * ldc + j], 2 * bound);
       if (err / bound > worst) worst = err / bound;
     }

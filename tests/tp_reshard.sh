@@ -2,11 +2,11 @@
 # Resharding on resume: a checkpoint written at (dp, tp) = (2, 2) at step 10 of 20 (each rank of
 # the first dp replica wrote its tensor shard into the global-shaped datasets) resumes at (1, 4),
 # (4, 1), on one rank (tp = 1, grad_accum 2) and as 4 pipeline stages (pp = 4), same global
-# batch. Steps 11-20 must match the uninterrupted (2, 2) run within 1e-5 relative loss and gradient norm (only summation order
-# differs, see tp_equiv.sh), with its lr (checked against the schedule formula) and the same global
-# samples, and end within 3e-5 / 1e-4 of its final parameters / AdamW moments. Then the other
-# way: a checkpoint written at tp = 4 resumes at tp = 2, and `dtrain eval` gives the same loss at
-# tp = 1, 2, 4.
+# batch. Steps 11-20 must match the uninterrupted (2, 2) run within 1e-5 relative loss and
+# gradient norm (only summation order differs, see tp_equiv.sh), with its lr (checked against the
+# schedule formula) and the same global samples, and end within 3e-5 / 1e-4 of its final
+# parameters / AdamW moments. Then the other way: a checkpoint written at tp = 4 resumes at
+# tp = 2, and `dtrain eval` gives the same loss at tp = 1, 2, 4.
 source "$top_srcdir/tests/lib.sh"
 begin_test
 m="model.n_layer=4 model.n_head=4 model.n_embd=128"

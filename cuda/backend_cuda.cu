@@ -12,6 +12,8 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <nccl.h>
 
 #include "dt_build.h" /* DT_HAVE_CUDA */
 extern "C" {
@@ -43,6 +45,54 @@ extern "C" int dt_cuda_device_count(void) {
 }
 
 extern "C" const char *dt_cuda_device_error(void) { return device_error; }
+
+extern "C" dt_status_t dt_cuda_device_bus_id(int ordinal, char *buf, size_t n) {
+  if (n) buf[0] = '\0';
+  DT_CUDA_CHECK(cudaDeviceGetPCIBusId(buf, (int)n, ordinal));
+  return DT_OK;
+}
+
+/* The shared library a symbol came from, "" if unknown. */
+static const char *lib_of(const void *sym) {
+  Dl_info info;
+  return dladdr(sym, &info) && info.dli_fname ? info.dli_fname : "";
+}
+
+static void print_devices(FILE *out) {
+  int n = dt_cuda_device_count();
+  if (n == 0) fprintf(out, "gpu: none usable (%s)\n", device_error);
+  for (int i = 0; i < n; i++) {
+    cudaDeviceProp p;
+    char bus[32] = "";
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) {
+      cudaGetLastError();
+      fprintf(out, "gpu %d: cudaGetDeviceProperties failed\n", i);
+      continue;
+    }
+    cudaDeviceGetPCIBusId(bus, sizeof bus, i);
+    fprintf(out, "gpu %d: %s, sm_%d%d, %d SMs, %.1f GiB, bus %s\n", i, p.name, p.major, p.minor, p.multiProcessorCount,
+            (double)p.totalGlobalMem / (1 << 30), bus);
+  }
+}
+
+extern "C" void dt_cuda_print_versions(FILE *out) {
+  int rt = 0, drv = 0, cb[3] = {0, 0, 0}, nc = 0;
+  cudaRuntimeGetVersion(&rt);
+  cudaDriverGetVersion(&drv);
+  cublasGetProperty(MAJOR_VERSION, &cb[0]);
+  cublasGetProperty(MINOR_VERSION, &cb[1]);
+  cublasGetProperty(PATCH_LEVEL, &cb[2]);
+  ncclGetVersion(&nc);
+  fprintf(out, "cuda: runtime %d.%d (built against %d.%d), driver %d.%d %s\n", rt / 1000, rt % 1000 / 10,
+          CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10, drv / 1000, drv % 1000 / 10,
+          lib_of((const void *)cudaRuntimeGetVersion));
+  fprintf(out, "cublas: %d.%d.%d (built against %d.%d.%d) %s\n", cb[0], cb[1], cb[2], CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR,
+          CUBLAS_VER_PATCH, lib_of((const void *)cublasGetProperty));
+  fprintf(out, "nccl: %d.%d.%d (built against %d.%d.%d) %s\n", nc / 10000, nc / 100 % 100, nc % 100, NCCL_MAJOR,
+          NCCL_MINOR, NCCL_PATCH, lib_of((const void *)ncclGetVersion));
+  print_devices(out);
+  cudaGetLastError();
+}
 
 /* ---- state -------------------------------------------------------------------------------- */
 

@@ -585,7 +585,7 @@ static dt_status_t microsteps(dt_trainer_t *tr, int ddp, uint64_t slice, double 
   double t_step = dt_time_now();
   for (int i = 0; i < 2 * m; i++) {
     const dt_pp_op_t op = tr->pp_ops[i];
-    const int slot = op.mb % be->slots;
+    const int slot = be->slots > 1 ? op.mb % be->slots : 0; /* 0 = 1 set (backend.h): the CUDA backend leaves it 0 */
     double t0;
     if (op.fwd) {
       if (first) DT_TRY(dt_pipe_flush(&tr->pipe));

@@ -92,6 +92,11 @@ using namespace dt_emu;
 
 extern "C" {
 
+cublasStatus_t cublasGetProperty(libraryPropertyType type, int *value) {
+  *value = type == MAJOR_VERSION ? CUBLAS_VER_MAJOR : type == MINOR_VERSION ? CUBLAS_VER_MINOR : CUBLAS_VER_PATCH;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
 cublasStatus_t cublasCreate(cublasHandle_t *handle) {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {

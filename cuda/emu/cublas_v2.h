@@ -24,7 +24,14 @@ typedef enum { CUBLAS_POINTER_MODE_HOST = 0, CUBLAS_POINTER_MODE_DEVICE = 1 } cu
 
 typedef struct dt_emu_cublas *cublasHandle_t;
 
+/* library_types.h */
+typedef enum { MAJOR_VERSION, MINOR_VERSION, PATCH_LEVEL } libraryPropertyType;
+#define CUBLAS_VER_MAJOR 12
+#define CUBLAS_VER_MINOR 0
+#define CUBLAS_VER_PATCH 0
+
 extern "C" {
+cublasStatus_t cublasGetProperty(libraryPropertyType type, int *value);
 cublasStatus_t cublasCreate(cublasHandle_t *handle);
 cublasStatus_t cublasDestroy(cublasHandle_t handle);
 cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream);

@@ -131,6 +131,9 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 cudaError_t cudaDeviceSynchronize(void);
 cudaError_t cudaDeviceReset(void);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+cudaError_t cudaDeviceGetPCIBusId(char *bus_id, int len, int device); /* "0000:NN:00.0", NN = device + 1 */
+cudaError_t cudaRuntimeGetVersion(int *version); /* CUDART_VERSION; the emulation is its own driver too */
+cudaError_t cudaDriverGetVersion(int *version);
 /* errors */
 cudaError_t cudaGetLastError(void);
 cudaError_t cudaPeekAtLastError(void);

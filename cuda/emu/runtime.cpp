@@ -146,6 +146,23 @@ cudaError_t cudaGetDeviceProperties(struct cudaDeviceProp *p, int device) {
   return cudaSuccess;
 }
 
+cudaError_t cudaDeviceGetPCIBusId(char *bus_id, int len, int device) {
+  if (device < 0 || device >= device_count()) return fail(cudaErrorInvalidDevice, "cudaDeviceGetPCIBusId(%d)", device);
+  if (!bus_id || len < 13) return fail(cudaErrorInvalidValue, "cudaDeviceGetPCIBusId: buffer of %d bytes", len);
+  snprintf(bus_id, (size_t)len, "0000:%02x:00.0", device + 1);
+  return cudaSuccess;
+}
+
+cudaError_t cudaRuntimeGetVersion(int *version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+
+cudaError_t cudaDriverGetVersion(int *version) {
+  *version = CUDART_VERSION;
+  return cudaSuccess;
+}
+
 cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int device) {
   struct cudaDeviceProp p;
   cudaError_t e = cudaGetDeviceProperties(&p, device);

@@ -12,6 +12,7 @@
 #include "fiber.h"
 
 #if defined(__SANITIZE_ADDRESS__)
+#include <sanitizer/asan_interface.h>
 #include <sanitizer/common_interface_defs.h>
 #define DT_EMU_ASAN 1
 static const size_t STACK = 1 << 20;
@@ -103,6 +104,9 @@ static void entry_trampoline(void) {
 
 void fiber_prepare(fiber_t *f, void (*entry)(void)) {
   g_entry = entry;
+#if DT_EMU_ASAN /* the frames of the stack's last thread never returned: drop their redzones */
+  __asan_unpoison_memory_region(f->lo, f->size);
+#endif
 #if defined(__x86_64__)
   /* [top-8]: 0 (entry's return address); [top-16]: entry (popped by ret); 6 registers below */
   uintptr_t top = ((uintptr_t)(f->lo + f->size)) & ~(uintptr_t)15;

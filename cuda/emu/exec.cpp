@@ -89,7 +89,7 @@ static void kernel_fail(thr_t *t, const char *fmt, ...) {
 static void thread_entry(void) {
   g_l->body(g_l->ctx);
   g_cur->state = T_DONE;
-  fiber_exit(g_cur->f);
+  fiber_exit(g_cur->f); /* never returns */
 }
 
 static void run_thread(thr_t *t) {

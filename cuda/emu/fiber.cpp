@@ -49,7 +49,9 @@ struct fiber_t {
 #else
   ucontext_t uc;
 #endif
-  void *fake; /* AddressSanitizer's fake stack of the suspended fiber */
+  void *fake;   /* AddressSanitizer's fake stack of the suspended fiber */
+  char *low;    /* lowest stack address seen at a switch out of the fiber: frames above it may still
+                   be live (poisoned redzones) when the stack is reused */
 };
 
 static std::vector<fiber_t *> g_free, g_all;
@@ -105,7 +107,8 @@ static void entry_trampoline(void) {
 void fiber_prepare(fiber_t *f, void (*entry)(void)) {
   g_entry = entry;
 #if DT_EMU_ASAN /* the frames of the stack's last thread never returned: drop their redzones */
-  __asan_unpoison_memory_region(f->lo, f->size);
+  if (f->low) __asan_unpoison_memory_region(f->low - 512, (size_t)(f->lo + f->size - (f->low - 512)));
+  f->low = NULL;
 #endif
 #if defined(__x86_64__)
   /* [top-8]: 0 (entry's return address); [top-16]: entry (popped by ret); 6 registers below */
@@ -138,7 +141,14 @@ void fiber_resume(fiber_t *f) {
 #endif
 }
 
+/* Frames below the switch returned normally and unpoisoned their redzones; those above did not. */
+static void note_low(fiber_t *f, char *sp) {
+  if (!f->low || sp < f->low) f->low = sp;
+}
+
 void fiber_yield(fiber_t *f) {
+  char here;
+  note_low(f, &here);
 #if DT_EMU_ASAN
   __sanitizer_start_switch_fiber(&f->fake, g_sched_bottom, g_sched_size);
 #endif
@@ -153,16 +163,16 @@ void fiber_yield(fiber_t *f) {
 }
 
 void fiber_exit(fiber_t *f) {
+  char here;
+  note_low(f, &here);
 #if DT_EMU_ASAN
   __sanitizer_start_switch_fiber(NULL, g_sched_bottom, g_sched_size);
 #endif
 #if defined(__x86_64__)
   void *dummy;
-  (void)f;
   dt_emu_switch(&dummy, g_sched_sp);
 #else
   setcontext(&g_sched_uc);
-  (void)f;
 #endif
   abort();
 }

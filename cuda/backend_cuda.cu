@@ -52,6 +52,15 @@ extern "C" dt_status_t dt_cuda_device_bus_id(int ordinal, char *buf, size_t n) {
   return DT_OK;
 }
 
+extern "C" dt_status_t dt_cuda_mem_used(int ordinal, double *used) {
+  size_t freeb = 0, total = 0;
+  *used = 0;
+  DT_CUDA_CHECK(cudaSetDevice(ordinal));
+  DT_CUDA_CHECK(cudaMemGetInfo(&freeb, &total));
+  *used = (double)(total - freeb);
+  return DT_OK;
+}
+
 /* The shared library a symbol came from, "" if unknown. */
 static const char *lib_of(const void *sym) {
   Dl_info info;

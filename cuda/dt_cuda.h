@@ -24,6 +24,8 @@ const char *dt_cuda_device_error(void);
  * GPU, whatever CUDA_VISIBLE_DEVICES calls it. DT_ERR_CUDA when the runtime cannot say (no
  * device, no driver, built without CUDA). */
 dt_status_t dt_cuda_device_bus_id(int ordinal, char *buf, size_t n);
+/* Device memory in use on `ordinal` (cudaMemGetInfo: total - free, every process's), bytes. */
+dt_status_t dt_cuda_mem_used(int ordinal, double *used);
 /* `dtrain --version` lines about CUDA: runtime and driver, cuBLAS and NCCL versions as loaded
  * (and as built against), and each visible device (name, compute capability, memory); or one line
  * saying CUDA is not built in. */

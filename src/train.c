@@ -876,6 +876,9 @@ dt_status_t dt_trainer_run(dt_trainer_t *tr) {
            "compute\n", 1e3 * wait, 1e3 * full, full > 0 ? 100.0 * fmax(0.0, 1.0 - wait / full) : 0.0);
   }
   if (is_root(tr)) dt_plan_print_rss(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, stdout); /* measured vs plan */
+  double dev_used = 0;
+  if (is_root(tr) && tr->mesh.device >= 0 && dt_cuda_mem_used(tr->mesh.device, &dev_used) == DT_OK)
+    dt_plan_print_device(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, dev_used, stdout);
   /* The final state is always saved, unless it is already on disk. */
   if (tr->saved_step != tr->step && tr->resumed_step != tr->step) DT_TRY(dt_trainer_save(tr));
   return DT_OK;

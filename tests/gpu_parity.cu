@@ -6,8 +6,9 @@
  * tolerance, the verdict. The same program runs on a real GPU (scripts/gpu-check.sh) and, built
  * against cuda/emu/, on the CPU.
  *
- *   gpu_parity [--small] [--huge]
+ *   gpu_parity [--small] [--huge] [--no-backend]
  *     --small  small and odd shapes only (compute-sanitizer, the emulation build)
+ *     --no-backend  the kernels only (racecheck: cuBLAS's kernels under it take minutes)
  *     (default) also shapes past the launch grid's cap: 524,281+ rows, 2M+ columns, 65,536+ buckets
  *     --huge   also a logits tensor of more than 2^31 elements, when the device has the memory
  * Exit status: 0 all cases pass, 1 a case fails, 77 no usable GPU (the test suite's SKIP). */
@@ -302,12 +303,13 @@ static void encoder(int B, int T, int C, int V, int prec, dt_rng_t *r) {
 /* ---- main --------------------------------------------------------------------------------- */
 
 int main(int argc, char **argv) {
-  int small = 0, huge = 0;
+  int small = 0, huge = 0, backend = 1;
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--small")) small = 1;
     else if (!strcmp(argv[i], "--huge")) huge = 1;
+    else if (!strcmp(argv[i], "--no-backend")) backend = 0;
     else {
-      fprintf(stderr, "usage: gpu_parity [--small] [--huge]\n");
+      fprintf(stderr, "usage: gpu_parity [--small] [--huge] [--no-backend]\n");
       return 2;
     }
   }
@@ -349,7 +351,7 @@ int main(int argc, char **argv) {
   }
   gp_optimizer(3000017, &r);
   if (huge) gp_crossentropy_huge(&r);
-  gp_backend_all(small);
+  if (backend) gp_backend_all(small);
   printf("# covered kernels: encoder_forward_k encoder_backward_wte_k encoder_backward_wpe_k layernorm_forward_k "
          "layernorm_backward_params_k layernorm_backward_dinp_k add_bias_k col_sum_k softmax_causal_k "
          "softmax_causal_backward_k gelu_forward_k gelu_backward_k residual_k round_k crossentropy_forward_k "

@@ -9,6 +9,10 @@
 #
 #   scripts/gpu-check.sh [--quick] [BUNDLE]     (BUNDLE: gpu-bundle or gpu-bundle.tar.xz, default:
 #                                                whichever exists at the top of the tree)
+#   scripts/gpu-check.sh --emulation [--quick]  the same stages against the CUDA emulation of this
+#                                                build tree (dtrain_emu, tests/*_emu; README "CUDA
+#                                                emulation"), on tests/small.ini: proves the check
+#                                                itself here; sanitizer and speed SKIP
 # Stages: preflight (driver, runtime, the libraries loaded), parity (tests/gpu_parity: every
 # kernel and backend op against its CPU twin), sanitizer (compute-sanitizer memcheck, and
 # racecheck on the kernels), training (tiny model 50 steps cpu vs cuda; validation's numerics
@@ -19,22 +23,29 @@
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 quick=0
+emu=0
 bundle=""
 for a in "$@"; do
   case $a in
     --quick) quick=1 ;;
+    --emulation) emu=1 ;;
     -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
     *) bundle=$a ;;
   esac
 done
-[ -n "$bundle" ] || for c in "$here/gpu-bundle" "$here/gpu-bundle.tar.xz"; do [ -e "$c" ] && { bundle=$c; break; }; done
-[ -n "$bundle" ] || { echo "gpu-check: no bundle (make one with scripts/gpu-bundle.sh)"; exit 2; }
 work=$(mktemp -d /tmp/gpu-check.XXXXXX)
-if [ -f "$bundle" ]; then
-  tar -C "$work" -xJf "$bundle" || { echo "gpu-check: cannot unpack $bundle"; exit 2; }
-  bundle=$work/$(basename "$bundle" .tar.xz)
+if [ $emu = 1 ]; then
+  [ -x "$here/dtrain_emu" ] || { echo "gpu-check: no $here/dtrain_emu (make check builds the emulation)"; exit 2; }
+  bundle="$here (CUDA emulation)"
+else
+  [ -n "$bundle" ] || for c in "$here/gpu-bundle" "$here/gpu-bundle.tar.xz"; do [ -e "$c" ] && { bundle=$c; break; }; done
+  [ -n "$bundle" ] || { echo "gpu-check: no bundle (make one with scripts/gpu-bundle.sh)"; exit 2; }
+  if [ -f "$bundle" ]; then
+    tar -C "$work" -xJf "$bundle" || { echo "gpu-check: cannot unpack $bundle"; exit 2; }
+    bundle=$work/$(basename "$bundle" .tar.xz)
+  fi
+  bundle=$(cd "$bundle" && pwd)
 fi
-bundle=$(cd "$bundle" && pwd)
 out=${OUT:-}
 log=$work/gpu-check.log
 [ -n "$out" ] && mkdir -p "$out" && log=$out/gpu-check.log
@@ -56,7 +67,7 @@ stage() {
 run() { echo "+ $*"; "$@"; }
 elapsed() { echo $(($(date +%s) - t_start)); }
 
-echo "# gpu-check $(date -u +%FT%TZ) on $(hostname), bundle $bundle ($(head -1 "$bundle/COMMIT")), quick=$quick"
+echo "# gpu-check $(date -u +%FT%TZ) on $(hostname), bundle $bundle, quick=$quick"
 
 # ---- preflight: the GPU, the driver, the CUDA libraries this machine has -------------------
 cuda_dirs=""
@@ -74,12 +85,20 @@ for soname in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
     echo "gpu-check: $soname not found under $roots"
   fi
 done
-export DTRAIN_CUDA_LIBS=$cuda_dirs
-source "$bundle/env.sh"
-export DTRAIN="$bundle/bin/dtrain" DATA_DIR="$bundle/data"
-echo "+ nvidia-smi"; nvidia-smi 2>&1 | head -20
-echo "+ dtrain --version"
-if ! dtrain --version > "$work/version.txt" 2>&1; then cat "$work/version.txt"; fi
+if [ $emu = 1 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DTRAIN_EMU_DEVICES=1
+  dt=$here/dtrain_emu parity=$here/tests/gpu_parity_emu nccl=$here/tests/gpu_nccl_emu DATA_DIR=$here/data
+  cfg=$here/tests/small.ini # tiny.ini runs ~100x slower on the emulation than small.ini
+else
+  echo "# from the bundle: $(head -1 "$bundle/COMMIT")"
+  export DTRAIN_CUDA_LIBS=$cuda_dirs
+  source "$bundle/env.sh"
+  dt=$bundle/bin/dtrain parity=$bundle/bin/gpu_parity nccl=$bundle/bin/gpu_nccl DATA_DIR=$bundle/data
+  cfg=$here/inputs/tiny.ini
+  echo "+ nvidia-smi"; nvidia-smi 2>&1 | head -20
+fi
+echo "+ $dt --version"
+if ! "$dt" --version > "$work/version.txt" 2>&1; then cat "$work/version.txt"; fi
 cat "$work/version.txt"
 gpus=$(grep -c '^gpu [0-9]' "$work/version.txt" || true)
 if [ "$gpus" -ge 1 ]; then
@@ -92,7 +111,8 @@ have_gpu=$((gpus >= 1))
 # ---- parity ---------------------------------------------------------------------------------
 if [ $have_gpu = 1 ]; then
   args=$([ $quick = 1 ] && echo --small || echo --huge)
-  run gpu_parity $args > "$work/parity.txt" 2>&1
+  [ $emu = 1 ] && args=--small # the full shapes take ~4 CPU-minutes emulated
+  run "$parity" $args > "$work/parity.txt" 2>&1
   rc=$?
   cat "$work/parity.txt"
   [ -n "$out" ] && cp "$work/parity.txt" "$out/"
@@ -104,7 +124,9 @@ fi
 
 # ---- compute-sanitizer ------------------------------------------------------------------------
 san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
-if [ $have_gpu = 1 ] && [ -n "$san" ]; then
+if [ $emu = 1 ]; then
+  stage sanitizer SKIP "emulation (tests/emu_asan.sh runs the kernels under ASan + UBSan)"
+elif [ $have_gpu = 1 ] && [ -n "$san" ]; then
   verdict=PASS
   detail=""
   tools="memcheck"
@@ -113,7 +135,7 @@ if [ $have_gpu = 1 ] && [ -n "$san" ]; then
     a="--small"
     [ "$tool" = racecheck ] && a="--small --no-backend" # our kernels; cuBLAS's under racecheck take minutes
     echo "+ $san --tool $tool --error-exitcode 99 gpu_parity $a"
-    timeout 240 "$san" --tool "$tool" --error-exitcode 99 "$bundle/bin/gpu_parity" $a > "$work/san_$tool.txt" 2>&1
+    timeout 240 "$san" --tool "$tool" --error-exitcode 99 "$parity" $a > "$work/san_$tool.txt" 2>&1
     rc=$?
     tail -n 15 "$work/san_$tool.txt"
     errs=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$work/san_$tool.txt" | tail -1)
@@ -130,15 +152,15 @@ fi
 
 # ---- training: cpu vs cuda, validation's numerics reference on cuda ----------------------------
 steps=$([ $quick = 1 ] && echo 20 || echo 50)
-tiny=("$here/inputs/tiny.ini" train.steps=$steps train.eval_every=0 log.every=1 "data.train=$DATA_DIR/austen_train_*.bin"
+tiny=("$cfg" train.steps=$steps train.eval_every=0 log.every=1 "data.train=$DATA_DIR/austen_train_*.bin"
       "data.val=$DATA_DIR/austen_val_*.bin" checkpoint.resume=never checkpoint.every=0)
 if [ $have_gpu = 1 ]; then
   for be in cpu cuda; do
-    run dtrain "${tiny[@]}" system.backend=$be log.metrics="$work/tiny_$be.jsonl" checkpoint.dir="$work/tiny_ck_$be" \
+    run "$dt" "${tiny[@]}" system.backend=$be log.metrics="$work/tiny_$be.jsonl" checkpoint.dir="$work/tiny_ck_$be" \
       > "$work/tiny_$be.out" 2>&1 || tail -5 "$work/tiny_$be.out"
     tail -n 3 "$work/tiny_$be.out"
   done
-  run dtrain "$here/validation/small.ini" system.backend=cuda train.micro_batch=2 "data.train=$DATA_DIR/austen_train_*.bin" \
+  run "$dt" "$here/validation/small.ini" system.backend=cuda train.micro_batch=2 "data.train=$DATA_DIR/austen_train_*.bin" \
     "data.val=$DATA_DIR/austen_val_*.bin" log.metrics="$work/numerics.jsonl" checkpoint.dir="$work/num_ck" \
     > "$work/numerics.out" 2>&1 || tail -5 "$work/numerics.out"
   r1=$($cmp losses "$work/tiny_cpu.jsonl" "$work/tiny_cuda.jsonl" --rtol 2e-3 --steps $steps 2>&1)
@@ -155,20 +177,20 @@ fi
 
 # ---- checkpoints: exact GPU resume, GPU <-> CPU resume, eval agreement ------------------------
 if [ $have_gpu = 1 ]; then
-  ck=("$here/inputs/tiny.ini" train.steps=20 train.eval_every=0 log.every=1 "data.train=$DATA_DIR/austen_train_*.bin"
+  ck=("$cfg" train.steps=20 train.eval_every=0 log.every=1 "data.train=$DATA_DIR/austen_train_*.bin"
       "data.val=$DATA_DIR/austen_val_*.bin" checkpoint.every=10 checkpoint.keep=5)
   c=$work/ck
   mkdir -p "$c"
-  run dtrain "${ck[@]}" system.backend=cuda checkpoint.dir=$c/g checkpoint.resume=never log.metrics=$c/g.jsonl > $c.g.out 2>&1
-  run dtrain "${ck[@]}" system.backend=cpu checkpoint.dir=$c/c checkpoint.resume=never log.metrics=$c/c.jsonl > $c.c.out 2>&1
-  run dtrain "${ck[@]}" system.backend=cuda checkpoint.dir=$c/gg checkpoint.resume=$c/g/ckpt_00000010.h5 \
+  run "$dt" "${ck[@]}" system.backend=cuda checkpoint.dir=$c/g checkpoint.resume=never log.metrics=$c/g.jsonl > $c.g.out 2>&1
+  run "$dt" "${ck[@]}" system.backend=cpu checkpoint.dir=$c/c checkpoint.resume=never log.metrics=$c/c.jsonl > $c.c.out 2>&1
+  run "$dt" "${ck[@]}" system.backend=cuda checkpoint.dir=$c/gg checkpoint.resume=$c/g/ckpt_00000010.h5 \
     log.metrics=$c/gg.jsonl > $c.gg.out 2>&1
-  run dtrain "${ck[@]}" system.backend=cpu checkpoint.dir=$c/gc checkpoint.resume=$c/g/ckpt_00000010.h5 \
+  run "$dt" "${ck[@]}" system.backend=cpu checkpoint.dir=$c/gc checkpoint.resume=$c/g/ckpt_00000010.h5 \
     log.metrics=$c/gc.jsonl > $c.gc.out 2>&1
-  run dtrain "${ck[@]}" system.backend=cuda checkpoint.dir=$c/cg checkpoint.resume=$c/c/ckpt_00000010.h5 \
+  run "$dt" "${ck[@]}" system.backend=cuda checkpoint.dir=$c/cg checkpoint.resume=$c/c/ckpt_00000010.h5 \
     log.metrics=$c/cg.jsonl > $c.cg.out 2>&1
   for be in cpu cuda; do
-    run dtrain eval "$here/inputs/tiny.ini" system.backend=$be --checkpoint $c/g/ckpt_00000020.h5 \
+    run "$dt" eval "$cfg" system.backend=$be --checkpoint $c/g/ckpt_00000020.h5 \
       --data "$DATA_DIR/austen_val_*.bin" --batches 4 2> $c.eval_$be.err | tail -1 | tee $c.eval_$be.txt
   done
   r=$($cmp resume "$c" 2>&1)
@@ -181,7 +203,7 @@ fi
 
 # ---- NCCL -----------------------------------------------------------------------------------
 if [ $have_gpu = 1 ]; then
-  run gpu_nccl > "$work/nccl.txt" 2>&1
+  run "$nccl" > "$work/nccl.txt" 2>&1
   rc=$?
   cat "$work/nccl.txt"
   if [ $rc = 0 ]; then stage nccl PASS "$(grep -c '^ok:' "$work/nccl.txt") collective checks exact on 1 rank (multi-rank NCCL NOT tested: one GPU)"
@@ -191,10 +213,12 @@ else
 fi
 
 # ---- speed -----------------------------------------------------------------------------------
-if [ $have_gpu = 1 ]; then
+if [ $emu = 1 ]; then
+  stage speed SKIP "emulation: no speed to measure"
+elif [ $have_gpu = 1 ]; then
   extra=()
   [ $quick = 0 ] && [ "$(elapsed)" -lt 240 ] && extra=(--compile)
-  DTRAIN="$bundle/bin/dtrain" DATA="$DATA_DIR/austen_train_*.bin" \
+  DTRAIN="$dt" DATA="$DATA_DIR/austen_train_*.bin" \
     bash "$here/bench/gpu_step.sh" --steps $([ $quick = 1 ] && echo 8 || echo 12) --out "$work/speed" "${extra[@]}" \
     > "$work/speed.txt" 2>&1
   rc=$?
@@ -214,9 +238,11 @@ fi
 echo
 echo "# summary ($(elapsed) s)"
 printf '%s\n' "${summary[@]}"
-if [ $have_gpu = 0 ]; then verdict="GPU PATH: NOT CHECKED (no usable GPU here)"
-elif [ -n "$broken" ]; then verdict="GPU PATH: BROKEN at $broken"
-else verdict="GPU PATH: WORKS"; fi
+what="GPU PATH"
+[ $emu = 1 ] && what="GPU PATH ON THE CUDA EMULATION"
+if [ $have_gpu = 0 ]; then verdict="$what: NOT CHECKED (no usable GPU here)"
+elif [ -n "$broken" ]; then verdict="$what: BROKEN at $broken"
+else verdict="$what: WORKS"; fi
 echo "$verdict"
 [ -n "$out" ] && { printf '%s\n' "${summary[@]}" "$verdict" > "$out/summary.txt"; }
 rm -rf "$work" 2>/dev/null

@@ -10,6 +10,8 @@
 
 #include <map>
 #include <memory>
+#include <set>
+#include <string>
 
 #include "emu_int.h"
 
@@ -49,6 +51,18 @@ cudaError_t launch_check(const dt_emu_launch_t *l, int dev) {
   return fail(e, "%s", msg);
 }
 
+/* DTRAIN_EMU_LAUNCH_LOG=FILE: the name of every kernel launched, once each, appended to FILE
+ * (tests/emu_parity.sh: which kernels the parity program really ran). */
+static void log_launch(const char *name) {
+  static std::set<std::string> seen;
+  const char *path = env_str("DTRAIN_EMU_LAUNCH_LOG");
+  if (!path || !seen.insert(name).second) return;
+  FILE *f = fopen(path, "a");
+  if (!f) return;
+  fprintf(f, "%s\n", name);
+  fclose(f);
+}
+
 }  // namespace dt_emu
 
 using namespace dt_emu;
@@ -63,6 +77,7 @@ cudaError_t dt_emu_submit(dt_emu_launch_t *l, cudaStream_t stream) {
   stream_t *s = get_stream(stream, &e);
   if (!s) return e;
   if ((e = launch_check(p.get(), s->device)) != cudaSuccess) return e;
+  log_launch(p->name);
   op_t op;
   op.what = p->name;
   for (int i = 0; i < p->nptr; i++) { /* it may write from the pointer to the end of its allocation */

@@ -12,6 +12,8 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <dlfcn.h>
+#include <nccl.h>
 
 #include "dt_build.h" /* DT_HAVE_CUDA */
 extern "C" {
@@ -44,6 +46,63 @@ extern "C" int dt_cuda_device_count(void) {
 
 extern "C" const char *dt_cuda_device_error(void) { return device_error; }
 
+extern "C" dt_status_t dt_cuda_device_bus_id(int ordinal, char *buf, size_t n) {
+  if (n) buf[0] = '\0';
+  DT_CUDA_CHECK(cudaDeviceGetPCIBusId(buf, (int)n, ordinal));
+  return DT_OK;
+}
+
+extern "C" dt_status_t dt_cuda_mem_used(int ordinal, double *used) {
+  size_t freeb = 0, total = 0;
+  *used = 0;
+  DT_CUDA_CHECK(cudaSetDevice(ordinal));
+  DT_CUDA_CHECK(cudaMemGetInfo(&freeb, &total));
+  *used = (double)(total - freeb);
+  return DT_OK;
+}
+
+/* The shared library a symbol came from, "" if unknown. */
+static const char *lib_of(const void *sym) {
+  Dl_info info;
+  return dladdr(sym, &info) && info.dli_fname ? info.dli_fname : "";
+}
+
+static void print_devices(FILE *out) {
+  int n = dt_cuda_device_count();
+  if (n == 0) fprintf(out, "gpu: none usable (%s)\n", device_error);
+  for (int i = 0; i < n; i++) {
+    cudaDeviceProp p;
+    char bus[32] = "";
+    if (cudaGetDeviceProperties(&p, i) != cudaSuccess) {
+      cudaGetLastError();
+      fprintf(out, "gpu %d: cudaGetDeviceProperties failed\n", i);
+      continue;
+    }
+    cudaDeviceGetPCIBusId(bus, sizeof bus, i);
+    fprintf(out, "gpu %d: %s, sm_%d%d, %d SMs, %.1f GiB, bus %s\n", i, p.name, p.major, p.minor, p.multiProcessorCount,
+            (double)p.totalGlobalMem / (1 << 30), bus);
+  }
+}
+
+extern "C" void dt_cuda_print_versions(FILE *out) {
+  int rt = 0, drv = 0, cb[3] = {0, 0, 0}, nc = 0;
+  cudaRuntimeGetVersion(&rt);
+  cudaDriverGetVersion(&drv);
+  cublasGetProperty(MAJOR_VERSION, &cb[0]);
+  cublasGetProperty(MINOR_VERSION, &cb[1]);
+  cublasGetProperty(PATCH_LEVEL, &cb[2]);
+  ncclGetVersion(&nc);
+  fprintf(out, "cuda: runtime %d.%d (built against %d.%d), driver %d.%d %s\n", rt / 1000, rt % 1000 / 10,
+          CUDART_VERSION / 1000, CUDART_VERSION % 1000 / 10, drv / 1000, drv % 1000 / 10,
+          lib_of((const void *)cudaRuntimeGetVersion));
+  fprintf(out, "cublas: %d.%d.%d (built against %d.%d.%d) %s\n", cb[0], cb[1], cb[2], CUBLAS_VER_MAJOR, CUBLAS_VER_MINOR,
+          CUBLAS_VER_PATCH, lib_of((const void *)cublasGetProperty));
+  fprintf(out, "nccl: %d.%d.%d (built against %d.%d.%d) %s\n", nc / 10000, nc / 100 % 100, nc % 100, NCCL_MAJOR,
+          NCCL_MINOR, NCCL_PATCH, lib_of((const void *)ncclGetVersion));
+  print_devices(out);
+  cudaGetLastError();
+}
+
 /* ---- state -------------------------------------------------------------------------------- */
 
 /* Activations for capacity (B, T): the same tensors and carving as backend_cpu.c's cpu_acts_t.
@@ -69,6 +128,9 @@ typedef struct {
   float *arena; /* activations, device */
   cu_acts_t a;
   int *inputs, *targets;     /* device (B,T) */
+  int *order, *h_order, *h_count; /* embedding backward's token buckets (embed_buckets.h): device and */
+  dt_embed_bucket_t *buckets, *h_buckets; /* host order (B*T), host counts (V+1), buckets (<= B*T) */
+  int nb;                    /* buckets of the last forward with targets */
   float *h_losses;           /* host (B,T) */
   double *partial, *h_partial; /* device and host DT_CUDA_SUMSQ_BLOCKS */
   size_t bt, btc, attn;
@@ -139,6 +201,11 @@ static void cu_free(dt_backend_t *be) {
     cudaFree(im->inputs);
     cudaFree(im->targets);
     cudaFree(im->partial);
+    cudaFree(im->order);
+    cudaFree(im->buckets);
+    free(im->h_order);
+    free(im->h_count);
+    free(im->h_buckets);
     free(im->h_losses);
     free(im->h_partial);
     free(im);
@@ -153,9 +220,11 @@ static void cu_free(dt_backend_t *be) {
   be->comm_stream = NULL;
 }
 
-static dt_status_t alloc_zero(void **p, size_t bytes) {
+/* Zeroed on the compute stream (not with cudaMemset: the legacy default stream is not ordered
+ * with a non-blocking stream, so a kernel could read the memory before the zeros land). */
+static dt_status_t alloc_zero(void **p, size_t bytes, cudaStream_t s) {
   DT_CUDA_CHECK(cudaMalloc(p, bytes ? bytes : 64));
-  DT_CUDA_CHECK(cudaMemset(*p, 0, bytes ? bytes : 64));
+  DT_CUDA_CHECK(cudaMemsetAsync(*p, 0, bytes ? bytes : 64, s));
   return DT_OK;
 }
 
@@ -172,19 +241,27 @@ static dt_status_t init_all(dt_backend_t *be, cu_impl_t *im) {
   DT_CUDA_CHECK(cudaEventCreateWithFlags(&im->comm_ev, cudaEventDisableTiming));
   DT_CUBLAS_CHECK(cublasCreate(&im->blas));
   DT_CUBLAS_CHECK(cublasSetStream(im->blas, im->compute));
-  DT_TRY(alloc_zero((void **)&be->params, n));
-  DT_TRY(alloc_zero((void **)&be->grads, n));
-  DT_TRY(alloc_zero((void **)&be->m, n));
-  DT_TRY(alloc_zero((void **)&be->v, n));
+  cudaStream_t s = im->compute;
+  DT_TRY(alloc_zero((void **)&be->params, n, s));
+  DT_TRY(alloc_zero((void **)&be->grads, n, s));
+  DT_TRY(alloc_zero((void **)&be->m, n, s));
+  DT_TRY(alloc_zero((void **)&be->v, n, s));
   size_t nact = dt_cuda_activation_floats(&lay->d, be->B, be->T);
-  DT_TRY(alloc_zero((void **)&im->arena, nact * sizeof(float)));
+  DT_TRY(alloc_zero((void **)&im->arena, nact * sizeof(float), s));
   carve(&im->a, im->arena, &lay->d, be->B, be->T);
-  DT_TRY(alloc_zero((void **)&im->inputs, bt * sizeof(int)));
-  DT_TRY(alloc_zero((void **)&im->targets, bt * sizeof(int)));
-  DT_TRY(alloc_zero((void **)&im->partial, DT_CUDA_SUMSQ_BLOCKS * sizeof(double)));
+  DT_TRY(alloc_zero((void **)&im->inputs, bt * sizeof(int), s));
+  DT_TRY(alloc_zero((void **)&im->targets, bt * sizeof(int), s));
+  DT_TRY(alloc_zero((void **)&im->order, bt * sizeof(int), s));
+  DT_TRY(alloc_zero((void **)&im->buckets, bt * sizeof(dt_embed_bucket_t), s));
+  DT_TRY(alloc_zero((void **)&im->partial, DT_CUDA_SUMSQ_BLOCKS * sizeof(double), s));
   im->h_losses = (float *)calloc(bt, sizeof(float));
   im->h_partial = (double *)calloc(DT_CUDA_SUMSQ_BLOCKS, sizeof(double));
-  if (!im->h_losses || !im->h_partial) return DT_ERR(DT_ERR_NOMEM, "cuda backend: out of memory");
+  im->h_order = (int *)calloc(bt, sizeof(int));
+  im->h_count = (int *)calloc((size_t)lay->d.V + 1, sizeof(int));
+  im->h_buckets = (dt_embed_bucket_t *)calloc(bt, sizeof(dt_embed_bucket_t));
+  if (!im->h_losses || !im->h_partial || !im->h_order || !im->h_count || !im->h_buckets)
+    return DT_ERR(DT_ERR_NOMEM, "cuda backend: out of memory");
+  DT_CUDA_CHECK(cudaStreamSynchronize(s)); /* the arenas are zero before anyone (the host, NCCL) touches them */
   im->bt = bt;
   im->btc = bt * lay->d.C;
   im->attn = cu_attn_floats(be->B, be->T, lay->d.NH);
@@ -201,7 +278,7 @@ static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
   if (p != DT_PREC_FP32 && be->wparams == be->params) {
     DT_CUDA_CHECK(cudaSetDevice(impl(be)->device));
     float *w = NULL;
-    DT_TRY(alloc_zero((void **)&w, be->lay->n_params * sizeof(float)));
+    DT_TRY(alloc_zero((void **)&w, be->lay->n_params * sizeof(float), impl(be)->compute));
     be->wparams = w;
   }
   be->precision = (int)p;
@@ -376,6 +453,12 @@ static dt_status_t cu_forward(dt_backend_t *be, const int *inputs, const int *ta
   im->T = T;
   im->have_fwd = 1;
   im->have_targets = targets != NULL;
+  if (targets) { /* the embedding backward's token buckets, while the inputs are on the host */
+    im->nb = dt_embed_buckets(inputs, N, V, im->h_count, im->h_order, im->h_buckets);
+    DT_CUDA_CHECK(cudaMemcpyAsync(im->order, im->h_order, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, s));
+    DT_CUDA_CHECK(cudaMemcpyAsync(im->buckets, im->h_buckets, (size_t)im->nb * sizeof(dt_embed_bucket_t),
+                                  cudaMemcpyHostToDevice, s));
+  }
 
   if (be->wparams != be->params)
     DT_TRY(dt_cu_round_copy(be->wparams, be->params, lay->n_params, be->precision, s));
@@ -493,7 +576,7 @@ static dt_status_t cu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn rea
     STORE(a->dres, (size_t)N * C);
     DT_TRY(group_ready(be, 1 + l, ready, ctx));
   }
-  DT_TRY(dt_cu_encoder_backward(dwte, dwpe, a->dres, im->inputs, B, T, C, s));
+  DT_TRY(dt_cu_encoder_backward(dwte, dwpe, a->dres, im->order, im->buckets, im->nb, B, T, C, s));
   DT_TRY(group_ready(be, 0, ready, ctx));
   return DT_OK;
 }
@@ -545,19 +628,34 @@ static dt_status_t cu_adamw(dt_backend_t *be, const dt_adamw_args_t *ar) {
 
 /* ---- copies ------------------------------------------------------------------------------- */
 
+/* Copies go on the compute stream after the comm stream's work (join_comm), and the host waits
+ * for them: a plain cudaMemcpy runs on the legacy default stream, which is not ordered with the
+ * non-blocking compute stream (a host-to-device copy could land after the next kernel read). */
 static dt_status_t cu_copy_to_host(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, float *dst) {
+  cu_impl_t *im = impl(be);
   DT_TRY(dt_backend_check_range(be, buf, off, count));
-  DT_TRY(join_comm(impl(be)));
-  DT_CUDA_CHECK(cudaStreamSynchronize(impl(be)->compute));
-  DT_CUDA_CHECK(cudaMemcpy(dst, dt_backend_buf(be, buf) + off, count * sizeof(float), cudaMemcpyDeviceToHost));
+  DT_TRY(join_comm(im));
+  DT_CUDA_CHECK(cudaMemcpyAsync(dst, dt_backend_buf(be, buf) + off, count * sizeof(float), cudaMemcpyDeviceToHost,
+                                im->compute));
+  DT_CUDA_CHECK(cudaStreamSynchronize(im->compute));
   return DT_OK;
 }
 
 static dt_status_t cu_copy_from_host(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, const float *src) {
+  cu_impl_t *im = impl(be);
   DT_TRY(dt_backend_check_range(be, buf, off, count));
-  DT_TRY(join_comm(impl(be)));
-  DT_CUDA_CHECK(cudaStreamSynchronize(impl(be)->compute));
-  DT_CUDA_CHECK(cudaMemcpy(dt_backend_buf(be, buf) + off, src, count * sizeof(float), cudaMemcpyHostToDevice));
+  DT_TRY(join_comm(im));
+  DT_CUDA_CHECK(cudaMemcpyAsync(dt_backend_buf(be, buf) + off, src, count * sizeof(float), cudaMemcpyHostToDevice,
+                                im->compute));
+  DT_CUDA_CHECK(cudaStreamSynchronize(im->compute));
+  return DT_OK;
+}
+
+/* Everything queued on both streams has finished. */
+static dt_status_t cu_synchronize(dt_backend_t *be) {
+  cu_impl_t *im = impl(be);
+  DT_TRY(join_comm(im));
+  DT_CUDA_CHECK(cudaStreamSynchronize(im->compute));
   return DT_OK;
 }
 
@@ -565,9 +663,9 @@ static dt_status_t cu_logits_to_host(dt_backend_t *be, float *dst) {
   cu_impl_t *im = impl(be);
   if (!im->have_fwd) return DT_ERR(DT_ERR_ARG, "cuda backend: logits requested before any forward");
   DT_CUDA_CHECK(cudaSetDevice(im->device));
+  DT_CUDA_CHECK(cudaMemcpyAsync(dst, im->a.logits, (size_t)im->B * im->T * be->lay->d.Vp * sizeof(float),
+                                cudaMemcpyDeviceToHost, im->compute));
   DT_CUDA_CHECK(cudaStreamSynchronize(im->compute));
-  DT_CUDA_CHECK(cudaMemcpy(dst, im->a.logits, (size_t)im->B * im->T * be->lay->d.Vp * sizeof(float),
-                           cudaMemcpyDeviceToHost));
   return DT_OK;
 }
 
@@ -575,4 +673,5 @@ extern "C" const dt_backend_ops_t dt_backend_cuda = {
     "cuda",          cu_init,         cu_free,         cu_forward,        cu_backward,      cu_zero_grad,
     cu_grad_sumsq,   cu_adamw,        cu_copy_to_host, cu_copy_from_host, cu_logits_to_host, cu_set_precision,
     NULL,            NULL, /* stage_forward, stage_backward: no pipeline parallelism on the GPU yet */
+    cu_synchronize,
 };

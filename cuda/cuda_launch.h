@@ -21,10 +21,17 @@ static inline int dt_cuda_grid(size_t n, int block) {
   return (int)g;
 }
 
-/* Blocks for one warp per row: block/32 rows per block, ceil(rows / that), same bounds. */
+/* Blocks for one warp per row: block/32 rows per block, ceil(rows / that), same bounds. Past
+ * DT_CUDA_GRID_MAX * block/32 rows (524,280 at 256 threads) the grid is capped and the warps loop
+ * over rows, DT_CUDA_FOR_ROWS below. */
 static inline int dt_cuda_warp_rows_grid(size_t rows, int block) {
   return dt_cuda_grid(rows, block / DT_CUDA_WARP);
 }
+
+/* The row loop of every warp-per-row (and block-per-row) kernel: the unit `id` of `units` in the
+ * grid takes rows id, id + units, ... below rows. The kernels pass their global warp index and the
+ * grid's warp count; the tests pass the same numbers for a capped grid and count the rows. */
+#define DT_CUDA_FOR_ROWS(row, rows, id, units) for (size_t row = (id); row < (size_t)(rows); row += (size_t)(units))
 
 /* Threads for one block per row of n columns: n rounded up to a whole warp, between 32 and 1024
  * (wider rows loop). */

@@ -5,6 +5,7 @@
 #define DT_CUDA_H
 
 #include <stddef.h>
+#include <stdio.h>
 
 #include "comm.h"
 #include "status.h"
@@ -18,6 +19,17 @@ extern "C" {
 int dt_cuda_device_count(void);
 /* Why the count is 0 (the CUDA runtime's message, or "built without CUDA"); "" when it is not. */
 const char *dt_cuda_device_error(void);
+
+/* The PCI bus id of CUDA device `ordinal` ("0000:41:00.0") into buf: one name for one physical
+ * GPU, whatever CUDA_VISIBLE_DEVICES calls it. DT_ERR_CUDA when the runtime cannot say (no
+ * device, no driver, built without CUDA). */
+dt_status_t dt_cuda_device_bus_id(int ordinal, char *buf, size_t n);
+/* Device memory in use on `ordinal` (cudaMemGetInfo: total - free, every process's), bytes. */
+dt_status_t dt_cuda_mem_used(int ordinal, double *used);
+/* `dtrain --version` lines about CUDA: runtime and driver, cuBLAS and NCCL versions as loaded
+ * (and as built against), and each visible device (name, compute capability, memory); or one line
+ * saying CUDA is not built in. */
+void dt_cuda_print_versions(FILE *out);
 
 /* NCCL's unique id (128 bytes): rank 0 of the MPI communicator `*(const MPI_Comm *)mpi_comm`
  * creates it with ncclGetUniqueId and broadcasts it; every rank gets the same bytes in id. */

@@ -28,10 +28,11 @@ __device__ static inline void warp_merge_softmax(float *mx, float *sum) {
   }
 }
 
-/* This thread's warp's row in a warp-per-row launch (may be >= rows: then it returns). */
-__device__ static inline size_t warp_row(void) {
-  return ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / DT_CUDA_WARP;
-}
+/* Warp-per-row launches: every warp loops over rows warp, warp + warps, ... (a capped grid still
+ * covers them all). The loop bound is the same for the 32 lanes of a warp, so shuffles are safe. */
+#define FOR_WARP_ROWS(row, rows)                                                              \
+  DT_CUDA_FOR_ROWS(row, rows, ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / DT_CUDA_WARP, \
+                   (size_t)gridDim.x * blockDim.x / DT_CUDA_WARP)
 
 /* ---- encoder ------------------------------------------------------------------------------ */
 
@@ -44,18 +45,28 @@ __global__ static void encoder_forward_k(float *out, const int *inp, const float
   }
 }
 
-__global__ static void encoder_backward_wte_k(float *dwte, const float *dout, const int *inp, int C, size_t n) {
-  FOR_N(i, n) {
-    size_t bt = i / C;
-    atomicAdd(&dwte[(size_t)inp[bt] * C + i % C], dout[i]);
+/* One block per token bucket (embed_buckets.h), its threads over channels: each (token, channel)
+ * adds its positions' gradients in ascending position, as the CPU twin does: no atomics, the same
+ * bits on every run and on both backends. */
+__global__ static void encoder_backward_wte_k(float *dwte, const float *dout, const int *order,
+                                              const dt_embed_bucket_t *buckets, int nb, int C) {
+  DT_CUDA_FOR_ROWS(b, nb, blockIdx.x, gridDim.x) {
+    dt_embed_bucket_t k = buckets[b];
+    for (int c = threadIdx.x; c < C; c += blockDim.x) {
+      float *d = dwte + (size_t)k.token * C + c;
+      float acc = *d;
+      for (int p = k.start; p < k.start + k.count; p++) acc += dout[(size_t)order[p] * C + c];
+      *d = acc;
+    }
   }
 }
 
+/* dwpe[t, c] += dout[b, t, c] for b = 0, 1, ... in that order (the CPU twin's). */
 __global__ static void encoder_backward_wpe_k(float *dwpe, const float *dout, int B, int T, int C) {
   FOR_N(i, (size_t)T * C) {
-    float s = 0.0f;
-    for (int b = 0; b < B; b++) s += dout[(size_t)b * T * C + i];
-    dwpe[i] += s;
+    float acc = dwpe[i];
+    for (int b = 0; b < B; b++) acc += dout[(size_t)b * T * C + i];
+    dwpe[i] = acc;
   }
 }
 
@@ -66,10 +77,11 @@ dt_status_t dt_cu_encoder_forward(float *out, const int *inp, const float *wte, 
   return DT_OK;
 }
 
-dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C,
-                                   cudaStream_t s) {
-  size_t n = (size_t)B * T * C;
-  DT_LAUNCH(encoder_backward_wte_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dwte, dout, inp, C, n);
+dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *order,
+                                   const dt_embed_bucket_t *buckets, int nb, int B, int T, int C, cudaStream_t s) {
+  if (nb > 0)
+    DT_LAUNCH(encoder_backward_wte_k, dt_cuda_grid(nb, 1), dt_cuda_row_block(C < DT_CUDA_BLOCK ? C : DT_CUDA_BLOCK), 0,
+              s, dwte, dout, order, buckets, nb, C);
   DT_LAUNCH(encoder_backward_wpe_k, dt_cuda_grid((size_t)T * C, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dwpe, dout, B, T,
             C);
   return DT_OK;
@@ -79,85 +91,92 @@ dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const float *dout, 
 
 __global__ static void layernorm_forward_k(float *out, float *mean, float *rstd, const float *inp, const float *w,
                                            const float *b, int N, int C) {
-  size_t row = warp_row();
   int lane = threadIdx.x % DT_CUDA_WARP;
-  if (row >= (size_t)N) return;
-  const float *x = inp + row * C;
-  float s = 0.0f;
-  for (int c = lane; c < C; c += DT_CUDA_WARP) s += x[c];
-  float m = warp_sum(s) / (float)C;
-  float s2 = 0.0f;
-  for (int c = lane; c < C; c += DT_CUDA_WARP) s2 += (x[c] - m) * (x[c] - m);
-  float r = dt_ln_rstd(warp_sum(s2) / (float)C);
-  float *o = out + row * C;
-  for (int c = lane; c < C; c += DT_CUDA_WARP) o[c] = dt_ln_apply(x[c], m, r, w[c], b[c]);
-  if (lane == 0) {
-    mean[row] = m;
-    rstd[row] = r;
+  FOR_WARP_ROWS(row, N) {
+    const float *x = inp + row * C;
+    float s = 0.0f;
+    for (int c = lane; c < C; c += DT_CUDA_WARP) s += x[c];
+    float m = warp_sum(s) / (float)C;
+    float s2 = 0.0f;
+    for (int c = lane; c < C; c += DT_CUDA_WARP) s2 += (x[c] - m) * (x[c] - m);
+    float r = dt_ln_rstd(warp_sum(s2) / (float)C);
+    float *o = out + row * C;
+    for (int c = lane; c < C; c += DT_CUDA_WARP) o[c] = dt_ln_apply(x[c], m, r, w[c], b[c]);
+    if (lane == 0) {
+      mean[row] = m;
+      rstd[row] = r;
+    }
   }
 }
 
 __global__ static void layernorm_backward_dinp_k(float *dinp, const float *dresid, const float *dout, const float *inp,
                                                  const float *w, const float *mean, const float *rstd, int N, int C) {
-  size_t row = warp_row();
   int lane = threadIdx.x % DT_CUDA_WARP;
-  if (row >= (size_t)N) return;
-  const float *x = inp + row * C, *g = dout + row * C;
-  float m = mean[row], r = rstd[row], a = 0.0f, bb = 0.0f;
-  for (int c = lane; c < C; c += DT_CUDA_WARP) {
-    float wg = w[c] * g[c];
-    a += wg;
-    bb += wg * (x[c] - m) * r;
-  }
-  float gm = warp_sum(a) / (float)C, gnm = warp_sum(bb) / (float)C;
-  float *d = dinp + row * C;
-  const float *dr = dresid ? dresid + row * C : NULL;
-  for (int c = lane; c < C; c += DT_CUDA_WARP) {
-    float v = dt_ln_dinp(x[c], m, r, w[c], g[c], gm, gnm);
-    d[c] = dr ? dr[c] + v : v;
+  FOR_WARP_ROWS(row, N) {
+    const float *x = inp + row * C, *g = dout + row * C;
+    float m = mean[row], r = rstd[row], a = 0.0f, bb = 0.0f;
+    for (int c = lane; c < C; c += DT_CUDA_WARP) {
+      float wg = w[c] * g[c];
+      a += wg;
+      bb += wg * (x[c] - m) * r;
+    }
+    float gm = warp_sum(a) / (float)C, gnm = warp_sum(bb) / (float)C;
+    float *d = dinp + row * C;
+    const float *dr = dresid ? dresid + row * C : NULL;
+    for (int c = lane; c < C; c += DT_CUDA_WARP) {
+      float v = dt_ln_dinp(x[c], m, r, w[c], g[c], gm, gnm);
+      d[c] = dr ? dr[c] + v : v;
+    }
   }
 }
 
-/* Column reductions: a (32 x 8) block owns 32 columns; its 8 thread rows stride over the N rows,
- * then add up in shared memory (fixed order: deterministic). */
+/* Column reductions: a (32 x 8) block owns 32 columns at a time (and loops over column groups
+ * when the grid is capped); its 8 thread rows stride over the N rows, then add up in shared memory
+ * (fixed order: deterministic). The loop bound is the same for the whole block (barriers). */
 #define COLS_X 32
 #define COLS_Y 8
 
 __global__ static void layernorm_backward_params_k(float *dw, float *db, const float *dout, const float *inp,
                                                    const float *mean, const float *rstd, int N, int C) {
   __shared__ float sw[COLS_Y][COLS_X], sb[COLS_Y][COLS_X];
-  int c = blockIdx.x * COLS_X + threadIdx.x;
-  float aw = 0.0f, ab = 0.0f;
-  if (c < C)
-    for (int i = threadIdx.y; i < N; i += COLS_Y) {
-      float g = dout[(size_t)i * C + c];
-      aw += g * (inp[(size_t)i * C + c] - mean[i]) * rstd[i];
-      ab += g;
+  DT_CUDA_FOR_ROWS(c0, C, (size_t)blockIdx.x * COLS_X, (size_t)gridDim.x * COLS_X) {
+    size_t c = c0 + threadIdx.x;
+    float aw = 0.0f, ab = 0.0f;
+    if (c < (size_t)C)
+      for (int i = threadIdx.y; i < N; i += COLS_Y) {
+        float g = dout[(size_t)i * C + c];
+        aw += g * (inp[(size_t)i * C + c] - mean[i]) * rstd[i];
+        ab += g;
+      }
+    sw[threadIdx.y][threadIdx.x] = aw;
+    sb[threadIdx.y][threadIdx.x] = ab;
+    __syncthreads();
+    if (threadIdx.y == 0 && c < (size_t)C) {
+      for (int y = 1; y < COLS_Y; y++) {
+        aw += sw[y][threadIdx.x];
+        ab += sb[y][threadIdx.x];
+      }
+      dw[c] += aw;
+      db[c] += ab;
     }
-  sw[threadIdx.y][threadIdx.x] = aw;
-  sb[threadIdx.y][threadIdx.x] = ab;
-  __syncthreads();
-  if (threadIdx.y == 0 && c < C) {
-    for (int y = 1; y < COLS_Y; y++) {
-      aw += sw[y][threadIdx.x];
-      ab += sb[y][threadIdx.x];
-    }
-    dw[c] += aw;
-    db[c] += ab;
+    __syncthreads(); /* the shared rows are written again in the next column group */
   }
 }
 
 __global__ static void col_sum_k(float *dst, const float *src, int N, int OC) {
   __shared__ float sh[COLS_Y][COLS_X];
-  int j = blockIdx.x * COLS_X + threadIdx.x;
-  float a = 0.0f;
-  if (j < OC)
-    for (int i = threadIdx.y; i < N; i += COLS_Y) a += src[(size_t)i * OC + j];
-  sh[threadIdx.y][threadIdx.x] = a;
-  __syncthreads();
-  if (threadIdx.y == 0 && j < OC) {
-    for (int y = 1; y < COLS_Y; y++) a += sh[y][threadIdx.x];
-    dst[j] += a;
+  DT_CUDA_FOR_ROWS(j0, OC, (size_t)blockIdx.x * COLS_X, (size_t)gridDim.x * COLS_X) {
+    size_t j = j0 + threadIdx.x;
+    float a = 0.0f;
+    if (j < (size_t)OC)
+      for (int i = threadIdx.y; i < N; i += COLS_Y) a += src[(size_t)i * OC + j];
+    sh[threadIdx.y][threadIdx.x] = a;
+    __syncthreads();
+    if (threadIdx.y == 0 && j < (size_t)OC) {
+      for (int y = 1; y < COLS_Y; y++) a += sh[y][threadIdx.x];
+      dst[j] += a;
+    }
+    __syncthreads();
   }
 }
 
@@ -201,29 +220,29 @@ dt_status_t dt_cu_col_sum(float *dst, const float *src, int N, int OC, cudaStrea
 /* ---- attention softmax -------------------------------------------------------------------- */
 
 __global__ static void softmax_causal_k(float *att, int rows, int T) {
-  size_t r = warp_row();
   int lane = threadIdx.x % DT_CUDA_WARP;
-  if (r >= (size_t)rows) return;
-  int t = (int)(r % T);
-  float *a = att + r * T;
-  float mx = -INFINITY, sum = 0.0f;
-  for (int j = lane; j <= t; j += DT_CUDA_WARP) dt_softmax_online(&mx, &sum, a[j]);
-  warp_merge_softmax(&mx, &sum);
-  float inv = 1.0f / sum;
-  for (int j = lane; j < T; j += DT_CUDA_WARP) a[j] = j <= t ? expf(a[j] - mx) * inv : 0.0f;
+  FOR_WARP_ROWS(r, rows) {
+    int t = (int)(r % T);
+    float *a = att + r * T;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int j = lane; j <= t; j += DT_CUDA_WARP) dt_softmax_online(&mx, &sum, a[j]);
+    warp_merge_softmax(&mx, &sum);
+    float inv = 1.0f / sum;
+    for (int j = lane; j < T; j += DT_CUDA_WARP) a[j] = j <= t ? expf(a[j] - mx) * inv : 0.0f;
+  }
 }
 
 __global__ static void softmax_causal_backward_k(float *d, const float *att, int rows, int T) {
-  size_t r = warp_row();
   int lane = threadIdx.x % DT_CUDA_WARP;
-  if (r >= (size_t)rows) return;
-  int t = (int)(r % T);
-  float *dr = d + r * T;
-  const float *a = att + r * T;
-  float dot = 0.0f;
-  for (int j = lane; j <= t; j += DT_CUDA_WARP) dot += a[j] * dr[j];
-  dot = warp_sum(dot);
-  for (int j = lane; j < T; j += DT_CUDA_WARP) dr[j] = j <= t ? dt_softmax_bwd(a[j], dr[j], dot) : 0.0f;
+  FOR_WARP_ROWS(r, rows) {
+    int t = (int)(r % T);
+    float *dr = d + r * T;
+    const float *a = att + r * T;
+    float dot = 0.0f;
+    for (int j = lane; j <= t; j += DT_CUDA_WARP) dot += a[j] * dr[j];
+    dot = warp_sum(dot);
+    for (int j = lane; j < T; j += DT_CUDA_WARP) dr[j] = j <= t ? dt_softmax_bwd(a[j], dr[j], dot) : 0.0f;
+  }
 }
 
 dt_status_t dt_cu_softmax_causal(float *att, int rows, int T, cudaStream_t s) {
@@ -277,26 +296,28 @@ dt_status_t dt_cu_residual_forward(float *out, const float *a, const float *b, s
 
 /* ---- softmax + cross-entropy over the vocabulary ------------------------------------------ */
 
-__global__ static void crossentropy_forward_k(float *losses, float *lse, const float *logits, const int *targets, int V,
-                                              int Vp) {
+__global__ static void crossentropy_forward_k(float *losses, float *lse, const float *logits, const int *targets, int N,
+                                              int V, int Vp) {
   __shared__ float smx[1024 / DT_CUDA_WARP], ssum[1024 / DT_CUDA_WARP];
-  size_t i = blockIdx.x;
-  const float *z = logits + i * Vp;
-  float mx = -INFINITY, sum = 0.0f;
-  for (int v = threadIdx.x; v < V; v += blockDim.x) dt_softmax_online(&mx, &sum, z[v]);
-  warp_merge_softmax(&mx, &sum);
   int warp = threadIdx.x / DT_CUDA_WARP, lane = threadIdx.x % DT_CUDA_WARP, nw = blockDim.x / DT_CUDA_WARP;
-  if (lane == 0) {
-    smx[warp] = mx;
-    ssum[warp] = sum;
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    float m = smx[0], s = ssum[0];
-    for (int w = 1; w < nw; w++) dt_softmax_merge(&m, &s, smx[w], ssum[w]);
-    float l = dt_softmax_lse(m, s);
-    lse[i] = l;
-    losses[i] = l - z[targets[i]];
+  DT_CUDA_FOR_ROWS(i, N, blockIdx.x, gridDim.x) { /* a block per row */
+    const float *z = logits + i * Vp;
+    float mx = -INFINITY, sum = 0.0f;
+    for (int v = threadIdx.x; v < V; v += blockDim.x) dt_softmax_online(&mx, &sum, z[v]);
+    warp_merge_softmax(&mx, &sum);
+    if (lane == 0) {
+      smx[warp] = mx;
+      ssum[warp] = sum;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      float m = smx[0], s = ssum[0];
+      for (int w = 1; w < nw; w++) dt_softmax_merge(&m, &s, smx[w], ssum[w]);
+      float l = dt_softmax_lse(m, s);
+      lse[i] = l;
+      losses[i] = l - z[targets[i]];
+    }
+    __syncthreads(); /* smx, ssum are written again for the next row */
   }
 }
 
@@ -312,7 +333,8 @@ __global__ static void crossentropy_backward_k(float *dlogits, const float *logi
 dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets, int N, int V,
                                        int Vp, cudaStream_t s) {
   if (N < 1) return DT_OK;
-  DT_LAUNCH(crossentropy_forward_k, N, dt_cuda_row_block(V), 0, s, losses, lse, logits, targets, V, Vp);
+  DT_LAUNCH(crossentropy_forward_k, dt_cuda_grid(N, 1), dt_cuda_row_block(V), 0, s, losses, lse, logits, targets, N, V,
+            Vp);
   return DT_OK;
 }
 

@@ -9,14 +9,18 @@
 #include <cuda_runtime.h>
 #include <stddef.h>
 
+#include "embed_buckets.h"
 #include "status.h"
 
-/* out (B,T,C) = wte[inp] + wpe;  dwte[inp] += dout (atomicAdd), dwpe += sum_b dout */
+/* out (B,T,C) = wte[inp] + wpe;  dwte[inp] += dout, dwpe += sum_b dout, deterministic: the
+ * positions of each token in the order the CPU twin adds them, from the token buckets (order (N),
+ * buckets (nb)) that dt_embed_buckets built on the host from the same inputs */
 dt_status_t dt_cu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C,
                                   cudaStream_t s);
-dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *inp, int B, int T, int C,
-                                   cudaStream_t s);
-/* out (N,C), mean (N), rstd (N): one warp per row */
+dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *order,
+                                   const dt_embed_bucket_t *buckets, int nb, int B, int T, int C, cudaStream_t s);
+/* out (N,C), mean (N), rstd (N): one warp per row (rows loop past a capped grid, as in every row
+ * kernel here) */
 dt_status_t dt_cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                                     const float *bias, int N, int C, cudaStream_t s);
 /* dinp = dresid + ...(dresid may be NULL, dinp == dresid allowed); dweight, dbias += */

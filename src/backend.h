@@ -77,6 +77,10 @@ typedef struct {
    * d loss / d x_in for the previous stage. */
   dt_status_t (*stage_backward)(dt_backend_t *be, int slot, int accum, const float *dy, float *dx,
                                 dt_grad_ready_fn ready, void *ctx);
+  /* Block until everything queued on the backend (its compute and communication streams) has
+   * finished: host timers around device work and host code that hands device memory to another
+   * library (a communicator) call it. Nothing to wait for on the CPU. */
+  dt_status_t (*synchronize)(dt_backend_t *be);
 } dt_backend_ops_t;
 
 struct dt_backend {

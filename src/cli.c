@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "dt_cuda.h"
 #include "dt_build.h" /* autoconf: PACKAGE_VERSION */
 #include "mesh.h"
 #include "mpi_check.h"
@@ -58,7 +59,8 @@ static void print_version(void) {
   printf("mpi: %s\n", mv);
   printf("hdf5: %u.%u.%u\n", maj, min, rel);
   printf("blas: %s\n", DT_BLAS_NAME);
-  printf("nccl: not used by this build (no NCCL communicator yet)\n");
+  fflush(stdout);
+  dt_cuda_print_versions(stdout);
 }
 
 dt_status_t dt_cli_load_config(dt_config_t *cfg, const char *path, int n_over, char **over) {

@@ -6,6 +6,18 @@ int dt_cuda_device_count(void) { return 0; }
 
 const char *dt_cuda_device_error(void) { return "this dtrain is built without CUDA"; }
 
+dt_status_t dt_cuda_device_bus_id(int ordinal, char *buf, size_t n) {
+  if (n) buf[0] = '\0';
+  return DT_ERR(DT_ERR_UNSUPPORTED, "device %d: this dtrain is built without CUDA", ordinal);
+}
+
+dt_status_t dt_cuda_mem_used(int ordinal, double *used) {
+  *used = 0;
+  return DT_ERR(DT_ERR_UNSUPPORTED, "device %d: this dtrain is built without CUDA", ordinal);
+}
+
+void dt_cuda_print_versions(FILE *out) { fprintf(out, "cuda: not built in (nccl, cublas: not used)\n"); }
+
 dt_status_t dt_comm_nccl_unique_id(const void *mpi_comm, unsigned char id[DT_NCCL_ID_BYTES]) {
   (void)mpi_comm;
   (void)id;

@@ -226,3 +226,11 @@ void dt_mesh_coords(int rank, int tp, int pp, int *dp_idx, int *pp_idx, int *tp_
 }
 
 int dt_mesh_rank_of(int dp_idx, int pp_idx, int tp_idx, int tp, int pp) { return (dp_idx * pp + pp_idx) * tp + tp_idx; }
+
+int dt_devid_shared(const char *ids, size_t stride, int n, int me) {
+  const char *mine = ids + (size_t)me * stride;
+  if (!mine[0]) return -1;
+  for (int i = 0; i < n; i++)
+    if (i != me && !strncmp(ids + (size_t)i * stride, mine, stride)) return i;
+  return -1;
+}

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "dt_build.h"
+#include "dt_cuda.h"
 #include "mpi_check.h"
 
 /* ---- mesh -------------------------------------------------------------------------------- */
@@ -74,6 +75,31 @@ static dt_status_t check_nodeids(const dt_mesh_t *m) {
   }
   free(sid);
   return st;
+}
+
+/* Two ranks of a node on one physical GPU (the same PCI bus id, whatever CUDA_VISIBLE_DEVICES
+ * calls it: under Slurm's device cgroups every task's GPU is "0"): refused here, in words, rather
+ * than left to NCCL ("duplicate GPU detected") or to two ranks sharing one GPU's memory. Ranks
+ * whose runtime cannot name their device (no driver: `dtrain layout` on a login node) skip it. */
+static dt_status_t check_shared_gpu(dt_mesh_t *m, MPI_Comm node) {
+  enum { ID = 32 };
+  char mine[ID] = "", *ids = calloc((size_t)m->local_size, ID);
+  if (!ids) return DT_ERR(DT_ERR_NOMEM, "mesh: out of memory");
+  if (m->cuda && m->device >= 0 && dt_cuda_device_bus_id(m->device, mine, ID) != DT_OK) {
+    mine[0] = '\0';
+    dt_err_clear();
+  }
+  int rc = MPI_Allgather(mine, ID, MPI_CHAR, ids, ID, MPI_CHAR, node);
+  int other = rc == MPI_SUCCESS ? dt_devid_shared(ids, ID, m->local_size, m->local_rank) : -1;
+  free(ids);
+  if (rc != MPI_SUCCESS) return dt__mpi_error(rc, "MPI_Allgather", __FILE__, __LINE__);
+  if (other >= 0)
+    return DT_ERR(DT_ERR_LAUNCH,
+                  "rank %d (host %s): local ranks %d and %d of node %d both run on the GPU at PCI bus %s (device "
+                  "ordinal %d); dtrain uses one GPU per rank: start at most as many ranks per node as it has GPUs",
+                  m->rank, m->host, other < m->local_rank ? other : m->local_rank,
+                  other < m->local_rank ? m->local_rank : other, m->node, mine, m->device);
+  return DT_OK;
 }
 
 static dt_status_t mesh_local(dt_mesh_t *m, const dt_mesh_opts_t *o, MPI_Comm node) {
@@ -154,6 +180,7 @@ dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
     st = mesh_local(m, o, node);
   }
   if ((st = dt_mpi_agree(w, st)) != DT_OK) goto fail;
+  if ((st = dt_mpi_agree(w, check_shared_gpu(m, node))) != DT_OK) goto fail; /* collective: after the agreement */
 
   /* the process mesh (same inputs on every rank, so the same answer) */
   m->dp = o->dp;

@@ -74,6 +74,10 @@ int dt_mesh_device_ordinal(int local_rank, int n_visible);
  * if the list has no such entry. */
 int dt_devlist_entry(const char *list, int idx, char *out, size_t n);
 
+/* Another of n device ids (strings in slots of `stride` chars, e.g. the PCI bus ids of a node's
+ * ranks) equal to slot me's, or -1 (also when slot me is "": unknown). */
+int dt_devid_shared(const char *ids, size_t stride, int n, int me);
+
 /* dp x tp x pp: *dp == 0 means world/(tp*pp). Error (same on every rank) if it does not fit. */
 dt_status_t dt_mesh_resolve(int world, int *dp, int tp, int pp);
 void dt_mesh_coords(int rank, int tp, int pp, int *dp_idx, int *pp_idx, int *tp_idx);

@@ -111,6 +111,9 @@ void dt_plan_note_baseline(void);
 /* For train.c, one line each: the plan before step 1 and the measured peak RSS against it. */
 void dt_plan_print_run(const dt_config_t *cfg, const char *name, int world, int threads, FILE *out);
 void dt_plan_print_rss(const dt_config_t *cfg, const char *name, int world, int threads, FILE *out);
+/* The same for a CUDA rank: device memory in use (bytes, cudaMemGetInfo's total - free, so the
+ * CUDA context and library workspaces count) against the plan's CUDA-backend total. */
+void dt_plan_print_device(const dt_config_t *cfg, const char *name, int world, int threads, double used, FILE *out);
 
 /* `dtrain plan CONFIG [section.key=value ...] [--world N] [--device-mem 80GiB]`. */
 int dt_plan_main(int argc, char **argv);

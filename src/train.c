@@ -505,6 +505,7 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
   }
   if (tr->mesh.dp > 1 && tr->zero.stage == 0) { /* reference: blocking all-reduces of every gradient */
     DT_TRY(be_zero(tr));
+    DT_TRY(tr->be.ops->synchronize(&tr->be)); /* the zeros are in before the communicator reads them */
     DT_TRY(tr->mesh.dp_comm->ops->barrier(tr->mesh.dp_comm));
     double t0 = dt_time_now();
     for (int b = 0; b < tr->ddp.n_buckets; b++) { /* bucket by bucket: a single all-reduce of the whole
@@ -513,6 +514,7 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
       DT_TRY(grad_comm->ops->allreduce(grad_comm, tr->be.grads + k->lo, tr->be.grads + k->lo, k->hi - k->lo, DT_F32,
                                        DT_AVG, tr->ddp.stream, NULL));
     }
+    DT_TRY(tr->be.ops->synchronize(&tr->be));
     tr->t_allreduce_full = dt_time_now() - t0;
   }
   if (is_root(tr) || strstr(cfg->metrics, "{rank}")) DT_TRY(dt_metrics_open_rank(&tr->metrics, cfg->metrics, tr->mesh.rank));
@@ -587,7 +589,7 @@ static dt_status_t microsteps(dt_trainer_t *tr, int ddp, uint64_t slice, double 
   double t_step = dt_time_now();
   for (int i = 0; i < 2 * m; i++) {
     const dt_pp_op_t op = tr->pp_ops[i];
-    const int slot = op.mb % be->slots;
+    const int slot = be->slots > 1 ? op.mb % be->slots : 0; /* 0 = 1 set (backend.h): the CUDA backend leaves it 0 */
     double t0;
     if (op.fwd) {
       if (first) DT_TRY(dt_pipe_flush(&tr->pipe));
@@ -632,6 +634,20 @@ static dt_status_t pp_tied_grads(dt_trainer_t *tr) {
   return DT_OK;
 }
 
+/* Test-only (fault.h): grads[off, off + n) *= DT_FAULT_BAD_MATH_SCALE through a host copy, so it
+ * works on device arenas too. */
+static dt_status_t fault_scale_grads(dt_backend_t *be, size_t off, size_t n) {
+  float *h = malloc(n * sizeof *h);
+  if (!h) return DT_ERR(DT_ERR_NOMEM, "fault: out of memory");
+  dt_status_t st = be->ops->copy_to_host(be, DT_BUF_GRADS, off, n, h);
+  if (st == DT_OK) {
+    dt_fault_scale(h, n, DT_FAULT_BAD_MATH_SCALE);
+    st = be->ops->copy_from_host(be, DT_BUF_GRADS, off, n, h);
+  }
+  free(h);
+  return st;
+}
+
 dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   const dt_config_t *c = &tr->cfg;
   dt_backend_t *be = &tr->be;
@@ -663,10 +679,9 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   if (z2) dt_zero_average_shard(&tr->zero, be->grads);
   if (tr->zero.stage == 1) DT_TRY(dt_zero_reduce_grads(&tr->zero, be->grads)); /* this rank's shard, averaged */
   if (tr->mesh.pp > 1 && dt_fault("tied_drift", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: wte grads */
-    dt_fault_scale(be->grads + tr->lay.tensors[0].offset, (size_t)tr->lay.tensors[0].rows * tr->lay.tensors[0].cols,
-                   DT_FAULT_BAD_MATH_SCALE);
+    DT_TRY(fault_scale_grads(be, tr->lay.tensors[0].offset, (size_t)tr->lay.tensors[0].rows * tr->lay.tensors[0].cols));
   if (dt_fault("bad_math", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: block 1's grads */
-    dt_fault_scale(be->grads + tr->lay.layer_begin[1], tr->lay.layer_begin[2] - tr->lay.layer_begin[1], DT_FAULT_BAD_MATH_SCALE);
+    DT_TRY(fault_scale_grads(be, tr->lay.layer_begin[1], tr->lay.layer_begin[2] - tr->lay.layer_begin[1]));
   if (dt_fault("slow_rank", tr->mesh.rank, tr->step + 1)) dt_fault_sleep(DT_FAULT_SLOW_RANK_S); /* test-only */
   if (dt_fault_at("grad_inf", tr->mesh.rank, tr->step + 1)) { /* test-only: one inf in block 0's grads */
     float inf = INFINITY;
@@ -865,6 +880,9 @@ dt_status_t dt_trainer_run(dt_trainer_t *tr) {
            "compute\n", 1e3 * wait, 1e3 * full, full > 0 ? 100.0 * fmax(0.0, 1.0 - wait / full) : 0.0);
   }
   if (is_root(tr)) dt_plan_print_rss(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, stdout); /* measured vs plan */
+  double dev_used = 0;
+  if (is_root(tr) && tr->mesh.device >= 0 && dt_cuda_mem_used(tr->mesh.device, &dev_used) == DT_OK)
+    dt_plan_print_device(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, dev_used, stdout);
   /* The final state is always saved, unless it is already on disk. */
   if (tr->saved_step != tr->step && tr->resumed_step != tr->step) DT_TRY(dt_trainer_save(tr));
   return DT_OK;

@@ -278,3 +278,15 @@ Test(mesh, device_union) {
   strcpy(lists[0], "");
   cr_expect_eq(dt_devlist_union(&lists[0][0], has, 1), 0); /* CUDA_VISIBLE_DEVICES="" hides all */
 }
+
+/* The one-rank-per-GPU check's comparison (mesh.c check_shared_gpu gathers the PCI bus ids of a
+ * node's ranks): a rank whose GPU another rank also names is found; unknown ("") never matches. */
+Test(mesh, shared_gpu) {
+  char ids[4][32] = {"0000:41:00.0", "0000:61:00.0", "0000:41:00.0", ""};
+  cr_expect_eq(dt_devid_shared(&ids[0][0], 32, 4, 0), 2);
+  cr_expect_eq(dt_devid_shared(&ids[0][0], 32, 4, 2), 0);
+  cr_expect_eq(dt_devid_shared(&ids[0][0], 32, 4, 1), -1);
+  cr_expect_eq(dt_devid_shared(&ids[0][0], 32, 4, 3), -1);
+  char none[2][32] = {"", ""};
+  cr_expect_eq(dt_devid_shared(&none[0][0], 32, 2, 0), -1, "two unknown devices are not the same device");
+}

@@ -1,0 +1,150 @@
+/* CUDA emulation: cuBLAS (cublas_v2.h). Arguments are checked as cuBLAS does
+ * (CUBLAS_STATUS_INVALID_VALUE for negative sizes or leading dimensions too small); host-mode
+ * alpha and beta are read at the call. The product is queued on the handle's stream and runs
+ * through dt_cpu_sgemm: column-major C (m x n) = op(A) op(B) is row-major C^T = op(B)^T op(A)^T,
+ * so the row-major call takes B before A, n before m and keeps each transposition flag. An operand
+ * that does not lie inside one allocation of the handle's device is an illegal address when the
+ * product runs (sticky, as the cuBLAS kernel's fault would be), named with the call. */
+#include <stdio.h>
+
+#include "cublas_v2.h"
+#include "emu_int.h"
+
+extern "C" {
+#include "ops_cpu.h"
+}
+
+struct dt_emu_cublas {
+  int device;
+  cudaStream_t stream;
+  cublasPointerMode_t mode;
+};
+
+namespace dt_emu {
+
+/* A column-major operand of `rows` x `cols` with leading dimension ld, batch i at i*stride. */
+struct operand_t {
+  const char *name;
+  const float *p;
+  long long ld, rows, cols, stride;
+};
+
+static int operand_bad(const operand_t &o, int batch, int dev, char *why, size_t n) {
+  if (o.rows == 0 || o.cols == 0 || batch == 0) return 0;
+  size_t extent = (size_t)(o.ld * (o.cols - 1) + o.rows) * sizeof(float);
+  for (int i = 0; i < batch; i += batch - 1 > 0 ? batch - 1 : 1) { /* first and last batch */
+    char w[256];
+    if (heap_check_range(o.p + (long long)i * o.stride, extent, dev, w, sizeof w)) {
+      snprintf(why, n, "%s of batch %d: %s", o.name, i, w);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
+                           int k, const float *alpha, const float *A, int lda, long long sA, const float *B, int ldb,
+                           long long sB, const float *beta, float *C, int ldc, long long sC, int batch) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (ta > CUBLAS_OP_C || tb > CUBLAS_OP_C || ta < CUBLAS_OP_N || tb < CUBLAS_OP_N) return CUBLAS_STATUS_INVALID_VALUE;
+  int tA = ta != CUBLAS_OP_N, tB = tb != CUBLAS_OP_N;
+  long long ra = tA ? k : m, ca = tA ? m : k, rb = tB ? n : k, cb = tB ? k : n;
+  if (m < 0 || n < 0 || k < 0 || batch < 0 || lda < (ra > 1 ? ra : 1) || ldb < (rb > 1 ? rb : 1) ||
+      ldc < (m > 1 ? m : 1))
+    return CUBLAS_STATUS_INVALID_VALUE;
+  if (m == 0 || n == 0 || batch == 0) return CUBLAS_STATUS_SUCCESS;
+  if (entry() != cudaSuccess) return CUBLAS_STATUS_EXECUTION_FAILED;
+  cudaError_t e;
+  int cur = current_device();
+  stream_t *s = h->stream ? get_stream(h->stream, &e) : NULL;
+  if (!h->stream) { /* the legacy stream of the handle's device */
+    cudaSetDevice(h->device);
+    s = get_stream(NULL, &e);
+    cudaSetDevice(cur);
+  }
+  if (!s) return CUBLAS_STATUS_EXECUTION_FAILED;
+  int host = h->mode == CUBLAS_POINTER_MODE_HOST;
+  float a = host ? *alpha : 0.0f, b = host ? *beta : 0.0f;
+  operand_t oa = {"A", A, lda, k ? ra : 0, ca, sA}, ob = {"B", B, ldb, k ? rb : 0, cb, sB}, oc = {"C", C, ldc, m, n, sC};
+  op_t op;
+  op.what = call;
+  op.writes.push_back(range_t{(uintptr_t)C, (uintptr_t)(C + (long long)(batch - 1) * sC + (long long)ldc * (n - 1) + m)});
+  int dev = h->device;
+  op.run = [=]() {
+    char why[320];
+    if (operand_bad(oa, batch, dev, why, sizeof why) || operand_bad(ob, batch, dev, why, sizeof why) ||
+        operand_bad(oc, batch, dev, why, sizeof why)) {
+      fail_sticky(dev, cudaErrorIllegalAddress, "%s(m=%d, n=%d, k=%d, batch %d): %s", call, m, n, k, batch, why);
+      return;
+    }
+    float al = host ? a : *alpha, be = host ? b : *beta;
+    for (int i = 0; i < batch; i++)
+      dt_cpu_sgemm(tB, tA, n, m, k, al, B + (long long)i * sB, ldb, A + (long long)i * sA, lda, be,
+                   C + (long long)i * sC, ldc);
+  };
+  enqueue(s, std::move(op));
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+}  // namespace dt_emu
+
+using namespace dt_emu;
+
+extern "C" {
+
+cublasStatus_t cublasGetProperty(libraryPropertyType type, int *value) {
+  *value = type == MAJOR_VERSION ? CUBLAS_VER_MAJOR : type == MINOR_VERSION ? CUBLAS_VER_MINOR : CUBLAS_VER_PATCH;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasCreate(cublasHandle_t *handle) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  *handle = new dt_emu_cublas{current_device(), NULL, CUBLAS_POINTER_MODE_HOST};
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasDestroy(cublasHandle_t handle) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  delete handle;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetStream(cublasHandle_t handle, cudaStream_t stream) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  cudaError_t e;
+  if (stream && !get_stream(stream, &e)) return CUBLAS_STATUS_INVALID_VALUE;
+  handle->stream = stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t *stream) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  *stream = handle->stream;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetPointerMode(cublasHandle_t handle, cublasPointerMode_t mode) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  handle->mode = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                           int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
+                           const float *beta, float *C, int ldc) {
+  return gemm("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+}
+
+cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
+                                         int m, int n, int k, const float *alpha, const float *A, int lda,
+                                         long long strideA, const float *B, int ldb, long long strideB,
+                                         const float *beta, float *C, int ldc, long long strideC, int batchCount) {
+  return gemm("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB,
+              beta, C, ldc, strideC, batchCount);
+}
+
+}  // extern "C"

@@ -1,0 +1,120 @@
+#!/usr/bin/env bash
+# Build dtrain with CUDA and gather into one git-ignored folder what a lent GPU machine lacks (it
+# has CUDA, cuBLAS, NCCL, PyTorch; no MPI, HDF5, OpenBLAS, Criterion or compiler toolchain of
+# ours): the binaries (dtrain, tests/gpu_parity, tests/gpu_nccl), the shared libraries of
+# Open MPI (with its plugins, so a singleton rank starts without mpirun), HDF5, OpenBLAS and their
+# own dependencies, the bundled token shards and the small configs. Not the CUDA libraries:
+# scripts/gpu-check.sh finds those on the GPU machine. Also writes BUNDLE.tar.xz, the form that
+# travels (device `carry`), and checks here that everything resolves from the bundle plus the
+# base-system libraries listed below, by running the bundled dtrain under `env -i` on the CPU.
+#
+#   scripts/gpu-bundle.sh [BUNDLE]      (default BUNDLE: gpu-bundle, at the top of the tree)
+#
+# Uses the in-tree build when it is configured with CUDA (else configures one), so run it from
+# a tree where `./configure` found nvcc. Prints the folder's and the archive's size.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+top=$(pwd)
+out=$(realpath -m "${1:-gpu-bundle}")
+die() { echo "gpu-bundle: $*" >&2; exit 1; }
+say() { echo "gpu-bundle: $*" >&2; }
+
+# What the GPU machine must provide itself: glibc's libraries and the C++ runtime (its Python
+# and PyTorch need them too), and CUDA's (found there at run time by scripts/gpu-check.sh).
+BASE='^(linux-vdso\.so\.1|ld-linux-x86-64\.so\.2|libc\.so\.6|libm\.so\.6|libdl\.so\.2|libpthread\.so\.0|librt\.so\.1|libresolv\.so\.2|libutil\.so\.1|libgcc_s\.so\.1|libstdc\+\+\.so\.6)$'
+CUDA='^(libcuda\.so\.1|libcudart\.so\.[0-9]+|libcublas\.so\.[0-9]+|libcublasLt\.so\.[0-9]+|libnccl\.so\.[0-9]+|libcudnn[a-z_]*\.so\.[0-9]+)$'
+# Open MPI plugins for fabrics a one-GPU machine does not have (their libraries are not bundled)
+SKIP_PLUGIN='(fabric|efa|ibverbs|rdmacm|psm|infinipath|libuc[pmst]|common_ucx|common_ofi|common_verbs|oshmem|libnl-)'
+
+# ---- build -------------------------------------------------------------------------------
+if [ ! -f Makefile ]; then
+  say "configuring in-tree with CUDA"
+  autoreconf -fi >/dev/null
+  ./configure --with-cuda >/dev/null
+fi
+grep -q '^#define DT_HAVE_CUDA 1' dt_build.h || die "this tree is configured without CUDA (./configure --with-cuda)"
+make -j2 dtrain tests/gpu_parity tests/gpu_nccl >/dev/null
+[ -f data/austen_train_000000.bin ] || DTRAIN=./dtrain bash scripts/get-data.sh data >/dev/null
+
+# ---- gather ------------------------------------------------------------------------------
+mpilib=$(dirname "$(ldd dtrain | awk '$1 == "libmpi.so.40" {print $3}')")
+ompi_plugins=$(ls -d /usr/lib/x86_64-linux-gnu/openmpi/lib/openmpi3 2>/dev/null || true)
+pmix_plugins=$(ls -d /usr/lib/x86_64-linux-gnu/pmix2/lib/pmix 2>/dev/null || true)
+[ -n "$ompi_plugins" ] || die "Open MPI's plugin folder not found (Debian's libopenmpi3 layout expected)"
+rm -rf "$out" "$out.tar.xz"
+mkdir -p "$out"/{bin,lib/openmpi3,lib/pmix,share/openmpi,data,inputs,configs}
+for b in dtrain tests/gpu_parity tests/gpu_nccl; do
+  cp "$b" "$out/bin/"
+  strip "$out/bin/$(basename "$b")"
+done
+objs=("$out"/bin/*)
+for p in "$ompi_plugins"/*.so; do
+  deps=$(ldd "$p" 2>&1) || die "ldd $p failed: $deps"
+  if grep -Eq "$SKIP_PLUGIN|not found" <<< "$deps"; then continue; fi
+  cp "$p" "$out/lib/openmpi3/"
+  objs+=("$out/lib/openmpi3/$(basename "$p")")
+done
+if [ -n "$pmix_plugins" ]; then
+  cp "$pmix_plugins"/*.so "$out/lib/pmix/"
+  objs+=("$out"/lib/pmix/*.so)
+fi
+# every library those objects load (transitively: ldd lists the whole closure), minus the base
+# system's and CUDA's
+ldd "${objs[@]}" 2>/dev/null | awk 'NF >= 3 && $2 == "=>" {print $1, $3}' | sort -u |
+  while read -r name path; do
+    if echo "$name" | grep -Eq "$BASE|$CUDA"; then continue; fi
+    [ -f "$out/lib/$name" ] || cp -L "$path" "$out/lib/$name"
+  done
+cp /usr/share/openmpi/help-*.txt "$out/share/openmpi/" 2>/dev/null || true
+cp data/austen_train_000000.bin data/austen_val_000000.bin "$out/data/"
+cp inputs/*.ini "$out/inputs/"
+cp tests/small.ini "$out/configs/small.ini"
+cp validation/small.ini "$out/configs/validation_small.ini"
+cat > "$out/env.sh" <<'EOF'
+# Source this to run the bundle's programs: its libraries first, Open MPI's plugins and help
+# files from the bundle, a singleton rank that starts no daemon. CUDA's libraries come from the
+# machine (scripts/gpu-check.sh adds their folders after the bundle's).
+b=$(cd "$(dirname "${BASH_SOURCE[0]:-$0}")" && pwd)
+export DTRAIN_BUNDLE=$b
+export LD_LIBRARY_PATH="$b/lib${DTRAIN_CUDA_LIBS:+:$DTRAIN_CUDA_LIBS}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+export OMPI_MCA_mca_base_component_path="$b/lib/openmpi3"
+export PMIX_MCA_mca_base_component_path="$b/lib/pmix"
+export OPAL_PKGDATADIR="$b/share/openmpi"
+export OMPI_MCA_ess_singleton_isolated=1
+export OMPI_MCA_mca_base_component_show_load_errors=0
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+export OMPI_MCA_btl=self,vader,tcp
+export PATH="$b/bin:$PATH"
+EOF
+git rev-parse HEAD > "$out/COMMIT"
+git status --porcelain --untracked-files=no | grep -q . && echo "(plus uncommitted changes)" >> "$out/COMMIT"
+
+# ---- check: every library resolves from the bundle plus the base system ------------------
+unresolved=$(env -i LD_LIBRARY_PATH="$out/lib" ldd "${objs[@]}" 2>&1 | grep 'not found' |
+  awk '{print $1}' | grep -Ev "$CUDA" | sort -u || true)
+[ -z "$unresolved" ] || die "not in the bundle: $unresolved"
+outside=$(env -i LD_LIBRARY_PATH="$out/lib" ldd "${objs[@]}" 2>/dev/null | awk 'NF >= 3 && $2 == "=>" {print $1, $3}' |
+  grep -v " $out/lib/" | awk '{print $1}' | sort -u | grep -Ev "$BASE|$CUDA" || true)
+[ -z "$outside" ] || die "resolved outside the bundle and the base list: $outside"
+vers=$(objdump -T "${objs[@]}" "$out"/lib/*.so* 2>/dev/null | grep -o 'GLIBC[XX]*_[0-9.]*' | sort -uV || true)
+say "needs from the machine: glibc >= $(echo "$vers" | grep '^GLIBC_' | tail -1 | cut -d_ -f2), libstdc++ and libgcc_s,\
+ CUDA's libcudart, libcublas, libcublasLt (13) and libnccl (2)"
+
+# the bundled dtrain, CPU backend, nothing from this machine's library path or MPI environment
+cd "$out"
+set +e
+env -i HOME=/tmp PATH=/usr/bin:/bin bash -c "source ./env.sh; export LD_LIBRARY_PATH=$out/lib;
+  dtrain --version && dtrain inputs/tiny.ini system.backend=cpu train.steps=2 train.threads=1 train.micro_batch=2 \
+    model.seq_len=64 data.train='data/austen_train_*.bin' data.val= log.every=1 checkpoint.dir=/tmp/gpu-bundle-ckpt.$$ \
+    checkpoint.resume=never" > check.log 2>&1
+rc=$?
+set -e
+rm -rf "/tmp/gpu-bundle-ckpt.$$"
+cd "$top"
+grep -q '^ *2 ' "$out/check.log" && [ $rc -eq 0 ] || { cat "$out/check.log"; die "the bundled dtrain did not train 2 steps under env -i (exit $rc)"; }
+say "the bundled dtrain trained 2 steps on the CPU under env -i with only the bundle's library path"
+
+XZ_OPT="-T0 -3" tar -C "$(dirname "$out")" -cJf "$out.tar.xz" "$(basename "$out")"
+mib=$(du -m "$out.tar.xz" | cut -f1)
+[ "$mib" -lt 60 ] || die "$out.tar.xz is $mib MiB: over the 60 MiB a device call may carry beside the tree"
+say "$out: $(du -sm "$out" | cut -f1) MiB in $(find "$out" -type f | wc -l) files (35 of them OpenBLAS's kernels for every x86 CPU); $out.tar.xz, what travels: $mib MiB"

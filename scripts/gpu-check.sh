@@ -1,0 +1,249 @@
+#!/usr/bin/env bash
+# Does dtrain's GPU path work on this machine? One PASS/FAIL/SKIP line per stage, then
+# `GPU PATH: WORKS` or `GPU PATH: BROKEN at <stage>`. Runs from the bundle that
+# scripts/gpu-bundle.sh made (a folder, or its .tar.xz, unpacked to /tmp), with the CUDA
+# libraries this machine has (the toolkit's, else Python's nvidia-* packages). Everything is also
+# written under $OUT when that is set (the device tool's result folder): gpu-check.log (all of
+# it), summary.txt (the stage lines), parity.txt, speed.txt. Scratch goes to a fresh /tmp folder,
+# removed at the end.
+#
+#   scripts/gpu-check.sh [--quick] [BUNDLE]     (BUNDLE: gpu-bundle or gpu-bundle.tar.xz, default:
+#                                                whichever exists at the top of the tree)
+#   scripts/gpu-check.sh --emulation [--quick]  the same stages against the CUDA emulation of this
+#                                                build tree (dtrain_emu, tests/*_emu; README "CUDA
+#                                                emulation"), on tests/small.ini: proves the check
+#                                                itself here; sanitizer and speed SKIP
+# Stages: preflight (driver, runtime, the libraries loaded), parity (tests/gpu_parity: every
+# kernel and backend op against its CPU twin), sanitizer (compute-sanitizer memcheck, and
+# racecheck on the kernels), training (tiny model 50 steps cpu vs cuda; validation's numerics
+# reference on cuda), checkpoints (save/resume across backends, exact GPU resume, eval agreement),
+# nccl (every collective, one rank), speed (bench/gpu_step.sh: dtrain vs PyTorch, GPT-2 124M).
+# --quick (under 3 minutes): small parity shapes, memcheck only, 20 training steps, fp32 and bf16
+# speed without torch.compile. Full: about 8 minutes on an H100.
+set -uo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+quick=0
+emu=0
+bundle=""
+for a in "$@"; do
+  case $a in
+    --quick) quick=1 ;;
+    --emulation) emu=1 ;;
+    -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+    *) bundle=$a ;;
+  esac
+done
+work=$(mktemp -d /tmp/gpu-check.XXXXXX)
+if [ $emu = 1 ]; then
+  [ -x "$here/dtrain_emu" ] || { echo "gpu-check: no $here/dtrain_emu (make check builds the emulation)"; exit 2; }
+  bundle="$here (CUDA emulation)"
+else
+  [ -n "$bundle" ] || for c in "$here/gpu-bundle" "$here/gpu-bundle.tar.xz"; do [ -e "$c" ] && { bundle=$c; break; }; done
+  [ -n "$bundle" ] || { echo "gpu-check: no bundle (make one with scripts/gpu-bundle.sh)"; exit 2; }
+  if [ -f "$bundle" ]; then
+    tar -C "$work" -xJf "$bundle" || { echo "gpu-check: cannot unpack $bundle"; exit 2; }
+    bundle=$work/$(basename "$bundle" .tar.xz)
+  fi
+  bundle=$(cd "$bundle" && pwd)
+fi
+out=${OUT:-}
+log=$work/gpu-check.log
+[ -n "$out" ] && mkdir -p "$out" && log=$out/gpu-check.log
+exec > >(tee "$log") 2>&1
+t_start=$(date +%s)
+summary=()
+broken=""
+cmp="python3 $here/scripts/gpu_check_compare.py"
+
+# stage NAME VERDICT DETAIL: one line now and in the summary
+stage() {
+  local line
+  line=$(printf 'STAGE %-12s %-4s  %s' "$1" "$2" "$3")
+  echo "$line"
+  summary+=("$line")
+  [ "$2" = FAIL ] && [ -z "$broken" ] && broken=$1
+  return 0
+}
+run() { echo "+ $*"; "$@"; }
+elapsed() { echo $(($(date +%s) - t_start)); }
+
+echo "# gpu-check $(date -u +%FT%TZ) on $(hostname), bundle $bundle, quick=$quick"
+
+# ---- preflight: the GPU, the driver, the CUDA libraries this machine has -------------------
+cuda_dirs=""
+for soname in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
+  found=""
+  roots="/usr/local/cuda/lib64 /usr/local/cuda/targets/x86_64-linux/lib"
+  roots="$roots $(python3 -c 'import nvidia, os; print(" ".join(nvidia.__path__))' 2>/dev/null)"
+  for r in $roots; do
+    f=$(find "$r" -maxdepth 4 -name "$soname" 2>/dev/null | head -1)
+    [ -n "$f" ] && { found=$(dirname "$f"); break; }
+  done
+  if [ -n "$found" ]; then
+    case ":$cuda_dirs:" in *":$found:"*) ;; *) cuda_dirs=${cuda_dirs:+$cuda_dirs:}$found ;; esac
+  else
+    echo "gpu-check: $soname not found under $roots"
+  fi
+done
+if [ $emu = 1 ]; then
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DTRAIN_EMU_DEVICES=1
+  dt=$here/dtrain_emu parity=$here/tests/gpu_parity_emu nccl=$here/tests/gpu_nccl_emu DATA_DIR=$here/data
+  cfg=$here/tests/small.ini # tiny.ini runs ~100x slower on the emulation than small.ini
+else
+  echo "# from the bundle: $(head -1 "$bundle/COMMIT")"
+  export DTRAIN_CUDA_LIBS=$cuda_dirs
+  source "$bundle/env.sh"
+  dt=$bundle/bin/dtrain parity=$bundle/bin/gpu_parity nccl=$bundle/bin/gpu_nccl DATA_DIR=$bundle/data
+  cfg=$here/inputs/tiny.ini
+  echo "+ nvidia-smi"; nvidia-smi 2>&1 | head -20
+fi
+echo "+ $dt --version"
+if ! "$dt" --version > "$work/version.txt" 2>&1; then cat "$work/version.txt"; fi
+cat "$work/version.txt"
+gpus=$(grep -c '^gpu [0-9]' "$work/version.txt" || true)
+if [ "$gpus" -ge 1 ]; then
+  stage preflight PASS "$(grep '^gpu 0' "$work/version.txt" | cut -c1-90); $(grep '^cuda:' "$work/version.txt" | cut -d' ' -f2-3)"
+else
+  stage preflight SKIP "no usable GPU: $(grep '^gpu:' "$work/version.txt" | head -1)"
+fi
+have_gpu=$((gpus >= 1))
+
+# ---- parity ---------------------------------------------------------------------------------
+if [ $have_gpu = 1 ]; then
+  args=$([ $quick = 1 ] && echo --small || echo --huge)
+  [ $emu = 1 ] && args=--small # the full shapes take ~4 CPU-minutes emulated
+  run "$parity" $args > "$work/parity.txt" 2>&1
+  rc=$?
+  cat "$work/parity.txt"
+  [ -n "$out" ] && cp "$work/parity.txt" "$out/"
+  last=$(tail -1 "$work/parity.txt")
+  if [ $rc = 0 ]; then stage parity PASS "$last"; else stage parity FAIL "exit $rc: $last; $(grep -c FAIL "$work/parity.txt") failing rows"; fi
+else
+  stage parity SKIP "no GPU"
+fi
+
+# ---- compute-sanitizer ------------------------------------------------------------------------
+san=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null || true)
+if [ $emu = 1 ]; then
+  stage sanitizer SKIP "emulation (tests/emu_asan.sh runs the kernels under ASan + UBSan)"
+elif [ $have_gpu = 1 ] && [ -n "$san" ]; then
+  verdict=PASS
+  detail=""
+  tools="memcheck"
+  [ $quick = 1 ] || tools="memcheck racecheck"
+  for tool in $tools; do
+    a="--small"
+    [ "$tool" = racecheck ] && a="--small --no-backend" # our kernels; cuBLAS's under racecheck take minutes
+    echo "+ $san --tool $tool --error-exitcode 99 gpu_parity $a"
+    timeout 240 "$san" --tool "$tool" --error-exitcode 99 "$parity" $a > "$work/san_$tool.txt" 2>&1
+    rc=$?
+    tail -n 15 "$work/san_$tool.txt"
+    errs=$(grep -o 'ERROR SUMMARY: [0-9]* error' "$work/san_$tool.txt" | tail -1)
+    case $rc in
+      0) detail="$detail $tool: ${errs:-0 errors};" ;;
+      124) detail="$detail $tool: timed out (240 s);"; [ $verdict = PASS ] && verdict=SKIP ;;
+      *) detail="$detail $tool: exit $rc, ${errs:-see log};"; verdict=FAIL ;;
+    esac
+  done
+  stage sanitizer $verdict "$detail"
+else
+  stage sanitizer SKIP "$([ $have_gpu = 1 ] && echo 'no compute-sanitizer' || echo 'no GPU')"
+fi
+
+# ---- training: cpu vs cuda, validation's numerics reference on cuda ----------------------------
+steps=$([ $quick = 1 ] && echo 20 || echo 50)
+tiny=("$cfg" train.steps=$steps train.eval_every=0 log.every=1 "data.train=$DATA_DIR/austen_train_*.bin"
+      "data.val=$DATA_DIR/austen_val_*.bin" checkpoint.resume=never checkpoint.every=0)
+if [ $have_gpu = 1 ]; then
+  for be in cpu cuda; do
+    run "$dt" "${tiny[@]}" system.backend=$be log.metrics="$work/tiny_$be.jsonl" checkpoint.dir="$work/tiny_ck_$be" \
+      > "$work/tiny_$be.out" 2>&1 || tail -5 "$work/tiny_$be.out"
+    tail -n 3 "$work/tiny_$be.out"
+  done
+  run "$dt" "$here/validation/small.ini" system.backend=cuda train.micro_batch=2 "data.train=$DATA_DIR/austen_train_*.bin" \
+    "data.val=$DATA_DIR/austen_val_*.bin" log.metrics="$work/numerics.jsonl" checkpoint.dir="$work/num_ck" \
+    > "$work/numerics.out" 2>&1 || tail -5 "$work/numerics.out"
+  r1=$($cmp losses "$work/tiny_cpu.jsonl" "$work/tiny_cuda.jsonl" --rtol 2e-3 --steps $steps 2>&1)
+  ok1=$?
+  r2=$($cmp reference "$here/validation/reference/small_losses.json" "$work/numerics.jsonl" 2>&1)
+  ok2=$?
+  echo "$r1"
+  echo "$r2"
+  if [ $ok1 = 0 ] && [ $ok2 = 0 ]; then stage training PASS "$(echo "$r1" | tail -1); $(echo "$r2" | tail -1)"
+  else stage training FAIL "$(echo "$r1" | tail -1); $(echo "$r2" | tail -1)"; fi
+else
+  stage training SKIP "no GPU"
+fi
+
+# ---- checkpoints: exact GPU resume, GPU <-> CPU resume, eval agreement ------------------------
+if [ $have_gpu = 1 ]; then
+  ck=("$cfg" train.steps=20 train.eval_every=0 log.every=1 "data.train=$DATA_DIR/austen_train_*.bin"
+      "data.val=$DATA_DIR/austen_val_*.bin" checkpoint.every=10 checkpoint.keep=5)
+  c=$work/ck
+  mkdir -p "$c"
+  run "$dt" "${ck[@]}" system.backend=cuda checkpoint.dir=$c/g checkpoint.resume=never log.metrics=$c/g.jsonl > $c.g.out 2>&1
+  run "$dt" "${ck[@]}" system.backend=cpu checkpoint.dir=$c/c checkpoint.resume=never log.metrics=$c/c.jsonl > $c.c.out 2>&1
+  run "$dt" "${ck[@]}" system.backend=cuda checkpoint.dir=$c/gg checkpoint.resume=$c/g/ckpt_00000010.h5 \
+    log.metrics=$c/gg.jsonl > $c.gg.out 2>&1
+  run "$dt" "${ck[@]}" system.backend=cpu checkpoint.dir=$c/gc checkpoint.resume=$c/g/ckpt_00000010.h5 \
+    log.metrics=$c/gc.jsonl > $c.gc.out 2>&1
+  run "$dt" "${ck[@]}" system.backend=cuda checkpoint.dir=$c/cg checkpoint.resume=$c/c/ckpt_00000010.h5 \
+    log.metrics=$c/cg.jsonl > $c.cg.out 2>&1
+  for be in cpu cuda; do
+    run "$dt" eval "$cfg" system.backend=$be --checkpoint $c/g/ckpt_00000020.h5 \
+      --data "$DATA_DIR/austen_val_*.bin" --batches 4 2> $c.eval_$be.err | tail -1 | tee $c.eval_$be.txt
+  done
+  r=$($cmp resume "$c" 2>&1)
+  rc=$?
+  echo "$r"
+  if [ $rc = 0 ]; then stage checkpoints PASS "$(echo "$r" | tail -1)"; else stage checkpoints FAIL "$(echo "$r" | grep -m1 FAIL)"; fi
+else
+  stage checkpoints SKIP "no GPU"
+fi
+
+# ---- NCCL -----------------------------------------------------------------------------------
+if [ $have_gpu = 1 ]; then
+  run "$nccl" > "$work/nccl.txt" 2>&1
+  rc=$?
+  cat "$work/nccl.txt"
+  if [ $rc = 0 ]; then stage nccl PASS "$(grep -c '^ok:' "$work/nccl.txt") collective checks exact on 1 rank (multi-rank NCCL NOT tested: one GPU)"
+  else stage nccl FAIL "exit $rc: $(grep -v '^ok:' "$work/nccl.txt" | head -1)"; fi
+else
+  stage nccl SKIP "no GPU"
+fi
+
+# ---- speed -----------------------------------------------------------------------------------
+if [ $emu = 1 ]; then
+  stage speed SKIP "emulation: no speed to measure"
+elif [ $have_gpu = 1 ]; then
+  extra=()
+  [ $quick = 0 ] && [ "$(elapsed)" -lt 240 ] && extra=(--compile)
+  DTRAIN="$dt" DATA="$DATA_DIR/austen_train_*.bin" \
+    bash "$here/bench/gpu_step.sh" --steps $([ $quick = 1 ] && echo 8 || echo 12) --out "$work/speed" "${extra[@]}" \
+    > "$work/speed.txt" 2>&1
+  rc=$?
+  cat "$work/speed.txt"
+  [ -n "$out" ] && cp "$work/speed.txt" "$out/"
+  rows=$(grep -c '^dtrain \|^torch ' "$work/speed.txt" || true)
+  if [ $rc = 0 ] && grep -q '^dtrain .* [0-9.]* *[0-9]* *[0-9.]* ' "$work/speed.txt"; then
+    stage speed PASS "$(grep '^dtrain ' "$work/speed.txt" | awk '{printf "%s %s ms, ", $2, $3}')see speed.txt ($rows rows)"
+  else
+    stage speed FAIL "exit $rc; see speed.txt"
+  fi
+else
+  stage speed SKIP "no GPU"
+fi
+
+# ---- verdict --------------------------------------------------------------------------------
+echo
+echo "# summary ($(elapsed) s)"
+printf '%s\n' "${summary[@]}"
+what="GPU PATH"
+[ $emu = 1 ] && what="GPU PATH ON THE CUDA EMULATION"
+if [ $have_gpu = 0 ]; then verdict="$what: NOT CHECKED (no usable GPU here)"
+elif [ -n "$broken" ]; then verdict="$what: BROKEN at $broken"
+else verdict="$what: WORKS"; fi
+echo "$verdict"
+[ -n "$out" ] && { printf '%s\n' "${summary[@]}" "$verdict" > "$out/summary.txt"; }
+rm -rf "$work" 2>/dev/null
+[ -z "$broken" ]

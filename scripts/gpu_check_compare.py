@@ -1,0 +1,105 @@
+#!/usr/bin/env python3
+"""The comparisons of scripts/gpu-check.sh, on dtrain's JSONL metrics (standard library only).
+
+  gpu_check_compare.py losses A.jsonl B.jsonl --rtol R --steps N   per-step losses of two runs
+  gpu_check_compare.py reference REF.json RUN.jsonl                 validation's numerics reference
+  gpu_check_compare.py resume DIR                                   the checkpoint stage's runs
+Prints what it compared with the numbers; the last line is the one-line result; exit 0 = pass.
+"""
+import json
+import sys
+
+
+def rows(path):
+    with open(path) as f:
+        return {r["step"]: r for r in (json.loads(l) for l in f if l.strip())}
+
+
+def rel(a, b):
+    return abs(a - b) / max(abs(b), 1e-30)
+
+
+def worst(a, b, steps, key="loss"):
+    w, at = 0.0, None
+    for s in steps:
+        if s not in a or s not in b:
+            raise SystemExit(f"FAIL: step {s} missing ({'first' if s not in a else 'second'} run)")
+        e = rel(a[s][key], b[s][key])
+        if e >= w:
+            w, at = e, s
+    return w, at
+
+
+def cmd_losses(argv):
+    a, b = rows(argv[0]), rows(argv[1])
+    rtol, n = float(argv[argv.index("--rtol") + 1]), int(argv[argv.index("--steps") + 1])
+    w, at = worst(a, b, range(1, n + 1))
+    for s in (1, n // 2, n):
+        print(f"  step {s:3d}: {a[s]['loss']:.7f} vs {b[s]['loss']:.7f}")
+    ok = w <= rtol
+    print(f"{'ok' if ok else 'FAIL'}: cpu vs cuda losses over {n} steps: worst relative difference {w:.2e} at step "
+          f"{at} (tolerance {rtol:g})")
+    return 0 if ok else 1
+
+
+def cmd_reference(argv):
+    ref = json.load(open(argv[0]))
+    run = rows(argv[1])
+    tol = ref.get("tolerance_rel", 1e-4)
+    want = ref["losses"]
+    w, at = 0.0, None
+    for i, l in enumerate(want, 1):
+        if i not in run:
+            print(f"FAIL: step {i} missing from the cuda run")
+            return 1
+        e = rel(run[i]["loss"], l)
+        if e >= w:
+            w, at = e, i
+    ok = w <= tol
+    print(f"{'ok' if ok else 'FAIL'}: validation numerics on cuda vs {argv[0].split('/')[-1]}: worst relative "
+          f"difference {w:.2e} at step {at} over {len(want)} steps (tolerance {tol:g})")
+    return 0 if ok else 1
+
+
+def cmd_resume(argv):
+    d = argv[0]
+    g, c, gg, gc, cg = (rows(f"{d}/{n}.jsonl") for n in ("g", "c", "gg", "gc", "cg"))
+    tail = range(11, 21)
+    bad = 0
+    exact = all(gg[s]["loss"] == g[s]["loss"] and gg[s]["grad_norm"] == g[s]["grad_norm"] for s in tail if s in gg)
+    exact = exact and all(s in gg for s in tail)
+    print(f"{'ok' if exact else 'FAIL'}: cuda resumed from its step-10 checkpoint repeats steps 11-20 of the "
+          f"uninterrupted cuda run bit for bit (loss and grad_norm)")
+    bad += not exact
+    for name, x, y, what in (("gc", gc, g, "cpu resumed from the cuda checkpoint vs the cuda run"),
+                             ("cg", cg, c, "cuda resumed from the cpu checkpoint vs the cpu run")):
+        w, at = worst(x, y, tail)
+        ok = w <= 2e-3
+        bad += not ok
+        print(f"{'ok' if ok else 'FAIL'}: {what}: steps 11-20 worst relative loss difference {w:.2e} at step {at} "
+              f"(tolerance 2e-3)")
+    ev = {}
+    for be in ("cpu", "cuda"):
+        try:
+            ev[be] = float(open(f"{d}.eval_{be}.txt").read().split()[-1])
+        except (OSError, ValueError, IndexError):
+            ev[be] = float("nan")
+    e = rel(ev["cuda"], ev["cpu"])
+    ok = e <= 1e-5
+    bad += not ok
+    print(f"{'ok' if ok else 'FAIL'}: dtrain eval of the cuda step-20 checkpoint: cpu {ev['cpu']:.7f}, cuda "
+          f"{ev['cuda']:.7f} (relative {e:.1e}, tolerance 1e-5)")
+    print(f"{'all 4 checkpoint checks pass' if not bad else f'{bad} of 4 checkpoint checks FAIL'}")
+    return 1 if bad else 0
+
+
+def main():
+    cmds = {"losses": cmd_losses, "reference": cmd_reference, "resume": cmd_resume}
+    if len(sys.argv) < 3 or sys.argv[1] not in cmds:
+        print(__doc__)
+        return 2
+    return cmds[sys.argv[1]](sys.argv[2:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

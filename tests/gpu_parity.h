@@ -1,0 +1,39 @@
+/* Shared pieces of the kernel-parity program (tests/gpu_parity*.cu): device/host helpers that
+ * exit on failure (a test program), the comparison that prints one row per case, and the case
+ * groups of the other files. */
+#ifndef DT_GPU_PARITY_H
+#define DT_GPU_PARITY_H
+
+#include <cuda_runtime.h>
+#include <stddef.h>
+
+extern "C" {
+#include "model.h"
+#include "status.h"
+}
+
+extern int g_fail, g_cases;
+
+void gp_check(cudaError_t rc, const char *what, int line);
+void gp_try(dt_status_t st, const char *what, int line);
+#define GP_CK(call) gp_check((call), #call, __LINE__)
+#define GP_TRY(call) gp_try((call), #call, __LINE__)
+
+void *gp_dev(size_t bytes);
+void *gp_host(size_t bytes);
+float *gp_up(const float *h, size_t n);   /* a device copy of h (n floats) */
+float *gp_down(const float *d, size_t n); /* a malloc'd host copy of d, after a device sync */
+float *gp_rand(dt_rng_t *r, size_t n, float scale, int prec);
+/* One row: normalised max error max|gpu - cpu| / max|cpu| against tol; non-finite values fail
+ * unless both sides agree. Returns 1 on pass. */
+int gp_compare(const char *op, const char *shape, int prec, const float *gpu, const float *cpu, size_t n, double tol);
+
+/* tests/gpu_parity_ops.cu */
+void gp_attention_softmax(int B, int NH, int T, int prec, dt_rng_t *r);
+void gp_crossentropy(int N, int V, int Vp, int prec, dt_rng_t *r);
+void gp_crossentropy_huge(dt_rng_t *r);
+void gp_optimizer(size_t n, dt_rng_t *r);
+/* tests/gpu_parity_backend.cu */
+void gp_backend_all(int small);
+
+#endif

@@ -1,0 +1,192 @@
+/* Kernel parity cases of the row kernels and the optimizer (see gpu_parity.cu): the causal
+ * attention softmax and its backward against float64, softmax + cross-entropy against the CPU
+ * twin (also past 2^31 logits), AdamW against kmath.h's dt_adamw_update, the gradient sum of
+ * squares against a float64 sum. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+extern "C" {
+#include "ops_cpu.h"
+}
+#include "gpu_parity.h"
+#include "kernels.h"
+#include "kmath.h"
+#include "cuda_launch.h"
+#include "precision.h"
+
+/* rows = B*NH*T rows of T scores, row r at query position t = r % T */
+void gp_attention_softmax(int B, int NH, int T, int prec, dt_rng_t *r) {
+  char shape[64];
+  size_t rows = (size_t)B * NH * T, n = rows * T;
+  snprintf(shape, sizeof shape, "rows=%zu T=%d", rows, T);
+  float *att = gp_rand(r, n, 4.0f, prec), *d = gp_rand(r, n, 1.0f, prec);
+  float *ref = (float *)gp_host(n * sizeof(float)), *dref = (float *)gp_host(n * sizeof(float));
+  for (size_t i = 0; i < rows; i++) {
+    int t = (int)(i % T);
+    const float *a = att + i * T;
+    double mx = -INFINITY, s = 0, dot = 0;
+    for (int j = 0; j <= t; j++) mx = fmax(mx, a[j]);
+    for (int j = 0; j <= t; j++) s += exp((double)a[j] - mx);
+    for (int j = 0; j < T; j++) ref[i * T + j] = j <= t ? (float)(exp((double)a[j] - mx) / s) : 0.0f;
+    for (int j = 0; j <= t; j++) dot += (double)ref[i * T + j] * d[i * T + j];
+    for (int j = 0; j < T; j++)
+      dref[i * T + j] = j <= t ? (float)((double)ref[i * T + j] * ((double)d[i * T + j] - dot)) : 0.0f;
+  }
+  float *d_att = gp_up(att, n), *d_d = gp_up(d, n), *d_ref = gp_up(ref, n);
+  GP_TRY(dt_cu_softmax_causal(d_att, (int)rows, T, 0));
+  float *g = gp_down(d_att, n);
+  gp_compare("softmax_causal", shape, prec, g, ref, n, 2e-6);
+  free(g);
+  GP_TRY(dt_cu_softmax_causal_backward(d_d, d_ref, (int)rows, T, 0));
+  g = gp_down(d_d, n);
+  gp_compare("softmax_causal_backward", shape, prec, g, dref, n, 1e-5);
+  free(g);
+  free(att);
+  free(d);
+  free(ref);
+  free(dref);
+  cudaFree(d_att);
+  cudaFree(d_d);
+  cudaFree(d_ref);
+}
+
+void gp_crossentropy(int N, int V, int Vp, int prec, dt_rng_t *r) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "N=%d V=%d Vp=%d", N, V, Vp);
+  size_t n = (size_t)N * Vp;
+  float *z = gp_rand(r, n, 6.0f, prec), *losses = (float *)gp_host(N * sizeof(float));
+  float *lse = (float *)gp_host(N * sizeof(float)), *dz = (float *)gp_host(n * sizeof(float));
+  int *tg = (int *)gp_host(N * sizeof(int));
+  for (int i = 0; i < N; i++) tg[i] = (int)(dt_rng_uniform(r) * V);
+  float *d_z = gp_up(z, n), *d_losses = (float *)gp_dev(N * sizeof(float)), *d_lse = (float *)gp_dev(N * sizeof(float));
+  float *d_dz = (float *)gp_dev(n * sizeof(float));
+  int *d_tg = (int *)gp_dev(N * sizeof(int));
+  GP_CK(cudaMemcpy(d_tg, tg, N * sizeof(int), cudaMemcpyHostToDevice));
+  GP_CK(cudaMemset(d_dz, 0xff, n * sizeof(float))); /* NaN: padded columns must be written too */
+  GP_TRY(dt_cu_crossentropy_forward(d_losses, d_lse, d_z, d_tg, N, V, Vp, 0));
+  dt_crossentropy_forward(losses, lse, z, tg, N, V, Vp);
+  float *g = gp_down(d_losses, N);
+  gp_compare("crossentropy_forward loss", shape, prec, g, losses, N, 2e-6);
+  free(g);
+  g = gp_down(d_lse, N);
+  gp_compare("crossentropy_forward lse", shape, prec, g, lse, N, 2e-6);
+  free(g);
+  float dloss = 1.0f / (float)N;
+  GP_TRY(dt_cu_crossentropy_backward(d_dz, d_z, d_lse, d_tg, dloss, N, V, Vp, 0));
+  dt_crossentropy_backward(dz, z, lse, tg, dloss, N, V, Vp);
+  g = gp_down(d_dz, n);
+  gp_compare("crossentropy_backward", shape, prec, g, dz, n, 2e-6);
+  free(g);
+  free(z);
+  free(losses);
+  free(lse);
+  free(dz);
+  free(tg);
+  cudaFree(d_z);
+  cudaFree(d_losses);
+  cudaFree(d_lse);
+  cudaFree(d_dz);
+  cudaFree(d_tg);
+}
+
+/* Logits of more than 2^31 elements (GPT-2's padded vocabulary, 42,692 rows): the 32-bit index
+ * overflow a kernel would hit. The device tensor is filled by repeating one random chunk; the CPU
+ * twin runs on the first, a middle and the last two rows, downloaded from the device. */
+void gp_crossentropy_huge(dt_rng_t *r) {
+  const int V = 50257, Vp = 50304, N = (int)(((size_t)1 << 31) / Vp + 2);
+  size_t n = (size_t)N * Vp, chunk = (size_t)Vp * 211;
+  size_t freeb = 0, total = 0;
+  GP_CK(cudaMemGetInfo(&freeb, &total));
+  char shape[64];
+  snprintf(shape, sizeof shape, "N=%d Vp=%d (%.2fG)", N, Vp, n / 1e9);
+  if (freeb < 2 * n * sizeof(float) + ((size_t)1 << 30)) {
+    printf("%-28s %-26s %-5s %10s %9s  SKIP (%.1f GiB free, %.1f needed)\n", "crossentropy > 2^31", shape, "fp32", "-",
+           "-", freeb / 1073741824.0, 2.0 * n * sizeof(float) / 1073741824.0 + 1);
+    return;
+  }
+  float *h = gp_rand(r, chunk, 6.0f, DT_PREC_FP32);
+  float *d_z = (float *)gp_dev(n * sizeof(float)), *d_dz = (float *)gp_dev(n * sizeof(float));
+  for (size_t off = 0; off < n; off += chunk)
+    GP_CK(cudaMemcpy(d_z + off, h, (off + chunk <= n ? chunk : n - off) * sizeof(float), cudaMemcpyHostToDevice));
+  int *tg = (int *)gp_host(N * sizeof(int)), *d_tg = (int *)gp_dev(N * sizeof(int));
+  for (int i = 0; i < N; i++) tg[i] = (int)(dt_rng_uniform(r) * V);
+  GP_CK(cudaMemcpy(d_tg, tg, N * sizeof(int), cudaMemcpyHostToDevice));
+  float *d_losses = (float *)gp_dev(N * sizeof(float)), *d_lse = (float *)gp_dev(N * sizeof(float));
+  float dloss = 1.0f / (float)N;
+  GP_TRY(dt_cu_crossentropy_forward(d_losses, d_lse, d_z, d_tg, N, V, Vp, 0));
+  GP_TRY(dt_cu_crossentropy_backward(d_dz, d_z, d_lse, d_tg, dloss, N, V, Vp, 0));
+  float *gl = gp_down(d_losses, N), *glse = gp_down(d_lse, N);
+  const int rows[] = {0, N / 2, N - 2, N - 1};
+  int ok = 1;
+  double worst = 0;
+  for (int row : rows) {
+    float *z = gp_down(d_z + (size_t)row * Vp, Vp), *dz = gp_down(d_dz + (size_t)row * Vp, Vp);
+    float loss, lse, ref[Vp];
+    dt_crossentropy_forward(&loss, &lse, z, &tg[row], 1, V, Vp);
+    dt_crossentropy_backward(ref, z, &lse, &tg[row], dloss, 1, V, Vp);
+    worst = fmax(worst, fabs(gl[row] - loss) / fabs(loss));
+    worst = fmax(worst, fabs(glse[row] - lse) / fabs(lse));
+    double md = 0, mr = 0;
+    for (int v = 0; v < Vp; v++) {
+      md = fmax(md, fabs((double)dz[v] - ref[v]));
+      mr = fmax(mr, fabs((double)ref[v]));
+      ok &= isfinite(dz[v]);
+    }
+    worst = fmax(worst, md / mr);
+    free(z);
+    free(dz);
+  }
+  ok &= worst <= 2e-6;
+  g_cases++;
+  g_fail += !ok;
+  printf("%-28s %-26s %-5s %10.3e %9.1e  %s\n", "crossentropy > 2^31 (4 rows)", shape, "fp32", worst, 2e-6,
+         ok ? "PASS" : "FAIL");
+  free(h);
+  free(gl);
+  free(glse);
+  free(tg);
+  cudaFree(d_z);
+  cudaFree(d_dz);
+  cudaFree(d_tg);
+  cudaFree(d_losses);
+  cudaFree(d_lse);
+}
+
+/* AdamW (kmath.h dt_adamw_update on both sides) and the gradient sum of squares. */
+void gp_optimizer(size_t n, dt_rng_t *r) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "n=%zu", n);
+  float *p = gp_rand(r, n, 1.0f, DT_PREC_FP32), *g = gp_rand(r, n, 0.1f, DT_PREC_FP32);
+  float *m = gp_rand(r, n, 0.01f, DT_PREC_FP32), *v = gp_rand(r, n, 1e-3f, DT_PREC_FP32);
+  for (size_t i = 0; i < n; i++) v[i] = fabsf(v[i]);
+  float *d_p = gp_up(p, n), *d_g = gp_up(g, n), *d_m = gp_up(m, n), *d_v = gp_up(v, n);
+  const float lr = 3e-4f, b1 = 0.9f, b2 = 0.95f, eps = 1e-8f, wd = 0.1f, gscale = 0.5f;
+  const int t = 7;
+  const float bc1 = (float)(1.0 - pow(b1, t)), bc2 = (float)(1.0 - pow(b2, t));
+  GP_TRY(dt_cu_adamw(d_p, d_g, d_m, d_v, n, lr, b1, b2, eps, wd, bc1, bc2, gscale, 0));
+  for (size_t i = 0; i < n; i++) p[i] = dt_adamw_update(p[i], g[i] * gscale, &m[i], &v[i], lr, b1, b2, eps, wd, bc1, bc2);
+  float *hp = gp_down(d_p, n), *hm = gp_down(d_m, n), *hv = gp_down(d_v, n);
+  gp_compare("adamw param", shape, DT_PREC_FP32, hp, p, n, 1e-6);
+  gp_compare("adamw m", shape, DT_PREC_FP32, hm, m, n, 1e-6);
+  gp_compare("adamw v", shape, DT_PREC_FP32, hv, v, n, 1e-6);
+  free(hp);
+  free(hm);
+  free(hv);
+
+  double *d_part = (double *)gp_dev(DT_CUDA_SUMSQ_BLOCKS * sizeof(double)), part[DT_CUDA_SUMSQ_BLOCKS];
+  GP_TRY(dt_cu_sumsq_partial(d_part, d_g, n, 0));
+  GP_CK(cudaDeviceSynchronize());
+  GP_CK(cudaMemcpy(part, d_part, sizeof part, cudaMemcpyDeviceToHost));
+  double gs = 0, ref = 0;
+  for (int i = 0; i < DT_CUDA_SUMSQ_BLOCKS; i++) gs += part[i];
+  for (size_t i = 0; i < n; i++) ref += (double)g[i] * g[i];
+  float fgs = (float)gs, fref = (float)ref;
+  gp_compare("sumsq_partial (float64)", shape, DT_PREC_FP32, &fgs, &fref, 1, 3e-7);
+  cudaFree(d_part);
+  float *hs[] = {p, g, m, v};
+  for (float *x : hs) free(x);
+  float *ds[] = {d_p, d_g, d_m, d_v};
+  for (float *x : ds) cudaFree(x);
+}

@@ -1,0 +1,117 @@
+/* The CUDA emulation's cuBLAS (cuda/emu/cublas.cpp) against a column-major double-precision
+ * reference written from the BLAS definition: cublasSgemm for every (transa, transb) with leading
+ * dimensions larger than the matrices, alpha and beta != 1, beta = 0 over a NaN-filled C (cuBLAS
+ * does not read C then); cublasSgemmStridedBatched; the handle's stream (the product waits for
+ * it to run); CUBLAS_STATUS_INVALID_VALUE for a leading dimension too small; an operand outside
+ * its allocation is a sticky illegal address naming the call. */
+#include <cublas_v2.h>
+#include <math.h>
+#include <stdio.h>
+
+#include "emu_test.h"
+
+static float val(int i, int salt) { return (float)((i * 37 + salt * 11) % 23 - 11) / 8.0f; }
+
+/* C (m x n, ldc) = alpha op(A) op(B) + beta C, column-major, in double; beta == 0: C not read. */
+static void ref_gemm(int ta, int tb, int m, int n, int k, float alpha, const float *A, int lda, const float *B, int ldb,
+                     float beta, float *C, int ldc) {
+  for (int j = 0; j < n; j++)
+    for (int i = 0; i < m; i++) {
+      double s = 0;
+      for (int p = 0; p < k; p++) {
+        double a = ta ? A[p + (size_t)i * lda] : A[i + (size_t)p * lda];
+        double b = tb ? B[j + (size_t)p * ldb] : B[p + (size_t)j * ldb];
+        s += a * b;
+      }
+      double c = beta == 0.0f ? 0.0 : (double)beta * C[i + (size_t)j * ldc];
+      C[i + (size_t)j * ldc] = (float)(alpha * s + c);
+    }
+}
+
+static float max_err(const std::vector<float> &a, const std::vector<float> &b) {
+  float e = 0;
+  for (size_t i = 0; i < a.size(); i++) e = fmaxf(e, fabsf(a[i] - b[i]) / fmaxf(1.0f, fabsf(b[i])));
+  return e;
+}
+
+Test(emu_cublas, sgemm_every_transposition) {
+  cublasHandle_t h;
+  cr_assert_eq(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  const int m = 13, n = 7, k = 19;
+  for (int ta = 0; ta < 2; ta++)
+    for (int tb = 0; tb < 2; tb++)
+      for (int zero_beta = 0; zero_beta < 2; zero_beta++) {
+        int lda = (ta ? k : m) + 3, ldb = (tb ? n : k) + 2, ldc = m + 5;
+        std::vector<float> A((size_t)lda * (ta ? m : k)), B((size_t)ldb * (tb ? k : n)), C((size_t)ldc * n);
+        for (size_t i = 0; i < A.size(); i++) A[i] = val((int)i, 1);
+        for (size_t i = 0; i < B.size(); i++) B[i] = val((int)i, 2);
+        for (size_t i = 0; i < C.size(); i++) C[i] = zero_beta ? NAN : val((int)i, 3);
+        float alpha = 0.75f, beta = zero_beta ? 0.0f : -1.5f;
+        float *dA = dev_from(A), *dB = dev_from(B), *dC = dev_from(C);
+        cr_assert_eq(cublasSgemm(h, ta ? CUBLAS_OP_T : CUBLAS_OP_N, tb ? CUBLAS_OP_T : CUBLAS_OP_N, m, n, k, &alpha, dA,
+                                 lda, dB, ldb, &beta, dC, ldc),
+                     CUBLAS_STATUS_SUCCESS);
+        std::vector<float> got = host_from(dC, C.size()), want = C;
+        ref_gemm(ta, tb, m, n, k, alpha, A.data(), lda, B.data(), ldb, beta, want.data(), ldc);
+        for (int j = 0; j < n; j++) /* padding rows of C must be untouched */
+          for (int i = m; i < ldc; i++) {
+            size_t q = i + (size_t)j * ldc;
+            cr_assert(zero_beta ? isnan(got[q]) : got[q] == C[q], "padding C[%d,%d] changed", i, j);
+            got[q] = want[q] = 0;
+          }
+        float e = max_err(got, want);
+        cr_expect_lt(e, 1e-5f, "transa %d transb %d beta %g: max relative error %g", ta, tb, beta, e);
+        printf("cublasSgemm(%c, %c, m=%d n=%d k=%d, lda=%d ldb=%d ldc=%d, alpha=%g beta=%g%s): max rel. error %.2e "
+               "vs the double reference\n", ta ? 'T' : 'N', tb ? 'T' : 'N', m, n, k, lda, ldb, ldc, alpha, beta,
+               zero_beta ? " over NaN" : "", e);
+        CU(cudaFree(dA));
+        CU(cudaFree(dB));
+        CU(cudaFree(dC));
+      }
+  cublasDestroy(h);
+}
+
+Test(emu_cublas, strided_batched_on_the_handles_stream) {
+  cublasHandle_t h;
+  cudaStream_t s;
+  cr_assert_eq(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  CU(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  cr_assert_eq(cublasSetStream(h, s), CUBLAS_STATUS_SUCCESS);
+  const int m = 8, n = 5, k = 6, batch = 4, lda = k, ldb = k, ldc = m; /* A^T (k x m), B (k x n) */
+  long long sA = (long long)lda * m + 3, sB = (long long)ldb * n + 1, sC = (long long)ldc * n + 2;
+  std::vector<float> A((size_t)sA * batch), B((size_t)sB * batch), C((size_t)sC * batch, 0.0f);
+  for (size_t i = 0; i < A.size(); i++) A[i] = val((int)i, 4);
+  for (size_t i = 0; i < B.size(); i++) B[i] = val((int)i, 5);
+  float *dA = dev_from(A), *dB = dev_from(B), *dC = dev_from(C), alpha = 1.0f, beta = 0.0f;
+  cr_assert_eq(cublasSgemmStridedBatched(h, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, dA, lda, sA, dB, ldb, sB, &beta,
+                                         dC, ldc, sC, batch),
+               CUBLAS_STATUS_SUCCESS);
+  std::vector<float> early(C.size());
+  cudaError_t e0 = cudaMemcpyAsync(early.data(), dC, C.size() * sizeof(float), cudaMemcpyDeviceToHost, 0);
+  cr_expect_eq(e0, cudaErrorIllegalState, "reading C before the handle's stream ran is not reported");
+  cudaGetLastError();
+  CU(cudaStreamSynchronize(s));
+  std::vector<float> got = host_from(dC, C.size()), want = C;
+  for (int b = 0; b < batch; b++)
+    ref_gemm(1, 0, m, n, k, alpha, &A[(size_t)b * sA], lda, &B[(size_t)b * sB], ldb, beta, &want[(size_t)b * sC], ldc);
+  float e = max_err(got, want);
+  cr_expect_lt(e, 1e-5f, "max relative error %g", e);
+  cr_expect_eq(early[0], 0.0f, "the product ran before its stream was synchronised");
+  printf("cublasSgemmStridedBatched(T, N, %d batches) on a non-blocking stream: max rel. error %.2e\n", batch, e);
+  cublasDestroy(h);
+}
+
+Test(emu_cublas, bad_arguments) {
+  cublasHandle_t h;
+  cr_assert_eq(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  float *d, one = 1.0f;
+  CU(cudaMalloc((void **)&d, 64 * sizeof(float)));
+  cr_expect_eq(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 8, 8, 8, &one, d, 7, d, 8, &one, d, 8), CUBLAS_STATUS_INVALID_VALUE);
+  cr_expect_eq(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, -1, 8, 8, &one, d, 8, d, 8, &one, d, 8), CUBLAS_STATUS_INVALID_VALUE);
+  /* 9 x 8 does not fit in 64 floats: the product faults when it runs */
+  cr_expect_eq(cublasSgemm(h, CUBLAS_OP_N, CUBLAS_OP_N, 9, 8, 8, &one, d, 9, d, 8, &one, d, 9), CUBLAS_STATUS_SUCCESS);
+  cudaError_t e = cudaDeviceSynchronize();
+  cr_expect_eq(e, cudaErrorIllegalAddress);
+  cr_expect(err_mentions(e, "cublasSgemm") && err_mentions(e, "past its end"), "%s", cudaGetErrorString(e));
+  printf("lda too small: CUBLAS_STATUS_INVALID_VALUE; A outside its allocation: %s\n", cudaGetErrorString(e));
+}

@@ -13,7 +13,8 @@
 #  3. slow_io@1 under salloc with only environment,checkpoint_io: checkpoint_io fails on the
 #     write bandwidth. The fault makes rank 1's saves last 100x as long (src/fault.h), so the
 #     write/dd ratio drops 100x on any disk (a fixed stall would only show on a fast one); the run
-#     saves inputs/tiny.ini (39 MB) instead of the clean run's 0.65 GB, so the stall is ~20 s.
+#     saves inputs/tiny.ini (39 MB) instead of the clean run's 0.65 GB, so the stall is 20-65 s
+#     here (the save took 0.2-0.66 s); --timeout 400 lets a save of up to 4 s (~10 MB/s) stall.
 set -u
 : "${top_srcdir:?}" "${top_builddir:?}"
 CLUSTER="$top_srcdir/scripts/slurm-cluster.sh"
@@ -84,10 +85,10 @@ done
 t0=$(date +%s)
 log="$DIR/fault-slow_io.log"
 small="--set ckpt_io_config=inputs/tiny.ini --set ckpt_io_args="
-echo "\$ DTRAIN_FAULT=slow_io@1 salloc -N 2 --ntasks-per-node=2 --cpus-per-task=1 $top_srcdir/validation/run --system ci --checks environment,checkpoint_io $small --workdir $DIR/slow_io --timeout 120"
+echo "\$ DTRAIN_FAULT=slow_io@1 salloc -N 2 --ntasks-per-node=2 --cpus-per-task=1 $top_srcdir/validation/run --system ci --checks environment,checkpoint_io $small --workdir $DIR/slow_io --timeout 400"
 # shellcheck disable=SC2086
 DTRAIN_FAULT=slow_io@1 timeout 600 salloc -N 2 --ntasks-per-node=2 --cpus-per-task=1 --time=10 \
-  "$top_srcdir/validation/run" --system ci --checks environment,checkpoint_io $small --workdir "$DIR/slow_io" --timeout 120 \
+  "$top_srcdir/validation/run" --system ci --checks environment,checkpoint_io $small --workdir "$DIR/slow_io" --timeout 400 \
   > "$log" 2>&1
 rc=$?
 sed -n '/^# summary:/,/^# failed checks/p' "$log"

@@ -52,6 +52,7 @@ T_REF = ("sh", "tests/ref_gpt2.sh", ["tests/ref_dump"])
 T_TRAINER = ("sh", "tests/ref_trainer.sh", ["dtrain"])
 T_DDPU = ("crit", "tests/test_ddp", ["tests/test_ddp"])
 T_DDP = ("sh", "tests/ddp_equiv.sh", ["dtrain"])
+T_ZMPI = ("sh", "tests/zero_mpi.sh", ["tests/test_zero_mpi"])
 T_ZEQ = ("sh", "tests/zero_equiv.sh", ["dtrain"])
 T_PPEQ = ("sh", "tests/pp_equiv.sh", ["dtrain"])
 T_TPEQ = ("sh", "tests/tp_equiv.sh", ["dtrain"])
@@ -65,7 +66,7 @@ MODULES = {
     "model": (["src/model.c"], [T_MODEL, T_PIPE, T_TRAINER, T_TPEQ, T_PPEQ]),
     "optimizer": (["src/optim.c"], [T_OPTIM, T_TRAINER]),
     "ddp": (["src/ddp.c"], [T_DDPU, T_DDP, T_TRAINER]),
-    "zero": (["src/zero.c"], [T_ZERO, T_ZEQ]),
+    "zero": (["src/zero.c"], [T_ZERO, T_ZMPI, T_ZEQ]),
     "pipeline": (["src/pipeline.c"], [T_PIPE, T_PPEQ]),
     "precision": (["src/precision.c"], [T_PREC, T_SCALER, T_PTRAIN]),
     "checkpoint": (["src/ckpt.c", "src/ckpt_write.c", "src/ckpt_read.c", "src/ckpt_dir.c"],
@@ -250,6 +251,9 @@ def sh(cmd, cwd, log, timeout=None, env=None):
             os.killpg(p.pid, 9)
             p.wait()
             return None
+        except BaseException:  # interrupted: take the test down with us
+            os.killpg(p.pid, 9)
+            raise
 
 
 def source_files():

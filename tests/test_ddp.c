@@ -115,6 +115,7 @@ static void one_run(int test_completes) {
   for (int step = 0; step < 2; step++) {
     reset(g);
     dt_ddp_begin(&d);
+    cr_assert_eq(d.t_comm_wait, 0, "step %d: begin resets the step's wait time", step);
     int started_before = 0;
     for (int k = NG - 1; k >= 0; k--) {
       final_lo = groups[k];
@@ -122,6 +123,7 @@ static void one_run(int test_completes) {
       if (k == 2) started_before = n_calls;
     }
     cr_assert_eq(dt_ddp_finish(&d), DT_OK);
+    cr_assert_geq(d.t_comm_wait, 0, "step %d: wait time %g", step, d.t_comm_wait);
     cr_assert_eq(early_starts, 0, "an all-reduce started before its gradients were final");
     cr_assert_gt(started_before, 1, "step %d: buckets started during backward (overlap): %d", step, started_before);
     cr_assert_eq(n_calls, d.n_buckets, "step %d: one all-reduce per bucket", step);
@@ -197,5 +199,24 @@ Test(ddp, a_failed_wait_is_the_result) {
   cr_assert_eq(dt_ddp_finish(&d), DT_ERR_MPI, "finish reports the failed wait");
   cr_assert_eq(in_flight, 0, "every request completed");
   fail_lo = (size_t)-1;
+  dt_ddp_free(&d);
+}
+
+/* Backward that reports nothing (a hook not passed): finish starts and completes every bucket;
+ * and a second free is harmless. */
+Test(ddp, finish_alone_reduces_everything) {
+  float g[N];
+  dt_comm_t c = {.ops = &fake_ops, .size = 2, .impl = g};
+  dt_ddp_t d;
+  cr_assert_eq(dt_ddp_init(&d, &c, g, N, groups, NG, LIMIT * sizeof(float)), DT_OK);
+  eager = 0;
+  reset(g);
+  final_lo = 0;
+  dt_ddp_begin(&d);
+  cr_assert_eq(dt_ddp_finish(&d), DT_OK);
+  cr_assert_eq(n_calls, d.n_buckets);
+  for (int i = 0; i < N; i++) cr_assert_eq(times_reduced[i], 1, "element %d reduced %d times", i, times_reduced[i]);
+  dt_ddp_free(&d);
+  cr_assert_null(d.buckets);
   dt_ddp_free(&d);
 }

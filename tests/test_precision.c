@@ -56,6 +56,10 @@ Test(precision, names_and_array_rounding) {
   cr_expect(dt_precision_parse("fp32", &p) == 0 && p == DT_PREC_FP32);
   cr_expect(dt_precision_parse("fp8", &p) != 0);
   cr_expect_str_eq(dt_precision_name(DT_PREC_BF16), "bf16");
+  cr_expect_str_eq(dt_precision_name(DT_PREC_FP16), "fp16");
+  cr_expect_str_eq(dt_precision_name(DT_PREC_FP32), "fp32");
+  cr_expect_null(dt_precision_name((dt_precision_t)3), "no name past the last format");
+  cr_expect_null(dt_precision_name((dt_precision_t)-1), "no name for a negative value");
   enum { N = 10007 };
   float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y), *z = malloc(N * sizeof *z);
   dt_rng_t r;

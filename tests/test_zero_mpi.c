@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <unistd.h>
 
 #include "model.h"
 #include "zero.h"
@@ -60,13 +61,29 @@ static void stage1(dt_comm_t *w, size_t n, size_t piece_floats) {
   dt_zero_free(&z);
 }
 
-/* dt_zero_drop zeroes exactly [lo, hi), whole pages given back and partial ones cleared. */
+/* Pages of a[lo, hi) (floats) resident in memory (mincore), out of the whole pages in it. */
+static int resident_pages(float *a, size_t lo, size_t hi, int *pages) {
+  const size_t page = (size_t)sysconf(_SC_PAGESIZE), per = page / sizeof(float);
+  size_t p0 = (lo + per - 1) / per, p1 = hi / per;
+  unsigned char v[64];
+  *pages = (int)(p1 - p0);
+  if (p1 <= p0 || p1 - p0 > sizeof v || mincore(a + p0 * per, (p1 - p0) * page, v) != 0) return -1;
+  int r = 0;
+  for (size_t i = 0; i < p1 - p0; i++) r += v[i] & 1;
+  return r;
+}
+
+/* dt_zero_drop zeroes exactly [lo, hi), whole pages given back (not resident afterwards) and
+ * partial ones cleared. */
 static void drop(size_t n) {
   float *a = arena(n);
   const size_t cuts[][2] = {{0, n}, {1, n - 1}, {5, 5}, {7, 9}, {1000, 3100}, {1024, 2048}, {1023, 2049}};
   for (size_t c = 0; c < sizeof cuts / sizeof cuts[0]; c++) {
     for (size_t i = 0; i < n; i++) a[i] = 1.0f;
     dt_zero_drop(a, cuts[c][0], cuts[c][1]);
+    int pages, res = resident_pages(a, cuts[c][0], cuts[c][1], &pages); /* before reading maps them */
+    CHECK(pages <= 0 || res == 0, "drop [%zu, %zu): %d of its %d whole pages still resident", cuts[c][0], cuts[c][1],
+          res, pages);
     int bad = 0;
     for (size_t i = 0; i < n; i++) bad += a[i] != (i >= cuts[c][0] && i < cuts[c][1] ? 0.0f : 1.0f);
     CHECK(!bad, "drop [%zu, %zu): %d elements wrong", cuts[c][0], cuts[c][1], bad);

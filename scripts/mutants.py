@@ -34,6 +34,7 @@ import os
 import random
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -455,6 +456,9 @@ def score(killed, n, invalid, equiv):
 
 
 def main():
+    # stopping a run (also a background one, where the shell ignores SIGINT) puts the file back
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("command", choices=["list", "run", "check", "report"])
     ap.add_argument("files", nargs="*", help="results files (report)")

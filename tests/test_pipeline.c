@@ -100,6 +100,7 @@ Test(pipeline, stage_split_is_optimal) {
       for (int e = 0; e < 4; e++)
         for (int h = 0; h < 3; h++) {
           int b[8], tmp[8], sum = 0;
+          memset(b, 0xff, sizeof b); /* -1: every entry must be written */
           dt_pp_split(L, pp, embs[e], 1.0, heads[h], b);
           for (int s = 0; s < pp; s++) {
             cr_assert(b[s] >= 1, "L=%d pp=%d: stage %d empty", L, pp, s);
@@ -206,6 +207,10 @@ Test(pipeline, stage_layouts_partition_the_model) {
   dt_layout_t lay;
   cr_assert_eq(dt_layout_init_mp(&lay, d, 1, 0, 6, 0, DT_PP_BALANCE_PARAMS), DT_ERR_CONFIG, "more stages than blocks");
   cr_assert(strstr(dt_err_msg(), "parallel.pp"), "%s", dt_err_msg());
+  const int bad[][2] = {{0, 0}, {2, -1}, {2, 2}, {3, 5}}; /* (pp, stage) */
+  for (int i = 0; i < 4; i++)
+    cr_assert_eq(dt_layout_init_mp(&lay, d, 1, 0, bad[i][0], bad[i][1], DT_PP_BALANCE_PARAMS), DT_ERR_CONFIG,
+                 "pp %d stage %d", bad[i][0], bad[i][1]);
 }
 
 /* The stage transfers (dt_pipe_*) against a fake communicator that logs each call: a deferred

@@ -71,7 +71,7 @@ MODULES = {
     "pipeline": (["src/pipeline.c"], [T_PIPE, T_PPEQ]),
     "precision": (["src/precision.c"], [T_PREC, T_SCALER, T_PTRAIN]),
     "checkpoint": (["src/ckpt.c", "src/ckpt_write.c", "src/ckpt_read.c", "src/ckpt_dir.c"],
-                   [T_RESUME, T_LAYOUT, T_FAULTS, T_CKPT]),
+                   [T_RESUME, T_LAYOUT, T_FAULTS, T_TRAINER, T_CKPT]),
 }
 CHECK_SEED, CHECK_PER_MODULE = 28, 5
 TIME_LIMIT = {"crit": 120, "sh": 600}  # seconds per test; far above a healthy run on 2 busy cores

@@ -102,6 +102,13 @@ Test(ddp, buckets_tile_the_arena_from_the_end) {
   cr_assert_eq(d.n_buckets, 1, "a limit above the arena: one bucket");
   cr_assert(d.buckets[0].lo == 0 && d.buckets[0].hi == N);
   dt_ddp_free(&d);
+  /* a later pipeline stage: no embeddings, so group 0 is empty; no empty bucket for it */
+  const size_t stage[] = {0, 0, 40, 80, N};
+  cr_assert_eq(dt_ddp_init(&d, &c, g, N, stage, 4, LIMIT * sizeof(float)), DT_OK);
+  for (int b = 0; b < d.n_buckets; b++)
+    cr_assert_gt(d.buckets[b].hi, d.buckets[b].lo, "stage layout: bucket %d is empty", b);
+  cr_assert_eq(d.buckets[d.n_buckets - 1].lo, 0);
+  dt_ddp_free(&d);
 }
 
 /* Backward reports the groups from the last to the first, twice (two optimizer steps); each

@@ -43,6 +43,10 @@ Test(precision, scaler_never_grows_to_inf_and_disabled_is_inert) {
   dt_scaler_update(&s, 0);
   cr_expect_eq(s.scale, 0x1p127f, "2^127 * 2 is inf in float: the scale must stay");
   cr_expect_eq(s.growth, 0);
+  dt_scaler_init(&s, 1, 1024.0, 0); /* an interval below 1 counts as 1: growth after every clean step */
+  dt_scaler_update(&s, 0);
+  dt_scaler_update(&s, 0);
+  cr_expect_eq(s.scale, 4096.0f, "interval 0: scale %g after 2 clean steps, want 4096", s.scale);
   dt_scaler_init(&s, 0, 65536.0, 3);
   cr_expect_eq(s.scale, 1.0f);
   for (int i = 0; i < 5; i++) dt_scaler_update(&s, i & 1);

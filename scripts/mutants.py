@@ -24,8 +24,8 @@ build tree) gets the mutated file, `make` rebuilds the targets its tests need (a
 is "timeout", counted as killed), the first failing test kills it; then the file and its object
 are put back. Results: one JSON line per mutant (WORK/results.jsonl unless --results).
 `run` samples N mutants per module (fixed seed) or runs --all; `check` is MODULES' fixed sample
-(CHECK_PER_MODULE per module, seed CHECK_SEED, drawn from the mutants not listed as equivalent)
-and exits 1 if one of them survives. The long campaign: `nice -n 19 scripts/mutants.py run --all &`.
+(CHECK_PER_MODULE per module, seed CHECK_SEED; those listed in equivalent.txt are skipped) and
+exits 1 if one of the others survives. The long campaign: `nice -n 19 scripts/mutants.py run --all &`.
 """
 import argparse
 import hashlib
@@ -494,8 +494,9 @@ def main():
             print(f"survived: {r['id']} {r['module']} {r['file']}:{r['line']} {r['op']}: {r['new']}")
         return 0
     if args.command == "check":
-        # from the mutants not known to be equivalent: those would run every test and prove nothing
-        chosen = {mod: sample([m for m in ms if m["id"] not in eq], CHECK_PER_MODULE, CHECK_SEED)
+        # drawn from every mutant, so listing one changes nothing else in the sample; the listed
+        # ones are skipped (they would run every test and prove nothing)
+        chosen = {mod: [m for m in sample(ms, CHECK_PER_MODULE, CHECK_SEED) if m["id"] not in eq]
                   for mod, ms in gen.items()}
         args.results = args.results or os.path.join(os.path.abspath(args.work), "check.jsonl")
         if os.path.exists(args.results):

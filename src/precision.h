@@ -59,6 +59,7 @@ typedef struct {
   int64_t skipped;      /* steps skipped so far in the run (checkpointed): AdamW t = steps - skipped */
 } dt_scaler_t;
 
+/* interval: growth_interval; below 1 it counts as 1. */
 void dt_scaler_init(dt_scaler_t *s, int enabled, double init_scale, int interval);
 /* torch's _amp_update_scale_ after a step: found_inf -> scale *= 0.5, growth = 0, skipped++;
  * else growth + 1 == interval -> scale *= 2 (if finite), growth = 0; else growth++. */

@@ -117,6 +117,7 @@ dt_status_t dt_zero3_attach(dt_zero_t *z, float *params, const size_t *layer_beg
   z->have = -1;
   z->req = calloc((size_t)z->comm->size, sizeof *z->req);
   if (!z->req) return DT_ERR(DT_ERR_NOMEM, "zero: out of memory");
+  z->nreq = z->comm->size; /* dt_zero_free waits for a prefetch still in flight */
   return DT_OK;
 }
 

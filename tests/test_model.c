@@ -391,6 +391,51 @@ Test(model, init_statistics) {
   dt_layout_free(&lay);
 }
 
+/* Every tp shard initialises to exactly its part of the tp = 1 model, and a ZeRO-3 range to exactly
+ * that range of it (untouched outside): C = 192 makes the 2-D tensors span several of the init's
+ * 65536-element chunks, so chunk skipping is exercised (the small test models fit one chunk). */
+Test(model, shard_and_range_init_equal_the_full_init) {
+  dt_dims_t d = {.L = 2, .NH = 4, .C = 192, .V = 250, .Vp = 256, .T = 16};
+  dt_layout_t full;
+  cr_assert_eq(dt_layout_init(&full, d), DT_OK);
+  float *f = malloc(full.n_params * sizeof *f), *g = malloc(full.n_params * sizeof *g);
+  dt_model_init_params(&full, f, 5);
+  for (int tp = 2; tp <= 4; tp *= 2)
+    for (int r = 0; r < tp; r++) {
+      dt_layout_t sh;
+      cr_assert_eq(dt_layout_init_tp(&sh, d, tp, r), DT_OK);
+      float *p = malloc(sh.n_params * sizeof *p);
+      dt_model_init_params(&sh, p, 5);
+      for (int i = 0; i < sh.n_tensors; i++) {
+        const dt_tensor_t *t = &sh.tensors[i], *u = &full.tensors[i];
+        long owned = 0, bad = 0;
+        for (int gr = 0; gr < t->grows; gr++)
+          for (int gc = 0; gc < t->gcols; gc++) {
+            long li = dt_tensor_local_index(t, gr, gc);
+            if (li < 0) continue;
+            owned++;
+            bad += p[li] != f[u->offset + (size_t)gr * u->cols + gc];
+          }
+        cr_assert_eq(owned, (long)t->rows * t->cols, "tp %d rank %d %s: owns %ld elements", tp, r, t->name, owned);
+        cr_assert_eq(bad, 0, "tp %d rank %d %s: %ld elements differ from the tp = 1 init", tp, r, t->name, bad);
+      }
+      free(p);
+      dt_layout_free(&sh);
+    }
+  const size_t cuts[][2] = {{0, 1000}, {5000, 190000}, {100003, full.n_params}, {0, full.n_params}};
+  for (int c = 0; c < 4; c++) {
+    size_t lo = cuts[c][0], hi = cuts[c][1];
+    for (size_t k = 0; k < full.n_params; k++) g[k] = -7.0f;
+    dt_model_init_params_range(&full, g, 5, lo, hi);
+    size_t bad = 0;
+    for (size_t k = 0; k < full.n_params; k++) bad += g[k] != (k >= lo && k < hi ? f[k] : -7.0f);
+    cr_assert_eq(bad, 0, "range [%zu, %zu): %zu elements wrong", lo, hi, bad);
+  }
+  free(f);
+  free(g);
+  dt_layout_free(&full);
+}
+
 /* ---- vectorizable math (kmath.h) against libm in double --------------------------------------- */
 
 Test(kmath, expf_tanhf) {

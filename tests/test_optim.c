@@ -102,6 +102,22 @@ Test(optim, lr_schedule) {
   cr_expect_float_eq(dt_lr_at(&k, 0), 1e-3, 1e-15);
 }
 
+/* Schedules with no or one decay step: the span is max(1, steps - warmup), so p = (step -
+ * warmup) / span is never 0/0 and the lr stays finite past the end (a resumed run that raised
+ * train.steps, or stop_after, asks for such steps). steps == warmup = 3: p = 0 at step 3, 1 at 4;
+ * steps = warmup + 1 = 4: the same numbers; later steps hold p at 1 (cos(2 pi) would be lr again). */
+Test(optim, lr_schedule_short_decay) {
+  dt_config_t c = sched("cosine");
+  for (int steps = 3; steps <= 4; steps++) {
+    c.steps = steps;
+    cr_expect_float_eq(dt_lr_at(&c, 2), 1e-3, 1e-15, "steps %d", steps);
+    cr_expect_float_eq(dt_lr_at(&c, 3), 1e-3, 1e-15, "steps %d: step 3 is p = 0", steps);
+    cr_expect_float_eq(dt_lr_at(&c, 4), 1e-4, 1e-15, "steps %d: step 4 is p = 1", steps);
+    cr_expect_float_eq(dt_lr_at(&c, 5), 1e-4, 1e-15, "steps %d: step 5 is p = 2, held at 1", steps);
+    cr_expect_float_eq(dt_lr_at(&c, 9), 1e-4, 1e-15, "steps %d: past the end: min_lr", steps);
+  }
+}
+
 Test(optim, clip_scale) {
   cr_expect_float_eq(dt_clip_scale(2.0, 1.0), (float)(1.0 / (2.0 + 1e-6)), 1e-9);
   cr_expect_float_eq(dt_clip_scale(0.5, 1.0), 1.0f, 0);

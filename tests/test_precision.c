@@ -43,6 +43,10 @@ Test(precision, scaler_never_grows_to_inf_and_disabled_is_inert) {
   dt_scaler_update(&s, 0);
   cr_expect_eq(s.scale, 0x1p127f, "2^127 * 2 is inf in float: the scale must stay");
   cr_expect_eq(s.growth, 0);
+  dt_scaler_init(&s, 1, 1024.0, 0); /* an interval below 1 counts as 1: growth after every clean step */
+  dt_scaler_update(&s, 0);
+  dt_scaler_update(&s, 0);
+  cr_expect_eq(s.scale, 4096.0f, "interval 0: scale %g after 2 clean steps, want 4096", s.scale);
   dt_scaler_init(&s, 0, 65536.0, 3);
   cr_expect_eq(s.scale, 1.0f);
   for (int i = 0; i < 5; i++) dt_scaler_update(&s, i & 1);
@@ -56,6 +60,10 @@ Test(precision, names_and_array_rounding) {
   cr_expect(dt_precision_parse("fp32", &p) == 0 && p == DT_PREC_FP32);
   cr_expect(dt_precision_parse("fp8", &p) != 0);
   cr_expect_str_eq(dt_precision_name(DT_PREC_BF16), "bf16");
+  cr_expect_str_eq(dt_precision_name(DT_PREC_FP16), "fp16");
+  cr_expect_str_eq(dt_precision_name(DT_PREC_FP32), "fp32");
+  for (int v = 3; v < 256; v++) cr_expect_null(dt_precision_name((dt_precision_t)v), "no name for %d", v);
+  cr_expect_null(dt_precision_name((dt_precision_t)-1), "no name for a negative value");
   enum { N = 10007 };
   float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y), *z = malloc(N * sizeof *z);
   dt_rng_t r;

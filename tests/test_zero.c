@@ -1,6 +1,8 @@
 /* ZeRO shard arithmetic (zero.h): dp equal shards of whole 16-float units that tile the padded
- * arena exactly, the padding less than one unit per rank. */
+ * arena exactly, the padding less than one unit per rank; and a failed block gather reaches the
+ * layer hook's caller. The collectives themselves: tests/test_zero_mpi.c. */
 #include <criterion/criterion.h>
+#include <stdlib.h>
 
 #include "model.h"
 #include "zero.h"
@@ -24,4 +26,36 @@ Test(zero, shards_tile_the_padded_arena) {
       cr_assert(padded0 >= ns[i] && padded0 - ns[i] < (size_t)DT_ALIGN * (size_t)dp, "n=%zu dp=%d: padding %zu", ns[i],
                 dp, padded0 - ns[i]);
     }
+}
+
+/* A fake 2-rank communicator (this is rank 0) whose nonblocking broadcasts from rank 1 fail when
+ * waited for: the ZeRO-3 hook must return that failure, not run the block on half its weights. */
+struct dt_comm_req {
+  int root;
+};
+static struct dt_comm_req reqs[2];
+static int waited;
+static dt_status_t f_bcast(dt_comm_t *c, void *buf, size_t n, dt_dtype_t t, int root, void *st, dt_comm_req_t **r) {
+  (void)c, (void)buf, (void)n, (void)t, (void)st;
+  if (r) reqs[root].root = root, *r = &reqs[root];
+  return DT_OK;
+}
+static dt_status_t f_wait(dt_comm_t *c, dt_comm_req_t *r) {
+  (void)c;
+  waited++;
+  return r->root == 1 ? DT_ERR(DT_ERR_MPI, "fake: broadcast from rank 1 failed") : DT_OK;
+}
+
+Test(zero, a_failed_block_gather_is_the_hooks_result) {
+  const dt_comm_ops_t ops = {.name = "fake", .broadcast = f_bcast, .wait = f_wait};
+  dt_comm_t c = {.ops = &ops, .size = 2, .rank = 0};
+  dt_zero_t z;
+  cr_assert_eq(dt_zero_init(&z, 3, &c, 0, 64, 1 << 20), DT_OK);
+  float *params = calloc(64, sizeof *params);
+  const size_t grp[] = {0, 8, 40, 64, 64}; /* one block [8, 40) across both shards */
+  cr_assert_eq(dt_zero3_attach(&z, params, grp, 2), DT_OK);
+  cr_assert_eq(dt_zero3_hook(&z, 0, DT_HOOK_FWD), DT_ERR_MPI, "the failed wait is returned");
+  cr_assert_eq(waited, 2, "both owners' broadcasts completed");
+  dt_zero_free(&z);
+  free(params);
 }

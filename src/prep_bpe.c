@@ -197,7 +197,8 @@ static dt_status_t writer_finish(writer_t *w, int keep, FILE *log) {
       st = DT_ERR(DT_ERR_IO, "%s: cannot rename %s into place: %s", fin, tmp, strerror(errno));
       unlink(tmp);
     } else if (log) {
-      fprintf(log, "prep: wrote %s\n", fin);
+      uint64_t n = k + 1 < w->count ? w->shard_tokens : w->total - (uint64_t)k * w->shard_tokens;
+      fprintf(log, "prep: wrote %s (%llu tokens)\n", fin, (unsigned long long)n);
     }
   }
   free(w->buf);

@@ -302,8 +302,7 @@ static dt_status_t stat_inputs(const char *const *inputs, int n, uint64_t *total
   return DT_OK;
 }
 
-static dt_status_t check_opts(const char *const *inputs, int n_inputs, const char *prefix, const dt_prep_opts_t *o) {
-  (void)inputs;
+static dt_status_t check_opts(int n_inputs, const char *prefix, const dt_prep_opts_t *o) {
   if (!prefix || !prefix[0]) return DT_ERR(DT_ERR_ARG, "prep: empty output prefix");
   if (n_inputs < 1) return DT_ERR(DT_ERR_ARG, "prep: no input text files");
   if (o->shard_tokens < 1 || o->shard_tokens > INT32_MAX)
@@ -318,7 +317,7 @@ static dt_status_t check_opts(const char *const *inputs, int n_inputs, const cha
 
 dt_status_t dt_prep_gpt2(const char *const *inputs, int n_inputs, const char *prefix, const dt_prep_opts_t *o,
                          FILE *log) {
-  DT_TRY(check_opts(inputs, n_inputs, prefix, o));
+  DT_TRY(check_opts(n_inputs, prefix, o));
   DT_TRY(dt_prep__check_outdir(prefix));
   run_t r = {0};
   DT_TRY(stat_inputs(inputs, n_inputs, &r.total_bytes));

@@ -8,6 +8,7 @@
  * (chunked and threaded == whole, val cut, shards only on success). */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <stdarg.h>
 #include <ftw.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -573,4 +574,45 @@ Test(bpe, prep_errors) {
   cr_expect_eq(access(P("x_val_000000.bin"), F_OK), -1, "a failed run left a shard");
   cr_expect_eq(access(P("y_train_000000.bin"), F_OK), -1, "a failed run left a shard");
   cr_expect_eq(leftovers(), 0);
+}
+
+static int run_main(int n, ...) {
+  char *argv[16];
+  va_list ap;
+  va_start(ap, n);
+  for (int i = 0; i < n; i++) argv[i] = va_arg(ap, char *);
+  va_end(ap);
+  argv[n] = NULL;
+  return dt_prep_main(n, argv);
+}
+
+/* The command line: usage errors are 2 before any work, failures 1, and the options arrive. */
+Test(bpe, prep_main_options) {
+  char v[512], f[512], o[512], sh[600];
+  snprintf(v, sizeof v, "%s", write_vocab("v"));
+  snprintf(f, sizeof f, "%s", P("a.txt"));
+  snprintf(o, sizeof o, "%s", P("o"));
+  write_file(f, "ab abc 'll\n", 11);
+  cr_assert_eq(chdir(dir), 0); /* so that the default --vocab, data/gpt2, does not exist */
+  cr_expect_eq(run_main(5, "prep", "--tokenizer", "bpe", o, f), 2);
+  cr_expect_eq(run_main(5, "prep", "--threads", "2", o, f), 2);   /* gpt2 only */
+  cr_expect_eq(run_main(5, "prep", "--vocab", v, o, f), 2);       /* gpt2 only */
+  cr_expect_eq(run_main(7, "prep", "--tokenizer", "gpt2", "--chunk-bytes", "63", o, f), 2);
+  cr_expect_eq(run_main(7, "prep", "--tokenizer", "gpt2", "--threads", "0", o, f), 2);
+  cr_expect_eq(run_main(2, "prep", "--decode"), 2);
+  cr_expect_eq(run_main(5, "prep", "--tokenizer", "gpt2", o, f), 1, "no data/gpt2 here: a failure, not usage");
+  cr_expect_eq(run_main(12, "prep", "--tokenizer=gpt2", "--vocab", v, "--threads", "2", "--chunk-bytes", "64",
+                        "--val-fraction", "0", o, f),
+               0);
+  size_t n;
+  int k;
+  uint16_t *t = read_all(o, "train", &n, &k);
+  /* EOT, "ab", " ", "abc", " '", "ll", "\n": pieces "ab"," abc"," '","ll","\n" with " abc" = " " + abc */
+  const uint16_t want[] = {EOT, 256, ' ', 259, ' ', '\'', 'l', 'l', '\n'};
+  cr_expect(n == sizeof want / sizeof *want && !memcmp(t, want, sizeof want), "%zu tokens", n);
+  free(t);
+  snprintf(sh, sizeof sh, "%s_train_000000.bin", o);
+  cr_expect_eq(run_main(5, "prep", "--decode", "--tokenizer", "gpt2", sh), 1, "no data/gpt2 here");
+  cr_expect_eq(run_main(3, "prep", "--decode", sh), 1, "GPT-2 tokens are not bytes");
+  cr_expect(strstr(dt_err_msg(), "is 265, not a byte") != NULL, "%s", dt_err_msg());
 }

@@ -40,6 +40,7 @@ typedef struct {
   uint8_t *pend; /* bytes of file fi read but not handed out yet */
   size_t pend_len, pend_cap;
   uint64_t g;         /* offset of pend[0] in the concatenated text */
+  uint64_t g_file;    /* offset of file fi's first byte in it */
   uint64_t val_bytes; /* the first chunks up to the first safe cut at or after this go to val */
   size_t chunk_bytes;
 } reader_t;
@@ -100,6 +101,7 @@ static dt_status_t reader_next(reader_t *r, chunk_t *c, int *got) {
     r->eof = 0;
     r->doc_start = 1;
     r->pend_len = 0;
+    r->g_file = r->g;
   }
   size_t want = r->chunk_bytes, cut;
   for (;;) {
@@ -108,8 +110,8 @@ static dt_status_t reader_next(reader_t *r, chunk_t *c, int *got) {
     cut = find_cut(r, want, &found);
     if (found) break;
     if (want >= MAX_CHUNK)
-      return DT_ERR(DT_ERR_DATA, "%s: no place to cut the text in %zu bytes after byte %llu (one pre-token that long?)",
-                    path, want, (unsigned long long)(r->g));
+      return DT_ERR(DT_ERR_DATA, "%s: no place to cut the text in the %zu bytes after byte %llu (one pre-token that long?)",
+                    path, want, (unsigned long long)(r->g - r->g_file));
     want *= 2;
   }
   /* The chunk takes pend's buffer; the bytes after the cut move to the chunk's old buffer. */

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Install the Debian 12 packages dtrain needs to build, test and run (as root).
-# Build: autotools, Open MPI, parallel HDF5, OpenBLAS, Criterion. Tests: PyTorch, h5py, numpy
-# (independent references only), Slurm + munge + PMIx (a throw-away local cluster). Data: Jane
-# Austen's novels from r-cran-janeaustenr. The CUDA toolkit is optional and not installed here.
+# Build: autotools, Open MPI, parallel HDF5, OpenBLAS, Criterion. Tests: PyTorch, h5py, numpy,
+# tiktoken + regex from PyPI (independent references only), Slurm + munge + PMIx (a throw-away
+# local cluster). Data: Jane Austen's novels from r-cran-janeaustenr (GPT-2's vocabulary comes
+# with scripts/get-data.sh). The CUDA toolkit is optional and not installed here.
 set -euo pipefail
 pkgs=(
   build-essential autoconf automake libtool pkg-config
@@ -23,6 +24,12 @@ else
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+# tests/bpe_tiktoken.sh's independent GPT-2 tokeniser: tiktoken and Python's regex from PyPI,
+# pinned: tiktoken 0.14.0's regex engine has Unicode 16.0, the version of dtrain's class tables
+# (src/bpe_unicode.h); another version could class newly assigned characters differently.
+if ! /usr/bin/python3 -c 'import tiktoken, regex, sys; sys.exit(tiktoken.__version__ != "0.14.0")' 2>/dev/null; then
+  /usr/bin/python3 -m pip install -q --break-system-packages tiktoken==0.14.0 regex==2026.11.19
 fi
 # With a CUDA toolkit that lacks cuobjdump (as here): PyPI's nvidia-cuda-cuobjdump for
 # tests/cuda_elf.sh (which skips without it).

@@ -22,7 +22,8 @@
 static void usage(FILE *out) {
   fprintf(out,
           "usage: dtrain CONFIG.ini [section.key=value ...]    train a GPT-2 model\n"
-          "       dtrain prep [--help] OUTPREFIX FILE...        text files -> byte-level token shards\n"
+          "       dtrain prep [--help] [--tokenizer byte|gpt2] OUTPREFIX FILE...   text files -> token shards\n"
+          "       dtrain prep --decode [--tokenizer byte|gpt2] SHARD...          token shards -> text\n"
           "       dtrain layout [--help] ...                    print the rank/device layout of this launch\n"
           "       dtrain eval CONFIG --checkpoint FILE --data SHARDS [--batches N]   loss of a checkpoint\n"
           "       dtrain bench-comm [--help] [--max-bytes N] ...   time and check the communicator's collectives\n"

@@ -93,8 +93,9 @@ static void perm_compute(dt_data_t *d, uint64_t epoch) {
 
 /* ---- opening and validation ----------------------------------------------------------- */
 
-/* Open, check header and size, mmap, check tokens < vocab_size. */
-static dt_status_t shard_open(shard_t *s, const char *path, int vocab_size) {
+/* Open a shard, check that it is a regular file whose header (magic, version, count) matches its
+ * size; *fd_out = the open descriptor, *n_out = the token count, *size_out = the file size. */
+static dt_status_t shard_check(const char *path, int *fd_out, uint64_t *n_out, uint64_t *size_out) {
   int fd = open(path, O_RDONLY | O_CLOEXEC);
   if (fd < 0) return DT_ERR(DT_ERR_IO, "%s: cannot open token shard: %s", path, strerror(errno));
   struct stat st;
@@ -147,6 +148,17 @@ static dt_status_t shard_open(shard_t *s, const char *path, int vocab_size) {
                   path, (unsigned long long)(size - expect), (unsigned long long)n, (unsigned long long)expect,
                   (unsigned long long)size);
   }
+  *fd_out = fd;
+  *n_out = n;
+  *size_out = size;
+  return DT_OK;
+}
+
+/* Open, check header and size, mmap, check tokens < vocab_size. */
+static dt_status_t shard_open(shard_t *s, const char *path, int vocab_size) {
+  int fd;
+  uint64_t n, size;
+  DT_TRY(shard_check(path, &fd, &n, &size));
   void *map = mmap(NULL, (size_t)size, PROT_READ, MAP_PRIVATE, fd, 0);
   int e = errno;
   close(fd);
@@ -375,5 +387,32 @@ dt_status_t dt_data_write_shard(const char *path, const uint16_t *tokens, size_t
     unlink(tmp);
     return DT_ERR(DT_ERR_IO, "%s: cannot rename %s into place: %s", path, tmp, strerror(e));
   }
+  return DT_OK;
+}
+
+dt_status_t dt_data_read_shard(const char *path, uint16_t **tokens, uint64_t *n) {
+  int fd;
+  uint64_t size;
+  *tokens = NULL;
+  DT_TRY(shard_check(path, &fd, n, &size));
+  uint16_t *t = malloc(*n ? *n * sizeof *t : 1);
+  if (!t) {
+    close(fd);
+    return DT_ERR(DT_ERR_NOMEM, "%s: out of memory for %llu tokens", path, (unsigned long long)*n);
+  }
+  size_t want = (size_t)*n * sizeof *t, got = 0;
+  while (got < want) {
+    ssize_t r = pread(fd, (char *)t + got, want - got, (off_t)(HEADER_BYTES + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r <= 0) {
+      int e = errno;
+      close(fd);
+      free(t);
+      return DT_ERR(DT_ERR_IO, "%s: cannot read tokens: %s", path, r < 0 ? strerror(e) : "short read");
+    }
+    got += (size_t)r;
+  }
+  close(fd);
+  *tokens = t;
   return DT_OK;
 }

@@ -13,6 +13,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <stdio.h>
 
 #include "status.h"
 
@@ -51,6 +52,9 @@ const char *dt_data_shard_path(const dt_data_t *d, int i);
  * the same directory, fsync, rename, so an error never leaves a half-written shard at `path`. */
 dt_status_t dt_data_write_shard(const char *path, const uint16_t *tokens, size_t n);
 
+/* Read a whole shard (header checked as dt_data_open does) into a new array *tokens (free it). */
+dt_status_t dt_data_read_shard(const char *path, uint16_t **tokens, uint64_t *n);
+
 /* `dtrain prep`: byte-level tokenise text files (token = byte value, vocab 256) into shards of at
  * most shard_tokens tokens named PREFIX_val_000000.bin ... and PREFIX_train_000000.bin ...: the
  * first floor(val_fraction * total) bytes of the concatenated files go to val (no val shard if
@@ -61,7 +65,36 @@ dt_status_t dt_prep_text(const char *const *inputs, int n_inputs, const char *pr
                          double val_fraction);
 #define DT_PREP_DEFAULT_SHARD_TOKENS 100000000 /* llm.c's shard size */
 #define DT_PREP_DEFAULT_VAL_FRACTION 0.05
-/* `dtrain prep [--shard-tokens N] [--val-fraction F] OUTPREFIX FILE...` with argv[0] = "prep";
+#define DT_PREP_DEFAULT_VOCAB "data/gpt2"          /* where scripts/get-data.sh puts GPT-2's files */
+#define DT_PREP_DEFAULT_CHUNK_BYTES (1u << 20)
+
+typedef struct {
+  const char *vocab_dir; /* holds encoder.json and vocab.bpe */
+  size_t shard_tokens;   /* 1..INT32_MAX */
+  double val_fraction;   /* [0, 1) */
+  int threads;           /* 0: OpenMP's default (OMP_NUM_THREADS or all cores) */
+  size_t chunk_bytes;    /* text per parallel work item, 64 B..1 GiB */
+} dt_prep_opts_t;
+
+/* `dtrain prep --tokenizer gpt2` (src/prep_bpe.c): GPT-2 BPE tokens of the text files, each file
+ * one document preceded by <|endoftext|>, into shards as dt_prep_text names them. Val holds the
+ * tokens of the text up to the first place at or after byte floor(val_fraction * total bytes)
+ * where the text can be cut without changing its tokens (dt_bpe_safe_split, or a file's end);
+ * train the rest (it must not be empty). Streams the files (memory does not grow with them),
+ * tokenises on o->threads threads; the shards appear only when everything succeeded (stale shards
+ * refused as dt_prep_text does). A summary goes to log (if not NULL), progress every 10 s to
+ * stderr. */
+dt_status_t dt_prep_gpt2(const char *const *inputs, int n_inputs, const char *prefix, const dt_prep_opts_t *o,
+                         FILE *log);
+/* `dtrain prep --decode`: the text of the shards matching each glob (sorted) in turn, to out;
+ * vocab_dir NULL: byte-level (every token must be < 256). */
+dt_status_t dt_prep_decode(const char *const *globs, int n, const char *vocab_dir, FILE *out);
+
+/* Internal, shared by prep.c and prep_bpe.c: the directory part of prefix must exist; refuse if a
+ * PREFIX_<split>_*.bin exists with index >= n_new (it would join the split's glob). */
+dt_status_t dt_prep__check_outdir(const char *prefix);
+dt_status_t dt_prep__check_stale(const char *prefix, const char *split, int n_new);
+/* `dtrain prep [options] OUTPREFIX FILE...` or `dtrain prep --decode SHARD...` with argv[0] = "prep";
  * prints a summary to stdout, errors to stderr. Returns the exit status: 0 ok, 2 usage, 1 failure. */
 int dt_prep_main(int argc, char **argv);
 

@@ -22,12 +22,15 @@ const char *dt_status_str(dt_status_t st) {
 }
 
 dt_status_t dt_err_set(dt_status_t st, const char *file, int line, const char *fmt, ...) {
-  if (err_msg[0] != '\0') return st; /* keep the first, root-cause message */
-  va_list ap;
-  va_start(ap, fmt);
-  vsnprintf(err_msg, sizeof err_msg, fmt, ap);
-  va_end(ap);
-  snprintf(err_where, sizeof err_where, "%s:%d", file, line);
+  /* One writer at a time: OpenMP worker threads (dtrain prep's tokenisers) may fail together. */
+#pragma omp critical(dt_err_set)
+  if (err_msg[0] == '\0') { /* keep the first, root-cause message */
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(err_msg, sizeof err_msg, fmt, ap);
+    va_end(ap);
+    snprintf(err_where, sizeof err_where, "%s:%d", file, line);
+  }
   return st;
 }
 

@@ -16,9 +16,9 @@ run() {
   "$@"
 }
 
-# Make the bundled Austen shards once per build tree.
+# Make the bundled Austen shards (byte-level and GPT-2) and GPT-2's vocabulary once per build tree.
 ensure_data() {
-  if ! ls "$DATA"/austen_train_*.bin >/dev/null 2>&1; then
+  if ! ls "$DATA"/austen_train_*.bin "$DATA"/austen_gpt2_train_*.bin "$DATA"/gpt2/vocab.bpe >/dev/null 2>&1; then
     DTRAIN="$DTRAIN" run bash "$top_srcdir/scripts/get-data.sh" "$DATA"
   fi
 }

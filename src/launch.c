@@ -1,5 +1,5 @@
 /* Launch environment and mesh arithmetic (mesh.h), the pure half: reading and cross-checking the
- * launcher's variables, threads per rank, CUDA device lists and ordinals, dp x tp x pp sizes and
+ * launcher's variables, CUDA device lists and ordinals, dp x tp x pp sizes and
  * coordinates. No MPI calls here, so tests/test_mesh.c checks all of it with setenv. */
 #include "mesh.h"
 
@@ -110,20 +110,6 @@ dt_status_t dt_launch_check(const dt_launch_env_t *e, int rank, int size, int lo
       return MISMATCH("LOCAL_RANK", e->torch_local_rank, "local rank", local_rank, "");
   }
   return DT_OK;
-}
-
-int dt_mesh_threads(int cfg_threads, const dt_launch_env_t *e, int omp_default, const char **src) {
-  const char *s = "openmp";
-  int n = omp_default > 0 ? omp_default : 1;
-  if (cfg_threads > 0) {
-    s = "config";
-    n = cfg_threads;
-  } else if (e && e->slurm_cpus_per_task > 0) {
-    s = "slurm";
-    n = e->slurm_cpus_per_task;
-  }
-  if (src) *src = s;
-  return n;
 }
 
 /* ---- devices ----------------------------------------------------------------------------- */

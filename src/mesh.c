@@ -131,6 +131,22 @@ static dt_status_t mesh_local(dt_mesh_t *m, const dt_mesh_opts_t *o, MPI_Comm no
   return check_devices(m, o, list_src);
 }
 
+/* The oversubscription warning once per node: from its lowest oversubscribed rank, with the count. */
+static void warn_node(const dt_mesh_t *m, const char *warn) {
+  int first = m->rank, n = 0;
+  for (int r = 0; r < m->size; r++)
+    if (m->ranks[r].node == m->node && m->ranks[r].oversub) {
+      if (r < first) first = r;
+      n++;
+    }
+  if (first != m->rank) return;
+  if (n > 1)
+    fprintf(stderr, "dtrain: %s (and %d more rank%s on this node)\n", warn, n - 1, n == 2 ? "" : "s");
+  else
+    fprintf(stderr, "dtrain: %s\n", warn);
+  fflush(stderr);
+}
+
 dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
   memset(m, 0, sizeof *m);
   m->cuda = o->cuda;
@@ -176,7 +192,10 @@ dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
   st = dt_launch_env_read(&m->env);
   if (st == DT_OK) {
     m->launcher = dt_launch_detect(&m->env);
-    m->threads = dt_mesh_threads(o->threads, &m->env, omp_get_max_threads(), &m->threads_src);
+    dt_cpuset_read(&m->cpuset);
+    const char *omp = getenv("OMP_NUM_THREADS");
+    m->threads = dt_cpuset_threads(&m->cpuset, o->threads, m->env.slurm_cpus_per_task, omp ? atoi(omp) : 0,
+                                   m->local_size, &m->threads_src);
     st = mesh_local(m, o, node);
   }
   if ((st = dt_mpi_agree(w, st)) != DT_OK) goto fail;
@@ -210,6 +229,10 @@ dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
   me.pp_idx = m->pp_idx;
   me.tp_idx = m->tp_idx;
   snprintf(me.host, sizeof me.host, "%s", m->host);
+  dt_cpuset_format(m->cpuset.cpus, m->cpuset.n_mask, me.cpus, (int)sizeof me.cpus);
+  char warn[512];
+  me.oversub = dt_cpuset_warning(&m->cpuset, m->threads, m->local_size, m->rank, m->host,
+                                 dt_launcher_name(m->launcher), warn, (int)sizeof warn);
   snprintf(me.visible, sizeof me.visible, "%.47s",
            m->env.has_cvd ? m->env.cuda_visible_devices : m->env.has_step_gpus ? m->env.slurm_step_gpus : "-");
   if (m->device >= 0 && m->n_visible > 0)
@@ -228,6 +251,8 @@ dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
     goto fail;
   }
   if (m->launcher == DT_LAUNCH_SRUN && (st = check_nodeids(m)) != DT_OK) goto fail;
+  if (me.oversub) warn_node(m, warn);
+  m->pinned = dt_cpuset_pin(&m->cpuset, m->threads);
   for (int r = 0; r < m->size && !m->cuda; r++) /* the CPU form of the one-task-several-GPUs rule */
     if (m->ranks[r].node_devices > m->ranks[r].local_size) {
       snprintf(m->note, sizeof m->note,
@@ -269,17 +294,18 @@ void dt_mesh_print(const dt_mesh_t *m, FILE *out) {
     if (m->env.slurm_restart_count >= 0)
       snprintf(job + n, sizeof job - (size_t)n, " restart %d", m->env.slurm_restart_count);
   }
-  fprintf(out, "# layout: %d rank%s on %d node%s, mesh dp=%d x tp=%d x pp=%d, backend %s, launcher %s%s, threads from %s\n",
+  fprintf(out, "# layout: %d rank%s on %d node%s, mesh dp=%d x tp=%d x pp=%d, backend %s, launcher %s%s, threads from %s%s\n",
           m->size, m->size == 1 ? "" : "s", m->n_nodes, m->n_nodes == 1 ? "" : "s", m->dp, m->tp, m->pp,
-          m->cuda ? "cuda" : "cpu", dt_launcher_name(m->launcher), job, m->threads_src);
-  fprintf(out, "# %5s %-16s %4s %5s %6s %7s %4s %4s %4s %12s %13s %-10s %s\n", "rank", "host", "node", "local", "device",
-          "threads", "dp", "pp", "tp", "SLURM_NODEID", "SLURM_LOCALID", "visible", "gpu");
+          m->cuda ? "cuda" : "cpu", dt_launcher_name(m->launcher), job, m->threads_src,
+          m->pinned ? " (pinned in the mask)" : "");
+  fprintf(out, "# %5s %-16s %4s %5s %6s %7s %4s %4s %4s %12s %13s %-10s %-10s %s\n", "rank", "host", "node", "local",
+          "device", "threads", "dp", "pp", "tp", "SLURM_NODEID", "SLURM_LOCALID", "visible", "gpu", "cpus");
   for (int r = 0; r < m->size; r++) {
     const dt_rank_info_t *x = &m->ranks[r];
     char a[16], b[16], c[16];
-    fprintf(out, "# %5d %-16s %4d %5d %6s %7d %4d %4d %4d %12s %13s %-10s %s\n", x->rank, x->host, x->node, x->local_rank,
-            num(a, x->device), x->threads, x->dp_idx, x->pp_idx, x->tp_idx, num(b, x->slurm_nodeid),
-            num(c, x->slurm_localid), x->visible, x->gpu);
+    fprintf(out, "# %5d %-16s %4d %5d %6s %7d %4d %4d %4d %12s %13s %-10s %-10s %s\n", x->rank, x->host, x->node,
+            x->local_rank, num(a, x->device), x->threads, x->dp_idx, x->pp_idx, x->tp_idx, num(b, x->slurm_nodeid),
+            num(c, x->slurm_localid), x->visible, x->gpu, x->cpus);
   }
   if (m->note[0]) fprintf(out, "# %s\n", m->note);
   fflush(out);

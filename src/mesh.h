@@ -10,6 +10,7 @@
 #include <stdio.h>
 
 #include "comm.h"
+#include "cpuset.h"
 #include "status.h"
 
 #define DT_HOST_MAX 64
@@ -53,9 +54,6 @@ const char *dt_launcher_name(dt_launcher_t l);
  * MPI says w ...". */
 dt_status_t dt_launch_check(const dt_launch_env_t *e, int rank, int size, int local_rank, const char *host);
 
-/* OpenMP threads per rank: cfg_threads if > 0, else SLURM_CPUS_PER_TASK if set, else
- * omp_default (pass omp_get_max_threads()). *src (may be NULL) gets "config", "slurm", "openmp". */
-int dt_mesh_threads(int cfg_threads, const dt_launch_env_t *e, int omp_default, const char **src);
 
 /* Devices named by a CUDA_VISIBLE_DEVICES-style list: entries up to the first invalid one (a
  * negative or empty entry ends the list as it does for CUDA); "" -> 0. Indices and GPU-/MIG-
@@ -101,6 +99,8 @@ typedef struct {
   char host[DT_HOST_MAX];
   char visible[48];                /* this process' CUDA_VISIBLE_DEVICES (or SLURM_STEP_GPUS), "-" */
   char gpu[48];                    /* the list entry the device ordinal names (physical GPU), "-" */
+  char cpus[24];                   /* the rank's CPU affinity mask as a cpulist (cpuset.h) */
+  int oversub;                     /* 1: more threads than CPUs (dt_cpuset_warning) */
 } dt_rank_info_t;
 
 typedef struct {
@@ -111,7 +111,9 @@ typedef struct {
   dt_launch_env_t env;
   dt_launcher_t launcher;
   int threads;
-  const char *threads_src;
+  const char *threads_src;   /* config, slurm, OMP_NUM_THREADS or cpus (dt_cpuset_threads) */
+  dt_cpuset_t cpuset;        /* the CPUs this rank may run on */
+  int pinned;                /* 1: OpenMP workers pinned inside the mask (dt_cpuset_pin) */
   int cuda;
   int n_visible;             /* devices this process sees, -1 unknown */
   int node_devices;          /* distinct devices over the node's ranks, -1 unknown */

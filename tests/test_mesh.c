@@ -156,19 +156,66 @@ Test(mesh, check_torchrun_vars) {
   clean_env();
 }
 
+static dt_cpuset_t cpus_of(int n_mask, int n_online, double quota) {
+  dt_cpuset_t c;
+  memset(&c, 0, sizeof c);
+  c.n_mask = n_mask;
+  c.n_online = n_online;
+  c.quota = quota;
+  for (int i = 0; i < n_mask; i++) c.cpus[i] = 2 * i; /* 0,2,4,...: no ranges */
+  c.avail = quota > 0 && (int)quota < n_mask ? ((int)quota > 0 ? (int)quota : 1) : n_mask;
+  dt_cpuset_format(c.cpus, n_mask, c.list, (int)sizeof c.list);
+  return c;
+}
+
 Test(mesh, threads) {
-  clean_env();
-  dt_launch_env_t e = read_env();
   const char *src;
-  cr_expect_eq(dt_mesh_threads(0, &e, 6, &src), 6);
-  cr_expect_str_eq(src, "openmp");
-  setenv("SLURM_CPUS_PER_TASK", "3", 1);
-  e = read_env();
-  cr_expect_eq(dt_mesh_threads(0, &e, 6, &src), 3);
+  dt_cpuset_t host8 = cpus_of(8, 8, 0), bound1 = cpus_of(1, 8, 0), quota3 = cpus_of(8, 8, 3.5);
+  cr_expect_eq(dt_cpuset_threads(&host8, 0, 0, 0, 1, &src), 8);
+  cr_expect_str_eq(src, "cpus");
+  cr_expect_eq(dt_cpuset_threads(&host8, 0, 0, 0, 2, &src), 4, "2 unbound ranks share the host");
+  cr_expect_eq(dt_cpuset_threads(&host8, 0, 0, 0, 16, &src), 1);
+  cr_expect_eq(dt_cpuset_threads(&bound1, 0, 0, 0, 4, &src), 1, "a bound rank owns its mask");
+  cr_expect_eq(dt_cpuset_threads(&quota3, 0, 0, 0, 1, &src), 3, "a quota of 3.5 CPUs runs 3 threads");
+  cr_expect_eq(dt_cpuset_threads(&host8, 0, 0, 5, 2, &src), 5);
+  cr_expect_str_eq(src, "OMP_NUM_THREADS");
+  cr_expect_eq(dt_cpuset_threads(&host8, 0, 3, 5, 2, &src), 3);
   cr_expect_str_eq(src, "slurm");
-  cr_expect_eq(dt_mesh_threads(2, &e, 6, &src), 2);
+  cr_expect_eq(dt_cpuset_threads(&host8, 2, 3, 5, 2, &src), 2);
   cr_expect_str_eq(src, "config");
-  clean_env();
+}
+
+Test(mesh, cpuset_warning) {
+  char w[512];
+  dt_cpuset_t host2 = cpus_of(2, 2, 0), bound1 = cpus_of(1, 2, 0), quota1 = cpus_of(4, 4, 1.0);
+  cr_expect_eq(dt_cpuset_warning(&host2, 2, 1, 0, "h", "mpirun", w, sizeof w), 0);
+  cr_expect_str_eq(w, "");
+  cr_expect_eq(dt_cpuset_warning(&host2, 1, 2, 0, "h", "mpirun", w, sizeof w), 0, "2 ranks x 1 thread fit");
+  cr_expect_eq(dt_cpuset_warning(&host2, 1, 4, 0, "h", "mpirun", w, sizeof w), 0, "more 1-thread ranks than CPUs");
+  cr_expect_eq(dt_cpuset_warning(&bound1, 2, 1, 3, "h", "mpirun", w, sizeof w), 1);
+  cr_expect(strstr(w, "rank 3 (host h) runs 2 threads on 1 CPU (mask 0)") != NULL, "%s", w);
+  cr_expect(strstr(w, "--bind-to none") != NULL && strstr(w, "train.threads=1") != NULL, "%s", w);
+  cr_expect_eq(dt_cpuset_warning(&bound1, 2, 1, 0, "h", "srun", w, sizeof w), 1);
+  cr_expect(strstr(w, "srun --cpus-per-task=2") != NULL, "%s", w);
+  cr_expect_eq(dt_cpuset_warning(&quota1, 2, 1, 0, "h", "none", w, sizeof w), 1);
+  cr_expect(strstr(w, "cgroup quota 1.00 CPUs") != NULL, "%s", w);
+  cr_expect_eq(dt_cpuset_warning(&host2, 2, 2, 0, "h", "mpirun", w, sizeof w), 1);
+  cr_expect(strstr(w, "2 ranks x 2 threads on 2 CPUs") != NULL, "%s", w);
+}
+
+Test(mesh, cpuset_read_and_format) {
+  dt_cpuset_t c;
+  dt_cpuset_read(&c);
+  cr_expect(c.n_mask >= 1 && c.avail >= 1 && c.avail <= c.n_mask && c.n_mask <= c.n_online + 0, "%d %d %d", c.n_mask,
+            c.avail, c.n_online);
+  char buf[16];
+  int cpus[] = {0, 1, 2, 3, 8, 10, 11, 20, 21, 22, 23, 24, 30, 31};
+  dt_cpuset_format(cpus, 4, buf, sizeof buf);
+  cr_expect_str_eq(buf, "0-3");
+  dt_cpuset_format(cpus, 7, buf, sizeof buf);
+  cr_expect_str_eq(buf, "0-3,8,10-11");
+  dt_cpuset_format(cpus, 14, buf, sizeof buf);
+  cr_expect_str_eq(buf, "0-3,8,10-11...");
 }
 
 Test(mesh, device_lists) {

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Quick start on a fresh Debian 12 machine (as root): install packages, build, fetch the bundled
 # corpus, and train the embedded default (inputs/tiny.ini) on the CPU. Prints the loss per step
-# and writes a checkpoint under checkpoints/tiny/.
+# and writes a checkpoint under checkpoints/tiny/ and a picture of its curves, tiny_metrics.svg.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/install-deps.sh
@@ -10,3 +10,4 @@ bash scripts/install-deps.sh
 make -j"$(nproc)"
 DTRAIN=./dtrain bash scripts/get-data.sh data
 ./dtrain inputs/tiny.ini "$@"
+./dtrain plot tiny_metrics.jsonl # -> tiny_metrics.svg: the run's curves, for a browser

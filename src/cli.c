@@ -17,6 +17,7 @@
 #include "mesh.h"
 #include "mpi_check.h"
 #include "plan.h"
+#include "plot.h"
 #include "train.h"
 
 static void usage(FILE *out) {
@@ -29,6 +30,7 @@ static void usage(FILE *out) {
           "       dtrain bench-comm [--help] [--max-bytes N] ...   time and check the communicator's collectives\n"
           "       dtrain plan [--help] CONFIG [section.key=value ...] [--world N] [--device-mem 80GiB]\n"
           "                                                      per-rank memory (ZeRO 0-3) and GPU roofline\n"
+          "       dtrain plot [--help] [-o OUT.svg] METRICS.jsonl...   training curves of runs as one SVG picture\n"
           "       dtrain --help | --version\n"
           "\n"
           "Run under srun, sbatch or mpirun for several ranks; one rank per device or CPU socket.\n"
@@ -141,6 +143,7 @@ int dt_main(int argc, char **argv) {
   }
   if (!strcmp(cmd, "prep")) return dt_prep_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "layout")) return dt_layout_main(argc - 1, argv + 1);
+  if (!strcmp(cmd, "plot")) return dt_plot_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "eval")) return dt_eval_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "plan")) return dt_plan_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "bench-comm")) return dt_bench_comm_main(argc - 1, argv + 1);

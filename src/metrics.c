@@ -54,7 +54,7 @@ void dt_metrics_row(dt_metrics_t *m, const dt_step_row_t *r) {
             "{\"step\": %d, \"loss\": %.17g, \"lr\": %.9g, \"grad_norm\": %s, \"ms\": %.3f, \"tok_per_s\": %.1f, "
             "\"gflops\": %.3f",
             r->step, r->loss, r->lr, gn, r->ms, r->tok_per_s, r->gflops);
-    fprintf(m->jsonl, ", \"sample0\": %llu, \"samples\": %d", r->sample0, r->samples);
+    fprintf(m->jsonl, ", \"sample0\": %llu, \"samples\": %d, \"tokens\": %llu", r->sample0, r->samples, r->tokens);
     if (r->loss_scale > 0) fprintf(m->jsonl, ", \"loss_scale\": %.17g, \"skipped\": %d", r->loss_scale, r->skipped);
     if (r->val_loss >= 0) fprintf(m->jsonl, ", \"val_loss\": %.17g", r->val_loss);
     fprintf(m->jsonl, "}\n");

@@ -19,6 +19,7 @@ typedef struct {
   double val_loss;   /* < 0: not evaluated this step */
   unsigned long long sample0; /* global sample indices consumed: [sample0, sample0 + samples) */
   int samples;
+  unsigned long long tokens; /* tokens consumed through this step: (sample0 + samples) x T */
   double loss_scale; /* fp16: the loss scale this step's backward used; 0 = no loss scaling */
   int skipped;       /* fp16: 1 when inf/NaN gradients (on any rank) skipped the update */
 } dt_step_row_t;

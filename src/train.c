@@ -731,6 +731,7 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   *row = (dt_step_row_t){.step = tr->step, .loss = mean_loss, .lr = lr, .grad_norm = norm, .ms = 1e3 * tmax,
                          .tok_per_s = tokens / tmax, .gflops = tr->flops_per_token * tokens / tmax * 1e-9,
                          .val_loss = -1, .sample0 = sample0, .samples = tr->global_batch,
+                         .tokens = (sample0 + (uint64_t)tr->global_batch) * (uint64_t)tr->T,
                          .loss_scale = tr->scaler.enabled ? scale : 0, .skipped = skip};
   return DT_OK;
 }

@@ -27,7 +27,7 @@ def load(p):
 d = sys.argv[1]
 texts, lines, dots = load(f"{d}/a.svg")
 for want in ["loss (solid: train, dashed: validation)", "learning rate", "gradient norm (before clipping)",
-             "throughput", "step", "loss", "lr", "tokens/s", "a.jsonl"]:
+             "throughput", "tokens", "step", "loss", "lr", "tokens/s", "a.jsonl"]:
     assert want in texts, f"no text '{want}' in a.svg: {texts}"
 # train loss, validation loss (3 evals), lr, grad norm, tokens/s
 assert lines == [12, 3, 12, 12, 12], f"polyline point counts {lines}"

@@ -2,7 +2,7 @@
 # Install the Debian 12 packages dtrain needs to build, test and run (as root).
 # Build: autotools, Open MPI, parallel HDF5, OpenBLAS, Criterion. Tests: PyTorch, h5py, numpy,
 # tiktoken + regex from PyPI (independent references only), Slurm + munge + PMIx (a throw-away
-# local cluster). Data: Jane Austen's novels from r-cran-janeaustenr (GPT-2's vocabulary comes
+# local cluster), Lmod and man-db (tests/install.sh loads the installed module, reads the man page). Data: Jane Austen's novels from r-cran-janeaustenr (GPT-2's vocabulary comes
 # with scripts/get-data.sh). The CUDA toolkit is optional and not installed here.
 set -euo pipefail
 pkgs=(
@@ -12,6 +12,7 @@ pkgs=(
   python3-torch python3-h5py python3-numpy
   slurm-wlm slurm-client munge libpmix-dev
   r-cran-janeaustenr python3-pip
+  lmod man-db
 )
 missing=()
 for p in "${pkgs[@]}"; do

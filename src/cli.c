@@ -20,33 +20,94 @@
 #include "plot.h"
 #include "train.h"
 
+#define DT_STR_(x) #x
+#define DT_STR(x) DT_STR_(x)
+
+/* The usage text, shared by --help and the man page (--man): each command with what it does, then
+ * paragraphs. */
+static const char *const commands[][2] = {
+    {"CONFIG.ini [section.key=value ...]", "train a GPT-2 model"},
+    {"prep [--help] [--tokenizer byte|gpt2] OUTPREFIX FILE...", "text files -> token shards"},
+    {"prep --decode [--tokenizer byte|gpt2] SHARD...", "token shards -> text"},
+    {"layout [--help] ...", "print the rank/device layout of this launch"},
+    {"eval CONFIG --checkpoint FILE --data SHARDS [--batches N]", "loss of a checkpoint"},
+    {"bench-comm [--help] [--max-bytes N] ...", "time and check the communicator's collectives"},
+    {"plan [--help] CONFIG [section.key=value ...] [--world N] [--device-mem 80GiB]",
+     "per-rank memory (ZeRO 0-3) and GPU roofline"},
+    {"plot [--help] [-o OUT.svg] METRICS.jsonl...", "training curves of runs as one SVG picture"},
+    {"--help | --version | --man", "this text, the versions of dtrain and its libraries, the man page"},
+};
+static const char *const paragraphs[] = {
+    "Run under srun, sbatch or mpirun for several ranks; one rank per device or CPU socket. "
+    "Keys given on the command line override the file. Exit status: 0 done, 1 runtime error, "
+    "2 bad configuration or usage, " DT_STR(DT_EXIT_REQUEUE) " stopped by SIGUSR1/SIGTERM after a checkpoint (requeue).",
+    "parallel.tp = N: Megatron-style tensor parallelism over N consecutive ranks; parallel.pp = N: N pipeline "
+    "stages run 1F1B; parallel.zero = 1|2|3: ZeRO over dp (1|2 with pp > 1). All three on the cpu backend only.",
+    "train.precision = bf16 | fp16 (fp16 with dynamic loss scaling) works on the CPU backend by rounding "
+    "float storage (emulated: for numerics, not speed).",
+    "The CUDA backend and NCCL are compiled in when configured but have never run on a GPU; its "
+    "bf16/fp16 also rounds fp32 storage (no 16-bit storage or tensor-core matmuls yet).",
+};
+#define N_OF(a) (sizeof(a) / sizeof((a)[0]))
+
+/* Text wrapped at 100 columns. */
+static void wrap(FILE *out, const char *text) {
+  int col = 0;
+  for (const char *p = text; *p;) {
+    size_t w = strcspn(p, " ");
+    if (col && col + 1 + (int)w > 100) {
+      fputc('\n', out);
+      col = 0;
+    } else if (col) {
+      fputc(' ', out);
+      col++;
+    }
+    fwrite(p, 1, w, out);
+    col += (int)w;
+    p += w;
+    while (*p == ' ') p++;
+  }
+  fputc('\n', out);
+}
+
 static void usage(FILE *out) {
-  fprintf(out,
-          "usage: dtrain CONFIG.ini [section.key=value ...]    train a GPT-2 model\n"
-          "       dtrain prep [--help] [--tokenizer byte|gpt2] OUTPREFIX FILE...   text files -> token shards\n"
-          "       dtrain prep --decode [--tokenizer byte|gpt2] SHARD...          token shards -> text\n"
-          "       dtrain layout [--help] ...                    print the rank/device layout of this launch\n"
-          "       dtrain eval CONFIG --checkpoint FILE --data SHARDS [--batches N]   loss of a checkpoint\n"
-          "       dtrain bench-comm [--help] [--max-bytes N] ...   time and check the communicator's collectives\n"
-          "       dtrain plan [--help] CONFIG [section.key=value ...] [--world N] [--device-mem 80GiB]\n"
-          "                                                      per-rank memory (ZeRO 0-3) and GPU roofline\n"
-          "       dtrain plot [--help] [-o OUT.svg] METRICS.jsonl...   training curves of runs as one SVG picture\n"
-          "       dtrain --help | --version\n"
-          "\n"
-          "Run under srun, sbatch or mpirun for several ranks; one rank per device or CPU socket.\n"
-          "Keys given on the command line override the file. Exit status: 0 done, 1 runtime error,\n"
-          "2 bad configuration or usage, %d stopped by SIGUSR1/SIGTERM after a checkpoint (requeue).\n"
-          "\n"
-          "parallel.tp = N: Megatron-style tensor parallelism over N consecutive ranks; parallel.pp = N: N pipeline\n"
-          "stages run 1F1B; parallel.zero = 1|2|3: ZeRO over dp (1|2 with pp > 1). All three on the cpu backend only.\n"
-          "train.precision = bf16 | fp16 (fp16 with dynamic loss scaling) works on the CPU backend by rounding\n"
-          "float storage (emulated: for numerics, not speed).\n"
-          "The CUDA backend and NCCL are compiled in when configured but have never run on a GPU; its\n"
-          "bf16/fp16 also rounds fp32 storage (no 16-bit storage or tensor-core matmuls yet).\n"
-          "\n"
-          "Configuration keys (.ini sections):\n",
-          DT_EXIT_REQUEUE);
+  for (size_t i = 0; i < N_OF(commands); i++) {
+    int n = fprintf(out, "%s dtrain %s", i ? "      " : "usage:", commands[i][0]);
+    if (n >= 62) n = fprintf(out, "\n") - 1; /* a long command: its meaning on the next line */
+    fprintf(out, "%*s%s\n", 62 - n, "", commands[i][1]);
+  }
+  for (size_t i = 0; i < N_OF(paragraphs); i++) {
+    fputc('\n', out);
+    wrap(out, paragraphs[i]);
+  }
+  fprintf(out, "\nConfiguration keys (.ini sections):\n");
   dt_config_help(out);
+}
+
+/* dtrain(1) in man(7) markup, from the same tables as --help and the configuration key table. */
+static void man_page(FILE *out) {
+  fprintf(out, ".TH DTRAIN 1 \"\" \"dtrain %s\" \"User Commands\"\n.SH NAME\n"
+               "dtrain \\- train GPT-2-class models on Slurm GPU and CPU clusters (MPI, NCCL, HDF5)\n.SH SYNOPSIS\n",
+          PACKAGE_VERSION);
+  for (size_t i = 0; i < N_OF(commands); i++) {
+    fputs(".TP\n.B dtrain ", out);
+    dt_man_text(out, commands[i][0]);
+    fputc('\n', out);
+    dt_man_text(out, commands[i][1]);
+    fputc('\n', out);
+  }
+  fputs(".SH DESCRIPTION\n", out);
+  for (size_t i = 0; i < N_OF(paragraphs); i++) {
+    fputs(".PP\n", out);
+    dt_man_text(out, paragraphs[i]);
+    fputc('\n', out);
+  }
+  fputs(".SH CONFIGURATION\nAn .ini file with the sections below; any key can be given on the command line as "
+        "section.key=value.\n", out);
+  dt_config_man(out);
+  fputs(".SH FILES\n$DTRAIN_HOME/share/dtrain: inputs/ (configurations), sbatch/ (job templates), validation/ "
+        "(the cluster acceptance suite), scripts/get-data.sh (the bundled corpus).\n"
+        ".SH SEE ALSO\nThe README of the source tree; validation/README.md.\n", out);
 }
 
 /* Version of dtrain and of the libraries it runs on (validation/ records them). MPI allows
@@ -135,6 +196,10 @@ int dt_main(int argc, char **argv) {
   const char *cmd = argv[1];
   if (!strcmp(cmd, "--help") || !strcmp(cmd, "-h")) {
     usage(stdout);
+    return 0;
+  }
+  if (!strcmp(cmd, "--man")) {
+    man_page(stdout);
     return 0;
   }
   if (!strcmp(cmd, "--version")) {

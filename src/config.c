@@ -408,6 +408,45 @@ void dt_config_help(FILE *out) {
   }
 }
 
+void dt_man_text(FILE *out, const char *text) {
+  for (const char *c = text; *c; c++) {
+    if ((*c == '.' || *c == '\'') && (c == text || c[-1] == '\n')) fputs("\\&", out);
+    if (*c == '\\')
+      fputs("\\e", out);
+    else if (*c == '-')
+      fputs("\\-", out);
+    else
+      fputc(*c, out);
+  }
+}
+
+void dt_config_man(FILE *out) {
+  const char *sec = "";
+  for (int i = 0; dt_config_keys[i].key; i++) {
+    const dt_config_key_t *k = &dt_config_keys[i];
+    if (strcmp(sec, k->section) != 0) {
+      fprintf(out, ".SS [%s]\n", k->section);
+      sec = k->section;
+    }
+    char range[96] = "";
+    if (k->type == DT_KEY_INT || k->type == DT_KEY_FLOAT) {
+      if (k->max >= BIG)
+        snprintf(range, sizeof range, k->type == DT_KEY_INT ? ", >= %.0f" : ", >= %g", k->min);
+      else
+        snprintf(range, sizeof range, k->type == DT_KEY_INT ? ", in [%.0f, %.0f]" : ", in [%g, %g]", k->min, k->max);
+    } else if (k->type == DT_KEY_ENUM) {
+      snprintf(range, sizeof range, ", one of %s", k->choices);
+    }
+    char head[256];
+    snprintf(head, sizeof head, "%s (%s, default \"%s\"%s)", k->key, type_name(k->type), k->def, range);
+    fputs(".TP\n.B ", out);
+    dt_man_text(out, head);
+    fputc('\n', out);
+    dt_man_text(out, k->help);
+    fputc('\n', out);
+  }
+}
+
 void dt_config_write(const dt_config_t *cfg, FILE *out, const char *prefix) {
   const char *sec = "";
   char v[DT_PATH_MAX + 32];

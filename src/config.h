@@ -98,6 +98,10 @@ dt_status_t dt_config_override(dt_config_t *cfg, const char *arg);
 dt_status_t dt_config_validate(const dt_config_t *cfg, const char *name);
 /* Print every key with type, default, range and meaning. */
 void dt_config_help(FILE *out);
+/* The same table as man(7) markup (.SS per section, .TP per key), for dtrain --man. */
+void dt_config_man(FILE *out);
+/* text with man(7)'s special characters escaped (backslash, '-', a '.' or '\'' starting a line). */
+void dt_man_text(FILE *out, const char *text);
 /* Write the effective configuration as an .ini text (with `prefix` before every line). */
 void dt_config_write(const dt_config_t *cfg, FILE *out, const char *prefix);
 /* The same into a malloc'd string (caller frees). */

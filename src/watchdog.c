@@ -32,6 +32,13 @@ static double now_s(void) {
   return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+/* The node's name as the job scheduler knows it (Slurm's virtual nodes share one host name, and
+ * it is what the sbatch template excludes), else the host name. */
+static const char *node_name(void) {
+  const char *n = getenv("SLURMD_NODENAME");
+  return n && *n ? n : dt__hostname();
+}
+
 int dt_wd_on(void) { return wd.timeout > 0; }
 double dt_wd_timeout(void) { return wd.timeout; }
 void dt_wd_set_step(long step) { wd.step = step; }
@@ -47,7 +54,7 @@ dt_status_t dt_wd_start(double timeout, double first) {
   wd.hosts = calloc((size_t)wd.size, sizeof *wd.hosts);
   if (!wd.hosts) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory for the watchdog's host table", wd.rank);
   char mine[HOST_MAX] = "";
-  snprintf(mine, sizeof mine, "%s", dt__hostname());
+  snprintf(mine, sizeof mine, "%s", node_name());
   wd.in_first = 1; /* a rank that never arrives is found after `first` seconds */
   DT_MPI_CHECK(dt_wd_allgather(mine, HOST_MAX, MPI_CHAR, wd.hosts, HOST_MAX, MPI_CHAR, MPI_COMM_WORLD,
                                "allgather of host names (start of the job)"));
@@ -231,7 +238,7 @@ void dt_wd_expire(const dt_wd_op_t *op, double waited) {
   fprintf(stderr,
           "dtrain: watchdog: rank %d (host %s) at %s: %s not complete after %.1f s (system.comm_timeout%s = %g s); "
           "ranks that did not report waiting within %.0f s: %s; ending the job with exit status %d (requeue)\n",
-          wd.rank, dt__hostname(), when, what, waited, wd.in_first ? "_start" : "", wd.in_first ? wd.first : wd.timeout,
+          wd.rank, node_name(), when, what, waited, wd.in_first ? "_start" : "", wd.in_first ? wd.first : wd.timeout,
           grace, miss, DT_EXIT_HANG);
   free(heard);
   dt_comm_abort(DT_EXIT_HANG);

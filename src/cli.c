@@ -7,12 +7,14 @@
 #include <hdf5.h>
 #include <mpi.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "data.h"
 #include "dt_cuda.h"
+#include "fault.h"
 #include "dt_build.h" /* autoconf: PACKAGE_VERSION */
 #include "mesh.h"
 #include "mpi_check.h"
@@ -105,6 +107,7 @@ static int train_main(int argc, char **argv) {
   dt_status_t st = dt_cli_load_config(&cfg, argv[1], argc - 2, argv + 2);
   if (st == DT_OK) st = dt_train_batch_plan(&cfg, argv[1], world, &dp, &accum);
   /* the hang watchdog's first collective: a rank that never arrives ends the job */
+  if (st == DT_OK && dt_fault("stall_start", rank, -1)) raise(SIGSTOP); /* test-only (fault.h) */
   if (st == DT_OK) st = dt_wd_start(cfg.comm_timeout, cfg.comm_timeout_start);
   const dt_backend_ops_t *ops = NULL;
   int devices = 0;

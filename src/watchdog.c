@@ -18,7 +18,8 @@
 static struct {
   double timeout, first; /* seconds; timeout 0 = off */
   int in_first;          /* the first collective of the job is running */
-  MPI_Comm census;       /* private duplicate of MPI_COMM_WORLD; MPI_COMM_NULL before dt_wd_start */
+  MPI_Comm census;       /* MPI_COMM_WORLD once dt_wd_start ran (MPI_COMM_NULL before): dtrain sends no
+                          * point-to-point messages on it otherwise (its communicators are duplicates) */
   int rank, size;
   char (*hosts)[HOST_MAX]; /* host of every world rank */
   long step;
@@ -55,24 +56,16 @@ dt_status_t dt_wd_start(double timeout, double first) {
   if (!wd.hosts) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory for the watchdog's host table", wd.rank);
   char mine[HOST_MAX] = "";
   snprintf(mine, sizeof mine, "%s", node_name());
-  wd.in_first = 1; /* a rank that never arrives is found after `first` seconds */
-  DT_MPI_CHECK(dt_wd_allgather(mine, HOST_MAX, MPI_CHAR, wd.hosts, HOST_MAX, MPI_CHAR, MPI_COMM_WORLD,
-                               "allgather of host names (start of the job)"));
-  MPI_Request r;
-  MPI_Comm dup = MPI_COMM_NULL;
-  DT_MPI_CHECK(MPI_Comm_idup(MPI_COMM_WORLD, &dup, &r));
-  dt_wd_op_t op = {.op = "comm_idup (start of the job)", .comm = MPI_COMM_WORLD, .peer = -1};
-  DT_MPI_CHECK(dt_wd_wait(&r, MPI_STATUS_IGNORE, &op));
-  DT_MPI_CHECK(MPI_Comm_set_errhandler(dup, MPI_ERRORS_RETURN));
-  wd.census = dup;
+  wd.census = MPI_COMM_WORLD;
+  wd.in_first = 1; /* a rank that never arrives is found after `first` seconds (its host unknown) */
+  int rc = dt_wd_allgather(mine, HOST_MAX, MPI_CHAR, wd.hosts, HOST_MAX, MPI_CHAR, MPI_COMM_WORLD,
+                           "allgather of host names (start of the job)");
   wd.in_first = 0;
+  DT_MPI_CHECK(rc);
   return DT_OK;
 }
 
 void dt_wd_stop(void) {
-  int fin = 0;
-  MPI_Finalized(&fin);
-  if (wd.census != MPI_COMM_NULL && !fin) MPI_Comm_free(&wd.census);
   wd.census = MPI_COMM_NULL;
   free(wd.hosts);
   wd.hosts = NULL;
@@ -80,7 +73,8 @@ void dt_wd_stop(void) {
 }
 
 static const char *host_of(int world_rank) {
-  return wd.hosts && world_rank >= 0 && world_rank < wd.size ? wd.hosts[world_rank] : "?";
+  const char *h = wd.hosts && world_rank >= 0 && world_rank < wd.size ? wd.hosts[world_rank] : "";
+  return h[0] ? h : "unknown";
 }
 
 /* Has another rank started a census (passed its deadline)? Checked every 0.1 s of waiting. */
@@ -227,7 +221,7 @@ void dt_wd_expire(const dt_wd_op_t *op, double waited) {
     }
   if (printer != wd.rank) { /* the lowest rank heard from prints and ends the job: its launcher's */
     signal(SIGTERM, SIG_DFL); /* SIGTERM ends this one silently (the trainer catches it otherwise) */
-    struct timespec ts = {3, 0};
+    struct timespec ts = {10, 0}; /* still here: the printer failed; print and end the job */
     while (nanosleep(&ts, &ts) != 0) continue;
   }
   describe(op, what, sizeof what);

@@ -1,9 +1,9 @@
 /* Hang watchdog: a deadline on every blocking wait for other ranks (collectives, point-to-point,
  * checkpoint barriers). The communicators start the nonblocking form of a call and complete it
  * in a test loop (dt_wd_wait); a wait that passes system.comm_timeout asks every rank which of
- * them are stuck too (a census on a private duplicate of MPI_COMM_WORLD), prints one line naming
- * this rank, the step, the operation and the ranks that did not report, and ends the whole job
- * with DT_EXIT_HANG (75, "requeue"). Also counts the seconds spent waiting (straggler report).
+ * them are stuck too (a census: point-to-point messages on MPI_COMM_WORLD, which dtrain uses for
+ * nothing else), prints one line naming this rank, the step, the operation and the ranks that did
+ * not report, and ends the whole job with DT_EXIT_HANG (75, "requeue"). Also counts the seconds spent waiting (straggler report).
  * Internal header: the state is one per process, set once by dt_wd_start. */
 #ifndef DT_WATCHDOG_H
 #define DT_WATCHDOG_H
@@ -33,10 +33,10 @@ typedef struct {
 } dt_wd_op_t;
 
 /* Set the deadlines (seconds; timeout 0 = off) and run the first collective of the job under
- * `first` (0 = timeout): a gather of every rank's host name over MPI_COMM_WORLD and a private
- * duplicate of it for the census. Collective over MPI_COMM_WORLD. */
+ * `first` (0 = timeout): a gather of every rank's node name (SLURMD_NODENAME, else the host name)
+ * over MPI_COMM_WORLD. Collective over MPI_COMM_WORLD. */
 dt_status_t dt_wd_start(double timeout, double first);
-/* Release the duplicate (before MPI_Finalize). */
+/* Deadlines off, host table freed (before MPI_Finalize). */
 void dt_wd_stop(void);
 /* 1 when deadlines are on (the communicators then use nonblocking calls and dt_wd_wait). */
 int dt_wd_on(void);

@@ -4,6 +4,8 @@
 # once with (dp, pp) = (2, 2) (they wait in point-to-point transfers or collectives). Every
 # process must be gone within comm_timeout + 30 s, the launcher must exit with 75 (requeue), and
 # the watchdog's line must name the stopped rank as not arrived and the operation waited for.
+# Then a rank that never arrives (it stops itself before the first collective): the same, under
+# system.comm_timeout_start.
 # With the watchdog off (system.comm_timeout=0) the same run hangs: tests/hang_rank.sh's check
 # then fails on the deadline (DTRAIN_HANG_TIMEOUT=0 shows it).
 source "$top_srcdir/tests/lib.sh"
@@ -76,6 +78,32 @@ stop_one() {
     { echo "FAIL: $name: the line does not name the operation and its communicator"; return 1; }
   echo "$line" | grep -q "exit status 75" || { echo "FAIL: $name: the line does not give the exit status"; return 1; }
 }
+# never_arrives: rank 2 stops itself before the first collective (DTRAIN_FAULT=stall_start, test
+# only): the others' start deadline (system.comm_timeout_start) ends the job the same way
+never_arrives() {
+  local status start elapsed left line limit=$((TIMEOUT + 30))
+  mark="checkpoint.dir=$t/ck-start"
+  echo "+ DTRAIN_FAULT=stall_start@2 $MPIRUN -n 4 $DTRAIN tests/small.ini system.comm_timeout=60 system.comm_timeout_start=$TIMEOUT $mark" >&2
+  start=$(date +%s)
+  status=0
+  DTRAIN_FAULT=stall_start@2 timeout $((limit + 5)) "$MPIRUN" --oversubscribe --bind-to none -n 4 -x OMP_NUM_THREADS=1 \
+    -x DTRAIN_FAULT "$DTRAIN" "$top_srcdir/tests/small.ini" train.global_batch=16 system.comm_timeout=60 \
+    system.comm_timeout_start="$TIMEOUT" "$mark" > "$t/start.out" 2>&1 || status=$?
+  elapsed=$(( $(date +%s) - start ))
+  sleep 0.5
+  left=$(run_ranks | awk '{ print $1 }' | tr '\n' ' ')
+  victims="${victims:-} $left"
+  echo "launcher exited with status $status after ${elapsed} s; ranks left: ${left:-none}"
+  grep 'watchdog' "$t/start.out" || true
+  [ "$status" -eq 75 ] || { cat "$t/start.out"; echo "FAIL: start: exit status $status, want 75"; return 1; }
+  [ -z "$left" ] || { echo "FAIL: start: ranks still running"; return 1; }
+  [ "$elapsed" -le "$limit" ] || { echo "FAIL: start: took ${elapsed} s, limit $limit"; return 1; }
+  line=$(grep '^dtrain: watchdog: rank' "$t/start.out") || { echo "FAIL: start: no watchdog line"; return 1; }
+  [ "$(echo "$line" | grep -c .)" -eq 1 ] || { echo "FAIL: start: more than one watchdog line"; return 1; }
+  echo "$line" | grep -q "at setup (before step 1): allgather of host names .*(system.comm_timeout_start = $TIMEOUT s).*did not report waiting within [0-9]* s: 2 (host unknown)" ||
+    { echo "FAIL: start: the line does not name the first collective, its deadline and rank 2"; return 1; }
+}
 stop_one dp4 2 train.global_batch=16 || exit 1
 stop_one pp2 1 parallel.pp=2 train.global_batch=8 || exit 1
+never_arrives || exit 1
 echo "hang_rank: OK"

@@ -229,11 +229,12 @@ void dt_wd_expire(const dt_wd_op_t *op, double waited) {
   else snprintf(miss, sizeof miss, "unknown (out of memory)");
   if (wd.step > 0) snprintf(when, sizeof when, "step %ld", wd.step);
   else snprintf(when, sizeof when, "setup (before step 1)");
+  double lim = wd.in_first ? wd.first : wd.timeout;
   fprintf(stderr,
-          "dtrain: watchdog: rank %d (host %s) at %s: %s not complete after %.1f s (system.comm_timeout%s = %g s); "
+          "dtrain: watchdog: rank %d (host %s) at %s: %s not complete after %.1f s (system.comm_timeout%s = %g s%s); "
           "ranks that did not report waiting within %.0f s: %s; ending the job with exit status %d (requeue)\n",
-          wd.rank, node_name(), when, what, waited, wd.in_first ? "_start" : "", wd.in_first ? wd.first : wd.timeout,
-          grace, miss, DT_EXIT_HANG);
+          wd.rank, node_name(), when, what, waited, wd.in_first ? "_start" : "", lim,
+          waited < lim ? ", passed on another rank" : "", grace, miss, DT_EXIT_HANG);
   free(heard);
   dt_comm_abort(DT_EXIT_HANG);
 }

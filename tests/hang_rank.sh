@@ -100,7 +100,7 @@ never_arrives() {
   [ "$elapsed" -le "$limit" ] || { echo "FAIL: start: took ${elapsed} s, limit $limit"; return 1; }
   line=$(grep '^dtrain: watchdog: rank' "$t/start.out") || { echo "FAIL: start: no watchdog line"; return 1; }
   [ "$(echo "$line" | grep -c .)" -eq 1 ] || { echo "FAIL: start: more than one watchdog line"; return 1; }
-  echo "$line" | grep -q "at setup (before step 1): allgather of host names .*(system.comm_timeout_start = $TIMEOUT s).*did not report waiting within [0-9]* s: 2 (host unknown)" ||
+  echo "$line" | grep -q "at setup (before step 1): allgather of host names .*(system.comm_timeout_start = $TIMEOUT s[,)].*did not report waiting within [0-9]* s: 2 (host unknown)" ||
     { echo "FAIL: start: the line does not name the first collective, its deadline and rank 2"; return 1; }
 }
 stop_one dp4 2 train.global_batch=16 || exit 1

@@ -13,7 +13,7 @@
 #include "mpi_check.h"
 
 #define HOST_MAX 64
-#define CENSUS_TAG 7412
+#define CENSUS_TAG 7412 /* on MPI_COMM_WORLD; the CUDA emulation's NCCL init uses 20000-29999 there */
 
 static struct {
   double timeout, first; /* seconds; timeout 0 = off */

@@ -1,7 +1,7 @@
 /* Command-line front end: parses arguments, dispatches subcommands, and turns errors into exit
- * statuses (0 ok, 2 bad configuration or usage, 1 runtime failure, 75 stopped by a signal after a
- * checkpoint or ended by the hang watchdog: requeue). Inside an MPI job any failure after MPI_Init ends the whole job via MPI_Abort, so
- * no rank is left waiting in a collective. */
+ * statuses (0 ok, 2 bad configuration or usage, 1 runtime failure, 75 "requeue": stopped by a
+ * signal after a checkpoint, or ended by the hang watchdog). Inside an MPI job any failure after
+ * MPI_Init ends the whole job via MPI_Abort, so no rank is left waiting in a collective. */
 #include "cli.h"
 
 #include <hdf5.h>

@@ -1,7 +1,8 @@
 /* MPI communicator (dt_comm_mpi_ops) on host buffers: blocking MPI collectives when req == NULL,
  * otherwise the nonblocking forms with a heap request that dt_comm wait/test complete and free.
  * Work MPI cannot do (the DT_AVG division, moving an in-place block) is recorded in the request
- * and done at completion. Also DT_MPI_CHECK's error recorder and dt_comm_abort. */
+ * and done at completion. With the hang watchdog on (watchdog.h), blocking calls are started
+ * nonblocking and completed under its deadline. */
 #include "comm.h"
 
 #include <limits.h>
@@ -40,53 +41,6 @@ struct dt_comm_req {
   size_t bytes;
   int peer;
 };
-
-/* ---- errors ------------------------------------------------------------------------------ */
-
-const char *dt__hostname(void) {
-  static char host[256];
-  if (!host[0]) {
-    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "unknown-host");
-    host[sizeof host - 1] = '\0';
-  }
-  return host;
-}
-
-int dt_mpi_init(int *argc, char ***argv, int *rank) {
-  int provided = 0, rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
-  *rank = 0;
-  if (rc == MPI_SUCCESS) MPI_Comm_rank(MPI_COMM_WORLD, rank);
-  dt_err_set_rank(*rank);
-  return rc;
-}
-
-static int err_world_rank(void) {
-  if (dt_err_rank() >= 0) return dt_err_rank();
-  int init = 0, fin = 0, r = -1;
-  MPI_Initialized(&init);
-  MPI_Finalized(&fin);
-  if (init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-dt_status_t dt__mpi_error(int rc, const char *call, const char *file, int line) {
-  char estr[MPI_MAX_ERROR_STRING + 1] = "";
-  int elen = 0;
-  if (MPI_Error_string(rc, estr, &elen) != MPI_SUCCESS) snprintf(estr, sizeof estr, "error code %d", rc);
-  int fn = (int)strcspn(call, "(");
-  return dt_err_set(DT_ERR_MPI, file, line, "%s:%d: rank %d (host %s): %.*s failed: %s", file, line,
-                    err_world_rank(), dt__hostname(), fn, call, estr);
-}
-
-void dt_comm_abort(int code) {
-  int init = 0, fin = 0;
-  MPI_Initialized(&init);
-  MPI_Finalized(&fin);
-  fflush(stdout);
-  fflush(stderr);
-  if (init && !fin) MPI_Abort(MPI_COMM_WORLD, code);
-  _exit(code);
-}
 
 /* ---- types ------------------------------------------------------------------------------- */
 
@@ -158,10 +112,16 @@ static int overlap(const void *a, size_t an, const void *b, size_t bn) {
   return x < y + bn && y < x + an;
 }
 
+static int world_rank(void) {
+  int r = dt_err_rank();
+  if (r < 0) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
 /* Test-only (fault.h, bad_allreduce): +1 in the middle element of a float result on the faulty
  * rank (integer results, used for launch and consistency checks, are left alone). */
 static void fault_corrupt(void *buf, size_t n, dt_dtype_t t) {
-  if (n == 0 || !buf || (t != DT_F32 && t != DT_F64) || !dt_fault("bad_allreduce", err_world_rank(), -1)) return;
+  if (n == 0 || !buf || (t != DT_F32 && t != DT_F64) || !dt_fault("bad_allreduce", world_rank(), -1)) return;
   if (t == DT_F32) ((float *)buf)[n / 2] += 1.0f;
   else ((double *)buf)[n / 2] += 1.0;
 }
@@ -255,6 +215,30 @@ static void defer_avg(dt_comm_req_t *r, void *buf, size_t n, dt_dtype_t t, int s
   r->scale_div = size;
 }
 
+/* A blocking all-reduce (root < 0) or reduce with the watchdog on: the nonblocking form in pieces
+ * of at most WATCHED_PIECE bytes, each completed under the deadline. Open MPI's nonblocking
+ * reductions take a temporary as large as the message (ZeRO-2's 25 MiB buckets in one piece:
+ * +54 MiB peak RSS), its blocking ones pipeline small segments. Elementwise: the same result. */
+#define WATCHED_PIECE ((size_t)4 << 20)
+static dt_status_t watched_reduction(dt_comm_t *c, const void *sb, void *rb, size_t count, dt_dtype_t t,
+                                     MPI_Datatype mt, MPI_Op mo, int root) {
+  size_t es = dt_dtype_size(t), step = WATCHED_PIECE / es, off = 0;
+  MPI_Comm comm = impl(c)->comm;
+  dt_wd_op_t op = {.op = root < 0 ? "allreduce" : "reduce", .comm = comm, .bytes = count * es, .peer = -1};
+  do {
+    size_t n = count - off < step ? count - off : step;
+    const void *s = sb == MPI_IN_PLACE ? sb : (const char *)sb + off * es;
+    void *r = rb ? (char *)rb + off * es : NULL;
+    MPI_Request rq = MPI_REQUEST_NULL;
+    int rc = root < 0 ? MPI_Iallreduce(s, r, (int)n, mt, mo, comm, &rq)
+                      : MPI_Ireduce(s, r, (int)n, mt, mo, root, comm, &rq);
+    if (rc == MPI_SUCCESS) rc = dt_wd_wait(&rq, MPI_STATUS_IGNORE, &op);
+    if (rc != MPI_SUCCESS) return dt__mpi_error(rc, root < 0 ? "MPI_Allreduce" : "MPI_Reduce", __FILE__, __LINE__);
+    off += n;
+  } while (off < count);
+  return DT_OK;
+}
+
 static dt_status_t c_allreduce(dt_comm_t *c, const void *send, void *recv, size_t count, dt_dtype_t t,
                                dt_redop_t op, void *stream, dt_comm_req_t **req) {
   (void)stream;
@@ -268,15 +252,16 @@ static dt_status_t c_allreduce(dt_comm_t *c, const void *send, void *recv, size_
     return DT_ERR(DT_ERR_ARG, "comm: allreduce buffers overlap without being in place");
   const void *sb = send == recv ? MPI_IN_PLACE : send;
   MPI_Comm comm = impl(c)->comm;
-  if (blocking(c, req)) {
-    TIMED_CHECK(MPI_Allreduce(sb, recv, (int)count, mt, mo, comm));
+  if (immediate(c, req)) {
+    if (dt_wd_on()) DT_TRY(watched_reduction(c, sb, recv, count, t, mt, mo, -1));
+    else TIMED_CHECK(MPI_Allreduce(sb, recv, (int)count, mt, mo, comm));
     if (op == DT_AVG) scale_div(recv, count, t, c->size);
     fault_corrupt(recv, count, t);
     return DT_OK;
   }
   NEW_REQ(r);
   START(r, MPI_Iallreduce(sb, recv, (int)count, mt, mo, comm, &r->mreq));
-  label(r, "allreduce", bytes, -1, immediate(c, req) ? "MPI_Allreduce" : NULL, recv, count, t);
+  label(r, "allreduce", bytes, -1, NULL, NULL, 0, t);
   if (op == DT_AVG) defer_avg(r, recv, count, t, c->size);
   return req_deliver(c, r, req);
 }
@@ -297,15 +282,16 @@ static dt_status_t c_reduce(dt_comm_t *c, const void *send, void *recv, size_t c
   const void *sb = me && send == recv ? MPI_IN_PLACE : send;
   void *rb = me ? recv : NULL;
   MPI_Comm comm = impl(c)->comm;
-  if (blocking(c, req)) {
-    TIMED_CHECK(MPI_Reduce(sb, rb, (int)count, mt, mo, root, comm));
+  if (immediate(c, req)) {
+    if (dt_wd_on()) DT_TRY(watched_reduction(c, sb, rb, count, t, mt, mo, root));
+    else TIMED_CHECK(MPI_Reduce(sb, rb, (int)count, mt, mo, root, comm));
     if (me && op == DT_AVG) scale_div(recv, count, t, c->size);
     if (me) fault_corrupt(recv, count, t);
     return DT_OK;
   }
   NEW_REQ(r);
   START(r, MPI_Ireduce(sb, rb, (int)count, mt, mo, root, comm, &r->mreq));
-  label(r, "reduce", bytes, -1, immediate(c, req) ? "MPI_Reduce" : NULL, me ? recv : NULL, count, t);
+  label(r, "reduce", bytes, -1, NULL, NULL, 0, t);
   if (me && op == DT_AVG) defer_avg(r, recv, count, t, c->size);
   return req_deliver(c, r, req);
 }
@@ -582,27 +568,3 @@ const dt_comm_ops_t dt_comm_mpi_ops = {
     .group_end = c_group_end,
     .reduce = c_reduce,
 };
-
-dt_status_t dt_mpi_agree(MPI_Comm comm, dt_status_t st) {
-  int rank = 0, size = 1;
-  DT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  DT_MPI_CHECK(MPI_Comm_size(comm, &size));
-  int mine = st != DT_OK ? rank : size, first = size;
-  DT_MPI_CHECK(dt_wd_allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm, "allreduce (error agreement)"));
-  if (first == size) return DT_OK;
-  struct {
-    int code;
-    char msg[1020];
-  } b;
-  memset(&b, 0, sizeof b);
-  if (rank == first) {
-    b.code = (int)st;
-    snprintf(b.msg, sizeof b.msg, "%s", dt_err_msg());
-  }
-  DT_MPI_CHECK(dt_wd_bcast(&b, (int)sizeof b, MPI_BYTE, first, comm, "broadcast (error agreement)"));
-  if (rank != first) {
-    dt_err_clear();
-    dt_err_set((dt_status_t)b.code, __FILE__, __LINE__, "%s", b.msg);
-  }
-  return (dt_status_t)b.code;
-}

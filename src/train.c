@@ -519,6 +519,8 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
     DT_TRY(tr->be.ops->synchronize(&tr->be));
     tr->t_allreduce_full = dt_time_now() - t0;
   }
+  tr->straggler_t = malloc(sizeof(double) * 2 * (size_t)tr->mesh.size);
+  if (!tr->straggler_t) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   if (is_root(tr) || strstr(cfg->metrics, "{rank}")) DT_TRY(dt_metrics_open_rank(&tr->metrics, cfg->metrics, tr->mesh.rank));
   return DT_OK;
 }
@@ -534,6 +536,7 @@ void dt_trainer_free(dt_trainer_t *tr) {
   free(tr->pp_recv);
   free(tr->pp_ops);
   free(tr->host_arena);
+  free(tr->straggler_t);
   free(tr->inputs);
   free(tr->targets);
   if (tr->train) dt_data_close(tr->train);
@@ -655,17 +658,13 @@ static dt_status_t fault_scale_grads(dt_backend_t *be, size_t off, size_t n) {
 static dt_status_t straggler(dt_trainer_t *tr, double busy, dt_step_row_t *row) {
   int n = tr->mesh.size;
   if (n < 2 || !dt_straggler_due(tr->step, tr->cfg.straggler_every, tr->cfg.log_every)) return DT_OK;
-  double *all = malloc(sizeof(double) * 2 * (size_t)n);
-  if (!all) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
-  dt_status_t st = tr->mesh.world->ops->allgather(tr->mesh.world, &busy, all, 1, DT_F64, NULL, NULL);
-  if (st == DT_OK) {
-    dt_straggler_t s;
-    dt_straggler_stats(all, n, all + n, &s);
-    row->slowest_rank = s.slowest;
-    row->rank_ms_min = 1e3 * s.min, row->rank_ms_median = 1e3 * s.median, row->rank_ms_max = 1e3 * s.max;
-  }
-  free(all);
-  return st;
+  double *all = tr->straggler_t;
+  DT_TRY(tr->mesh.world->ops->allgather(tr->mesh.world, &busy, all, 1, DT_F64, NULL, NULL));
+  dt_straggler_t s;
+  dt_straggler_stats(all, n, all + n, &s);
+  row->slowest_rank = s.slowest;
+  row->rank_ms_min = 1e3 * s.min, row->rank_ms_median = 1e3 * s.median, row->rank_ms_max = 1e3 * s.max;
+  return DT_OK;
 }
 
 dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {

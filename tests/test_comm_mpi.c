@@ -341,7 +341,34 @@ static void check_errors(dt_comm_t *c) {
   }
 }
 
+/* Blocking reductions above the watchdog's 4 MiB piece (comm_mpi.c WATCHED_PIECE): 3 and 2 pieces
+ * with a partial last one, in place and not, to the root and to all. */
+static void check_big(dt_comm_t *c, const char *cn) {
+  int n = c->size, me = c->rank, root = 1 % n;
+  size_t cnt = ((size_t)1 << 20) + 7; /* f64: 8 MiB + 56 B; f32: 4 MiB + 28 B */
+  for (int ti = 0; ti < 2; ti++) {
+    dt_dtype_t t = ti ? DT_F32 : DT_F64;
+    dt_redop_t op = ti ? DT_AVG : DT_SUM;
+    size_t es = dt_dtype_size(t);
+    char *s = malloc(cnt * es), *d = malloc(cnt * es);
+    for (int kind = 0; kind < 3; kind++) { /* allreduce, allreduce in place, reduce in place at the root */
+      for (size_t i = 0; i < cnt; i++) set(s, t, i, val(me, i)), set(d, t, i, -1);
+      dt_status_t st = kind < 2 ? c->ops->allreduce(c, s, kind ? s : d, cnt, t, op, NULL, NULL)
+                                : c->ops->reduce(c, s, s, cnt, t, op, root, NULL, NULL);
+      CHECK(st == DT_OK, "%s big reduction %d: %s", cn, kind, dt_err_msg());
+      const char *res = kind == 0 ? d : s;
+      size_t bad = 0;
+      for (size_t i = 0; (kind < 2 || me == root) && i < cnt; i++)
+        if (get(res, t, i) != expect_red(op, n, i)) bad++;
+      CHECK(bad == 0, "%s big reduction %d (%s, %zu elements): %zu wrong", cn, kind, dt_dtype_name(t), cnt, bad);
+    }
+    free(s);
+    free(d);
+  }
+}
+
 static void check_comm(dt_comm_t *c, const char *cn) {
+  check_big(c, cn);
   check_allreduce(c, cn);
   check_reduce_scatter(c, cn);
   check_reduce(c, cn);

@@ -20,6 +20,7 @@
 extern "C" {
 #include "comm.h"
 #include "dt_cuda.h"
+#include "watchdog.h"
 }
 #include "cuda_check.h"
 
@@ -31,6 +32,7 @@ struct dt_comm_req {
   cudaEvent_t ev;
   cudaStream_t stream;
   double t0;
+  size_t bytes;
   char what[96];
 };
 
@@ -48,6 +50,9 @@ typedef struct {
   cudaStream_t group_streams[MAX_GROUP_STREAMS]; /* streams of blocking calls inside a group */
   int n_group_streams;
   char inflight[96];
+  size_t bytes;                      /* of the call in flight */
+  MPI_Comm mpi;                      /* the MPI communicator it was made from (not owned; NULL after split) */
+  char name[MPI_MAX_OBJECT_NAME + 8]; /* for the watchdog's message */
 } nccl_impl_t;
 
 static nccl_impl_t *impl(const dt_comm_t *c) { return (nccl_impl_t *)c->impl; }
@@ -80,6 +85,20 @@ static dt_status_t abort_with(dt_comm_t *c, const char *what, const char *why) {
                 dt_err_rank(), dt__hostname(), m->device, what, c->rank, c->size, why);
 }
 
+/* With the hang watchdog on (system.comm_timeout), its deadline replaces the communicator's own
+ * timeout: past it the job ends with DT_EXIT_HANG and one line naming the collective (watchdog.h). */
+static void watchdog_check(dt_comm_t *c, const char *what, size_t bytes, double t0) {
+  nccl_impl_t *m = impl(c);
+  dt_wd_op_t op;
+  memset(&op, 0, sizeof op);
+  op.op = what;
+  op.comm = m->mpi;
+  op.comm_name = m->name;
+  op.bytes = bytes;
+  op.peer = -1;
+  dt_wd_check(t0, &op);
+}
+
 /* After an NCCL call on a nonblocking communicator: wait until it has been issued (the async
  * state leaves ncclInProgress), under the timeout. */
 static dt_status_t settle_comm(dt_comm_t *c, ncclComm_t comm, ncclResult_t rc, const char *what) {
@@ -92,7 +111,8 @@ static dt_status_t settle_comm(dt_comm_t *c, ncclComm_t comm, ncclResult_t rc, c
     if (q != ncclSuccess) return abort_with(c, what, ncclGetErrorString(q));
     if (st == ncclSuccess) return DT_OK;
     if (st != ncclInProgress) return abort_with(c, what, ncclGetErrorString(st));
-    if (now_s() - t0 > m->timeout) {
+    if (dt_wd_on()) watchdog_check(c, what, m->bytes, t0);
+    else if (now_s() - t0 > m->timeout) {
       char why[96];
       snprintf(why, sizeof why, "not issued after %.0f s (timeout)", m->timeout);
       return abort_with(c, what, why);
@@ -106,7 +126,8 @@ static dt_status_t settle(dt_comm_t *c, ncclResult_t rc, const char *what) {
 }
 
 /* Poll ev until the work before it is done; NCCL's async errors and the timeout abort. */
-static dt_status_t poll_event(dt_comm_t *c, cudaEvent_t ev, double t0, const char *what, int *done, int block) {
+static dt_status_t poll_event(dt_comm_t *c, cudaEvent_t ev, double t0, const char *what, size_t bytes, int *done,
+                              int block) {
   nccl_impl_t *m = impl(c);
   for (;;) {
     cudaError_t q = cudaEventQuery(ev);
@@ -121,7 +142,8 @@ static dt_status_t poll_event(dt_comm_t *c, cudaEvent_t ev, double t0, const cha
     ncclResult_t st = ncclSuccess;
     if (m->comm && ncclCommGetAsyncError(m->comm, &st) == ncclSuccess && st != ncclSuccess && st != ncclInProgress)
       return abort_with(c, what, ncclGetErrorString(st));
-    if (now_s() - t0 > m->timeout) {
+    if (dt_wd_on()) watchdog_check(c, what, bytes, t0);
+    else if (now_s() - t0 > m->timeout) {
       char why[96];
       snprintf(why, sizeof why, "not complete after %.0f s (timeout; a peer may have died or hung)", m->timeout);
       return abort_with(c, what, why);
@@ -166,6 +188,7 @@ static dt_status_t begin(dt_comm_t *c, size_t count, void *stream, cudaStream_t 
                          dt_dtype_t t) {
   nccl_impl_t *m = impl(c);
   snprintf(m->inflight, sizeof m->inflight, "%s of %zu %s", fmt_what, count, dt_dtype_name(t));
+  m->bytes = count * dt_dtype_size(t);
   if (m->aborted)
     return DT_ERR(DT_ERR_NCCL, "rank %d (host %s, device %d): NCCL %s on an aborted communicator", dt_err_rank(),
                   dt__hostname(), m->device, m->inflight);
@@ -185,6 +208,7 @@ static dt_status_t finish(dt_comm_t *c, cudaStream_t s, dt_comm_req_t **req) {
     DT_CUDA_CHECK(cudaEventCreateWithFlags(&r->ev, cudaEventDisableTiming));
     r->stream = s;
     r->t0 = now_s();
+    r->bytes = m->bytes;
     snprintf(r->what, sizeof r->what, "%s", m->inflight);
     if (m->group_depth > 0) { /* the work is enqueued at ncclGroupEnd: record the event then */
       if (m->n_pending == m->cap_pending) {
@@ -211,7 +235,7 @@ static dt_status_t finish(dt_comm_t *c, cudaStream_t s, dt_comm_req_t **req) {
   }
   DT_CUDA_CHECK(cudaEventRecord(m->sync, s));
   int done = 0;
-  return poll_event(c, m->sync, now_s(), m->inflight, &done, 1);
+  return poll_event(c, m->sync, now_s(), m->inflight, m->bytes, &done, 1);
 }
 
 static int overlap(const void *a, size_t an, const void *b, size_t bn) {
@@ -335,14 +359,14 @@ static dt_status_t c_barrier(dt_comm_t *c) {
 
 static dt_status_t c_wait(dt_comm_t *c, dt_comm_req_t *r) {
   int done = 0;
-  dt_status_t st = poll_event(c, r->ev, r->t0, r->what, &done, 1);
+  dt_status_t st = poll_event(c, r->ev, r->t0, r->what, r->bytes, &done, 1);
   cudaEventDestroy(r->ev);
   free(r);
   return st;
 }
 
 static dt_status_t c_test(dt_comm_t *c, dt_comm_req_t *r, int *done) {
-  dt_status_t st = poll_event(c, r->ev, r->t0, r->what, done, 0);
+  dt_status_t st = poll_event(c, r->ev, r->t0, r->what, r->bytes, done, 0);
   if (st != DT_OK || *done) {
     cudaEventDestroy(r->ev);
     free(r);
@@ -375,7 +399,7 @@ static dt_status_t c_group_end(dt_comm_t *c) {
     if (cudaEventRecord(m->sync, m->group_streams[i]) != cudaSuccess)
       st = DT_ERR(DT_ERR_CUDA, "nccl: cudaEventRecord failed at group_end");
     else
-      st = poll_event(c, m->sync, now_s(), "group (blocking calls)", &done, 1);
+      st = poll_event(c, m->sync, now_s(), "group (blocking calls)", 0, &done, 1);
   }
   m->n_group_streams = 0;
   return st;
@@ -399,7 +423,7 @@ extern "C" dt_status_t dt_comm_nccl_unique_id(const void *mpi_comm, unsigned cha
     b.ok = rc == ncclSuccess;
     if (!b.ok) snprintf(b.msg, sizeof b.msg, "host %s: ncclGetUniqueId failed: %s", dt__hostname(), ncclGetErrorString(rc));
   }
-  DT_MPI_CHECK(MPI_Bcast(&b, (int)sizeof b, MPI_BYTE, 0, mc));
+  DT_MPI_CHECK(dt_wd_bcast(&b, (int)sizeof b, MPI_BYTE, 0, mc, "broadcast of the NCCL unique id"));
   if (!b.ok) return DT_ERR(DT_ERR_NCCL, "rank %d: NCCL unique id from rank 0 of the communicator: %s", dt_err_rank(), b.msg);
   memcpy(id, &b.id, DT_NCCL_ID_BYTES);
   return DT_OK;
@@ -467,6 +491,7 @@ static dt_status_t new_comm(dt_comm_t **out, int rank, int size, double timeout)
   c->impl = m;
   m->device = -1;
   m->timeout = timeout;
+  m->mpi = MPI_COMM_NULL;
   *out = c;
   return DT_OK;
 }
@@ -489,6 +514,11 @@ extern "C" dt_status_t dt_comm_nccl_create(const void *mpi_comm, int device, dou
     return ag;
   }
   nccl_impl_t *m = impl(c);
+  m->mpi = mc;
+  char mn[MPI_MAX_OBJECT_NAME] = "";
+  int mnl = 0;
+  MPI_Comm_get_name(mc, mn, &mnl);
+  snprintf(m->name, sizeof m->name, "%s (NCCL)", mn);
   ncclUniqueId uid;
   memcpy(&uid, id, sizeof uid);
   ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
@@ -539,6 +569,8 @@ static dt_status_t c_split(dt_comm_t *c, int color, int key, dt_comm_t **out) {
     return st;
   }
   impl(sc)->comm = nc;
+  impl(sc)->mpi = MPI_COMM_NULL;
+  snprintf(impl(sc)->name, sizeof impl(sc)->name, "split of %.*s", MPI_MAX_OBJECT_NAME - 2, m->name);
   *out = sc;
   return DT_OK;
 }

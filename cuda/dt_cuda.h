@@ -42,7 +42,9 @@ dt_status_t dt_comm_nccl_unique_id(const void *mpi_comm, unsigned char id[DT_NCC
  * NCCL (wait, test, group_end, a blocking collective) polls ncclCommGetAsyncError and aborts the
  * communicator (ncclCommAbort) after that many seconds without completion, returning
  * DT_ERR_NCCL naming rank, host, device and the collective in flight. timeout_s <= 0: the
- * environment's DTRAIN_NCCL_TIMEOUT (seconds), else 600. If initialisation fails on any rank,
+ * environment's DTRAIN_NCCL_TIMEOUT (seconds), else 600. With the hang watchdog on
+ * (watchdog.h, system.comm_timeout) its deadline applies instead and ends the job (DT_EXIT_HANG)
+ * with one line naming the collective. If initialisation fails on any rank,
  * every rank returns an error (agreed over MPI: nobody is left in ncclCommInitRank's peers). */
 dt_status_t dt_comm_nccl_create(const void *mpi_comm, int device, double timeout_s, dt_comm_t **out);
 extern const dt_comm_ops_t dt_comm_nccl_ops;

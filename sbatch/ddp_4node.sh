@@ -11,6 +11,10 @@
 #   --cpus-per-task                   cores per GPU on your nodes (also OpenMP threads per rank)
 #   --time and the --signal lead time (long enough to write one checkpoint: ~1.5 GB for 124M)
 #   DTRAIN_MPI                        srun's MPI plugin for your Open MPI/MPICH build (srun --mpi=list)
+#   DTRAIN_EXCLUDE_SUSPECT=0          on small partitions: do not exclude a node the hang watchdog
+#                                     suspects from the requeued job (it may then never start)
+#   system.comm_timeout (DTRAIN_ARGS) the hang watchdog's deadline (default 300 s): above the
+#                                     longest checkpoint write and the slowest rank's start
 #   module loads / environment        below, before srun
 #
 #SBATCH --job-name=dtrain-ddp
@@ -29,7 +33,12 @@ DTRAIN=${DTRAIN:-./dtrain}
 DTRAIN_CONFIG=${DTRAIN_CONFIG:-inputs/gpt2.ini}
 DTRAIN_ARGS=${DTRAIN_ARGS:-}
 DTRAIN_MPI=${DTRAIN_MPI:-pmix}
-DTRAIN_REQUEUE_STATUS=75   # dtrain's exit status after a signal-triggered checkpoint
+DTRAIN_REQUEUE_STATUS=75   # dtrain's exit status after a signal-triggered checkpoint or a hang
+DTRAIN_EXCLUDE_SUSPECT=${DTRAIN_EXCLUDE_SUSPECT:-1}
+# The hang watchdog (a rank waited longer than system.comm_timeout for others) writes the nodes of
+# the ranks that never arrived here, one per line, before it ends the job with status 75.
+export DTRAIN_SUSPECT_FILE=${DTRAIN_SUSPECT_FILE:-dtrain-${SLURM_JOB_ID}.suspect}
+rm -f "$DTRAIN_SUSPECT_FILE"
 
 # module load ...   (site environment goes here)
 
@@ -41,8 +50,27 @@ srun --mpi="$DTRAIN_MPI" --kill-on-bad-exit=1 \
      "$DTRAIN" "$DTRAIN_CONFIG" checkpoint.resume=auto $DTRAIN_ARGS
 status=$?
 if [ "$status" -eq "$DTRAIN_REQUEUE_STATUS" ]; then
-  echo "# checkpoint written before the time limit; requeueing job ${SLURM_JOB_ID}"
+  suspects=
+  if [ -s "$DTRAIN_SUSPECT_FILE" ]; then
+    suspects=$(sort -u "$DTRAIN_SUSPECT_FILE" | paste -sd, -)
+    echo "# hang watchdog: ranks on ${suspects} did not arrive; the job resumes from its last checkpoint"
+  else
+    echo "# checkpoint written before the time limit"
+  fi
+  # Slurm changes ExcNodeList of pending jobs only: requeue first, then exclude. The requeue
+  # also signals this script (SIGTERM): ignore it until the exclusion is in.
+  trap '' TERM
+  old=$(scontrol show job "${SLURM_JOB_ID}" | sed -n 's/.*ExcNodeList=\([^ ]*\).*/\1/p')
+  echo "# requeueing job ${SLURM_JOB_ID}"
   scontrol requeue "${SLURM_JOB_ID}"
+  if [ -n "$suspects" ] && [ "$DTRAIN_EXCLUDE_SUSPECT" = 1 ]; then
+    [ "$old" = "(null)" ] && old=
+    if scontrol update jobid="${SLURM_JOB_ID}" ExcNodeList="${old:+$old,}${suspects}"; then
+      echo "# excluding ${suspects} from the requeued job"
+    else
+      echo "# could not exclude ${suspects} (site policy?); requeued without"
+    fi
+  fi
   exit 0
 fi
 exit "$status"

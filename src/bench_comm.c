@@ -13,6 +13,7 @@
 #include "comm.h"
 #include "mpi_check.h"
 #include "timer.h"
+#include "watchdog.h"
 
 typedef enum { OP_ALLREDUCE, OP_REDUCE_SCATTER, OP_ALLGATHER, OP_BROADCAST, OP_SENDRECV, OP_N } bench_op_t;
 static const char *op_names[OP_N] = {"allreduce", "reduce_scatter", "allgather", "broadcast", "sendrecv"};
@@ -20,6 +21,7 @@ static const char *op_names[OP_N] = {"allreduce", "reduce_scatter", "allgather",
 typedef struct {
   size_t min_bytes, max_bytes;
   int iters, warmup, ops[OP_N], mpi_ref;
+  double comm_timeout; /* hang watchdog deadline, 0 = off */
 } bench_opts_t;
 
 typedef struct {
@@ -179,11 +181,14 @@ static dt_status_t bench_op(bench_t *B, const bench_opts_t *o, bench_op_t op, lo
 static int usage(FILE *out, int code) {
   fprintf(out,
           "usage: dtrain bench-comm [--min-bytes N] [--max-bytes N] [--iters N] [--warmup N] [--ops LIST] [--no-mpi-ref]\n"
+          "                        [--comm-timeout S]\n"
           "Times allreduce, reduce_scatter, allgather, broadcast and a send/recv ring through the communicator\n"
           "on all ranks, sizes doubling from --min-bytes (default 8) to --max-bytes (default 1G; suffixes K M G),\n"
           "checks every result and prints an nccl-tests-style table (size, count, type, time, algbw, busbw,\n"
           "#wrong) plus, for allreduce, a plain MPI_Allreduce loop on the same buffers. LIST is comma-separated\n"
-          "op names (default all). Exit status 0 when no value was wrong, 1 otherwise.\n");
+          "op names (default all). --comm-timeout S: the hang watchdog's deadline as in training (system.comm_timeout:\n"
+          "each blocking call becomes a nonblocking one completed in a test loop); default 0 = off, plain blocking calls.\n"
+          "Exit status 0 when no value was wrong, 1 otherwise.\n");
   return code;
 }
 
@@ -230,6 +235,7 @@ static int parse_args(int argc, char **argv, bench_opts_t *o) {
     else if (!strcmp(a, "--iters")) bad = (o->iters = atoi(v)) < 1;
     else if (!strcmp(a, "--warmup")) bad = (o->warmup = atoi(v)) < 0 || strspn(v, "0123456789") != strlen(v);
     else if (!strcmp(a, "--ops")) bad = parse_ops(v, o->ops);
+    else if (!strcmp(a, "--comm-timeout")) bad = (o->comm_timeout = atof(v)) < 0 || strspn(v, "0123456789.") != strlen(v);
     else {
       fprintf(stderr, "dtrain bench-comm: unknown option '%s'\n", a);
       return usage(stderr, 2);
@@ -255,7 +261,8 @@ int dt_bench_comm_main(int argc, char **argv) {
   dt_mpi_init(&argc, &argv, &B.rank);
   MPI_Comm_size(MPI_COMM_WORLD, &B.n);
   long long wrong = 0;
-  dt_status_t st = dt_comm_mpi_create(&B.world, &B.c);
+  dt_status_t st = dt_wd_start(o.comm_timeout, o.comm_timeout);
+  if (st == DT_OK) st = dt_comm_mpi_create(&B.world, &B.c);
   B.a = malloc(o.max_bytes);
   B.b = malloc(o.max_bytes);
   if (st == DT_OK && (!B.a || !B.b)) st = DT_ERR(DT_ERR_NOMEM, "rank %d: cannot allocate 2 x %zu bytes", B.rank, o.max_bytes);
@@ -267,6 +274,8 @@ int dt_bench_comm_main(int argc, char **argv) {
     printf("# bench-comm: %d ranks, communicator %s, %s\n", B.n, B.c->ops->name, ver);
     printf("# sizes %zu..%zu bytes (x2), %d warmup + %d timed iterations; time = slowest rank's mean\n",
            o.min_bytes, o.max_bytes, o.warmup, o.iters);
+    if (o.comm_timeout > 0)
+      printf("# hang watchdog on (--comm-timeout %g): nonblocking calls completed in a test loop\n", o.comm_timeout);
   }
   for (int k = 0; k < OP_N && st == DT_OK; k++)
     if (o.ops[k]) st = bench_op(&B, &o, (bench_op_t)k, &wrong);
@@ -281,6 +290,7 @@ int dt_bench_comm_main(int argc, char **argv) {
   }
   if (B.rank == 0) printf("# bench-comm: %s, %lld wrong values in total\n", wrong ? "FAILED" : "ok", wrong);
   B.c->ops->free(B.c);
+  dt_wd_stop();
   MPI_Finalize();
   return wrong ? 1 : 0;
 }

@@ -16,6 +16,7 @@
 
 #include "ckpt_int.h"
 #include "timer.h"
+#include "watchdog.h"
 
 static const char *group_path[DT_CKPT_GROUPS] = {"/model", "/optim/exp_avg", "/optim/exp_avg_sq"};
 
@@ -103,7 +104,7 @@ int dt_ckpt__node_leaders(MPI_Comm comm, const dt_ckpt_arenas_t *a, MPI_Comm *le
   *lead = *node = MPI_COMM_NULL;
   const char *w = getenv("DTRAIN_CKPT_WRITERS");
   int full = a->model.full && (!a->m || a->optim.full), all_full = 0, rank, size;
-  MPI_Allreduce(&full, &all_full, 1, MPI_INT, MPI_MIN, comm);
+  dt_wd_allreduce(&full, &all_full, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint)");
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
   if (!all_full || size == 1 || (w && !strcmp(w, "all"))) return 0;
@@ -111,7 +112,7 @@ int dt_ckpt__node_leaders(MPI_Comm comm, const dt_ckpt_arenas_t *a, MPI_Comm *le
   int nrank, nsize, nodes_max = 0;
   MPI_Comm_rank(*node, &nrank);
   MPI_Comm_size(*node, &nsize);
-  MPI_Allreduce(&nsize, &nodes_max, 1, MPI_INT, MPI_MAX, comm);
+  dt_wd_allreduce(&nsize, &nodes_max, 1, MPI_INT, MPI_MAX, comm, "allreduce (checkpoint)");
   if (nodes_max == 1) { /* one rank per node everywhere: every rank is a leader, nothing to gain */
     MPI_Comm_free(node);
     return 0;
@@ -126,13 +127,8 @@ void dt_ckpt__node_leaders_free(MPI_Comm *lead, MPI_Comm *node) {
 }
 
 void dt_ckpt__quiet_barrier(MPI_Comm comm) {
-  MPI_Request r;
-  int done = 0;
-  MPI_Ibarrier(comm, &r);
-  while (MPI_Test(&r, &done, MPI_STATUS_IGNORE) == MPI_SUCCESS && !done) {
-    struct timespec ts = {0, 200000}; /* 0.2 ms: a waiting rank leaves its core to the I/O */
-    nanosleep(&ts, NULL);
-  }
+  /* test and sleep 0.2 ms: a waiting rank leaves its core to the I/O */
+  dt_wd_barrier(comm, "barrier (checkpoint)", 1);
 }
 
 /* Phase timer for bench/ckpt_io.sh: with DTRAIN_CKPT_TIMES set, rank 0 of comm prints
@@ -159,7 +155,7 @@ dt_status_t dt_ckpt__agree(MPI_Comm comm, dt_status_t st) {
   int rank, mine, first;
   MPI_Comm_rank(comm, &rank);
   mine = st != DT_OK ? rank : INT_MAX;
-  MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm);
+  dt_wd_allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint)");
   if (first == INT_MAX) return DT_OK;
   struct { int st; char msg[960]; } m;
   memset(&m, 0, sizeof m);
@@ -167,7 +163,7 @@ dt_status_t dt_ckpt__agree(MPI_Comm comm, dt_status_t st) {
     m.st = st;
     snprintf(m.msg, sizeof m.msg, "%s", dt_err_msg());
   }
-  MPI_Bcast(&m, (int)sizeof m, MPI_BYTE, first, comm);
+  dt_wd_bcast(&m, (int)sizeof m, MPI_BYTE, first, comm, "bcast (checkpoint)");
   if (rank != first) DT_ERR((dt_status_t)m.st, "rank %d: %s", first, m.msg);
   return (dt_status_t)m.st;
 }

@@ -13,6 +13,7 @@
 #include "ckpt.h"
 #include "ckpt_int.h"
 #include "timer.h"
+#include "watchdog.h"
 
 /* Step of "ckpt_<digits>.h5", or -1. */
 static long long name_step(const char *n) {
@@ -122,7 +123,7 @@ dt_status_t dt_ckpt_save(const void *mpi_comm, const char *dir, int keep, const 
   int rank;
   MPI_Comm_rank(comm, &rank);
   long long step = rank == 0 && st_in ? (long long)st_in->step : -1;
-  MPI_Bcast(&step, 1, MPI_LONG_LONG, 0, comm);
+  dt_wd_bcast(&step, 1, MPI_LONG_LONG, 0, comm, "bcast (checkpoint directory)");
   char base[64], tmp[DT_PATH_MAX + 80], final[DT_PATH_MAX + 80];
   snprintf(base, sizeof base, "ckpt_%08lld.h5", step);
   snprintf(tmp, sizeof tmp, "%s/.ckpt_%08lld.h5.tmp", dir, step);
@@ -198,7 +199,7 @@ dt_status_t dt_ckpt_find_latest(const void *mpi_comm, const char *dir, int64_t b
     if (st == DT_OK && r.step < 0) st = DT_ERR(DT_ERR_CKPT, "%s: no complete checkpoint%s", dir, before_step >= 0 ? " older than the ones tried" : "");
   }
   st = dt_ckpt__agree(comm, st);
-  MPI_Bcast(&r, (int)sizeof r, MPI_BYTE, 0, comm);
+  dt_wd_bcast(&r, (int)sizeof r, MPI_BYTE, 0, comm, "bcast (checkpoint directory)");
   if (st != DT_OK) return st;
   if (strlen(r.path) >= path_size) return DT_ERR(DT_ERR_ARG, "%s: path buffer too small", r.path);
   snprintf(path, path_size, "%s", r.path);

@@ -20,6 +20,7 @@
 #include "ckpt_int.h"
 #include "crc32c.h"
 #include "timer.h"
+#include "watchdog.h"
 
 #if defined(__x86_64__) || defined(__SSE2__)
 #include <emmintrin.h>
@@ -284,7 +285,14 @@ static float *slot_rows(const window_t *W, int i, uint64_t off) {
  * wait for what they need, not in lock step (with an MPI agreement per piece, 0.5-0.9 s of a
  * 4-rank GPT-2 124M load went to waiting). Counters only grow. */
 static void wait_at_least(atomic_int *c, int want) {
-  for (int v; (v = atomic_load(c)) < want;) syscall(SYS_futex, (int *)c, FUTEX_WAIT, v, NULL, NULL, 0);
+  const dt_wd_op_t op = {.op = "wait for the node's ranks (shared-memory read window, checkpoint load)",
+                         .comm = MPI_COMM_NULL, .comm_name = "node", .peer = -1};
+  struct timespec tick = {0, 200000000}; /* 0.2 s: the watchdog's deadline is checked between waits */
+  double t0 = dt_wd_now();
+  for (int v; (v = atomic_load(c)) < want;) {
+    syscall(SYS_futex, (int *)c, FUTEX_WAIT, v, dt_wd_on() ? &tick : NULL, NULL, 0);
+    dt_wd_check(t0, &op);
+  }
 }
 
 static void raise_to(atomic_int *c, int v) {
@@ -376,18 +384,18 @@ static dt_status_t window_open(MPI_Comm comm, size_t slot_bytes, window_t *W, co
         fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
         ok = fd >= 0 && posix_fallocate(fd, 0, (off_t)W->bytes) == 0; /* ENOSPC now, not SIGBUS later */
       }
-      MPI_Bcast(name, sizeof name, MPI_CHAR, 0, W->node);
-      MPI_Bcast(&ok, 1, MPI_INT, 0, W->node);
+      dt_wd_bcast(name, sizeof name, MPI_CHAR, 0, W->node, "bcast (checkpoint load)");
+      dt_wd_bcast(&ok, 1, MPI_INT, 0, W->node, "bcast (checkpoint load)");
       if (ok && nr != 0) fd = shm_open(name, O_RDWR, 0);
       void *p = fd >= 0 ? mmap(NULL, W->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
       if (fd >= 0) close(fd);
       ok = ok && p != MAP_FAILED;
       W->base = p == MAP_FAILED ? NULL : p;
-      MPI_Barrier(W->node); /* every rank has it mapped (or failed): the name can go */
+      dt_wd_barrier(W->node, "barrier (checkpoint load)", 0); /* every rank has it mapped (or failed): the name can go */
       if (nr == 0) shm_unlink(name);
     }
     int all = 0;
-    MPI_Allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm);
+    dt_wd_allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint load)");
     if (all) break;
     if (W->base) W->shared ? (void)munmap(W->base, W->bytes) : dt_ckpt__io_buf_free(W->base, W->bytes);
     W->base = NULL;
@@ -404,12 +412,12 @@ static dt_status_t window_open(MPI_Comm comm, size_t slot_bytes, window_t *W, co
     MPI_Comm_rank(W->lead, &W->g);
     MPI_Comm_size(W->lead, &W->G);
   }
-  MPI_Bcast(&W->g, 1, MPI_INT, 0, W->node);
-  MPI_Bcast(&W->G, 1, MPI_INT, 0, W->node);
+  dt_wd_bcast(&W->g, 1, MPI_INT, 0, W->node, "bcast (checkpoint load)");
+  dt_wd_bcast(&W->G, 1, MPI_INT, 0, W->node, "bcast (checkpoint load)");
   W->j = nr;
   W->read_done = (atomic_int *)W->base, W->copied = W->read_done + ns, W->exch_done = W->copied + ns;
   for (int m = 0; nr == 0 && m < 2 * ns + 1; m++) atomic_init(&W->read_done[m], 0); /* fresh mappings are 0 already */
-  MPI_Barrier(W->node);
+  dt_wd_barrier(W->node, "barrier (checkpoint load)", 0);
   int mine[2] = {W->g, W->j}, *all = malloc(2 * sizeof(int) * (size_t)size);
   W->kof = calloc((size_t)W->G, sizeof(int));
   W->first = calloc((size_t)W->G, sizeof(int));
@@ -418,7 +426,7 @@ static dt_status_t window_open(MPI_Comm comm, size_t slot_bytes, window_t *W, co
     free(all);
     return DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path); /* (every rank: MPI would fail next) */
   }
-  MPI_Allgather(mine, 2, MPI_INT, all, 2, MPI_INT, comm);
+  dt_wd_allgather(mine, 2, MPI_INT, all, 2, MPI_INT, comm, "allgather (checkpoint load)");
   for (int r = 0; r < size; r++) W->kof[all[2 * r]]++;
   for (int g = 1; g < W->G; g++) W->first[g] = W->first[g - 1] + W->kof[g - 1];
   for (int r = 0; r < size; r++) W->who[W->first[all[2 * r]] + all[2 * r + 1]] = r;
@@ -583,7 +591,7 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     bounce = dt_ckpt__io_buf(DT_CKPT_CHUNK);
     own_ok = fd_buf >= 0 && bounce;
   }
-  MPI_Allreduce(&own_ok, &all, 1, MPI_INT, MPI_MIN, comm);
+  dt_wd_allreduce(&own_ok, &all, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint load)");
   own_ok = all;
   /* The small datasets (biases, layernorms): ask for them all at once, so their reads overlap
    * instead of costing a round trip each (GPT-2 124M: 294 of them). */
@@ -646,7 +654,7 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
           split_rows(p->r0, p->r1, g, W.G, &ga, &gz);
           cnt[g] = (int)((gz - ga) * u), dsp[g] = (int)((ga - p->r0) * u);
         }
-        MPI_Allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, rows, cnt, dsp, MPI_FLOAT, W.lead);
+        dt_wd_allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, rows, cnt, dsp, MPI_FLOAT, W.lead, "allgatherv (checkpoint load)");
         raise_to(W.exch_done, i + 1);
       }
       wait_at_least(W.exch_done, i + 1);
@@ -671,7 +679,7 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   /* Checksums: every rank's CRC of its share of every piece in one allgather, combined in file
    * order (pieces; nodes; members); the same verdict on every rank (on a mismatch the arenas hold
    * unspecified data). */
-  MPI_Allgather(mine, n_pc, MPI_UINT32_T, crcs, n_pc, MPI_UINT32_T, comm);
+  dt_wd_allgather(mine, n_pc, MPI_UINT32_T, crcs, n_pc, MPI_UINT32_T, comm, "allgather (checkpoint load)");
   uint32_t crc = 0; /* of dataset d so far */
   for (int i = 0, d = -1; i <= n_pc; i++) {
     if (i == n_pc || pc[i].d != d) { /* dataset d complete */

@@ -1,24 +1,27 @@
 /* Command-line front end: parses arguments, dispatches subcommands, and turns errors into exit
- * statuses (0 ok, 2 bad configuration or usage, 1 runtime failure, 75 stopped by a signal after a
- * checkpoint). Inside an MPI job any failure after MPI_Init ends the whole job via MPI_Abort, so
- * no rank is left waiting in a collective. */
+ * statuses (0 ok, 2 bad configuration or usage, 1 runtime failure, 75 "requeue": stopped by a
+ * signal after a checkpoint, or ended by the hang watchdog). Inside an MPI job any failure after
+ * MPI_Init ends the whole job via MPI_Abort, so no rank is left waiting in a collective. */
 #include "cli.h"
 
 #include <hdf5.h>
 #include <mpi.h>
 #include <omp.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "data.h"
 #include "dt_cuda.h"
+#include "fault.h"
 #include "dt_build.h" /* autoconf: PACKAGE_VERSION */
 #include "mesh.h"
 #include "mpi_check.h"
 #include "plan.h"
 #include "plot.h"
 #include "train.h"
+#include "watchdog.h"
 
 #define DT_STR_(x) #x
 #define DT_STR(x) DT_STR_(x)
@@ -40,7 +43,8 @@ static const char *const commands[][2] = {
 static const char *const paragraphs[] = {
     "Run under srun, sbatch or mpirun for several ranks; one rank per device or CPU socket. "
     "Keys given on the command line override the file. Exit status: 0 done, 1 runtime error, "
-    "2 bad configuration or usage, " DT_STR(DT_EXIT_REQUEUE) " stopped by SIGUSR1/SIGTERM after a checkpoint (requeue).",
+    "2 bad configuration or usage, " DT_STR(DT_EXIT_REQUEUE) " stopped by SIGUSR1/SIGTERM after a checkpoint, or ended by "
+    "the hang watchdog (a rank waited longer than system.comm_timeout for others; no checkpoint): requeue.",
     "parallel.tp = N: Megatron-style tensor parallelism over N consecutive ranks; parallel.pp = N: N pipeline "
     "stages run 1F1B; parallel.zero = 1|2|3: ZeRO over dp (1|2 with pp > 1). All three on the cpu backend only.",
     "train.precision = bf16 | fp16 (fp16 with dynamic loss scaling) works on the CPU backend by rounding "
@@ -166,6 +170,9 @@ static int train_main(int argc, char **argv) {
   dt_config_t cfg;
   dt_status_t st = dt_cli_load_config(&cfg, argv[1], argc - 2, argv + 2);
   if (st == DT_OK) st = dt_train_batch_plan(&cfg, argv[1], world, &dp, &accum);
+  /* the hang watchdog's first collective: a rank that never arrives ends the job */
+  if (st == DT_OK && dt_fault("stall_start", rank, -1)) raise(SIGSTOP); /* test-only (fault.h) */
+  if (st == DT_OK) st = dt_wd_start(cfg.comm_timeout, cfg.comm_timeout_start);
   const dt_backend_ops_t *ops = NULL;
   int devices = 0;
   if (st == DT_OK) st = dt_train_pick_backend(&cfg, argv[1], &ops, &devices); /* collective, same verdict */
@@ -184,6 +191,7 @@ static int train_main(int argc, char **argv) {
   if (st != DT_OK) return fail(st, 1);
   int code = tr.stopped_by_signal ? DT_EXIT_REQUEUE : 0;
   dt_trainer_free(&tr);
+  dt_wd_stop();
   MPI_Finalize();
   return code;
 }

@@ -1,7 +1,8 @@
 /* MPI communicator (dt_comm_mpi_ops) on host buffers: blocking MPI collectives when req == NULL,
  * otherwise the nonblocking forms with a heap request that dt_comm wait/test complete and free.
  * Work MPI cannot do (the DT_AVG division, moving an in-place block) is recorded in the request
- * and done at completion. Also DT_MPI_CHECK's error recorder and dt_comm_abort. */
+ * and done at completion. With the hang watchdog on (watchdog.h), blocking calls are started
+ * nonblocking and completed under its deadline. */
 #include "comm.h"
 
 #include <limits.h>
@@ -13,6 +14,7 @@
 
 #include "fault.h"
 #include "mpi_check.h"
+#include "watchdog.h"
 
 typedef struct {
   MPI_Comm comm;
@@ -32,54 +34,13 @@ struct dt_comm_req {
   size_t scale_n;
   dt_dtype_t t;
   int scale_div;
+  void *corrupt;      /* a blocking call run as a request (watchdog): fault_corrupt(corrupt, */
+  size_t corrupt_n;   /* corrupt_n, t) at completion */
+  const char *what;   /* for the watchdog's message: operation, this rank's bytes, peer (-1) */
+  const char *call;   /* the blocking MPI call it stands for (errors name it), NULL = MPI_Wait */
+  size_t bytes;
+  int peer;
 };
-
-/* ---- errors ------------------------------------------------------------------------------ */
-
-const char *dt__hostname(void) {
-  static char host[256];
-  if (!host[0]) {
-    if (gethostname(host, sizeof host - 1) != 0) snprintf(host, sizeof host, "unknown-host");
-    host[sizeof host - 1] = '\0';
-  }
-  return host;
-}
-
-int dt_mpi_init(int *argc, char ***argv, int *rank) {
-  int provided = 0, rc = MPI_Init_thread(argc, argv, MPI_THREAD_FUNNELED, &provided);
-  *rank = 0;
-  if (rc == MPI_SUCCESS) MPI_Comm_rank(MPI_COMM_WORLD, rank);
-  dt_err_set_rank(*rank);
-  return rc;
-}
-
-static int err_world_rank(void) {
-  if (dt_err_rank() >= 0) return dt_err_rank();
-  int init = 0, fin = 0, r = -1;
-  MPI_Initialized(&init);
-  MPI_Finalized(&fin);
-  if (init && !fin) MPI_Comm_rank(MPI_COMM_WORLD, &r);
-  return r;
-}
-
-dt_status_t dt__mpi_error(int rc, const char *call, const char *file, int line) {
-  char estr[MPI_MAX_ERROR_STRING + 1] = "";
-  int elen = 0;
-  if (MPI_Error_string(rc, estr, &elen) != MPI_SUCCESS) snprintf(estr, sizeof estr, "error code %d", rc);
-  int fn = (int)strcspn(call, "(");
-  return dt_err_set(DT_ERR_MPI, file, line, "%s:%d: rank %d (host %s): %.*s failed: %s", file, line,
-                    err_world_rank(), dt__hostname(), fn, call, estr);
-}
-
-void dt_comm_abort(int code) {
-  int init = 0, fin = 0;
-  MPI_Initialized(&init);
-  MPI_Finalized(&fin);
-  fflush(stdout);
-  fflush(stderr);
-  if (init && !fin) MPI_Abort(MPI_COMM_WORLD, code);
-  _exit(code);
-}
 
 /* ---- types ------------------------------------------------------------------------------- */
 
@@ -151,10 +112,16 @@ static int overlap(const void *a, size_t an, const void *b, size_t bn) {
   return x < y + bn && y < x + an;
 }
 
+static int world_rank(void) {
+  int r = dt_err_rank();
+  if (r < 0) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
 /* Test-only (fault.h, bad_allreduce): +1 in the middle element of a float result on the faulty
  * rank (integer results, used for launch and consistency checks, are left alone). */
 static void fault_corrupt(void *buf, size_t n, dt_dtype_t t) {
-  if (n == 0 || (t != DT_F32 && t != DT_F64) || !dt_fault("bad_allreduce", err_world_rank(), -1)) return;
+  if (n == 0 || !buf || (t != DT_F32 && t != DT_F64) || !dt_fault("bad_allreduce", world_rank(), -1)) return;
   if (t == DT_F32) ((float *)buf)[n / 2] += 1.0f;
   else ((double *)buf)[n / 2] += 1.0;
 }
@@ -165,13 +132,14 @@ static mpi_impl_t *impl(const dt_comm_t *c) { return (mpi_impl_t *)c->impl; }
 
 static dt_comm_req_t *req_new(void) {
   dt_comm_req_t *r = calloc(1, sizeof *r);
-  if (r) r->mreq = MPI_REQUEST_NULL;
+  if (r) r->mreq = MPI_REQUEST_NULL, r->peer = -1;
   return r;
 }
 
 static void req_finish(dt_comm_req_t *r) {
   if (r->move_bytes) memmove(r->move_dst, r->move_src, r->move_bytes);
   if (r->scale_div) scale_div(r->scale, r->scale_n, r->t, r->scale_div);
+  if (r->corrupt) fault_corrupt(r->corrupt, r->corrupt_n, r->t);
 }
 
 /* Hand a started request to the caller, defer it to group_end, or complete it now. */
@@ -214,6 +182,28 @@ static dt_status_t req_deliver(dt_comm_t *c, dt_comm_req_t *r, dt_comm_req_t **r
   } while (0)
 
 static int immediate(const dt_comm_t *c, dt_comm_req_t **req) { return !req && impl(c)->group_depth == 0; }
+/* An immediate call made as the blocking MPI call: the watchdog is off (else it is started and
+ * completed under the deadline). */
+static int blocking(const dt_comm_t *c, dt_comm_req_t **req) { return immediate(c, req) && !dt_wd_on(); }
+
+/* A blocking MPI call whose time counts as waiting for other ranks (the straggler report). */
+#define TIMED_CHECK(call)                   \
+  do {                                      \
+    double t0_ = dt_wd_now();               \
+    DT_MPI_CHECK(call);                     \
+    dt_wd_account(dt_wd_now() - t0_);       \
+  } while (0)
+
+/* What the watchdog says about r; a blocking call run as a request also gets its test fault. */
+static void label(dt_comm_req_t *r, const char *what, size_t bytes, int peer, const char *blocking_call, void *res,
+                  size_t n, dt_dtype_t t) {
+  r->what = what;
+  r->call = blocking_call;
+  r->bytes = bytes;
+  r->peer = peer;
+  r->t = t;
+  if (blocking_call) r->corrupt = res, r->corrupt_n = n;
+}
 
 /* ---- operations -------------------------------------------------------------------------- */
 
@@ -223,6 +213,30 @@ static void defer_avg(dt_comm_req_t *r, void *buf, size_t n, dt_dtype_t t, int s
   r->scale_n = n;
   r->t = t;
   r->scale_div = size;
+}
+
+/* A blocking all-reduce (root < 0) or reduce with the watchdog on: the nonblocking form in pieces
+ * of at most WATCHED_PIECE bytes, each completed under the deadline. Open MPI's nonblocking
+ * reductions take a temporary as large as the message (ZeRO-2's 25 MiB buckets in one piece:
+ * +54 MiB peak RSS), its blocking ones pipeline small segments. Elementwise: the same result. */
+#define WATCHED_PIECE ((size_t)4 << 20)
+static dt_status_t watched_reduction(dt_comm_t *c, const void *sb, void *rb, size_t count, dt_dtype_t t,
+                                     MPI_Datatype mt, MPI_Op mo, int root) {
+  size_t es = dt_dtype_size(t), step = WATCHED_PIECE / es, off = 0;
+  MPI_Comm comm = impl(c)->comm;
+  dt_wd_op_t op = {.op = root < 0 ? "allreduce" : "reduce", .comm = comm, .bytes = count * es, .peer = -1};
+  do {
+    size_t n = count - off < step ? count - off : step;
+    const void *s = sb == MPI_IN_PLACE ? sb : (const char *)sb + off * es;
+    void *r = rb ? (char *)rb + off * es : NULL;
+    MPI_Request rq = MPI_REQUEST_NULL;
+    int rc = root < 0 ? MPI_Iallreduce(s, r, (int)n, mt, mo, comm, &rq)
+                      : MPI_Ireduce(s, r, (int)n, mt, mo, root, comm, &rq);
+    if (rc == MPI_SUCCESS) rc = dt_wd_wait(&rq, MPI_STATUS_IGNORE, &op);
+    if (rc != MPI_SUCCESS) return dt__mpi_error(rc, root < 0 ? "MPI_Allreduce" : "MPI_Reduce", __FILE__, __LINE__);
+    off += n;
+  } while (off < count);
+  return DT_OK;
 }
 
 static dt_status_t c_allreduce(dt_comm_t *c, const void *send, void *recv, size_t count, dt_dtype_t t,
@@ -239,13 +253,15 @@ static dt_status_t c_allreduce(dt_comm_t *c, const void *send, void *recv, size_
   const void *sb = send == recv ? MPI_IN_PLACE : send;
   MPI_Comm comm = impl(c)->comm;
   if (immediate(c, req)) {
-    DT_MPI_CHECK(MPI_Allreduce(sb, recv, (int)count, mt, mo, comm));
+    if (dt_wd_on()) DT_TRY(watched_reduction(c, sb, recv, count, t, mt, mo, -1));
+    else TIMED_CHECK(MPI_Allreduce(sb, recv, (int)count, mt, mo, comm));
     if (op == DT_AVG) scale_div(recv, count, t, c->size);
     fault_corrupt(recv, count, t);
     return DT_OK;
   }
   NEW_REQ(r);
   START(r, MPI_Iallreduce(sb, recv, (int)count, mt, mo, comm, &r->mreq));
+  label(r, "allreduce", bytes, -1, NULL, NULL, 0, t);
   if (op == DT_AVG) defer_avg(r, recv, count, t, c->size);
   return req_deliver(c, r, req);
 }
@@ -267,13 +283,15 @@ static dt_status_t c_reduce(dt_comm_t *c, const void *send, void *recv, size_t c
   void *rb = me ? recv : NULL;
   MPI_Comm comm = impl(c)->comm;
   if (immediate(c, req)) {
-    DT_MPI_CHECK(MPI_Reduce(sb, rb, (int)count, mt, mo, root, comm));
+    if (dt_wd_on()) DT_TRY(watched_reduction(c, sb, rb, count, t, mt, mo, root));
+    else TIMED_CHECK(MPI_Reduce(sb, rb, (int)count, mt, mo, root, comm));
     if (me && op == DT_AVG) scale_div(recv, count, t, c->size);
     if (me) fault_corrupt(recv, count, t);
     return DT_OK;
   }
   NEW_REQ(r);
   START(r, MPI_Ireduce(sb, rb, (int)count, mt, mo, root, comm, &r->mreq));
+  label(r, "reduce", bytes, -1, NULL, NULL, 0, t);
   if (me && op == DT_AVG) defer_avg(r, recv, count, t, c->size);
   return req_deliver(c, r, req);
 }
@@ -301,8 +319,8 @@ static dt_status_t c_reduce_scatter(dt_comm_t *c, const void *send, void *recv, 
   }
   void *res = dst ? dst : recv;
   MPI_Comm comm = impl(c)->comm;
-  if (immediate(c, req)) {
-    DT_MPI_CHECK(MPI_Reduce_scatter_block(sb, rb, (int)recvcount, mt, mo, comm));
+  if (blocking(c, req)) {
+    TIMED_CHECK(MPI_Reduce_scatter_block(sb, rb, (int)recvcount, mt, mo, comm));
     if (dst && dst != rb) memmove(dst, rb, blk);
     if (op == DT_AVG) scale_div(res, recvcount, t, c->size);
     fault_corrupt(res, recvcount, t);
@@ -310,6 +328,8 @@ static dt_status_t c_reduce_scatter(dt_comm_t *c, const void *send, void *recv, 
   }
   NEW_REQ(r);
   START(r, MPI_Ireduce_scatter_block(sb, rb, (int)recvcount, mt, mo, comm, &r->mreq));
+  label(r, "reduce_scatter", blk * (size_t)c->size, -1, immediate(c, req) ? "MPI_Reduce_scatter_block" : NULL, res,
+        recvcount, t);
   if (dst && dst != rb) {
     r->move_dst = dst;
     r->move_src = rb;
@@ -337,13 +357,14 @@ static dt_status_t c_allgather(dt_comm_t *c, const void *send, void *recv, size_
     return DT_ERR(DT_ERR_ARG, "comm: allgather buffers overlap without being in place");
   }
   MPI_Comm comm = impl(c)->comm;
-  if (immediate(c, req)) {
-    DT_MPI_CHECK(MPI_Allgather(sb, (int)sendcount, mt, recv, (int)sendcount, mt, comm));
+  if (blocking(c, req)) {
+    TIMED_CHECK(MPI_Allgather(sb, (int)sendcount, mt, recv, (int)sendcount, mt, comm));
     fault_corrupt(recv, sendcount * (size_t)c->size, t);
     return DT_OK;
   }
   NEW_REQ(r);
   START(r, MPI_Iallgather(sb, (int)sendcount, mt, recv, (int)sendcount, mt, comm, &r->mreq));
+  label(r, "allgather", blk, -1, immediate(c, req) ? "MPI_Allgather" : NULL, recv, sendcount * (size_t)c->size, t);
   return req_deliver(c, r, req);
 }
 
@@ -356,12 +377,13 @@ static dt_status_t c_broadcast(dt_comm_t *c, void *buf, size_t count, dt_dtype_t
   if (root < 0 || root >= c->size)
     return DT_ERR(DT_ERR_ARG, "comm: broadcast root %d outside 0..%d", root, c->size - 1);
   MPI_Comm comm = impl(c)->comm;
-  if (immediate(c, req)) {
-    DT_MPI_CHECK(MPI_Bcast(buf, (int)count, mt, root, comm));
+  if (blocking(c, req)) {
+    TIMED_CHECK(MPI_Bcast(buf, (int)count, mt, root, comm));
     return DT_OK;
   }
   NEW_REQ(r);
   START(r, MPI_Ibcast(buf, (int)count, mt, root, comm, &r->mreq));
+  label(r, "broadcast", count * dt_dtype_size(t), -1, immediate(c, req) ? "MPI_Bcast" : NULL, NULL, 0, t);
   return req_deliver(c, r, req);
 }
 
@@ -382,12 +404,13 @@ static dt_status_t c_send(dt_comm_t *c, const void *buf, size_t count, dt_dtype_
   DT_TRY(check_count(count, "send"));
   DT_TRY(check_peer(c, peer, "send", req));
   MPI_Comm comm = impl(c)->comm;
-  if (immediate(c, req)) {
-    DT_MPI_CHECK(MPI_Send(buf, (int)count, mt, peer, DT_COMM_MPI_TAG, comm));
+  if (blocking(c, req)) {
+    TIMED_CHECK(MPI_Send(buf, (int)count, mt, peer, DT_COMM_MPI_TAG, comm));
     return DT_OK;
   }
   NEW_REQ(r);
   START(r, MPI_Isend(buf, (int)count, mt, peer, DT_COMM_MPI_TAG, comm, &r->mreq));
+  label(r, "send", count * dt_dtype_size(t), peer, immediate(c, req) ? "MPI_Send" : NULL, NULL, 0, t);
   return req_deliver(c, r, req);
 }
 
@@ -399,29 +422,31 @@ static dt_status_t c_recv(dt_comm_t *c, void *buf, size_t count, dt_dtype_t t, i
   DT_TRY(check_count(count, "recv"));
   DT_TRY(check_peer(c, peer, "recv", req));
   MPI_Comm comm = impl(c)->comm;
-  if (immediate(c, req)) {
-    DT_MPI_CHECK(MPI_Recv(buf, (int)count, mt, peer, DT_COMM_MPI_TAG, comm, MPI_STATUS_IGNORE));
+  if (blocking(c, req)) {
+    TIMED_CHECK(MPI_Recv(buf, (int)count, mt, peer, DT_COMM_MPI_TAG, comm, MPI_STATUS_IGNORE));
     return DT_OK;
   }
   NEW_REQ(r);
   START(r, MPI_Irecv(buf, (int)count, mt, peer, DT_COMM_MPI_TAG, comm, &r->mreq));
+  label(r, "recv", count * dt_dtype_size(t), peer, immediate(c, req) ? "MPI_Recv" : NULL, NULL, 0, t);
   return req_deliver(c, r, req);
 }
 
 static dt_status_t c_barrier(dt_comm_t *c) {
-  DT_MPI_CHECK(MPI_Barrier(impl(c)->comm));
+  DT_MPI_CHECK(dt_wd_barrier(impl(c)->comm, "barrier", 0));
   return DT_OK;
 }
 
 static dt_status_t c_wait(dt_comm_t *c, dt_comm_req_t *r) {
-  (void)c;
   if (!r) return DT_ERR(DT_ERR_ARG, "comm: wait on a NULL request");
   MPI_Status stt;
-  int rc = MPI_Wait(&r->mreq, &stt);
+  dt_wd_op_t op = {.op = r->what ? r->what : "request", .comm = impl(c)->comm, .bytes = r->bytes, .peer = r->peer};
+  int rc = dt_wd_wait(&r->mreq, &stt, &op);
   if (rc == MPI_ERR_IN_STATUS) rc = stt.MPI_ERROR;
   if (rc != MPI_SUCCESS) {
+    const char *call = r->call ? r->call : "MPI_Wait";
     free(r);
-    return dt__mpi_error(rc, "MPI_Wait", __FILE__, __LINE__);
+    return dt__mpi_error(rc, call, __FILE__, __LINE__);
   }
   req_finish(r);
   free(r);
@@ -543,27 +568,3 @@ const dt_comm_ops_t dt_comm_mpi_ops = {
     .group_end = c_group_end,
     .reduce = c_reduce,
 };
-
-dt_status_t dt_mpi_agree(MPI_Comm comm, dt_status_t st) {
-  int rank = 0, size = 1;
-  DT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  DT_MPI_CHECK(MPI_Comm_size(comm, &size));
-  int mine = st != DT_OK ? rank : size, first = size;
-  DT_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm));
-  if (first == size) return DT_OK;
-  struct {
-    int code;
-    char msg[1020];
-  } b;
-  memset(&b, 0, sizeof b);
-  if (rank == first) {
-    b.code = (int)st;
-    snprintf(b.msg, sizeof b.msg, "%s", dt_err_msg());
-  }
-  DT_MPI_CHECK(MPI_Bcast(&b, (int)sizeof b, MPI_BYTE, first, comm));
-  if (rank != first) {
-    dt_err_clear();
-    dt_err_set((dt_status_t)b.code, __FILE__, __LINE__, "%s", b.msg);
-  }
-  return (dt_status_t)b.code;
-}

@@ -49,6 +49,7 @@ const dt_config_key_t dt_config_keys[] = {
 
   {"log", "metrics", DT_KEY_STR, OFF(metrics),   "", 0, 0, NULL, "JSONL metrics file written by rank 0; with {rank} in the name every rank writes its own; empty = none"},
   {"log", "every",   DT_KEY_INT, OFF(log_every), "1", 1, 1 << 30, NULL, "print a step row every N steps"},
+  {"log", "straggler_every", DT_KEY_INT, OFF(straggler_every), "-1", -1, 1 << 30, NULL, "every N steps rank 0 prints the min, median and max over ranks of the step time outside communication waits and the slowest rank (a `# straggler:` line; the same fields in that step's JSONL row); -1 = every log.every steps, 0 = off"},
 
   {"parallel", "dp",        DT_KEY_INT, OFF(dp),        "0", 0, 1 << 20, NULL, "data-parallel ranks; 0 = auto (world size / (tp*pp))"},
   {"parallel", "tp",        DT_KEY_INT, OFF(tp),        "1", 1, 1 << 20, NULL, "tensor-parallel ranks (Megatron-style, cpu backend; must divide n_head and the padded vocab)"},
@@ -64,6 +65,8 @@ const dt_config_key_t dt_config_keys[] = {
   {"checkpoint", "resume", DT_KEY_STR, OFF(resume),     "auto", 0, 0, NULL, "auto (newest complete checkpoint in dir) | never | PATH"},
 
   {"system", "backend", DT_KEY_ENUM, OFF(backend), "auto", 0, 0, "auto|cpu|cuda", "compute backend; auto = cuda when built in and every rank has a usable GPU, else cpu (with a note)"},
+  {"system", "comm_timeout", DT_KEY_FLOAT, OFF(comm_timeout), "300", 0, 1e7, NULL, "hang watchdog: seconds a rank may wait in one collective, point-to-point transfer or checkpoint barrier; past it the job ends with one line naming the rank, step, operation and the ranks that did not arrive, exit status 75 (requeue); keep it above the longest checkpoint write; 0 = off"},
+  {"system", "comm_timeout_start", DT_KEY_FLOAT, OFF(comm_timeout_start), "120", 0, 1e7, NULL, "hang watchdog: the deadline of the first collective after start (a rank that never arrives); 0 = comm_timeout"},
   {NULL, NULL, 0, 0, 0, NULL, 0, 0, NULL, NULL},
 };
 /* clang-format on */

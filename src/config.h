@@ -48,6 +48,7 @@ typedef struct {
   /* [log] */
   char metrics[DT_PATH_MAX]; /* JSONL metrics file, "" = none */
   int log_every;
+  int straggler_every; /* per-rank step time spread every N steps; -1 = every log_every, 0 = off */
   /* [parallel] */
   int dp;            /* 0 = auto (world / (tp*pp)) */
   int tp;
@@ -63,6 +64,8 @@ typedef struct {
   char resume[DT_PATH_MAX]; /* auto | never | PATH */
   /* [system] */
   char backend[DT_NAME_MAX]; /* auto | cpu | cuda */
+  double comm_timeout;       /* hang watchdog: seconds one wait for other ranks may take; 0 = off */
+  double comm_timeout_start; /* the same for the first collective of the job; 0 = comm_timeout */
 
   /* Where each key was last set, for messages: index = position in dt_config_keys. */
   char src_file[DT_PATH_MAX];    /* the .ini file loaded, "" if none */

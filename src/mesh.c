@@ -13,6 +13,7 @@
 #include "dt_build.h"
 #include "dt_cuda.h"
 #include "mpi_check.h"
+#include "watchdog.h"
 
 /* ---- mesh -------------------------------------------------------------------------------- */
 
@@ -89,7 +90,7 @@ static dt_status_t check_shared_gpu(dt_mesh_t *m, MPI_Comm node) {
     mine[0] = '\0';
     dt_err_clear();
   }
-  int rc = MPI_Allgather(mine, ID, MPI_CHAR, ids, ID, MPI_CHAR, node);
+  int rc = dt_wd_allgather(mine, ID, MPI_CHAR, ids, ID, MPI_CHAR, node, "allgather of GPU bus ids (node)");
   int other = rc == MPI_SUCCESS ? dt_devid_shared(ids, ID, m->local_size, m->local_rank) : -1;
   free(ids);
   if (rc != MPI_SUCCESS) return dt__mpi_error(rc, "MPI_Allgather", __FILE__, __LINE__);
@@ -100,6 +101,16 @@ static dt_status_t check_shared_gpu(dt_mesh_t *m, MPI_Comm node) {
                   m->rank, m->host, other < m->local_rank ? other : m->local_rank,
                   other < m->local_rank ? m->local_rank : other, m->node, mine, m->device);
   return DT_OK;
+}
+
+/* Names of the communicators in the watchdog's messages (MPI_Comm_set_name). */
+static void name_comms(dt_mesh_t *m) {
+  struct { dt_comm_t *c; const char *name; } n[] = {
+      {m->world, "world"}, {m->node_comm, "node"}, {m->dp_comm, "dp"}, {m->tp_comm, "tp"}, {m->pp_comm, "pp"}};
+  for (size_t i = 0; i < sizeof n / sizeof n[0]; i++) {
+    MPI_Comm h;
+    if (n[i].c && dt_comm_mpi_handle(n[i].c, &h) == DT_OK) MPI_Comm_set_name(h, n[i].name);
+  }
 }
 
 static dt_status_t mesh_local(dt_mesh_t *m, const dt_mesh_opts_t *o, MPI_Comm node) {
@@ -117,8 +128,8 @@ static dt_status_t mesh_local(dt_mesh_t *m, const dt_mesh_opts_t *o, MPI_Comm no
   char mine[DT_DEVLIST_MAX] = "";
   int my_has = list_src != NULL;
   if (my_has) snprintf(mine, sizeof mine, "%s", m->env.has_cvd ? m->env.cuda_visible_devices : m->env.slurm_step_gpus);
-  int rc = MPI_Allgather(mine, DT_DEVLIST_MAX, MPI_CHAR, lists, DT_DEVLIST_MAX, MPI_CHAR, node);
-  if (rc == MPI_SUCCESS) rc = MPI_Allgather(&my_has, 1, MPI_INT, has, 1, MPI_INT, node);
+  int rc = dt_wd_allgather(mine, DT_DEVLIST_MAX, MPI_CHAR, lists, DT_DEVLIST_MAX, MPI_CHAR, node, "allgather of device lists (node)");
+  if (rc == MPI_SUCCESS) rc = dt_wd_allgather(&my_has, 1, MPI_INT, has, 1, MPI_INT, node, "allgather of device lists (node)");
   if (rc == MPI_SUCCESS) m->node_devices = dt_devlist_union(lists, has, m->local_size);
   free(lists);
   free(has);
@@ -170,6 +181,7 @@ dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
   if (st == DT_OK && rc != MPI_SUCCESS) st = dt__mpi_error(rc, "MPI_Comm_free", __FILE__, __LINE__);
   if (st != DT_OK) goto fail;
   dt_comm_mpi_handle(m->node_comm, &node);
+  name_comms(m); /* world and node now, the rest after the splits */
   m->local_rank = m->node_comm->rank;
   m->local_size = m->node_comm->size;
   int leader = m->rank, *leaders = malloc((size_t)m->size * sizeof(int));
@@ -211,6 +223,7 @@ dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
   if ((st = ops->split(m->world, m->dp_idx * m->pp + m->pp_idx, m->tp_idx, &m->tp_comm)) != DT_OK) goto fail;
   if ((st = ops->split(m->world, m->dp_idx * m->tp + m->tp_idx, m->pp_idx, &m->pp_comm)) != DT_OK) goto fail;
   if ((st = ops->split(m->world, m->pp_idx * m->tp + m->tp_idx, m->dp_idx, &m->dp_comm)) != DT_OK) goto fail;
+  name_comms(m);
 
   /* the rank table, on every rank */
   dt_rank_info_t me;
@@ -245,7 +258,7 @@ dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
     st = DT_ERR(DT_ERR_NOMEM, "mesh: out of memory");
     goto fail;
   }
-  rc = MPI_Allgather(&me, (int)sizeof me, MPI_BYTE, m->ranks, (int)sizeof me, MPI_BYTE, w);
+  rc = dt_wd_allgather(&me, (int)sizeof me, MPI_BYTE, m->ranks, (int)sizeof me, MPI_BYTE, w, "allgather of the rank table");
   if (rc != MPI_SUCCESS) {
     st = dt__mpi_error(rc, "MPI_Allgather", __FILE__, __LINE__);
     goto fail;

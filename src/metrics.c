@@ -57,6 +57,9 @@ void dt_metrics_row(dt_metrics_t *m, const dt_step_row_t *r) {
     fprintf(m->jsonl, ", \"sample0\": %llu, \"samples\": %d, \"tokens\": %llu", r->sample0, r->samples, r->tokens);
     if (r->loss_scale > 0) fprintf(m->jsonl, ", \"loss_scale\": %.17g, \"skipped\": %d", r->loss_scale, r->skipped);
     if (r->val_loss >= 0) fprintf(m->jsonl, ", \"val_loss\": %.17g", r->val_loss);
+    if (r->slowest_rank >= 0)
+      fprintf(m->jsonl, ", \"rank_ms_min\": %.3f, \"rank_ms_median\": %.3f, \"rank_ms_max\": %.3f, \"slowest_rank\": %d",
+              r->rank_ms_min, r->rank_ms_median, r->rank_ms_max, r->slowest_rank);
     fprintf(m->jsonl, "}\n");
     fflush(m->jsonl);
   }

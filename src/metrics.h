@@ -22,6 +22,9 @@ typedef struct {
   unsigned long long tokens; /* tokens consumed through this step: (sample0 + samples) x T */
   double loss_scale; /* fp16: the loss scale this step's backward used; 0 = no loss scaling */
   int skipped;       /* fp16: 1 when inf/NaN gradients (on any rank) skipped the update */
+  int slowest_rank;  /* straggler report (straggler.h) this step: the rank with the longest step time
+                      * outside communication waits; -1 = not measured this step */
+  double rank_ms_min, rank_ms_median, rank_ms_max; /* that time over ranks, ms */
 } dt_step_row_t;
 
 typedef struct {

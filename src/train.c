@@ -25,7 +25,9 @@
 #include "ops_cpu.h"
 #include "optim.h"
 #include "plan.h"
+#include "straggler.h"
 #include "timer.h"
+#include "watchdog.h"
 
 static volatile sig_atomic_t signal_flag = 0;
 
@@ -117,7 +119,7 @@ dt_status_t dt_train_pick_backend(const dt_config_t *cfg, const char *cfg_name, 
   *devices = dt_cuda_device_count();
   /* the lowest rank without a GPU tells the others its host and reason */
   int mine = *devices == 0 ? rank : size, first = size;
-  DT_MPI_CHECK(MPI_Allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD));
+  DT_MPI_CHECK(dt_wd_allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, MPI_COMM_WORLD, "allreduce (backend choice)"));
   struct {
     char host[64], why[192];
   } b;
@@ -127,7 +129,7 @@ dt_status_t dt_train_pick_backend(const dt_config_t *cfg, const char *cfg_name, 
       snprintf(b.host, sizeof b.host, "%s", dt__hostname());
       snprintf(b.why, sizeof b.why, "%s", dt_cuda_device_error());
     }
-    DT_MPI_CHECK(MPI_Bcast(&b, (int)sizeof b, MPI_BYTE, first, MPI_COMM_WORLD));
+    DT_MPI_CHECK(dt_wd_bcast(&b, (int)sizeof b, MPI_BYTE, first, MPI_COMM_WORLD, "broadcast (backend choice)"));
   }
   if (!strcmp(cfg->backend, "cpu")) {
     *ops = &dt_backend_cpu;
@@ -478,7 +480,7 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
   if (tr->be.comm_stream && tr->mesh.dp > 1) { /* device gradients: NCCL over the dp group */
     MPI_Comm dpc;
     DT_TRY(dt_comm_mpi_handle(tr->mesh.dp_comm, &dpc));
-    DT_TRY(dt_comm_nccl_create(&dpc, tr->mesh.device, 0, &tr->dev_dp_comm));
+    DT_TRY(dt_comm_nccl_create(&dpc, tr->mesh.device, dt_wd_timeout(), &tr->dev_dp_comm));
     grad_comm = tr->dev_dp_comm;
   }
   DT_TRY(dt_ddp_init(&tr->ddp, grad_comm, tr->be.grads, tr->lay.n_params, tr->lay.layer_begin, tr->lay.d.L + 2,
@@ -517,6 +519,8 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
     DT_TRY(tr->be.ops->synchronize(&tr->be));
     tr->t_allreduce_full = dt_time_now() - t0;
   }
+  tr->straggler_t = malloc(sizeof(double) * 2 * (size_t)tr->mesh.size);
+  if (!tr->straggler_t) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   if (is_root(tr) || strstr(cfg->metrics, "{rank}")) DT_TRY(dt_metrics_open_rank(&tr->metrics, cfg->metrics, tr->mesh.rank));
   return DT_OK;
 }
@@ -532,6 +536,7 @@ void dt_trainer_free(dt_trainer_t *tr) {
   free(tr->pp_recv);
   free(tr->pp_ops);
   free(tr->host_arena);
+  free(tr->straggler_t);
   free(tr->inputs);
   free(tr->targets);
   if (tr->train) dt_data_close(tr->train);
@@ -648,11 +653,26 @@ static dt_status_t fault_scale_grads(dt_backend_t *be, size_t off, size_t n) {
   return st;
 }
 
+/* Every log.straggler_every steps: each rank's step time outside communication waits, gathered
+ * (one double per rank), into the row as min / median / max and the slowest rank (straggler.h). */
+static dt_status_t straggler(dt_trainer_t *tr, double busy, dt_step_row_t *row) {
+  int n = tr->mesh.size;
+  if (n < 2 || !dt_straggler_due(tr->step, tr->cfg.straggler_every, tr->cfg.log_every)) return DT_OK;
+  double *all = tr->straggler_t;
+  DT_TRY(tr->mesh.world->ops->allgather(tr->mesh.world, &busy, all, 1, DT_F64, NULL, NULL));
+  dt_straggler_t s;
+  dt_straggler_stats(all, n, all + n, &s);
+  row->slowest_rank = s.slowest;
+  row->rank_ms_min = 1e3 * s.min, row->rank_ms_median = 1e3 * s.median, row->rank_ms_max = 1e3 * s.max;
+  return DT_OK;
+}
+
 dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   const dt_config_t *c = &tr->cfg;
   dt_backend_t *be = &tr->be;
   int dp = tr->mesh.dp;
-  double t0 = dt_time_now();
+  double t0 = dt_time_now(), wait0 = dt_wd_wait_seconds();
+  dt_wd_set_step(tr->step + 1);
   uint64_t sample0 = tr->sample_pos;
   double lr = dt_lr_at(c, tr->step);
   if (tr->zero.stage >= 2) dt_zero_drop(be->grads, 0, tr->lay.n_params); /* zero, and RSS back */
@@ -718,7 +738,7 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   tr->sample_pos += (uint64_t)tr->global_batch;
   tr->tokens_seen += (uint64_t)tr->global_batch * (uint64_t)tr->T;
   /* Global mean loss and the slowest rank's time, in one reduction each. */
-  double dt = dt_time_now() - t0;
+  double dt = dt_time_now() - t0, busy = dt - (dt_wd_wait_seconds() - wait0);
   double mean_loss = loss_sum / tr->accum, tmax = dt;
   dt_comm_t *w = tr->mesh.world;
   if (tr->mesh.pp > 1) /* the loss is known on the last stage (0 on the others) */
@@ -732,8 +752,8 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
                          .tok_per_s = tokens / tmax, .gflops = tr->flops_per_token * tokens / tmax * 1e-9,
                          .val_loss = -1, .sample0 = sample0, .samples = tr->global_batch,
                          .tokens = (sample0 + (uint64_t)tr->global_batch) * (uint64_t)tr->T,
-                         .loss_scale = tr->scaler.enabled ? scale : 0, .skipped = skip};
-  return DT_OK;
+                         .loss_scale = tr->scaler.enabled ? scale : 0, .skipped = skip, .slowest_rank = -1};
+  return straggler(tr, busy, row);
 }
 
 dt_status_t dt_trainer_eval(dt_trainer_t *tr, dt_data_t *d, int batches, double *loss) {
@@ -851,6 +871,10 @@ dt_status_t dt_trainer_run(dt_trainer_t *tr) {
     if (tr->val && c->eval_every > 0 && (tr->step % c->eval_every == 0 || last))
       DT_TRY(dt_trainer_eval(tr, tr->val, c->eval_batches, &row.val_loss));
     if ((is_root(tr) || tr->metrics.jsonl) && (tr->step % c->log_every == 0 || last || row.val_loss >= 0)) dt_metrics_row(&tr->metrics, &row);
+    if (is_root(tr) && row.slowest_rank >= 0)
+      printf("# straggler: step %d: ms per step outside communication over %d ranks: min %.1f, median %.1f, max %.1f "
+             "(slowest: rank %d, host %s)\n", row.step, tr->mesh.size, row.rank_ms_min, row.rank_ms_median,
+             row.rank_ms_max, row.slowest_rank, tr->mesh.ranks[row.slowest_rank].host);
     /* All ranks agree whether a stop was requested. */
     int32_t sig = dt_train_signal_pending() ? 1 : 0;
     if (tr->mesh.size > 1)

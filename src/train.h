@@ -34,6 +34,7 @@ typedef struct {
   int B, T, accum, global_batch; /* global_batch = B * accum * dp sequences per step */
   int *inputs, *targets;   /* (B, T) host */
   float *host_arena;       /* device backends: host copies of params, m, v (3 x n_params) for checkpoints */
+  double *straggler_t;     /* straggler report: every rank's step time outside waits + sort scratch (2 x world) */
   dt_comm_t *dev_dp_comm;  /* device backends with dp > 1: NCCL over the dp group (gradients) */
   int step;                /* optimizer steps completed */
   uint64_t sample_pos;     /* global sample index of the next step's first sample */

@@ -4,7 +4,8 @@
  * a split into two groups with reversed key order; send/recv ordering and a large ring; error
  * paths. Expected values come from closed forms: rank r holds val(r, i) = 3(r+1) + i%5, so over
  * n ranks sum = 3n(n+1)/2 + n(i%5), max = 3n + i%5, min = 3 + i%5, avg = sum/n (exact in
- * binary floating point). Exits 1 if any check failed on any rank. */
+ * binary floating point). All of it twice: with the hang watchdog off (blocking MPI calls) and on
+ * (nonblocking calls completed under a deadline, watchdog.h). Exits 1 if any check failed on any rank. */
 #include <mpi.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 #include <string.h>
 
 #include "comm.h"
+#include "watchdog.h"
 
 static int world_rank, n_checks, n_fail;
 
@@ -339,7 +341,34 @@ static void check_errors(dt_comm_t *c) {
   }
 }
 
+/* Blocking reductions above the watchdog's 4 MiB piece (comm_mpi.c WATCHED_PIECE): 3 and 2 pieces
+ * with a partial last one, in place and not, to the root and to all. */
+static void check_big(dt_comm_t *c, const char *cn) {
+  int n = c->size, me = c->rank, root = 1 % n;
+  size_t cnt = ((size_t)1 << 20) + 7; /* f64: 8 MiB + 56 B; f32: 4 MiB + 28 B */
+  for (int ti = 0; ti < 2; ti++) {
+    dt_dtype_t t = ti ? DT_F32 : DT_F64;
+    dt_redop_t op = ti ? DT_AVG : DT_SUM;
+    size_t es = dt_dtype_size(t);
+    char *s = malloc(cnt * es), *d = malloc(cnt * es);
+    for (int kind = 0; kind < 3; kind++) { /* allreduce, allreduce in place, reduce in place at the root */
+      for (size_t i = 0; i < cnt; i++) set(s, t, i, val(me, i)), set(d, t, i, -1);
+      dt_status_t st = kind < 2 ? c->ops->allreduce(c, s, kind ? s : d, cnt, t, op, NULL, NULL)
+                                : c->ops->reduce(c, s, s, cnt, t, op, root, NULL, NULL);
+      CHECK(st == DT_OK, "%s big reduction %d: %s", cn, kind, dt_err_msg());
+      const char *res = kind == 0 ? d : s;
+      size_t bad = 0;
+      for (size_t i = 0; (kind < 2 || me == root) && i < cnt; i++)
+        if (get(res, t, i) != expect_red(op, n, i)) bad++;
+      CHECK(bad == 0, "%s big reduction %d (%s, %zu elements): %zu wrong", cn, kind, dt_dtype_name(t), cnt, bad);
+    }
+    free(s);
+    free(d);
+  }
+}
+
 static void check_comm(dt_comm_t *c, const char *cn) {
+  check_big(c, cn);
   check_allreduce(c, cn);
   check_reduce_scatter(c, cn);
   check_reduce(c, cn);
@@ -348,12 +377,8 @@ static void check_comm(dt_comm_t *c, const char *cn) {
   check_p2p(c, cn);
 }
 
-int main(int argc, char **argv) {
-  MPI_Init(&argc, &argv);
-  int wsize;
-  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
-  MPI_Comm_size(MPI_COMM_WORLD, &wsize);
-  dt_err_set_rank(world_rank);
+/* Every check on the world and on a split of it. */
+static void check_all(int wsize) {
   MPI_Comm w = MPI_COMM_WORLD;
   dt_comm_t *world = NULL, *half = NULL;
   CHECK(dt_comm_mpi_create(&w, &world) == DT_OK, "create: %s", dt_err_msg());
@@ -377,12 +402,26 @@ int main(int argc, char **argv) {
 
   half->ops->free(half);
   world->ops->free(world);
+}
+
+int main(int argc, char **argv) {
+  MPI_Init(&argc, &argv);
+  int wsize;
+  MPI_Comm_rank(MPI_COMM_WORLD, &world_rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &wsize);
+  dt_err_set_rank(world_rank);
+  check_all(wsize); /* blocking MPI calls (the hang watchdog off) */
+  /* with the hang watchdog on, every blocking call is a nonblocking one completed under a deadline */
+  CHECK(dt_wd_start(60, 60) == DT_OK && dt_wd_on(), "watchdog start: %s", dt_err_msg());
+  check_all(wsize);
+  dt_wd_stop();
 
   int tot_fail = 0, tot_checks = 0;
   MPI_Allreduce(&n_fail, &tot_fail, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   MPI_Allreduce(&n_checks, &tot_checks, 1, MPI_INT, MPI_SUM, MPI_COMM_WORLD);
   if (world_rank == 0)
-    printf("# comm_mpi: %d ranks, %d checks over all ranks, %d failed\n", wsize, tot_checks, tot_fail);
+    printf("# comm_mpi: %d ranks, %d checks over all ranks (watchdog off, then on), %d failed\n", wsize, tot_checks,
+           tot_fail);
   MPI_Finalize();
   return tot_fail ? 1 : 0;
 }

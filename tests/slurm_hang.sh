@@ -1,0 +1,119 @@
+#!/bin/bash
+# The hang watchdog under a real (throw-away, local) Slurm with 2 virtual nodes:
+#  1. srun -N 2 --ntasks-per-node=2: SIGSTOP rank 2 (on node n2) mid-training with
+#     system.comm_timeout=3: srun exits 75 within comm_timeout + 30 s, no rank is left, and the
+#     watchdog's one line names rank 2 on n2 as not arrived and the operation;
+#  2. the sbatch template: the same stall inside a batch job; the template sees 75, reports n2 as
+#     suspect, excludes it (scontrol update ExcNodeList) and requeues the job (PENDING with
+#     Restarts=1). The requeued job is cancelled, not run: tests/slurm_train.sh runs a requeued
+#     job to its end.
+set -u
+: "${top_srcdir:?}" "${top_builddir:?}"
+D="$top_builddir/dtrain"
+CLUSTER="$top_srcdir/scripts/slurm-cluster.sh"
+for v in $(env | sed -n 's/^\(SLURM_[A-Za-z0-9_]*\|PMIX_[A-Za-z0-9_]*\|OMPI_COMM_WORLD_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
+unset CUDA_VISIBLE_DEVICES RANK WORLD_SIZE LOCAL_RANK
+export PATH=$PATH:/usr/sbin
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source "$top_srcdir/tests/lib.sh"
+set +e
+ensure_data
+TIMEOUT=3
+LIMIT=$((TIMEOUT + 30))
+
+DIR=$(mktemp -d /tmp/dtrain-slurm.XXXXXX)
+cleanup() {
+  [ -n "${job:-}" ] && scancel "$job" 2>/dev/null
+  [ -n "${victim:-}" ] && kill -9 "$victim" 2>/dev/null
+  "$CLUSTER" stop "$DIR" 2>/dev/null
+  rm -rf "$DIR"
+}
+trap cleanup EXIT
+echo "\$ $CLUSTER start $DIR 2"
+env_line=$("$CLUSTER" start "$DIR" 2) || { echo "FAIL: the cluster did not start"; exit 1; }
+eval "$env_line"
+export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_mpi_yield_when_idle=1
+cd "$top_builddir"
+cfg="$top_srcdir/tests/small.ini"
+fail() { echo "FAIL: $*"; exit 1; }
+
+# rank_pid MARK RANK: the pid of the dtrain task of world rank RANK whose command line has MARK
+rank_pid() {
+  local p
+  for p in $(pgrep -f -- "$1"); do
+    [ "$(cat "/proc/$p/comm" 2>/dev/null)" = dtrain ] || continue
+    tr '\0' '\n' < "/proc/$p/cmdline" 2>/dev/null | grep -qxF -- "$1" || continue
+    tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_PROCID=$2" && echo "$p"
+  done
+}
+# wait_rows FILE: until step 20's row is in FILE
+wait_rows() {
+  for _ in $(seq 1 300); do grep -q '^ *20 ' "$1" 2>/dev/null && return 0; sleep 0.2; done
+  cat "$1"; fail "training did not start"
+}
+# check_line FILE: one watchdog line, naming rank 2 on n2 as not arrived and an operation
+check_line() {
+  local line
+  line=$(grep '^dtrain: watchdog: rank' "$1")
+  echo "$line"
+  [ "$(echo "$line" | grep -c .)" -eq 1 ] || fail "want exactly one watchdog line"
+  echo "$line" | grep -q 'did not report waiting within [0-9]* s: 2 (host n2)' || fail "rank 2 on n2 not named"
+  echo "$line" | grep -Eq ': (allreduce|allgather|broadcast|barrier|send|recv)[ a-z]* .*on communicator' ||
+    fail "no operation named"
+}
+
+# 1. srun
+mark="checkpoint.dir=$DIR/ck-srun"
+echo "\$ srun -N 2 --ntasks-per-node=2 --mpi=pmix --kill-on-bad-exit=1 $D $cfg train.global_batch=16 train.steps=100000 log.every=20 system.comm_timeout=$TIMEOUT $mark &"
+srun -N 2 --ntasks-per-node=2 --mpi=pmix --kill-on-bad-exit=1 "$D" "$cfg" train.global_batch=16 train.steps=100000 \
+  log.every=20 system.comm_timeout=$TIMEOUT "$mark" > "$DIR/srun.out" 2>&1 &
+pid=$!
+wait_rows "$DIR/srun.out"
+victim=$(rank_pid "$mark" 2)
+[ -n "$victim" ] || fail "no rank 2 process"
+echo "\$ kill -STOP $victim   (rank 2)"
+start=$(date +%s)
+kill -STOP "$victim"
+for _ in $(seq 1 $((LIMIT * 10))); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+kill -0 "$pid" 2>/dev/null && { kill -9 "$pid"; fail "srun still running $LIMIT s after the stop"; }
+wait "$pid"
+status=$?
+elapsed=$(($(date +%s) - start))
+sleep 0.5
+left=$(pgrep -f -- "$mark" | tr '\n' ' ')
+echo "srun exited with status $status after $elapsed s; processes left: ${left:-none}"
+[ "$status" -eq 75 ] || { tail -20 "$DIR/srun.out"; fail "srun exit status $status, want 75"; }
+[ -z "$left" ] || fail "processes left"
+check_line "$DIR/srun.out"
+victim=
+
+# 2. the sbatch template: requeue with the suspect node excluded
+mark="checkpoint.dir=$DIR/ck-sbatch"
+echo "\$ DTRAIN_ARGS='... system.comm_timeout=$TIMEOUT' sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 sbatch/ddp_4node.sh"
+DTRAIN="$D" DTRAIN_CONFIG="$cfg" DTRAIN_SUSPECT_FILE="$DIR/suspect" \
+  DTRAIN_ARGS="system.backend=cpu train.micro_batch=2 train.steps=100000 log.every=20 system.comm_timeout=$TIMEOUT $mark" \
+  sbatch --parsable --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 --time=10 \
+  --output="$DIR/job-%j.out" "$top_srcdir/sbatch/ddp_4node.sh" > "$DIR/job.id" || fail "sbatch"
+job=$(cat "$DIR/job.id")
+o="$DIR/job-$job.out"
+wait_rows "$o"
+victim=$(rank_pid "$mark" 2)
+[ -n "$victim" ] || fail "no rank 2 process in the batch job"
+echo "\$ kill -STOP $victim   (rank 2 of job $job)"
+kill -STOP "$victim"
+jstate() { scontrol show job "$job" 2>/dev/null | grep -oE 'JobState=[A-Z_]+|Restarts=[0-9]+|ExcNodeList=[^ ]+' | tr '\n' ' '; }
+s=
+for _ in $(seq 1 $((LIMIT * 5))); do
+  s=$(jstate)
+  case "$s" in *PENDING*Restarts=1*) grep -q '^# \(excluding\|could not exclude\)' "$o" && break ;; esac
+  sleep 0.2
+done
+echo "job $job: $s"
+cat "$o" | grep -v '^#   \|^# roofline\|^# plan'
+case "$s" in *PENDING*Restarts=1*) ;; *) fail "the job was not requeued" ;; esac
+check_line "$o"
+grep -q '^# hang watchdog: ranks on n2 did not arrive' "$o" || fail "the template did not report n2"
+grep -q '^# excluding n2 from the requeued job' "$o" || fail "the template did not exclude n2"
+case "$s" in *ExcNodeList=n2*) ;; *) fail "n2 not in the job's ExcNodeList" ;; esac
+grep -q '^# requeueing job' "$o" || fail "the template did not requeue"
+echo "slurm_hang: OK"

@@ -1,10 +1,10 @@
-/* The CUDA backend (dt_backend_cuda): the GPT-2 forward/backward of backend_cpu.c step for step,
+/* The CUDA backend (dt_backend_cuda): the GPT-2 forward/backward of gpt2.c step for step,
  * on one device, with cuBLAS for every matmul and cuda/kernels.cu for the rest. Arenas (params,
  * grads, m, v) and the activations are device memory carved like the CPU backend's; everything
  * is allocated in init. Work runs on a compute stream; backward records an event per finished
  * gradient group and makes the communication stream (be->comm_stream) wait on it before it calls
  * ready(), so NCCL all-reduces enqueued there overlap the rest of backward. Mixed precision
- * (bf16/fp16) rounds at the same points as backend_cpu.c (STORE, precision.h) with the same
+ * (bf16/fp16) rounds at the same points as gpt2.c (STORE, precision.h) with the same
  * kmath.h functions, in fp32 storage: compiled, never run on a GPU. Also dt_cuda_device_count. */
 #include <math.h>
 #include <stdlib.h>
@@ -105,7 +105,7 @@ extern "C" void dt_cuda_print_versions(FILE *out) {
 
 /* ---- state -------------------------------------------------------------------------------- */
 
-/* Activations for capacity (B, T): the same tensors and carving as backend_cpu.c's cpu_acts_t.
+/* Activations for capacity (B, T): the same tensors and carving as gpt2.c's acts_t.
  * src/plan.c dt_plan_gpu_activation_floats mirrors carve() below for `dtrain plan` in builds
  * without CUDA; tests/test_plan.c checks the two agree (dt_cuda_activation_floats). */
 typedef struct {
@@ -422,7 +422,7 @@ static dt_status_t attention_backward(cu_impl_t *im, float *dqkv, float *scratch
 /* ---- forward / backward ------------------------------------------------------------------- */
 
 /* An activation or activation gradient just written: round it to the storage precision (no-op
- * in fp32). The same points as backend_cpu.c. */
+ * in fp32). The same points as gpt2.c. */
 #define STORE(x, n) DT_TRY(dt_cu_round_copy((x), (x), (size_t)(n), be->precision, s))
 
 /* Parameter views read by forward/backward: the working copy (the master itself in fp32). */
@@ -669,9 +669,15 @@ static dt_status_t cu_logits_to_host(dt_backend_t *be, float *dst) {
   return DT_OK;
 }
 
+static const char *cu_engine(const dt_backend_t *be) {
+  (void)be;
+  return "cuBLAS";
+}
+
+/* No kernel table yet (issue #21 step 2): the model (gpt2.c) calls forward/backward above. */
 extern "C" const dt_backend_ops_t dt_backend_cuda = {
-    "cuda",          cu_init,         cu_free,         cu_forward,        cu_backward,      cu_zero_grad,
-    cu_grad_sumsq,   cu_adamw,        cu_copy_to_host, cu_copy_from_host, cu_logits_to_host, cu_set_precision,
-    NULL,            NULL, /* stage_forward, stage_backward: no pipeline parallelism on the GPU yet */
+    "cuda",          NULL /* kernels */, 0 /* host_memory */, 1 /* async */,
+    cu_init,         cu_free,         cu_engine,       cu_forward,        cu_backward,       cu_logits_to_host,
+    cu_zero_grad,    cu_grad_sumsq,   cu_adamw,        cu_copy_to_host,   cu_copy_from_host, cu_set_precision,
     cu_synchronize,
 };

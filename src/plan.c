@@ -3,7 +3,7 @@
  *   wparams  working copy for bf16/fp16 (forward/backward read it); dtrain emulates 16-bit
  *            storage, so it is fp32 too                                       4 B x P (mixed only)
  *   grads, m, v  fp32 arenas                                                  4 B x P each
- *   activations  dt_cpu_activation_floats (backend_cpu.c) / the CUDA carve, fp32
+ *   activations  dt_gpt2_activation_floats (gpt2.c) with the CPU attention / the CUDA carve, fp32
  *   DDP      all-reduces the gradient arena in place, bucket by bucket: no extra buffer
  * P = the arena of the rank's pipeline stage per tensor-parallel rank. ZeRO over dp (the model
  * the ZeRO work implements): stage 1 divides m, v by dp; stage 2 also the gradients, plus one
@@ -49,6 +49,15 @@ const dt_gpu_spec_t dt_gpu_a100 = {"A100-SXM4-80GB", 19.5e12, 156e12, 312e12, 2.
 const dt_gpu_spec_t dt_gpu_h100 = {"H100-SXM5-80GB", 67e12, 495e12, 989e12, 3.35e12, 450e9, 50e9, 8};
 
 static size_t al(size_t n) { return (n + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN; }
+
+/* The CPU backend's activation arena for a stage (gpt2.c carves it, the CPU attention's share
+ * sized by backend_cpu.c): exactly what dt_gpt2_init allocates there. */
+static size_t cpu_activation_floats(const dt_dims_t *d, int tp, int nl, int last, int slots, int B, int T, int nthr,
+                                    int recompute) {
+  size_t state = 0, scratch = 0;
+  dt_cpu_attention_floats(B, T, d->NH / tp, nthr, &state, &scratch);
+  return dt_gpt2_activation_floats(d, tp, nl, last, slots, B, T, recompute, state, scratch);
+}
 
 size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T) {
   /* the TAKE list of carve() in cuda/backend_cuda.cu, in its order */
@@ -158,8 +167,8 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
   dt_dims_t d0 = *d, d1 = *d;
   d0.L = 0;
   d1.L = 1;
-  const double c_fix = (double)dt_cpu_activation_floats(&d0, in->B, in->T, in->threads);
-  const double c_per = (double)dt_cpu_activation_floats(&d1, in->B, in->T, in->threads) - c_fix;
+  const double c_fix = (double)cpu_activation_floats(&d0, 1, 0, 1, 1, in->B, in->T, in->threads, 0);
+  const double c_per = (double)cpu_activation_floats(&d1, 1, 1, 1, 1, in->B, in->T, in->threads, 0) - c_fix;
   const double g_fix = (double)dt_plan_gpu_activation_floats(&d0, in->B, in->T);
   const double g_per = (double)dt_plan_gpu_activation_floats(&d1, in->B, in->T) - g_fix;
   const double shard = 1.0 - 1.0 / tp, logits_sh = bt * d->Vp * shard; /* vocab-parallel logits */
@@ -193,8 +202,8 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
        * Vp cannot run: estimated like the GPU (fixed part on every stage, an upper bound) */
       double keep, rc;
       if (d->Vp % tp == 0) {
-        keep = (double)dt_cpu_activation_floats_stage(d, tp, (int)n_l, s == pp - 1, inflight, in->B, in->T, in->threads, 0);
-        rc = (double)dt_cpu_activation_floats_stage(d, tp, (int)n_l, s == pp - 1, inflight, in->B, in->T, in->threads, 1);
+        keep = (double)cpu_activation_floats(d, tp, (int)n_l, s == pp - 1, inflight, in->B, in->T, in->threads, 0);
+        rc = (double)cpu_activation_floats(d, tp, (int)n_l, s == pp - 1, inflight, in->B, in->T, in->threads, 1);
       } else {
         keep = c_fix - logits_sh + inflight * n_l * c_per_tp;
         rc = keep - inflight * n_l * c_per_tp + inflight * n_l * bt * C + c_per_tp;

@@ -1,12 +1,13 @@
 /* Memory planner (plan.c): GPT-2 1.5B and 124M parameter counts and bytes against numbers worked
  * out by hand from the shapes, exact ZeRO division, tensor- and pipeline-parallel splits, the CPU
- * activation count against the tensor list of backend_cpu.c written out independently, the fit
+ * activation count against the tensor list of gpt2.c written out independently, the fit
  * verdict, the roofline's FLOPs and collective bytes, and the size parser. */
 #include <criterion/criterion.h>
 #include <math.h>
 
 #include "dt_build.h"
 #include "backend.h"
+#include "gpt2.h"
 #include "ops_cpu.h"
 #include "plan.h"
 #include "precision.h"
@@ -87,7 +88,7 @@ Test(plan, gpt2_124m_count) {
   cr_assert_eq(P.n_arena, (size_t)124439808 + 47 * 768);
 }
 
-/* The CPU activation arena written out from backend_cpu.c's tensor list (all sizes here are
+/* The CPU activation arena written out from gpt2.c's tensor list (all sizes here are
  * multiples of 16, so no alignment padding): per layer ln1, residual2, ln2, residual3, atty
  * (B,T,C) x5, qkv 3C, fch and fch_gelu 4C each, 4 (B,T) layernorm statistics, (B,NH,T) lse;
  * once: encoded, lnf, dres, dtmp (B,T,C), dqkv 3C, dfch 4C, logits Vp, 4 (B,T) (lnf stats,
@@ -97,7 +98,9 @@ Test(plan, cpu_activations_match_the_tensor_list) {
   const size_t B = 2, T = 64, C = 768, L = 12, bt = B * T, nthr = 3;
   size_t per = bt * (5 * C + 3 * C + 8 * C + 4) + B * d.NH * T;
   size_t once = bt * (4 * C + 3 * C + 4 * C + (size_t)d.Vp + 4) + dt_attention_scratch_floats((int)T, (int)nthr);
-  cr_assert_eq(dt_cpu_activation_floats(&d, (int)B, (int)T, (int)nthr), L * per + once);
+  size_t att_state = 0, att_scratch = 0;
+  dt_cpu_attention_floats((int)B, (int)T, d.NH, (int)nthr, &att_state, &att_scratch);
+  cr_assert_eq(dt_gpt2_activation_floats(&d, 1, d.L, 1, 1, (int)B, (int)T, 0, att_state, att_scratch), L * per + once);
   dt_plan_in_t in = input(d, (int)B, (int)T, 1, 1, 1, DT_PREC_FP32);
   in.threads = (int)nthr;
   cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);

@@ -14,8 +14,8 @@
 # loss scale of 2^30 (skipped steps), tp=2 in bf16, ZeRO-1/2/3 at dp=2, dp=1 with a validation
 # loss every 5 steps, recompute at tp=2, fp16 at tp=2 x pp=2, ZeRO-1 x pp=2, ZeRO-2/3 x tp=2,
 # and dp=2 x tp=2 x pp=2 (8 ranks). Extra key=value arguments go to every run (system.backend=cuda
-# with the emulation's dtrain_emu: the CUDA backend through the same model; the ZeRO runs are
-# then left out, step 6 of docs/architecture.md). Data: $DATA (default: data/ under the build
+# with the emulation's dtrain_emu: the CUDA backend through the same model; the runs it cannot do
+# yet, tp, pp, recompute and ZeRO, are then left out). Data: $DATA (default: data/ under the build
 # tree of DTRAIN, made by scripts/get-data.sh); ONLY='dp1|tp2' runs just those.
 set -euo pipefail
 tests=$(cd "$(dirname "$0")/../tests" && pwd)
@@ -58,7 +58,8 @@ run)
   cuda=0
   for a in "$@"; do [ "$a" = system.backend=cuda ] && cuda=1; done
   runs | while read -r name n args; do
-    [ "$cuda" = 1 ] && [[ $name == zero* ]] && continue
+    # what the CUDA backend runs so far (docs/architecture.md "Where the code is today")
+    [ "$cuda" = 1 ] && ! [[ $name =~ ^(dp1|dp2|bf16|fp16|fp16skip|eval)$ ]] && continue
     [ -n "${ONLY:-}" ] && ! [[ $name =~ ^($ONLY)$ ]] && continue
     echo "+ $MPIRUN -n $n $dtrain small.ini $args $* -> $dir/$name"
     rm -rf "${dir:?}/$name"
@@ -107,9 +108,12 @@ for name in names:
                     if not np.array_equal(p, q):
                         worst = float("inf")
                         print(f"  {name}: {ck}:{path}/{k} differs")
-                elif p.dtype.kind == "f":
+                elif isinstance(p, np.ndarray) and p.dtype.kind == "f":
                     d = np.linalg.norm((p - q).ravel()) / max(np.linalg.norm(p.ravel()), 1e-30)
                     worst = max(worst, d)
+                elif k != "config_ini" and not np.array_equal(p, q):  # another backend's config differs
+                    worst = float("inf")
+                    print(f"  {name}: {ck}:{path}/{k} differs")
         walk(f)
     ok = rows and nt > 0 and worst <= (tol * 100 if tol else 0)
     bad += not ok

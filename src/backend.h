@@ -22,9 +22,6 @@ typedef struct dt_backend dt_backend_t;
 
 typedef enum { DT_BUF_PARAMS, DT_BUF_GRADS, DT_BUF_M, DT_BUF_V } dt_buf_t;
 
-/* Called by backward each time the gradients in arena range [lo, hi) are final for this
- * micro-batch (ranges arrive in decreasing order and tile the arena). */
-typedef void (*dt_grad_ready_fn)(void *ctx, size_t lo, size_t hi);
 
 typedef struct {
   float lr;           /* this step's learning rate */
@@ -121,13 +118,6 @@ typedef struct {
   void (*free)(dt_backend_t *be);
   /* What runs the matmuls, for the run's header ("openblas", "own AVX2 sgemm", "cuBLAS"). */
   const char *(*engine)(const dt_backend_t *be);
-  /* Transitional, until the backend fills `kernels` (issue #21 step 2: the CUDA backend): the
-   * whole model's forward, backward and a host copy of the last forward's logits (B, T, Vp),
-   * written by the backend itself; gpt2.c calls them when `kernels` is NULL (one pipeline stage,
-   * tp = 1, no recompute: gpt2_init refuses the rest). NULL in a backend with a kernel table. */
-  dt_status_t (*forward)(dt_backend_t *be, const int *inputs, const int *targets, int B, int T, float *loss);
-  dt_status_t (*backward)(dt_backend_t *be, int accum, dt_grad_ready_fn ready, void *ctx);
-  dt_status_t (*logits_to_host)(dt_backend_t *be, float *dst);
   dt_status_t (*zero_grad)(dt_backend_t *be);
   /* Sum of squares of the gradients in the optimizer range [opt_lo, opt_hi) (float64 accumulation). */
   dt_status_t (*grad_sumsq)(dt_backend_t *be, double *out);
@@ -180,11 +170,11 @@ extern const dt_backend_ops_t dt_backend_cpu;
  * scratch shared by the blocks (per thread, for nthr OpenMP threads), for NH local heads: what
  * its attention_floats kernel reports, and what `dtrain plan` (plan.c) counts. */
 void dt_cpu_attention_floats(int B, int T, int NH, int nthr, size_t *state, size_t *scratch);
+/* The same for the CUDA attention: the probabilities (B, NH, T, T) and their gradient (backend.c,
+ * built without CUDA too: `dtrain plan` counts them everywhere). */
+void dt_cuda_attention_floats(int B, int T, int NH, size_t *state, size_t *scratch);
 #ifdef DT_HAVE_CUDA
 extern const dt_backend_ops_t dt_backend_cuda;
-/* Floats of the CUDA backend's activation arena for capacity (B, T) (keeps (B, NH, T, T)
- * attention probabilities and their gradient); plan.c's dt_plan_gpu_activation_floats mirrors it. */
-size_t dt_cuda_activation_floats(const dt_dims_t *d, int B, int T);
 #endif
 /* NULL-terminated registry. */
 extern const dt_backend_ops_t *const dt_backends[];

@@ -177,13 +177,6 @@ dt_status_t dt_gpt2_init(dt_gpt2_t *m, dt_backend_t *be, int slots, int recomput
   s->btc = s->bt * lay->d.C;
   s->btcl = s->bt * s->Cl;
   dt_layout_stage(lay, &s->l0, &s->l1, &s->first, &s->last);
-  if (!be->k) { /* a backend that runs the whole model itself (backend.h, transitional) */
-    m->slots = 1;
-    if (s->first && s->last && tp == 1 && !recompute) return DT_OK;
-    dt_gpt2_free(m);
-    return DT_ERR(DT_ERR_UNSUPPORTED, "%s backend: %s is not implemented on it yet (system.backend = cpu)",
-                  be->ops->name, tp > 1 ? "tensor parallelism" : recompute ? "activation recomputation" : "a pipeline stage");
-  }
   size_t att_scratch = 0;
   be->k->attention_floats(be, be->B, be->T, s->NHl, &s->att, &att_scratch);
   const int nl = s->l1 - s->l0;
@@ -369,7 +362,6 @@ static dt_status_t forward_begin(dt_gpt2_t *m, int slot, const int *inputs, cons
 dt_status_t dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, const int *targets, const float *x_in,
                                   int B, int T, float *loss, float *y_out) {
   dt_backend_t *be = m->be;
-  if (!be->k && slot == 0) return be->ops->forward(be, inputs, targets, B, T, loss); /* transitional */
   DT_TRY(forward_begin(m, slot, inputs, targets, x_in, B, T, y_out));
   dt_gpt2_state_t *s = m->st;
   acts_t *a = &s->acts[slot];
@@ -483,7 +475,6 @@ dt_status_t dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, int accum, const floa
   const dt_layout_t *lay = be->lay;
   dt_gpt2_state_t *s = m->st;
   if (slot < 0 || slot >= m->slots) return DT_ERR(DT_ERR_ARG, "gpt2: activation set %d of %d", slot, m->slots);
-  if (!be->k) return be->ops->backward(be, accum, ready, ctx); /* transitional */
   acts_t *a = &s->acts[slot];
   const int B = a->B, T = a->T, N = B * T, C = lay->d.C, L = lay->d.L;
   if (!a->have_fwd || (s->last && !a->have_targets))
@@ -530,7 +521,6 @@ dt_status_t dt_gpt2_backward(dt_gpt2_t *m, int accum, dt_grad_ready_fn ready, vo
 
 dt_status_t dt_gpt2_logits_to_host(dt_gpt2_t *m, float *dst) {
   dt_backend_t *be = m->be;
-  if (!be->k) return be->ops->logits_to_host(be, dst); /* transitional */
   const dt_dims_t *d = &be->lay->d;
   acts_t *a = &m->st->acts[0];
   if (!a->have_fwd) return DT_ERR(DT_ERR_ARG, "gpt2: logits requested before any forward");

@@ -171,7 +171,7 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   if (cuda && tr->mesh.tp > 1)
     return DT_ERR(DT_ERR_UNSUPPORTED, "%s: parallel.tp = %d: tensor parallelism is implemented on the cpu backend only "
                   "(system.backend = cpu)", cfg_name, tr->mesh.tp);
-  if (tr->mesh.pp > 1 && !ops->kernels) /* a backend that runs the whole model itself (backend.h) */
+  if (tr->mesh.pp > 1 && !ops->host_memory) /* the stage transfers are host buffers (pipeline.h) */
     return DT_ERR(DT_ERR_UNSUPPORTED, "%s: parallel.pp = %d: pipeline parallelism is implemented on the cpu backend only "
                   "(system.backend = cpu)", cfg_name, tr->mesh.pp);
   tr->be.ops = ops;

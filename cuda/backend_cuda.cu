@@ -1,11 +1,12 @@
-/* The CUDA backend (dt_backend_cuda): the GPT-2 forward/backward of backend_cpu.c step for step,
- * on one device, with cuBLAS for every matmul and cuda/kernels.cu for the rest. Arenas (params,
- * grads, m, v) and the activations are device memory carved like the CPU backend's; everything
- * is allocated in init. Work runs on a compute stream; backward records an event per finished
- * gradient group and makes the communication stream (be->comm_stream) wait on it before it calls
- * ready(), so NCCL all-reduces enqueued there overlap the rest of backward. Mixed precision
- * (bf16/fp16) rounds at the same points as backend_cpu.c (STORE, precision.h) with the same
- * kmath.h functions, in fp32 storage: compiled, never run on a GPU. Also dt_cuda_device_count. */
+/* The CUDA backend (dt_backend_cuda): memory and kernels for the model (gpt2.c, GPT-2 written
+ * once) on one device: the arenas (params, grads, m, v) and what the model allocates are device
+ * memory; the kernel table is filled from cuBLAS (every matmul, attention's batched products) and
+ * cuda/kernels.cu (the rest, their per-element math shared with the CPU twins in kmath.h).
+ * Everything is allocated in init or by the model's init. Work runs on a compute stream; at each
+ * final gradient group the model calls grads_ready, which records an event and makes the
+ * communication stream (be->comm_stream) wait on it, so NCCL all-reduces enqueued there overlap
+ * the rest of backward. Mixed precision (bf16/fp16) rounds with the same kmath.h functions, in
+ * fp32 storage: compiled, never run on a GPU. Also dt_cuda_device_count and friends. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -103,87 +104,24 @@ extern "C" void dt_cuda_print_versions(FILE *out) {
   cudaGetLastError();
 }
 
+
 /* ---- state -------------------------------------------------------------------------------- */
 
-/* Activations for capacity (B, T): the same tensors and carving as backend_cpu.c's cpu_acts_t.
- * src/plan.c dt_plan_gpu_activation_floats mirrors carve() below for `dtrain plan` in builds
- * without CUDA; tests/test_plan.c checks the two agree (dt_cuda_activation_floats). */
-typedef struct {
-  float *encoded;
-  float *ln1, *ln1_mean, *ln1_rstd;
-  float *qkv, *atty, *att, *residual2;
-  float *ln2, *ln2_mean, *ln2_rstd;
-  float *fch, *fch_gelu, *residual3;
-  float *lnf, *lnf_mean, *lnf_rstd;
-  float *logits, *losses, *lse;
-  float *dres, *dtmp, *dqkv, *dfch, *datt, *dlogits;
-} cu_acts_t;
-
+/* The activations are the model's (gpt2.c carves them from k_alloc); the backend keeps its
+ * streams, the gradient-group events, cuBLAS, and the host-side scratch of its kernels. */
 typedef struct {
   cudaStream_t compute, comm;
   cudaEvent_t *group_ev; /* L+2: gradient group g final on the compute stream */
   cudaEvent_t comm_ev;   /* the comm stream's work so far (joined before grads are read/reset) */
   cublasHandle_t blas;
   int device;
-  float *arena; /* activations, device */
-  cu_acts_t a;
-  int *inputs, *targets;     /* device (B,T) */
   int *order, *h_order, *h_count; /* embedding backward's token buckets (embed_buckets.h): device and */
   dt_embed_bucket_t *buckets, *h_buckets; /* host order (B*T), host counts (V+1), buckets (<= B*T) */
-  int nb;                    /* buckets of the last forward with targets */
-  float *h_losses;           /* host (B,T) */
+  float *h_losses;             /* host (B,T) */
   double *partial, *h_partial; /* device and host DT_CUDA_SUMSQ_BLOCKS */
-  size_t bt, btc, attn;
-  int B, T, have_fwd, have_targets;
 } cu_impl_t;
 
 static cu_impl_t *impl(dt_backend_t *be) { return (cu_impl_t *)be->impl; }
-
-/* Attention probabilities (B, NH, T, T) per layer: the GPU path keeps the full matrix for now
- * (the CPU backend keeps only the row logsumexp); a fused attention kernel is the next step. */
-static size_t cu_attn_floats(int B, int T, int NH) { return (size_t)B * NH * T * T; }
-
-static size_t carve(cu_acts_t *a, float *base, const dt_dims_t *d, int B, int T) {
-  size_t off = 0, L = d->L, bt = (size_t)B * T, C = d->C, attn = cu_attn_floats(B, T, d->NH);
-#define TAKE(field, n)                                         \
-  do {                                                         \
-    a->field = base ? base + off : NULL;                       \
-    off += ((size_t)(n) + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN; \
-  } while (0)
-  TAKE(encoded, bt * C);
-  TAKE(ln1, L * bt * C);
-  TAKE(ln1_mean, L * bt);
-  TAKE(ln1_rstd, L * bt);
-  TAKE(qkv, L * bt * 3 * C);
-  TAKE(atty, L * bt * C);
-  TAKE(att, L * attn);
-  TAKE(residual2, L * bt * C);
-  TAKE(ln2, L * bt * C);
-  TAKE(ln2_mean, L * bt);
-  TAKE(ln2_rstd, L * bt);
-  TAKE(fch, L * bt * 4 * C);
-  TAKE(fch_gelu, L * bt * 4 * C);
-  TAKE(residual3, L * bt * C);
-  TAKE(lnf, bt * C);
-  TAKE(lnf_mean, bt);
-  TAKE(lnf_rstd, bt);
-  TAKE(logits, bt * d->Vp);
-  TAKE(losses, bt);
-  TAKE(lse, bt);
-  TAKE(dres, bt * C);
-  TAKE(dtmp, bt * C);
-  TAKE(dqkv, bt * 3 * C);
-  TAKE(dfch, bt * 4 * C);
-  TAKE(datt, attn);
-  TAKE(dlogits, bt * d->Vp);
-#undef TAKE
-  return off;
-}
-
-extern "C" size_t dt_cuda_activation_floats(const dt_dims_t *d, int B, int T) {
-  cu_acts_t a;
-  return carve(&a, NULL, d, B, T);
-}
 
 static void cu_free(dt_backend_t *be) {
   cu_impl_t *im = impl(be);
@@ -197,9 +135,6 @@ static void cu_free(dt_backend_t *be) {
     if (im->comm_ev) cudaEventDestroy(im->comm_ev);
     if (im->compute) cudaStreamDestroy(im->compute);
     if (im->comm) cudaStreamDestroy(im->comm);
-    cudaFree(im->arena);
-    cudaFree(im->inputs);
-    cudaFree(im->targets);
     cudaFree(im->partial);
     cudaFree(im->order);
     cudaFree(im->buckets);
@@ -217,7 +152,7 @@ static void cu_free(dt_backend_t *be) {
   cudaFree(be->v);
   be->params = be->grads = be->m = be->v = be->wparams = NULL;
   be->impl = NULL;
-  be->comm_stream = NULL;
+  be->stream = be->comm_stream = NULL;
 }
 
 /* Zeroed on the compute stream (not with cudaMemset: the legacy default stream is not ordered
@@ -246,11 +181,6 @@ static dt_status_t init_all(dt_backend_t *be, cu_impl_t *im) {
   DT_TRY(alloc_zero((void **)&be->grads, n, s));
   DT_TRY(alloc_zero((void **)&be->m, n, s));
   DT_TRY(alloc_zero((void **)&be->v, n, s));
-  size_t nact = dt_cuda_activation_floats(&lay->d, be->B, be->T);
-  DT_TRY(alloc_zero((void **)&im->arena, nact * sizeof(float), s));
-  carve(&im->a, im->arena, &lay->d, be->B, be->T);
-  DT_TRY(alloc_zero((void **)&im->inputs, bt * sizeof(int), s));
-  DT_TRY(alloc_zero((void **)&im->targets, bt * sizeof(int), s));
   DT_TRY(alloc_zero((void **)&im->order, bt * sizeof(int), s));
   DT_TRY(alloc_zero((void **)&im->buckets, bt * sizeof(dt_embed_bucket_t), s));
   DT_TRY(alloc_zero((void **)&im->partial, DT_CUDA_SUMSQ_BLOCKS * sizeof(double), s));
@@ -262,15 +192,14 @@ static dt_status_t init_all(dt_backend_t *be, cu_impl_t *im) {
   if (!im->h_losses || !im->h_partial || !im->h_order || !im->h_count || !im->h_buckets)
     return DT_ERR(DT_ERR_NOMEM, "cuda backend: out of memory");
   DT_CUDA_CHECK(cudaStreamSynchronize(s)); /* the arenas are zero before anyone (the host, NCCL) touches them */
-  im->bt = bt;
-  im->btc = bt * lay->d.C;
-  im->attn = cu_attn_floats(be->B, be->T, lay->d.NH);
+  be->stream = im->compute;
   be->comm_stream = im->comm;
   be->wparams = be->params;
   be->precision = DT_PREC_FP32;
   be->loss_scale = 1.0f;
   return DT_OK;
 }
+
 
 /* bf16/fp16: a device working copy of the parameters, rounded from the master in forward. */
 static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
@@ -292,6 +221,7 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
     return DT_ERR(DT_ERR_UNSUPPORTED, "cuda backend: parallel.zero > 0 is not implemented for CUDA yet (use system.backend=cpu)");
   memset(be, 0, sizeof *be);
   be->ops = &dt_backend_cuda;
+  be->k = dt_backend_cuda.kernels;
   be->lay = lay;
   be->B = B;
   be->T = T;
@@ -336,7 +266,7 @@ static dt_status_t gemm_rm_batched(cublasHandle_t h, bool ta, bool tb, int M, in
 }
 
 /* Weights in two layouts, as on the CPU (ops_cpu.h): the lm_head's wte (OC, C) like nn.Linear
- * (matmul_*), the blocks' (C, OC) like Hugging Face's Conv1D (conv1d_*). */
+ * (w_in_out = 0), the blocks' (C, OC) like Hugging Face's Conv1D (w_in_out = 1). */
 
 /* out (N,OC) = inp (N,C) W^T + bias with W (OC,C), or inp W + bias with W (C,OC) (w_in_out) */
 static dt_status_t linear_forward(cu_impl_t *im, float *out, const float *inp, const float *w, bool w_in_out,
@@ -355,23 +285,6 @@ static dt_status_t linear_backward(cu_impl_t *im, float *dinp, float *dweight, f
   else DT_TRY(gemm_rm(im->blas, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C));
   if (dbias) DT_TRY(dt_cu_col_sum(dbias, dout, N, OC, im->compute));
   return DT_OK;
-}
-
-static dt_status_t matmul_forward(cu_impl_t *im, float *out, const float *inp, const float *w, const float *bias, int N,
-                                  int C, int OC) {
-  return linear_forward(im, out, inp, w, false, bias, N, C, OC);
-}
-static dt_status_t matmul_backward(cu_impl_t *im, float *dinp, float *dweight, float *dbias, const float *dout,
-                                   const float *inp, const float *w, int N, int C, int OC) {
-  return linear_backward(im, dinp, dweight, dbias, dout, inp, w, false, N, C, OC);
-}
-static dt_status_t conv1d_forward(cu_impl_t *im, float *out, const float *inp, const float *w, const float *bias, int N,
-                                  int C, int OC) {
-  return linear_forward(im, out, inp, w, true, bias, N, C, OC);
-}
-static dt_status_t conv1d_backward(cu_impl_t *im, float *dinp, float *dweight, float *dbias, const float *dout,
-                                   const float *inp, const float *w, int N, int C, int OC) {
-  return linear_backward(im, dinp, dweight, dbias, dout, inp, w, true, N, C, OC);
 }
 
 /* ---- attention (ops_cpu.c's dt_attention_forward/backward with per-b strided batches over heads) */
@@ -419,166 +332,149 @@ static dt_status_t attention_backward(cu_impl_t *im, float *dqkv, float *scratch
   return DT_OK;
 }
 
-/* ---- forward / backward ------------------------------------------------------------------- */
+/* ---- the kernel table (backend.h dt_kernels_t) the model runs on -------------------------- *
+ * Every entry queues its work on the compute stream. Tensor parallelism's vocab-parallel pieces
+ * (rows [v0, v0 + nrows) of the embedding, the split cross-entropy, the bias + residual
+ * epilogue after the row-parallel all-reduce) have no CUDA kernels yet: they return
+ * DT_ERR_UNSUPPORTED, and the trainer refuses tp > 1 on this backend before it gets there. */
 
-/* An activation or activation gradient just written: round it to the storage precision (no-op
- * in fp32). The same points as backend_cpu.c. */
-#define STORE(x, n) DT_TRY(dt_cu_round_copy((x), (x), (size_t)(n), be->precision, s))
+static cudaStream_t S(dt_backend_t *be) { return impl(be)->compute; }
 
-/* Parameter views read by forward/backward: the working copy (the master itself in fp32). */
-static const float *P(const dt_backend_t *be, int l, int which) {
-  return be->wparams + dt_layout_block(be->lay, l, which)->offset;
+static dt_status_t no_tp(const char *what) {
+  return DT_ERR(DT_ERR_UNSUPPORTED, "cuda backend: %s (tensor parallelism) is not implemented yet", what);
 }
-static float *G(const dt_backend_t *be, int l, int which) { return be->grads + dt_layout_block(be->lay, l, which)->offset; }
 
-static dt_status_t cu_forward(dt_backend_t *be, const int *inputs, const int *targets, int B, int T, float *loss) {
-  cu_impl_t *im = impl(be);
-  cu_acts_t *a = &im->a;
-  const dt_layout_t *lay = be->lay;
-  const int L = lay->d.L, C = lay->d.C, NH = lay->d.NH, V = lay->d.V, Vp = lay->d.Vp, N = B * T;
-  cudaStream_t s = im->compute;
-  if (B < 1 || T < 1 || B > be->B || T > be->T || (size_t)N > im->bt)
-    return DT_ERR(DT_ERR_ARG, "cuda backend: forward with B=%d T=%d exceeds the capacity B=%d T=%d", B, T, be->B,
-                  be->T);
-  for (int i = 0; i < N; i++) {
-    if (inputs[i] < 0 || inputs[i] >= V)
-      return DT_ERR(DT_ERR_DATA, "cuda backend: input token %d at position %d is outside [0, %d)", inputs[i], i, V);
-    if (targets && (targets[i] < 0 || targets[i] >= V))
-      return DT_ERR(DT_ERR_DATA, "cuda backend: target token %d at position %d is outside [0, %d)", targets[i], i, V);
-  }
-  DT_CUDA_CHECK(cudaSetDevice(im->device));
-  DT_CUDA_CHECK(cudaMemcpyAsync(im->inputs, inputs, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, s));
-  if (targets) DT_CUDA_CHECK(cudaMemcpyAsync(im->targets, targets, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, s));
-  im->B = B;
-  im->T = T;
-  im->have_fwd = 1;
-  im->have_targets = targets != NULL;
-  if (targets) { /* the embedding backward's token buckets, while the inputs are on the host */
-    im->nb = dt_embed_buckets(inputs, N, V, im->h_count, im->h_order, im->h_buckets);
-    DT_CUDA_CHECK(cudaMemcpyAsync(im->order, im->h_order, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, s));
-    DT_CUDA_CHECK(cudaMemcpyAsync(im->buckets, im->h_buckets, (size_t)im->nb * sizeof(dt_embed_bucket_t),
-                                  cudaMemcpyHostToDevice, s));
-  }
-
-  if (be->wparams != be->params)
-    DT_TRY(dt_cu_round_copy(be->wparams, be->params, lay->n_params, be->precision, s));
-  const float *wte = be->wparams + lay->tensors[0].offset, *wpe = be->wparams + lay->tensors[1].offset;
-  DT_TRY(dt_cu_encoder_forward(a->encoded, im->inputs, wte, wpe, B, T, C, s));
-  STORE(a->encoded, (size_t)N * C);
-  const float *x = a->encoded;
-  for (int l = 0; l < L; l++) {
-    size_t o = l * im->btc, os = l * im->bt;
-    float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * o, *atty = a->atty + o, *att = a->att + l * im->attn;
-    float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * o, *fchg = a->fch_gelu + 4 * o;
-    float *res3 = a->residual3 + o;
-    DT_TRY(dt_cu_layernorm_forward(ln1, a->ln1_mean + os, a->ln1_rstd + os, x, P(be, l, DT_LN1W), P(be, l, DT_LN1B),
-                                   N, C, s));
-    STORE(ln1, (size_t)N * C);
-    DT_TRY(conv1d_forward(im, qkv, ln1, P(be, l, DT_QKVW), P(be, l, DT_QKVB), N, C, 3 * C));
-    STORE(qkv, (size_t)N * 3 * C);
-    DT_TRY(attention_forward(im, atty, att, qkv, B, T, C, NH));
-    STORE(atty, (size_t)N * C);
-    DT_TRY(conv1d_forward(im, res2, atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), N, C, C));
-    DT_TRY(dt_cu_residual_forward(res2, res2, x, (size_t)N * C, s));
-    STORE(res2, (size_t)N * C); /* once after the residual add, like the CPU's fused matmul + residual */
-    DT_TRY(dt_cu_layernorm_forward(ln2, a->ln2_mean + os, a->ln2_rstd + os, res2, P(be, l, DT_LN2W), P(be, l, DT_LN2B),
-                                   N, C, s));
-    STORE(ln2, (size_t)N * C);
-    DT_TRY(conv1d_forward(im, fch, ln2, P(be, l, DT_FCW), P(be, l, DT_FCB), N, C, 4 * C));
-    STORE(fch, (size_t)N * 4 * C);
-    DT_TRY(dt_cu_gelu_forward(fchg, fch, (size_t)N * 4 * C, s));
-    STORE(fchg, (size_t)N * 4 * C);
-    DT_TRY(conv1d_forward(im, res3, fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), N, 4 * C, C));
-    DT_TRY(dt_cu_residual_forward(res3, res3, res2, (size_t)N * C, s));
-    STORE(res3, (size_t)N * C);
-    x = res3;
-  }
-  const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
-  DT_TRY(dt_cu_layernorm_forward(a->lnf, a->lnf_mean, a->lnf_rstd, x, be->wparams + lnfw->offset,
-                                 be->wparams + lnfb->offset, N, C, s));
-  STORE(a->lnf, (size_t)N * C);
-  DT_TRY(matmul_forward(im, a->logits, a->lnf, wte, NULL, N, C, Vp)); /* tied lm_head */
-  STORE(a->logits, (size_t)N * Vp);
-  if (targets) {
-    DT_TRY(dt_cu_crossentropy_forward(a->losses, a->lse, a->logits, im->targets, N, V, Vp, s));
-    DT_CUDA_CHECK(cudaMemcpyAsync(im->h_losses, a->losses, (size_t)N * sizeof(float), cudaMemcpyDeviceToHost, s));
-    DT_CUDA_CHECK(cudaStreamSynchronize(s));
-    double total = 0.0; /* mean in double, as the CPU backend */
-    for (int i = 0; i < N; i++) total += im->h_losses[i];
-    if (loss) *loss = (float)(total / N);
-  }
+static dt_status_t k_alloc(dt_backend_t *be, void **p, size_t bytes) {
+  DT_CUDA_CHECK(cudaSetDevice(impl(be)->device));
+  return alloc_zero(p, bytes, S(be));
+}
+static void k_release(dt_backend_t *be, void *p) {
+  (void)be;
+  cudaFree(p);
+}
+static dt_status_t k_copy(dt_backend_t *be, void *dst, const void *src, size_t bytes) {
+  DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, S(be)));
   return DT_OK;
 }
-
-/* Gradient group g is final on the compute stream: the comm stream waits for it, then ready(). */
-static dt_status_t group_ready(dt_backend_t *be, int g, dt_grad_ready_fn ready, void *ctx) {
+/* From pageable host memory the source is read before the call returns (CUDA's rule). */
+static dt_status_t k_upload(dt_backend_t *be, void *dst, const void *src_host, size_t bytes) {
+  DT_CUDA_CHECK(cudaSetDevice(impl(be)->device));
+  DT_CUDA_CHECK(cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, S(be)));
+  return DT_OK;
+}
+static dt_status_t k_download(dt_backend_t *be, void *dst_host, const void *src, size_t bytes) {
+  DT_CUDA_CHECK(cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, S(be)));
+  DT_CUDA_CHECK(cudaStreamSynchronize(S(be)));
+  return DT_OK;
+}
+/* The comm stream waits for gradient group g, so NCCL work queued there overlaps the rest. */
+static dt_status_t k_grads_ready(dt_backend_t *be, int g) {
   cu_impl_t *im = impl(be);
-  if (!ready) return DT_OK;
   DT_CUDA_CHECK(cudaEventRecord(im->group_ev[g], im->compute));
   DT_CUDA_CHECK(cudaStreamWaitEvent(im->comm, im->group_ev[g], 0));
-  ready(ctx, be->lay->layer_begin[g], be->lay->layer_begin[g + 1]);
   return DT_OK;
 }
+static void k_attention_floats(const dt_backend_t *be, int B, int T, int NH, size_t *state, size_t *scratch) {
+  (void)be;
+  dt_cuda_attention_floats(B, T, NH, state, scratch);
+}
 
-static dt_status_t cu_backward(dt_backend_t *be, int accum, dt_grad_ready_fn ready, void *ctx) {
+static dt_status_t k_encoder_forward(dt_backend_t *be, float *out, const int *inp, const float *wte, const float *wpe,
+                                     int B, int T, int C, int v0, int nrows) {
+  if (!wpe || v0 != 0 || nrows < be->lay->d.V) return no_tp("the vocab-parallel embedding");
+  return dt_cu_encoder_forward(out, inp, wte, wpe, B, T, C, S(be));
+}
+/* The token buckets from the host copy of the inputs, then the deterministic backward. */
+static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe, const float *dout, const int *inp,
+                                      const int *inp_host, int B, int T, int C, int v0, int nrows) {
+  (void)inp;
   cu_impl_t *im = impl(be);
-  cu_acts_t *a = &im->a;
-  const dt_layout_t *lay = be->lay;
-  const int L = lay->d.L, C = lay->d.C, NH = lay->d.NH, V = lay->d.V, Vp = lay->d.Vp;
-  const int B = im->B, T = im->T, N = B * T;
-  cudaStream_t s = im->compute;
-  if (!im->have_fwd || !im->have_targets)
-    return DT_ERR(DT_ERR_ARG, "cuda backend: backward needs a preceding forward with targets");
-  if (accum < 1) return DT_ERR(DT_ERR_ARG, "cuda backend: backward with accum=%d (must be >= 1)", accum);
-  DT_CUDA_CHECK(cudaSetDevice(im->device));
-
-  const float *wte = be->wparams + lay->tensors[0].offset;
-  float *dwte = be->grads + lay->tensors[0].offset, *dwpe = be->grads + lay->tensors[1].offset;
-  const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
-  const float *x_last = L > 0 ? a->residual3 + (size_t)(L - 1) * im->btc : a->encoded;
-
-  DT_TRY(dt_cu_crossentropy_backward(a->dlogits, a->logits, a->lse, im->targets, be->loss_scale / ((float)N * accum), N,
-                                     V, Vp, s));
-  STORE(a->dlogits, (size_t)N * Vp);
-  DT_TRY(matmul_backward(im, a->dtmp, dwte, NULL, a->dlogits, a->lnf, wte, N, C, Vp));
-  STORE(a->dtmp, (size_t)N * C);
-  DT_TRY(dt_cu_layernorm_backward(a->dres, be->grads + lnfw->offset, be->grads + lnfb->offset, NULL, a->dtmp, x_last,
-                                  be->wparams + lnfw->offset, a->lnf_mean, a->lnf_rstd, N, C, s));
-  STORE(a->dres, (size_t)N * C);
-  DT_TRY(group_ready(be, L + 1, ready, ctx));
-
-  for (int l = L - 1; l >= 0; l--) {
-    size_t o = l * im->btc, os = l * im->bt;
-    const float *x = l > 0 ? a->residual3 + o - im->btc : a->encoded;
-    const float *ln1 = a->ln1 + o, *qkv = a->qkv + 3 * o, *atty = a->atty + o, *att = a->att + l * im->attn;
-    const float *res2 = a->residual2 + o, *ln2 = a->ln2 + o, *fch = a->fch + 4 * o, *fchg = a->fch_gelu + 4 * o;
-    DT_TRY(conv1d_backward(im, a->dfch, G(be, l, DT_FCPROJW), G(be, l, DT_FCPROJB), a->dres, fchg,
-                           P(be, l, DT_FCPROJW), N, 4 * C, C));
-    STORE(a->dfch, (size_t)N * 4 * C);
-    DT_TRY(dt_cu_gelu_backward(a->dfch, fch, a->dfch, (size_t)N * 4 * C, s));
-    STORE(a->dfch, (size_t)N * 4 * C);
-    DT_TRY(conv1d_backward(im, a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, ln2, P(be, l, DT_FCW), N, C,
-                           4 * C));
-    STORE(a->dtmp, (size_t)N * C);
-    DT_TRY(dt_cu_layernorm_backward(a->dres, G(be, l, DT_LN2W), G(be, l, DT_LN2B), a->dres, a->dtmp, res2,
-                                    P(be, l, DT_LN2W), a->ln2_mean + os, a->ln2_rstd + os, N, C, s));
-    STORE(a->dres, (size_t)N * C);
-    DT_TRY(conv1d_backward(im, a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, atty,
-                           P(be, l, DT_ATTPROJW), N, C, C));
-    STORE(a->dtmp, (size_t)N * C);
-    DT_TRY(attention_backward(im, a->dqkv, a->datt, a->dtmp, qkv, att, B, T, C, NH));
-    STORE(a->dqkv, (size_t)N * 3 * C);
-    DT_TRY(conv1d_backward(im, a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, ln1, P(be, l, DT_QKVW), N, C,
-                           3 * C));
-    STORE(a->dtmp, (size_t)N * C);
-    DT_TRY(dt_cu_layernorm_backward(a->dres, G(be, l, DT_LN1W), G(be, l, DT_LN1B), a->dres, a->dtmp, x,
-                                    P(be, l, DT_LN1W), a->ln1_mean + os, a->ln1_rstd + os, N, C, s));
-    STORE(a->dres, (size_t)N * C);
-    DT_TRY(group_ready(be, 1 + l, ready, ctx));
-  }
-  DT_TRY(dt_cu_encoder_backward(dwte, dwpe, a->dres, im->order, im->buckets, im->nb, B, T, C, s));
-  DT_TRY(group_ready(be, 0, ready, ctx));
+  const int N = B * T, V = be->lay->d.V;
+  if (v0 != 0 || nrows < V) return no_tp("the vocab-parallel embedding backward");
+  int nb = dt_embed_buckets(inp_host, N, V, im->h_count, im->h_order, im->h_buckets);
+  DT_CUDA_CHECK(cudaMemcpyAsync(im->order, im->h_order, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, S(be)));
+  DT_CUDA_CHECK(cudaMemcpyAsync(im->buckets, im->h_buckets, (size_t)nb * sizeof(dt_embed_bucket_t),
+                                cudaMemcpyHostToDevice, S(be)));
+  return dt_cu_encoder_backward(dwte, dwpe, dout, im->order, im->buckets, nb, B, T, C, S(be));
+}
+static dt_status_t k_add_bias(dt_backend_t *be, float *out, const float *bias, int N, int OC) {
+  return dt_cu_add_bias(out, bias, N, OC, S(be));
+}
+static dt_status_t k_bias_residual(dt_backend_t *be, float *out, const float *bias, const float *resid, int N, int OC) {
+  (void)be, (void)out, (void)bias, (void)resid, (void)N, (void)OC;
+  return no_tp("the row-parallel projection's epilogue");
+}
+static dt_status_t k_layernorm_forward(dt_backend_t *be, float *out, float *mean, float *rstd, const float *inp,
+                                       const float *weight, const float *bias, int N, int C) {
+  return dt_cu_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, S(be));
+}
+static dt_status_t k_layernorm_backward(dt_backend_t *be, float *dinp, float *dweight, float *dbias,
+                                        const float *dresid, const float *dout, const float *inp, const float *weight,
+                                        const float *mean, const float *rstd, int N, int C) {
+  return dt_cu_layernorm_backward(dinp, dweight, dbias, dresid, dout, inp, weight, mean, rstd, N, C, S(be));
+}
+/* out = [resid +] (inp W + bias): the residual added after the product, one rounding later */
+static dt_status_t k_linear_forward(dt_backend_t *be, float *out, const float *inp, const float *w, int w_in_out,
+                                    const float *bias, const float *resid, int N, int C, int OC) {
+  DT_TRY(linear_forward(impl(be), out, inp, w, w_in_out != 0, bias, N, C, OC));
+  return resid ? dt_cu_residual_forward(out, out, resid, (size_t)N * OC, S(be)) : DT_OK;
+}
+static dt_status_t k_linear_backward(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const float *dout,
+                                     const float *inp, const float *w, int w_in_out, int N, int C, int OC) {
+  return linear_backward(impl(be), dinp, dweight, dbias, dout, inp, w, w_in_out != 0, N, C, OC);
+}
+/* state: this block's probabilities (B,NH,T,T); scratch: their gradient (backward only) */
+static dt_status_t k_attention_forward(dt_backend_t *be, float *out, float *state, float *scratch, const float *qkv,
+                                       int B, int T, int C, int NH) {
+  (void)scratch;
+  return attention_forward(impl(be), out, state, qkv, B, T, C, NH);
+}
+static dt_status_t k_attention_backward(dt_backend_t *be, float *dqkv, float *scratch, const float *dout,
+                                        const float *qkv, const float *state, int B, int T, int C, int NH) {
+  return attention_backward(impl(be), dqkv, scratch, dout, qkv, state, B, T, C, NH);
+}
+static dt_status_t k_gelu_forward(dt_backend_t *be, float *out, const float *inp, size_t n) {
+  return dt_cu_gelu_forward(out, inp, n, S(be));
+}
+static dt_status_t k_gelu_backward(dt_backend_t *be, float *dinp, const float *inp, const float *dout, size_t n) {
+  return dt_cu_gelu_backward(dinp, inp, dout, n, S(be));
+}
+/* the mean in double on the host, as the CPU backend */
+static dt_status_t k_crossentropy_forward(dt_backend_t *be, float *losses, float *lse, const float *logits,
+                                          const int *targets, int N, int V, int Vp, double *mean_host) {
+  cu_impl_t *im = impl(be);
+  DT_TRY(dt_cu_crossentropy_forward(losses, lse, logits, targets, N, V, Vp, S(be)));
+  DT_TRY(k_download(be, im->h_losses, losses, (size_t)N * sizeof(float)));
+  double total = 0.0;
+  for (int i = 0; i < N; i++) total += im->h_losses[i];
+  *mean_host = total / N;
   return DT_OK;
+}
+static dt_status_t k_xent_max(dt_backend_t *be, float *mx, const float *logits, int N, int nv, int Vp) {
+  (void)be, (void)mx, (void)logits, (void)N, (void)nv, (void)Vp;
+  return no_tp("the vocab-parallel cross-entropy");
+}
+static dt_status_t k_xent_sumexp(dt_backend_t *be, double *sum, float *tl, const float *logits, const float *mx,
+                                 const int *targets, int N, int nv, int Vp, int v0) {
+  (void)be, (void)sum, (void)tl, (void)logits, (void)mx, (void)targets, (void)N, (void)nv, (void)Vp, (void)v0;
+  return no_tp("the vocab-parallel cross-entropy");
+}
+static dt_status_t k_xent_finish(dt_backend_t *be, float *lse_mx, float *losses_tl, const double *sum, int N,
+                                 double *mean_host) {
+  (void)be, (void)lse_mx, (void)losses_tl, (void)sum, (void)N, (void)mean_host;
+  return no_tp("the vocab-parallel cross-entropy");
+}
+/* in place: the kernel reads each logit before it writes its gradient at the same index */
+static dt_status_t k_crossentropy_backward(dt_backend_t *be, float *logits, const float *lse, const int *targets,
+                                           float dloss, int N, int nv, int Vp, int v0) {
+  if (v0 != 0) return no_tp("the vocab-parallel cross-entropy backward");
+  return dt_cu_crossentropy_backward(logits, logits, lse, targets, dloss, N, nv, Vp, S(be));
+}
+static dt_status_t k_round(dt_backend_t *be, float *x, size_t n) {
+  return dt_cu_round_copy(x, x, n, be->precision, S(be));
+}
+static dt_status_t k_round_copy(dt_backend_t *be, float *dst, const float *src, size_t n) {
+  return dt_cu_round_copy(dst, src, n, be->precision, S(be));
 }
 
 /* Order the compute stream after everything enqueued on the comm stream so far (all-reduces of
@@ -597,18 +493,21 @@ static dt_status_t cu_zero_grad(dt_backend_t *be) {
   return DT_OK;
 }
 
-static dt_status_t cu_grad_sumsq(dt_backend_t *be, double *out) {
+/* *out_host = sum of x[i]^2 over (n), after the comm stream's work on the gradients so far */
+static dt_status_t k_sumsq(dt_backend_t *be, const float *x, size_t n, double *out_host) {
   cu_impl_t *im = impl(be);
   DT_TRY(join_comm(im));
-  DT_TRY(dt_cu_sumsq_partial(im->partial, be->grads, be->lay->n_params, im->compute));
+  DT_TRY(dt_cu_sumsq_partial(im->partial, x, n, im->compute));
   DT_CUDA_CHECK(cudaMemcpyAsync(im->h_partial, im->partial, DT_CUDA_SUMSQ_BLOCKS * sizeof(double),
                                 cudaMemcpyDeviceToHost, im->compute));
   DT_CUDA_CHECK(cudaStreamSynchronize(im->compute));
   double s = 0.0;
   for (int i = 0; i < DT_CUDA_SUMSQ_BLOCKS; i++) s += im->h_partial[i];
-  *out = s;
+  *out_host = s;
   return DT_OK;
 }
+
+static dt_status_t cu_grad_sumsq(dt_backend_t *be, double *out) { return k_sumsq(be, be->grads, be->lay->n_params, out); }
 
 static dt_status_t cu_adamw(dt_backend_t *be, const dt_adamw_args_t *ar) {
   if (ar->t < 1) return DT_ERR(DT_ERR_ARG, "cuda backend: adamw step t=%d (must be >= 1)", ar->t);
@@ -659,19 +558,23 @@ static dt_status_t cu_synchronize(dt_backend_t *be) {
   return DT_OK;
 }
 
-static dt_status_t cu_logits_to_host(dt_backend_t *be, float *dst) {
-  cu_impl_t *im = impl(be);
-  if (!im->have_fwd) return DT_ERR(DT_ERR_ARG, "cuda backend: logits requested before any forward");
-  DT_CUDA_CHECK(cudaSetDevice(im->device));
-  DT_CUDA_CHECK(cudaMemcpyAsync(dst, im->a.logits, (size_t)im->B * im->T * be->lay->d.Vp * sizeof(float),
-                                cudaMemcpyDeviceToHost, im->compute));
-  DT_CUDA_CHECK(cudaStreamSynchronize(im->compute));
-  return DT_OK;
+static const char *cu_engine(const dt_backend_t *be) {
+  (void)be;
+  return "cuBLAS";
 }
 
+/* Positional (C++17 has no designated initializers): the order of backend.h's dt_kernels_t. */
+static const dt_kernels_t cuda_kernels = {
+    k_alloc,           k_release,           k_copy,           k_upload,          k_download,
+    k_grads_ready,     k_attention_floats,  k_encoder_forward, k_encoder_backward, k_add_bias,
+    k_bias_residual,   k_layernorm_forward, k_layernorm_backward, k_linear_forward, k_linear_backward,
+    k_attention_forward, k_attention_backward, k_gelu_forward, k_gelu_backward, k_crossentropy_forward,
+    k_xent_max,        k_xent_sumexp,       k_xent_finish,    k_crossentropy_backward, k_round,
+    k_round_copy,      k_sumsq,
+};
+
 extern "C" const dt_backend_ops_t dt_backend_cuda = {
-    "cuda",          cu_init,         cu_free,         cu_forward,        cu_backward,      cu_zero_grad,
-    cu_grad_sumsq,   cu_adamw,        cu_copy_to_host, cu_copy_from_host, cu_logits_to_host, cu_set_precision,
-    NULL,            NULL, /* stage_forward, stage_backward: no pipeline parallelism on the GPU yet */
-    cu_synchronize,
+    "cuda",          &cuda_kernels,   0 /* host_memory */, 1 /* async */,
+    cu_init,         cu_free,         cu_engine,       cu_zero_grad,      cu_grad_sumsq,     cu_adamw,
+    cu_copy_to_host, cu_copy_from_host, cu_set_precision, cu_synchronize,
 };

@@ -1,7 +1,9 @@
-/* Compute backend interface. The training loop sees only this vtable; the CPU backend is always
- * built, the CUDA backend when configured. A backend owns four arenas laid out by dt_layout_t:
- * params, grads, AdamW m and v, plus its activations for a fixed (B, T). Pointers in the struct
- * are host pointers for the CPU backend and device pointers for CUDA; use copy_* to move data. */
+/* Compute backend interface: memory, kernels and capabilities. A backend owns four arenas laid
+ * out by dt_layout_t (params, grads, AdamW m and v) and fills the kernel table dt_kernels_t that
+ * the model (gpt2.h: GPT-2's layer order, written once) runs on; the trainer sees this vtable and
+ * the model, never which backend it is (capabilities: host_memory, async). The CPU backend is
+ * always built, the CUDA backend when configured. Pointers in the struct are host pointers for the
+ * CPU backend and device pointers for CUDA; use copy_* to move data. */
 #ifndef DT_BACKEND_H
 #define DT_BACKEND_H
 
@@ -18,16 +20,8 @@ extern "C" {
 
 typedef struct dt_backend dt_backend_t;
 
-/* Called by backward each time the gradients in arena range [lo, hi) are final for this
- * micro-batch (ranges arrive in decreasing order and tile the arena). */
-typedef void (*dt_grad_ready_fn)(void *ctx, size_t lo, size_t hi);
-
 typedef enum { DT_BUF_PARAMS, DT_BUF_GRADS, DT_BUF_M, DT_BUF_V } dt_buf_t;
 
-/* Points in forward/backward where a layer hook is called for block l (ZeRO-3 gathers a block's
- * parameters before it runs and frees them after). */
-typedef enum { DT_HOOK_FWD, DT_HOOK_FWD_DONE, DT_HOOK_BWD, DT_HOOK_BWD_DONE } dt_hook_phase_t;
-typedef dt_status_t (*dt_layer_hook_fn)(void *ctx, int l, dt_hook_phase_t phase);
 
 typedef struct {
   float lr;           /* this step's learning rate */
@@ -36,18 +30,94 @@ typedef struct {
   int t;              /* 1-based step count for bias correction */
 } dt_adamw_args_t;
 
+/* The kernel interface: what the model (gpt2.h, GPT-2 written once) runs on. A backend fills one
+ * table; every pointer argument is backend memory (host for the CPU, device for CUDA) unless named
+ * *_host, every call is queued in order on the backend's compute stream (be->stream), and a
+ * kernel returns DT_OK or the launch's error. Formulas and shapes: ops_cpu.h (the CPU twins, the
+ * reference); N = B*T rows. Parameter gradients ACCUMULATE (+=), activation gradients are WRITTEN
+ * (=). A new kernel: an entry here, its CPU twin (ops_cpu), the CUDA kernel (cuda/kernels.cu),
+ * a case in tests/gpu_parity (docs/architecture.md). */
+typedef struct {
+  /* memory: alloc returns zeroed memory; download waits until dst holds the data */
+  dt_status_t (*alloc)(dt_backend_t *be, void **p, size_t bytes);
+  void (*release)(dt_backend_t *be, void *p);
+  dt_status_t (*copy)(dt_backend_t *be, void *dst, const void *src, size_t bytes);     /* backend -> backend */
+  dt_status_t (*upload)(dt_backend_t *be, void *dst, const void *src_host, size_t bytes);
+  dt_status_t (*download)(dt_backend_t *be, void *dst_host, const void *src, size_t bytes);
+  /* Gradient group g (model.h layer_begin) is final on the compute stream: work the caller then
+   * queues on be->comm_stream runs after it (CUDA: an event; CPU: nothing to do). */
+  dt_status_t (*grads_ready)(dt_backend_t *be, int g);
+  /* Floats of the attention's per-block state kept from forward to backward (CPU: the row
+   * log-sum-exp (B,NH,T); CUDA: the probabilities (B,NH,T,T)) and of its scratch shared by all
+   * blocks, for NH local heads. */
+  void (*attention_floats)(const dt_backend_t *be, int B, int T, int NH, size_t *state, size_t *scratch);
+  /* out[b,t] = (inp in [v0, v0+nrows) ? wte[inp - v0] : 0) + (wpe ? wpe[t] : 0); wte (nrows,C) */
+  dt_status_t (*encoder_forward)(dt_backend_t *be, float *out, const int *inp, const float *wte, const float *wpe,
+                                 int B, int T, int C, int v0, int nrows);
+  /* dwte[inp - v0] += dout for tokens in [v0, v0+nrows), dwpe[t] += sum_b dout (positions in
+   * ascending order: deterministic); inp_host: the same tokens on the host */
+  dt_status_t (*encoder_backward)(dt_backend_t *be, float *dwte, float *dwpe, const float *dout, const int *inp,
+                                  const int *inp_host, int B, int T, int C, int v0, int nrows);
+  /* out (N,OC) += bias (OC) broadcast over rows */
+  dt_status_t (*add_bias)(dt_backend_t *be, float *out, const float *bias, int N, int OC);
+  /* out = resid + (out + bias) (the row-parallel projection's epilogue after its all-reduce) */
+  dt_status_t (*bias_residual)(dt_backend_t *be, float *out, const float *bias, const float *resid, int N, int OC);
+  dt_status_t (*layernorm_forward)(dt_backend_t *be, float *out, float *mean, float *rstd, const float *inp,
+                                   const float *weight, const float *bias, int N, int C);
+  dt_status_t (*layernorm_backward)(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const float *dresid,
+                                    const float *dout, const float *inp, const float *weight, const float *mean,
+                                    const float *rstd, int N, int C);
+  /* out (N,OC) = [resid +] inp W [+ bias]: W (OC,C) nn.Linear (w_in_out = 0, the lm_head) or
+   * (C,OC) Conv1D (w_in_out = 1, the blocks); bias, resid may be NULL (resid: Conv1D only) */
+  dt_status_t (*linear_forward)(dt_backend_t *be, float *out, const float *inp, const float *w, int w_in_out,
+                                const float *bias, const float *resid, int N, int C, int OC);
+  /* dinp = d out / d inp (if dinp), dweight += ..., dbias += sum_N dout (if dbias) */
+  dt_status_t (*linear_backward)(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const float *dout,
+                                 const float *inp, const float *w, int w_in_out, int N, int C, int OC);
+  /* causal self-attention over qkv (B,T,3C) with NH heads into out (B,T,C); state: this block's
+   * (attention_floats), scratch: the shared one */
+  dt_status_t (*attention_forward)(dt_backend_t *be, float *out, float *state, float *scratch, const float *qkv, int B,
+                                   int T, int C, int NH);
+  dt_status_t (*attention_backward)(dt_backend_t *be, float *dqkv, float *scratch, const float *dout, const float *qkv,
+                                    const float *state, int B, int T, int C, int NH);
+  dt_status_t (*gelu_forward)(dt_backend_t *be, float *out, const float *inp, size_t n);
+  dt_status_t (*gelu_backward)(dt_backend_t *be, float *dinp, const float *inp, const float *dout, size_t n);
+  /* softmax over the first V of Vp columns + cross-entropy: losses, lse (N); *mean_host = the mean loss */
+  dt_status_t (*crossentropy_forward)(dt_backend_t *be, float *losses, float *lse, const float *logits,
+                                      const int *targets, int N, int V, int Vp, double *mean_host);
+  /* The vocab-parallel cross-entropy in pieces (the model all-reduces between them): logits
+   * (N,Vp) hold global columns [v0, v0+Vp) of which the first nv are real vocabulary:
+   *   xent_max:    mx[i] = max over the nv columns
+   *   xent_sumexp: sum[i] = sum exp(z - mx[i]) (double), tl[i] = z[target - v0] if it is here, else 0
+   *   xent_finish: lse = mx + log(sum), losses = lse - tl (mx -> lse, tl -> losses in place),
+   *                *mean_host = mean of the losses */
+  dt_status_t (*xent_max)(dt_backend_t *be, float *mx, const float *logits, int N, int nv, int Vp);
+  dt_status_t (*xent_sumexp)(dt_backend_t *be, double *sum, float *tl, const float *logits, const float *mx,
+                             const int *targets, int N, int nv, int Vp, int v0);
+  dt_status_t (*xent_finish)(dt_backend_t *be, float *lse_mx, float *losses_tl, const double *sum, int N,
+                             double *mean_host);
+  /* in place: z[i,v] <- (softmax - [v + v0 == target]) * dloss for v < nv, 0 for v in [nv, Vp) */
+  dt_status_t (*crossentropy_backward)(dt_backend_t *be, float *logits, const float *lse, const int *targets,
+                                       float dloss, int N, int nv, int Vp, int v0);
+  /* x (n) rounded in place to be->precision (precision.h; fp32: nothing); dst = round(src) */
+  dt_status_t (*round)(dt_backend_t *be, float *x, size_t n);
+  dt_status_t (*round_copy)(dt_backend_t *be, float *dst, const float *src, size_t n);
+  /* *out_host = sum of x[i]^2 over (n) (float64 accumulation) */
+  dt_status_t (*sumsq)(dt_backend_t *be, const float *x, size_t n, double *out_host);
+} dt_kernels_t;
+
 typedef struct {
   const char *name;
-  /* Allocate arenas and activations for micro-batches of B x T. */
+  const dt_kernels_t *kernels;
+  /* Capabilities (docs/architecture.md: callers ask these, never which backend it is):
+   * host_memory: the host may dereference the arenas and what alloc returns;
+   * async: work is queued on streams and synchronize means something. */
+  int host_memory, async;
+  /* Allocate the arenas (and the kernels' scratch) for micro-batches of up to B x T. */
   dt_status_t (*init)(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads);
   void (*free)(dt_backend_t *be);
-  /* Forward pass; with targets != NULL compute the mean cross-entropy loss over B*T into *loss.
-   * inputs, targets: host int32 (B, T). B and T may be smaller than at init. */
-  dt_status_t (*forward)(dt_backend_t *be, const int *inputs, const int *targets, int B, int T, float *loss);
-  /* Backward pass of the last forward; gradients ACCUMULATE (+=) into the grads arena, scaled so
-   * that the loss is divided by `accum` (micro-steps per optimizer step) and multiplied by
-   * be->loss_scale. */
-  dt_status_t (*backward)(dt_backend_t *be, int accum, dt_grad_ready_fn ready, void *ctx);
+  /* What runs the matmuls, for the run's header ("openblas", "own AVX2 sgemm", "cuBLAS"). */
+  const char *(*engine)(const dt_backend_t *be);
   dt_status_t (*zero_grad)(dt_backend_t *be);
   /* Sum of squares of the gradients in the optimizer range [opt_lo, opt_hi) (float64 accumulation). */
   dt_status_t (*grad_sumsq)(dt_backend_t *be, double *out);
@@ -57,26 +127,10 @@ typedef struct {
   /* Copy `count` floats at arena offset `off` between a buffer and host memory. */
   dt_status_t (*copy_to_host)(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, float *dst);
   dt_status_t (*copy_from_host)(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, const float *src);
-  /* Logits of the last forward: (B, T, Vp) host copy, for tests. May be NULL if unsupported. */
-  dt_status_t (*logits_to_host)(dt_backend_t *be, float *dst);
   /* Storage precision of the working parameters, activations and activation gradients
    * (precision.h); init leaves fp32. Call after init, before forward: allocates the working copy
    * be->wparams for bf16/fp16. */
   dt_status_t (*set_precision)(dt_backend_t *be, dt_precision_t p);
-  /* Pipeline parallelism (a layout from dt_layout_init_mp; NULL = not supported, CUDA). One
-   * stage's forward of a micro-batch into activation set `slot` (0 <= slot < be->slots; a set
-   * stays valid until its backward, so 1F1B keeps several micro-batches in flight). The first stage
-   * embeds `inputs` (host int32 (B, T)); the others start from x_in (B, T, C), the previous
-   * stage's y_out. The last stage computes the loss (with targets); the others write y_out (B, T,
-   * C) for the next stage. forward/backward above are the whole model's (pp = 1, slot 0). */
-  dt_status_t (*stage_forward)(dt_backend_t *be, int slot, const int *inputs, const int *targets, const float *x_in,
-                               int B, int T, float *loss, float *y_out);
-  /* Backward of set `slot`: the last stage from the loss, the others from dy (B, T, C) = d loss /
-   * d y_out (the next stage's dx). Gradients accumulate as in backward; ready() reports this
-   * stage's groups (absent groups are empty ranges). All but the first stage write dx (B, T, C) =
-   * d loss / d x_in for the previous stage. */
-  dt_status_t (*stage_backward)(dt_backend_t *be, int slot, int accum, const float *dy, float *dx,
-                                dt_grad_ready_fn ready, void *ctx);
   /* Block until everything queued on the backend (its compute and communication streams) has
    * finished: host timers around device work and host code that hands device memory to another
    * library (a communicator) call it. Nothing to wait for on the CPU. */
@@ -85,6 +139,7 @@ typedef struct {
 
 struct dt_backend {
   const dt_backend_ops_t *ops;
+  const dt_kernels_t *k;         /* == ops->kernels */
   const dt_layout_t *lay;
   float *params, *grads, *m, *v; /* arenas of lay->n_params floats (host or device); params is the
                                     fp32 master that AdamW updates and checkpoints hold */
@@ -93,53 +148,33 @@ struct dt_backend {
   int precision;                 /* dt_precision_t, set by set_precision (init: fp32) */
   float loss_scale;              /* backward differentiates loss * loss_scale (init: 1; fp16 loss
                                     scaling sets it before backward) */
-  int B, T;                      /* activation capacity */
-  int slots;                     /* activation sets (pipeline micro-batches in flight), set by the
-                                    caller before init on a zeroed struct (0 = 1; stage_forward) */
-  int recompute;                 /* CPU, set before init: keep only each block's input and
-                                    recompute the block's activations in backward (bitwise the same
-                                    results, one more forward of compute, far less memory) */
+  int B, T;                      /* capacity of a micro-batch */
   int threads;
+  unsigned long param_gen;       /* parameter changes so far (adamw, copy_from_host): the model
+                                    recomputes cached logits only while it is unchanged */
   void *impl;                    /* backend-private state */
   int device;                    /* CUDA: device ordinal, set by the caller before init (CPU: unused) */
-  dt_layer_hook_fn layer_hook;   /* set after init (CPU backend; NULL = none): called around every
-                                    block's forward and backward; an error stops the pass */
-  void *hook_ctx;
   size_t opt_lo, opt_hi;         /* the arena range whose AdamW state this rank holds, set by the
                                     caller before init on a zeroed struct (ZeRO shards; 0, 0 = the
                                     whole arena; dt_backend_t be = {0} for plain use): m and v
                                     then hold opt_hi - opt_lo floats, m[i] for arena offset opt_lo + i,
                                     and copies of DT_BUF_M/V take offsets relative to opt_lo */
+  void *stream;                  /* CUDA: the compute stream (cudaStream_t) the kernels run on;
+                                    collectives on backend memory pass it; NULL for the CPU */
   void *comm_stream;             /* CUDA: cudaStream_t on which gradient communication for ranges
                                     passed to ready() is ordered after their backward; NULL for CPU */
-  dt_comm_t *tp_comm;            /* tensor-parallel group, set by the caller AFTER init (init
-                                    zeroes the struct): NULL = no TP. With lay->tp > 1 (the layout
-                                    is this rank's shard, dt_layout_init_tp) its size and rank must
-                                    match lay->tp and lay->tp_rank (forward checks). CPU only:
-                                    forward/backward all-reduce over it (Megatron-LM scheme, see
-                                    backend_cpu.c), grad_sumsq returns the GLOBAL model's sum of
-                                    squares (sharded tensors summed over tp, replicated ones once),
-                                    logits_to_host is unsupported. The CUDA backend rejects tp > 1. */
 };
 
 extern const dt_backend_ops_t dt_backend_cpu;
-/* Floats of the CPU backend's activation arena for capacity (B, T) with nthr OpenMP threads (the
- * attention scratch is per thread): exactly what cpu init allocates, and what `dtrain plan`
- * (plan.c) reports, so the two cannot drift. Not counted: the (B, T) int copies of inputs and
- * targets. */
-size_t dt_cpu_activation_floats(const dt_dims_t *d, int B, int T, int nthr);
-/* The same for one rank of tensor parallelism tp (local heads, hidden and vocab widths). */
-size_t dt_cpu_activation_floats_tp(const dt_dims_t *d, int tp, int B, int T, int nthr);
-/* The same for a pipeline stage of nl blocks (with the final layernorm, lm_head and loss if
- * `last`) keeping `slots` micro-batches of activations (one activation-gradient scratch), with
- * activation recomputation (be->recompute) or without. */
-size_t dt_cpu_activation_floats_stage(const dt_dims_t *d, int tp, int nl, int last, int slots, int B, int T, int nthr,
-                                      int recompute);
+/* Floats of the CPU attention's per-block state (the row log-sum-exp (B, NH, T)) and of its
+ * scratch shared by the blocks (per thread, for nthr OpenMP threads), for NH local heads: what
+ * its attention_floats kernel reports, and what `dtrain plan` (plan.c) counts. */
+void dt_cpu_attention_floats(int B, int T, int NH, int nthr, size_t *state, size_t *scratch);
+/* The same for the CUDA attention: the probabilities (B, NH, T, T) and their gradient (backend.c,
+ * built without CUDA too: `dtrain plan` counts them everywhere). */
+void dt_cuda_attention_floats(int B, int T, int NH, size_t *state, size_t *scratch);
 #ifdef DT_HAVE_CUDA
 extern const dt_backend_ops_t dt_backend_cuda;
-/* Floats of the CUDA backend's activation arena for capacity (B, T) (keeps (B, NH, T, T)
- * attention probabilities and their gradient); plan.c's dt_plan_gpu_activation_floats mirrors it. */
-size_t dt_cuda_activation_floats(const dt_dims_t *d, int B, int T);
 #endif
 /* NULL-terminated registry. */
 extern const dt_backend_ops_t *const dt_backends[];

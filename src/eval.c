@@ -69,7 +69,7 @@ int dt_eval_main(int argc, char **argv) {
     st = DT_ERR(DT_ERR_DATA, "%s: has only %llu batches of %d x %d, --batches %d asked", data,
                 (unsigned long long)(dt_data_num_samples(d) / (uint64_t)tr.B), tr.B, tr.T, batches);
   if (st == DT_OK) {
-    int dev = tr.be.ops != &dt_backend_cpu; /* device backend: load into the host copy, then send it */
+    int dev = !tr.be.ops->host_memory; /* device backend: load into the host copy, then send it */
     dt_ckpt_arenas_t a = dt_ckpt_arenas_full(dev ? tr.host_arena : tr.be.params, NULL, NULL);
     int part = tr.lay.tp > 1 || tr.lay.pp > 1; /* this rank's shard / stage */
     if (part) st = dt_ckpt_ranges_add_shards(&a.model, &tr.lay, 1, 1);

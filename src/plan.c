@@ -3,7 +3,7 @@
  *   wparams  working copy for bf16/fp16 (forward/backward read it); dtrain emulates 16-bit
  *            storage, so it is fp32 too                                       4 B x P (mixed only)
  *   grads, m, v  fp32 arenas                                                  4 B x P each
- *   activations  dt_cpu_activation_floats (backend_cpu.c) / the CUDA carve, fp32
+ *   activations  dt_gpt2_activation_floats (gpt2.c) with the CPU or the CUDA attention's share, fp32
  *   DDP      all-reduces the gradient arena in place, bucket by bucket: no extra buffer
  * P = the arena of the rank's pipeline stage per tensor-parallel rank. ZeRO over dp (the model
  * the ZeRO work implements): stage 1 divides m, v by dp; stage 2 also the gradients, plus one
@@ -48,22 +48,19 @@
 const dt_gpu_spec_t dt_gpu_a100 = {"A100-SXM4-80GB", 19.5e12, 156e12, 312e12, 2.0e12, 300e9, 25e9, 8};
 const dt_gpu_spec_t dt_gpu_h100 = {"H100-SXM5-80GB", 67e12, 495e12, 989e12, 3.35e12, 450e9, 50e9, 8};
 
-static size_t al(size_t n) { return (n + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN; }
+/* The CPU backend's activation arena for a stage (gpt2.c carves it, the CPU attention's share
+ * sized by backend_cpu.c): exactly what dt_gpt2_init allocates there. */
+static size_t cpu_activation_floats(const dt_dims_t *d, int tp, int nl, int last, int slots, int B, int T, int nthr,
+                                    int recompute) {
+  size_t state = 0, scratch = 0;
+  dt_cpu_attention_floats(B, T, d->NH / tp, nthr, &state, &scratch);
+  return dt_gpt2_activation_floats(d, tp, nl, last, slots, B, T, recompute, state, scratch);
+}
 
 size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T) {
-  /* the TAKE list of carve() in cuda/backend_cuda.cu, in its order */
-  size_t L = d->L, bt = (size_t)B * T, C = d->C, attn = (size_t)B * d->NH * T * T, n = 0;
-  n += al(bt * C);                                        /* encoded */
-  n += al(L * bt * C) + 2 * al(L * bt);                   /* ln1, mean, rstd */
-  n += al(L * bt * 3 * C) + al(L * bt * C) + al(L * attn); /* qkv, atty, att */
-  n += al(L * bt * C);                                    /* residual2 */
-  n += al(L * bt * C) + 2 * al(L * bt);                   /* ln2, mean, rstd */
-  n += 2 * al(L * bt * 4 * C) + al(L * bt * C);           /* fch, fch_gelu, residual3 */
-  n += al(bt * C) + 2 * al(bt);                           /* lnf, mean, rstd */
-  n += al(bt * d->Vp) + 2 * al(bt);                       /* logits, losses, lse */
-  n += 2 * al(bt * C) + al(bt * 3 * C) + al(bt * 4 * C);  /* dres, dtmp, dqkv, dfch */
-  n += al(attn) + al(bt * d->Vp);                         /* datt, dlogits */
-  return n;
+  size_t state = 0, scratch = 0;
+  dt_cuda_attention_floats(B, T, d->NH, &state, &scratch);
+  return dt_gpt2_activation_floats(d, 1, d->L, 1, 1, B, T, 0, state, scratch);
 }
 
 /* parallel.zero when this build's config table has it (the ZeRO work adds it), else -1. */
@@ -158,8 +155,8 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
   dt_dims_t d0 = *d, d1 = *d;
   d0.L = 0;
   d1.L = 1;
-  const double c_fix = (double)dt_cpu_activation_floats(&d0, in->B, in->T, in->threads);
-  const double c_per = (double)dt_cpu_activation_floats(&d1, in->B, in->T, in->threads) - c_fix;
+  const double c_fix = (double)cpu_activation_floats(&d0, 1, 0, 1, 1, in->B, in->T, in->threads, 0);
+  const double c_per = (double)cpu_activation_floats(&d1, 1, 1, 1, 1, in->B, in->T, in->threads, 0) - c_fix;
   const double g_fix = (double)dt_plan_gpu_activation_floats(&d0, in->B, in->T);
   const double g_per = (double)dt_plan_gpu_activation_floats(&d1, in->B, in->T) - g_fix;
   const double shard = 1.0 - 1.0 / tp, logits_sh = bt * d->Vp * shard; /* vocab-parallel logits */
@@ -193,8 +190,8 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
        * Vp cannot run: estimated like the GPU (fixed part on every stage, an upper bound) */
       double keep, rc;
       if (d->Vp % tp == 0) {
-        keep = (double)dt_cpu_activation_floats_stage(d, tp, (int)n_l, s == pp - 1, inflight, in->B, in->T, in->threads, 0);
-        rc = (double)dt_cpu_activation_floats_stage(d, tp, (int)n_l, s == pp - 1, inflight, in->B, in->T, in->threads, 1);
+        keep = (double)cpu_activation_floats(d, tp, (int)n_l, s == pp - 1, inflight, in->B, in->T, in->threads, 0);
+        rc = (double)cpu_activation_floats(d, tp, (int)n_l, s == pp - 1, inflight, in->B, in->T, in->threads, 1);
       } else {
         keep = c_fix - logits_sh + inflight * n_l * c_per_tp;
         rc = keep - inflight * n_l * c_per_tp + inflight * n_l * bt * C + c_per_tp;
@@ -202,7 +199,7 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
       r.act_cpu = 4 * (in->recompute ? rc : keep);
       r.act_cpu_alt = 4 * (in->recompute ? keep : rc);
       if (tp == 1 && pp == 1) r.act_gpu = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T);
-      else r.act_gpu = 4 * (g_fix - 2 * logits_sh + inflight * n_l * g_per_tp); /* logits + dlogits */
+      else r.act_gpu = 4 * (g_fix - logits_sh + inflight * n_l * g_per_tp); /* logits (dlogits in place) */
       /* GPU recomputation (not offered): keep each layer's input (B,T,C), recompute one layer */
       r.act_gpu_rc = r.act_gpu - 4 * inflight * n_l * g_per_tp + 4 * (inflight * n_l * bt * C + g_per_tp);
       r.act_cpu += inflight * ints; /* the backend's copies of each micro-batch in flight */
@@ -229,7 +226,7 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
   const double P = p->stage_params[s], acc = in->accum;
   /* activations one micro-batch writes and reads (not the pp - s kept in flight) */
   const double A = tp == 1 && pp == 1 ? p->z[zc].act_gpu
-                                      : 4 * (g_fix - 2 * logits_sh + p->stage_blocks[s] * g_per_tp) + ints;
+                                      : 4 * (g_fix - logits_sh + p->stage_blocks[s] * g_per_tp) + ints;
   dt_plan_roof_t *f = &p->roof;
   f->flops = dt_model_flops_per_token(d, in->T) * bt * acc / ((double)tp * pp);
   f->w_read = acc * 2 * 4 * P + (mixed ? 8 * P : 0);  /* fwd + bwd read W; rounding copy */

@@ -85,8 +85,8 @@ typedef struct {
   double stage_flops_share;   /* pp > 1: the busiest stage's FLOPs over the mean stage's */
 } dt_plan_t;
 
-/* GPU backend activation floats for (B, T): mirrors the carve in cuda/backend_cuda.cu (which keeps
- * the (B, NH, T, T) attention probabilities and their gradient). */
+/* GPU backend activation floats for (B, T): what the model (gpt2.c) allocates on the CUDA
+ * backend, whose attention keeps the (B, NH, T, T) probabilities and their gradient. */
 size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T);
 
 /* The planner's input for a loaded config and a world size (0: dp*tp*pp with dp=0 read as 1).

@@ -1,6 +1,7 @@
-/* Per-op-kind wall-clock timers of the CPU backend. Off by default (one predictable branch per
- * op call); a benchmark sets dt_profile.enabled and reads the accumulated seconds. Not thread
- * safe by design: ops are timed from the thread that calls the backend. */
+/* Per-op-kind wall-clock timers of the model's kernel calls (gpt2.c) and the CPU backend's
+ * optimizer calls (host time: on an asynchronous backend the time to queue the work). Off by
+ * default (one predictable branch per op call); a benchmark sets dt_profile.enabled and reads the
+ * accumulated seconds. Not thread safe by design: ops are timed from the thread that calls them. */
 #ifndef DT_PROFILE_H
 #define DT_PROFILE_H
 

@@ -132,7 +132,7 @@ dt_status_t dt_train_pick_backend(const dt_config_t *cfg, const char *cfg_name, 
     DT_MPI_CHECK(dt_wd_bcast(&b, (int)sizeof b, MPI_BYTE, first, MPI_COMM_WORLD, "broadcast (backend choice)"));
   }
   if (!strcmp(cfg->backend, "cpu")) {
-    *ops = &dt_backend_cpu;
+    *ops = dt_backend_find("cpu");
     return DT_OK;
   }
   if (!strcmp(cfg->backend, "cuda")) {
@@ -145,8 +145,8 @@ dt_status_t dt_train_pick_backend(const dt_config_t *cfg, const char *cfg_name, 
                     cfg_name, first, b.host, b.why);
     return DT_OK;
   }
-  *ops = first == size ? dt_backend_find("cuda") : &dt_backend_cpu;
-  if (!*ops) *ops = &dt_backend_cpu; /* auto in a build without CUDA: quietly the CPU */
+  *ops = first == size ? dt_backend_find("cuda") : dt_backend_find("cpu");
+  if (!*ops) *ops = dt_backend_find("cpu"); /* auto in a build without CUDA: quietly the CPU */
   int cuda_built = dt_backend_find("cuda") != NULL;
   if (cuda_built && first < size && rank == 0 && !noted)
     fprintf(stderr, "dtrain: system.backend = auto: rank %d (host %s) has no usable GPU (%s): using the CPU backend\n",
@@ -162,7 +162,7 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   const dt_backend_ops_t *ops = NULL;
   int devices = 0;
   DT_TRY(dt_train_pick_backend(cfg, cfg_name, &ops, &devices));
-  int cuda = ops != &dt_backend_cpu;
+  int cuda = !ops->host_memory; /* a device backend: GPUs assigned per rank (mesh.h) */
   dt_mesh_opts_t mo = {.cuda = cuda, .runtime_devices = cuda ? devices : -1, .threads = cfg->threads,
                        .dp = cfg->dp, .tp = cfg->tp, .pp = cfg->pp, .args = cfg_name};
   DT_TRY(dt_mesh_init(&tr->mesh, &mo));
@@ -173,12 +173,10 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   if (cuda && tr->mesh.tp > 1)
     return DT_ERR(DT_ERR_UNSUPPORTED, "%s: parallel.tp = %d: tensor parallelism is implemented on the cpu backend only "
                   "(system.backend = cpu)", cfg_name, tr->mesh.tp);
-  if (tr->mesh.pp > 1 && !ops->stage_forward)
+  if (tr->mesh.pp > 1 && !ops->host_memory) /* the stage transfers are host buffers (pipeline.h) */
     return DT_ERR(DT_ERR_UNSUPPORTED, "%s: parallel.pp = %d: pipeline parallelism is implemented on the cpu backend only "
                   "(system.backend = cpu)", cfg_name, tr->mesh.pp);
   tr->be.ops = ops;
-  tr->be.slots = dt_pp_inflight(tr->mesh.pp_idx, tr->mesh.pp, tr->accum); /* 1F1B's micro-batches in flight */
-  tr->be.recompute = cfg->recompute;
   if (cuda && cfg->recompute)
     return DT_ERR(DT_ERR_UNSUPPORTED, "%s: train.recompute = true: activation recomputation is implemented on the cpu "
                   "backend only (system.backend = cpu)", cfg_name);
@@ -195,7 +193,9 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
       DT_TRY(dt_ckpt_ranges_add_flat(&tr->zero_optim, &tr->lay, lo, hi));
   }
   DT_TRY(ops->init(&tr->be, &tr->lay, tr->B, tr->T, tr->mesh.threads));
-  tr->be.tp_comm = tr->mesh.tp > 1 ? tr->mesh.tp_comm : NULL;
+  /* 1F1B's micro-batches in flight: one activation set each */
+  DT_TRY(dt_gpt2_init(&tr->model, &tr->be, dt_pp_inflight(tr->mesh.pp_idx, tr->mesh.pp, tr->accum), cfg->recompute));
+  tr->model.tp_comm = tr->mesh.tp > 1 ? tr->mesh.tp_comm : NULL;
   if (tr->mesh.pp > 1) { /* transfers, and the first + last stage group of the tied embedding */
     const int s = tr->mesh.pp_idx, pp = tr->mesh.pp;
     dt_comm_t *c = tr->mesh.pp_comm;
@@ -212,8 +212,8 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   dt_pp_schedule(tr->mesh.pp_idx, tr->mesh.pp, tr->accum, tr->pp_ops);
   if (tr->zero.stage == 3) { /* FSDP: blocks gathered around their use (zero.h) */
     DT_TRY(dt_zero3_attach(&tr->zero, tr->be.params, tr->lay.layer_begin, tr->lay.d.L));
-    tr->be.layer_hook = dt_zero3_hook;
-    tr->be.hook_ctx = &tr->zero;
+    tr->model.layer_hook = dt_zero3_hook;
+    tr->model.hook_ctx = &tr->zero;
   }
   dt_precision_t prec = DT_PREC_FP32;
   if (dt_precision_parse(cfg->precision, &prec) != 0)
@@ -241,7 +241,7 @@ static void arenas_release(dt_trainer_t *tr, dt_ckpt_arenas_t *a) {
  * for a device backend the host copies (filled from the device when fetch = 1; after a load,
  * push_arenas sends them back). */
 static dt_status_t host_arenas(dt_trainer_t *tr, int with_optim, int fetch, dt_ckpt_arenas_t *a) {
-  if (tr->be.ops == &dt_backend_cpu) {
+  if (tr->be.ops->host_memory) {
     *a = dt_ckpt_arenas_full(tr->be.params, with_optim ? tr->be.m : NULL, with_optim ? tr->be.v : NULL);
     if (tr->zero.stage > 0) a->optim = tr->zero_optim; /* m, v hold this rank's shard only */
     if (tr->zero.stage == 3) { /* and the parameters too (their arena is full-size: offset it) */
@@ -287,7 +287,7 @@ static dt_status_t host_arenas(dt_trainer_t *tr, int with_optim, int fetch, dt_c
 }
 
 static dt_status_t push_arenas(dt_trainer_t *tr) {
-  if (tr->be.ops == &dt_backend_cpu) return DT_OK;
+  if (tr->be.ops->host_memory) return DT_OK;
   size_t n = tr->lay.n_params;
   float *p = tr->host_arena, *m = p + n, *v = m + n;
   DT_TRY(tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, 0, n, p));
@@ -326,7 +326,7 @@ static void resume_scaler(dt_trainer_t *tr, const dt_ckpt_state_t *st) {
 static dt_status_t initial_weights(dt_trainer_t *tr) {
   /* The CPU backend's parameter arena is host memory: initialise and broadcast in place (a
    * separate host buffer set every rank's peak RSS one arena higher than training needs). */
-  int cpu = tr->be.ops == &dt_backend_cpu;
+  int cpu = tr->be.ops->host_memory;
   if (tr->zero.stage == 3) /* each rank makes its own shard (the values of the full initialisation) */
     dt_model_init_params_range(&tr->lay, tr->be.params, tr->cfg.seed, tr->zero.lo, tr->zero.hi);
   float *host = cpu ? tr->be.params : malloc(sizeof(float) * tr->lay.n_params);
@@ -343,7 +343,7 @@ static dt_status_t initial_weights(dt_trainer_t *tr) {
  * the load). Best effort: kernels before 5.14 refuse MADV_POPULATE_WRITE; the load faults them. */
 static void populate_params(dt_trainer_t *tr) {
 #ifdef MADV_POPULATE_WRITE
-  if (tr->be.ops != &dt_backend_cpu) return;
+  if (!tr->be.ops->host_memory) return;
   size_t lo = tr->zero.stage == 3 ? tr->zero.lo : 0, hi = tr->zero.stage == 3 ? tr->zero.hi : tr->lay.n_params;
   const uintptr_t page = 4096, a = (uintptr_t)(tr->be.params + lo) / page * page, b = (uintptr_t)(tr->be.params + hi);
   if (b > a) (void)madvise((void *)a, (size_t)(b - a), MADV_POPULATE_WRITE);
@@ -406,7 +406,7 @@ static dt_status_t resume(dt_trainer_t *tr) {
 }
 
 /* Tensor parallelism: the replicated tensors (layernorms, wpe, c_proj biases) must be bitwise equal
- * on every tp rank (they get equal gradients, backend_cpu.c); checked at every save. */
+ * on every tp rank (they get equal gradients, gpt2.c); checked at every save. */
 static dt_status_t check_replicated(dt_trainer_t *tr) {
   if (tr->mesh.pp > 1 && (tr->mesh.pp_idx == 0 || tr->mesh.pp_idx == tr->mesh.pp - 1)) {
     /* the tied embedding: the first stage's wte and the last stage's copy (same gradients) */
@@ -541,6 +541,7 @@ void dt_trainer_free(dt_trainer_t *tr) {
   free(tr->targets);
   if (tr->train) dt_data_close(tr->train);
   if (tr->val) dt_data_close(tr->val);
+  dt_gpt2_free(&tr->model);
   if (tr->be.ops) tr->be.ops->free(&tr->be);
   dt_layout_free(&tr->lay);
   dt_mesh_free(&tr->mesh);
@@ -565,20 +566,6 @@ static void pinned_release(dt_trainer_t *tr) {
   dt_zero3_release(&tr->zero, g[L + 1], g[L + 2]);
 }
 
-/* A stage's forward and backward; backends without pipeline stages (CUDA) run the whole model
- * (pp = 1 there: the arguments for the neighbouring stages are NULL). */
-static dt_status_t stage_fwd(dt_backend_t *be, int slot, const int *inputs, const int *targets, const float *x_in,
-                             int B, int T, float *loss, float *y_out) {
-  if (be->ops->stage_forward) return be->ops->stage_forward(be, slot, inputs, targets, x_in, B, T, loss, y_out);
-  return be->ops->forward(be, inputs, targets, B, T, loss);
-}
-
-static dt_status_t stage_bwd(dt_backend_t *be, int slot, int accum, const float *dy, float *dx, dt_grad_ready_fn ready,
-                             void *ctx) {
-  if (be->ops->stage_backward) return be->ops->stage_backward(be, slot, accum, dy, dx, ready, ctx);
-  return be->ops->backward(be, accum, ready, ctx);
-}
-
 /* One optimizer step's micro-batches: this stage's 1F1B operations (pipeline.h; with one stage
  * simply forward, backward, forward, ...). Every stage reads the micro-batch itself (the first
  * needs the tokens, the last the targets); with pp > 1 the activations and their gradients
@@ -586,7 +573,6 @@ static dt_status_t stage_bwd(dt_backend_t *be, int slot, int accum, const float 
  * Data parallelism: the last backward reports gradient ranges to DDP; ZeRO-2: every backward
  * reduces its buckets to their owners. */
 static dt_status_t microsteps(dt_trainer_t *tr, int ddp, uint64_t slice, double *loss_sum) {
-  dt_backend_t *be = &tr->be;
   const int s = tr->mesh.pp_idx, pp = tr->mesh.pp, m = tr->accum, first = s == 0, last = s == pp - 1;
   const int z2 = tr->zero.stage >= 2;
   const size_t n = (size_t)tr->B * tr->T * tr->lay.d.C;
@@ -594,7 +580,7 @@ static dt_status_t microsteps(dt_trainer_t *tr, int ddp, uint64_t slice, double 
   double t_step = dt_time_now();
   for (int i = 0; i < 2 * m; i++) {
     const dt_pp_op_t op = tr->pp_ops[i];
-    const int slot = be->slots > 1 ? op.mb % be->slots : 0; /* 0 = 1 set (backend.h): the CUDA backend leaves it 0 */
+    const int slot = op.mb % tr->model.slots;
     double t0;
     if (op.fwd) {
       if (first) DT_TRY(dt_pipe_flush(&tr->pipe));
@@ -602,8 +588,8 @@ static dt_status_t microsteps(dt_trainer_t *tr, int ddp, uint64_t slice, double 
       DT_TRY(dt_data_batch(tr->train, slice + (uint64_t)op.mb * (uint64_t)tr->B, tr->B, tr->inputs, tr->targets));
       float loss = 0;
       t0 = dt_time_now();
-      DT_TRY(stage_fwd(be, slot, tr->inputs, tr->targets, first ? NULL : tr->pp_recv, tr->B, tr->T, &loss,
-                       last ? NULL : tr->pp_send));
+      DT_TRY(dt_gpt2_stage_forward(&tr->model, slot, tr->inputs, tr->targets, first ? NULL : tr->pp_recv, tr->B,
+                                   tr->T, &loss, last ? NULL : tr->pp_send));
       tr->t_pp_fwd += dt_time_now() - t0;
       if (last) *loss_sum += loss;
       else DT_TRY(dt_pipe_send(&tr->pipe, tr->pp_send, n, s + 1));
@@ -612,8 +598,8 @@ static dt_status_t microsteps(dt_trainer_t *tr, int ddp, uint64_t slice, double 
       else DT_TRY(dt_pipe_recv(&tr->pipe, tr->pp_recv, n, s + 1));
       t0 = dt_time_now();
       if (z2) dt_ddp_begin(&tr->ddp); /* ZeRO-2: every micro-batch's buckets to their owners */
-      DT_TRY(stage_bwd(be, slot, m, last ? NULL : tr->pp_recv, first ? NULL : tr->pp_send,
-                       ((op.mb == m - 1 && ddp) || z2) ? dt_ddp_ready : NULL, &tr->ddp));
+      DT_TRY(dt_gpt2_stage_backward(&tr->model, slot, m, last ? NULL : tr->pp_recv, first ? NULL : tr->pp_send,
+                                    ((op.mb == m - 1 && ddp) || z2) ? dt_ddp_ready : NULL, &tr->ddp));
       if (z2) DT_TRY(dt_ddp_finish(&tr->ddp));
       tr->t_pp_bwd += dt_time_now() - t0;
       if (!first) DT_TRY(dt_pipe_send(&tr->pipe, tr->pp_send, n, s - 1));
@@ -707,8 +693,11 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
     float inf = INFINITY;
     DT_TRY(be->ops->copy_from_host(be, DT_BUF_GRADS, tr->lay.layer_begin[1], 1, &inf));
   }
-  double sumsq = 0;
-  DT_TRY(be->ops->grad_sumsq(be, &sumsq)); /* this stage's (the tied copy of wte not counted) */
+  double sumsq = 0, rep = 0; /* this stage's (the tied copy of wte not counted): tp shards summed, replicas once */
+  DT_TRY(dt_gpt2_grad_sumsq(&tr->model, &sumsq, &rep));
+  if (tr->lay.tp > 1)
+    DT_TRY(tr->mesh.tp_comm->ops->allreduce(tr->mesh.tp_comm, &sumsq, &sumsq, 1, DT_F64, DT_SUM, NULL, NULL));
+  sumsq += rep;
   if (tr->mesh.pp > 1)
     DT_TRY(tr->mesh.pp_comm->ops->allreduce(tr->mesh.pp_comm, &sumsq, &sumsq, 1, DT_F64, DT_SUM, NULL, NULL));
   /* fp16: every rank learns whether any rank saw inf/NaN; the step is then skipped everywhere */
@@ -758,7 +747,6 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
 
 dt_status_t dt_trainer_eval(dt_trainer_t *tr, dt_data_t *d, int batches, double *loss) {
   DT_TRY(pinned_gather(tr));
-  dt_backend_t *be = &tr->be;
   uint64_t avail = dt_data_num_samples(d) / (uint64_t)tr->B;
   if ((uint64_t)batches > avail) batches = (int)avail;
   if (batches < 1) return DT_ERR(DT_ERR_DATA, "validation data has fewer than micro_batch=%d samples", tr->B);
@@ -773,8 +761,8 @@ dt_status_t dt_trainer_eval(dt_trainer_t *tr, dt_data_t *d, int batches, double 
     float l = 0;
     /* the batch through the stages, forward only (one stage: the whole model) */
     if (s > 0) DT_TRY(dt_pipe_recv(&tr->pipe, tr->pp_recv, n, s - 1));
-    DT_TRY(stage_fwd(be, 0, tr->inputs, tr->targets, s > 0 ? tr->pp_recv : NULL, tr->B, tr->T, &l,
-                     last ? NULL : tr->pp_send));
+    DT_TRY(dt_gpt2_stage_forward(&tr->model, 0, tr->inputs, tr->targets, s > 0 ? tr->pp_recv : NULL, tr->B, tr->T, &l,
+                                 last ? NULL : tr->pp_send));
     if (!last) DT_TRY(dt_pipe_send(&tr->pipe, tr->pp_send, n, s + 1));
     DT_TRY(dt_pipe_flush(&tr->pipe));
     if (!real || !last) continue; /* the loss is the last stage's */
@@ -801,7 +789,7 @@ static void print_header(dt_trainer_t *tr) {
           dt_data_num_shards(tr->train), (unsigned long long)dt_data_num_tokens(tr->train),
           (unsigned long long)dt_data_num_samples(tr->train));
   fprintf(o, "# backend: %s, %d threads per rank, matmul: %s\n", tr->be.ops->name, tr->mesh.threads,
-          tr->be.ops == &dt_backend_cpu ? dt_cpu_gemm_engine() : "cuBLAS");
+          tr->be.ops->engine(&tr->be));
   if (tr->be.precision != DT_PREC_FP32)
     fprintf(o, "# precision: %s weights/activations/activation gradients, fp32 master weights and accumulation%s\n",
             dt_precision_name((dt_precision_t)tr->be.precision),

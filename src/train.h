@@ -11,6 +11,7 @@
 #include "config.h"
 #include "data.h"
 #include "ddp.h"
+#include "gpt2.h"
 #include "mesh.h"
 #include "metrics.h"
 #include "model.h"
@@ -28,6 +29,7 @@ typedef struct {
   dt_mesh_t mesh;
   dt_layout_t lay;
   dt_backend_t be;
+  dt_gpt2_t model;         /* GPT-2 over be's kernels: activations, tp collectives, stages */
   dt_data_t *train, *val;
   dt_ddp_t ddp;
   dt_metrics_t metrics;

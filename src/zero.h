@@ -17,6 +17,7 @@
 
 #include "backend.h"
 #include "comm.h"
+#include "gpt2.h" /* dt_hook_phase_t */
 #include "status.h"
 
 typedef struct {

@@ -12,6 +12,7 @@
 #include "dt_build.h" /* DT_HAVE_CUDA: dt_backend_cuda */
 extern "C" {
 #include "backend.h"
+#include "gpt2.h"
 #include "model.h"
 }
 #include "gpu_parity.h"
@@ -80,18 +81,20 @@ static void backend_case(dt_dims_t d, int B, int T, int prec, const tols_t *tol,
   both(dt_backend_cpu.init(&cpu, &lay, B, d.T, 1), dt_backend_cuda.init(&gpu, &lay, B, d.T, 1), "init");
   both(cpu.ops->set_precision(&cpu, (dt_precision_t)prec), gpu.ops->set_precision(&gpu, (dt_precision_t)prec),
        "set_precision");
+  dt_gpt2_t mc, mg; /* the model over each backend */
+  both(dt_gpt2_init(&mc, &cpu, 1, 0), dt_gpt2_init(&mg, &gpu, 1, 0), "gpt2_init");
   both(cpu.ops->copy_from_host(&cpu, DT_BUF_PARAMS, 0, np, p), gpu.ops->copy_from_host(&gpu, DT_BUF_PARAMS, 0, np, p),
        "copy_from_host");
   both(cpu.ops->zero_grad(&cpu), gpu.ops->zero_grad(&gpu), "zero_grad");
   float loss_c = 0, loss_g = 0;
   for (int micro = 0; micro < 2; micro++) { /* grad_accum 2: the second backward adds to the first */
-    both(cpu.ops->forward(&cpu, inp, tg, B, T, &loss_c), gpu.ops->forward(&gpu, inp, tg, B, T, &loss_g), "forward");
+    both(dt_gpt2_forward(&mc, inp, tg, B, T, &loss_c), dt_gpt2_forward(&mg, inp, tg, B, T, &loss_g), "forward");
     if (micro == 0) {
       gp_compare("backend forward loss", shape, prec, &loss_g, &loss_c, 1, tol->loss);
-      both(cpu.ops->logits_to_host(&cpu, lc), gpu.ops->logits_to_host(&gpu, lg), "logits_to_host");
+      both(dt_gpt2_logits_to_host(&mc, lc), dt_gpt2_logits_to_host(&mg, lg), "logits_to_host");
       gp_compare("backend forward logits", shape, prec, lg, lc, nl, tol->logits);
     }
-    both(cpu.ops->backward(&cpu, 2, NULL, NULL), gpu.ops->backward(&gpu, 2, NULL, NULL), "backward");
+    both(dt_gpt2_backward(&mc, 2, NULL, NULL), dt_gpt2_backward(&mg, 2, NULL, NULL), "backward");
   }
   both(cpu.ops->copy_to_host(&cpu, DT_BUF_GRADS, 0, np, hc), gpu.ops->copy_to_host(&gpu, DT_BUF_GRADS, 0, np, hg),
        "copy_to_host");
@@ -115,9 +118,11 @@ static void backend_case(dt_dims_t d, int B, int T, int prec, const tols_t *tol,
     hg[i] -= p[i];
   }
   compare_arena("backend adamw update", shape, prec, &lay, hg, hc, tol->update);
-  both(cpu.ops->forward(&cpu, inp, tg, B, T, &loss_c), gpu.ops->forward(&gpu, inp, tg, B, T, &loss_g), "forward 2");
+  both(dt_gpt2_forward(&mc, inp, tg, B, T, &loss_c), dt_gpt2_forward(&mg, inp, tg, B, T, &loss_g), "forward 2");
   gp_compare("backend loss after update", shape, prec, &loss_g, &loss_c, 1, tol->loss);
 
+  dt_gpt2_free(&mc);
+  dt_gpt2_free(&mg);
   cpu.ops->free(&cpu);
   gpu.ops->free(&gpu);
   float *hs[] = {p, hc, hg, lc, lg, m, v};

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "gpt2.h"
 #include "optim.h"
 
 enum { L = 2, NH = 4, C = 64, V = 97, T = 16, B = 3, STEPS = 10 };
@@ -89,6 +90,8 @@ int main(int argc, char **argv) {
   CHECK(dt_layout_init(&lay, dt_dims_from_config(&cfg)));
   dt_backend_t be = {0};
   CHECK(dt_backend_cpu.init(&be, &lay, B, T, 2));
+  dt_gpt2_t gpt;
+  CHECK(dt_gpt2_init(&gpt, &be, 1, 0));
   dt_model_init_params(&lay, be.params, 1234);
   /* give biases and layernorm parameters non-trivial values so their code paths are exercised */
   dt_rng_t r;
@@ -118,10 +121,10 @@ int main(int argc, char **argv) {
   rec_ints("targets", tgt, B * T);
   float loss = 0;
   CHECK(be.ops->zero_grad(&be));
-  CHECK(be.ops->forward(&be, inp, tgt, B, T, &loss));
-  CHECK(be.ops->backward(&be, 1, NULL, NULL));
+  CHECK(dt_gpt2_forward(&gpt, inp, tgt, B, T, &loss));
+  CHECK(dt_gpt2_backward(&gpt, 1, NULL, NULL));
   float *logits = malloc(sizeof(float) * B * T * lay.d.Vp), *lv = malloc(sizeof(float) * B * T * V);
-  CHECK(be.ops->logits_to_host(&be, logits));
+  CHECK(dt_gpt2_logits_to_host(&gpt, logits));
   for (int i = 0; i < B * T; i++) memcpy(lv + i * V, logits + (size_t)i * lay.d.Vp, V * sizeof(float));
   rec("logits", lv, (size_t)B * T * V);
   rec("loss", &loss, 1);
@@ -159,8 +162,8 @@ int main(int argc, char **argv) {
   for (int s = 0; s < STEPS; s++) make_batch(&r, sin + s * B * T, stg + s * B * T);
   for (int s = 0; s < STEPS; s++) {
     CHECK(be.ops->zero_grad(&be));
-    CHECK(be.ops->forward(&be, sin + s * B * T, stg + s * B * T, B, T, &losses[s]));
-    CHECK(be.ops->backward(&be, 1, NULL, NULL));
+    CHECK(dt_gpt2_forward(&gpt, sin + s * B * T, stg + s * B * T, B, T, &losses[s]));
+    CHECK(dt_gpt2_backward(&gpt, 1, NULL, NULL));
     double ss;
     CHECK(be.ops->grad_sumsq(&be, &ss));
     double norm = sqrt(ss);
@@ -188,6 +191,7 @@ int main(int argc, char **argv) {
   }
   free(logits);
   free(lv);
+  dt_gpt2_free(&gpt);
   be.ops->free(&be);
   dt_layout_free(&lay);
   return 0;

@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "gpt2.h"
 #include "kmath.h"
 #include "model.h"
 #include "ops_cpu.h"
@@ -774,7 +775,7 @@ static void model_ctx_free(mctx_t *m) {
 }
 
 /* A tiny model with random biases / layernorm parameters and a fixed batch. */
-static void tiny_setup(dt_layout_t *lay, dt_backend_t *be, int B, int T, int *inp, int *tgt, int nseq) {
+static void tiny_setup(dt_layout_t *lay, dt_backend_t *be, dt_gpt2_t *g, int B, int T, int *inp, int *tgt, int nseq) {
   cr_assert_eq(dt_layout_init(lay, tiny), DT_OK);
   memset(be, 0, sizeof *be); /* fields a caller may set before init (opt_lo/opt_hi) start unset */
   cr_assert_eq(dt_backend_find("cpu")->init(be, lay, B, T, 2), DT_OK, "%s", dt_err_msg());
@@ -787,23 +788,25 @@ static void tiny_setup(dt_layout_t *lay, dt_backend_t *be, int B, int T, int *in
     for (size_t k = 0; k < n; k++) be->params[t->offset + k] += (float)((t->ndim == 1 ? 0.3 : 0.2) * dt_rng_normal(&r));
   }
   for (int i = 0; i < nseq * T; i++) inp[i] = (int)(dt_rng_next(&r) % tiny.V), tgt[i] = (int)(dt_rng_next(&r) % tiny.V);
+  cr_assert_eq(dt_gpt2_init(g, be, 1, 0), DT_OK, "%s", dt_err_msg());
 }
 
 Test(model, whole_model_gradient) {
   dt_layout_t lay;
   dt_backend_t be = {0};
+  dt_gpt2_t g;
   int inp[MB * MT], tgt[MB * MT];
-  tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
+  tiny_setup(&lay, &be, &g, MB, MT, inp, tgt, MB);
   float loss = -1;
-  cr_assert_eq(be.ops->forward(&be, inp, tgt, MB, MT, &loss), DT_OK, "%s", dt_err_msg());
+  cr_assert_eq(dt_gpt2_forward(&g, inp, tgt, MB, MT, &loss), DT_OK, "%s", dt_err_msg());
   for (size_t i = 0; i < lay.n_params; i++) be.grads[i] = 0.0f;
-  cr_assert_eq(be.ops->backward(&be, 1, NULL, NULL), DT_OK);
+  cr_assert_eq(dt_gpt2_backward(&g, 1, NULL, NULL), DT_OK);
   mctx_t m;
   model_ctx(&m, &lay, be.params, inp, tgt, MB, MT);
   double want = obj_model(&m);
   cr_expect(fabs(loss - want) < 1e-6 * want, "loss %.8g, double reference %.8g", loss, want);
   float *logits = malloc(sizeof(float) * MB * MT * tiny.Vp);
-  cr_assert_eq(be.ops->logits_to_host(&be, logits), DT_OK);
+  cr_assert_eq(dt_gpt2_logits_to_host(&g, logits), DT_OK);
   expect_close("model logits", logits, m.logits, (size_t)MB * MT * tiny.Vp, 1e-5);
   for (int i = 0; i < lay.n_tensors; i++) {
     const dt_tensor_t *t = &lay.tensors[i];
@@ -814,6 +817,7 @@ Test(model, whole_model_gradient) {
     cr_assert_eq(be.grads[k], 0.0f, "padded vocab row gradient at %zu", k);
   model_ctx_free(&m);
   free(logits);
+  dt_gpt2_free(&g);
   be.ops->free(&be);
   dt_layout_free(&lay);
 }
@@ -835,12 +839,13 @@ static void on_ready(void *ctx, size_t lo, size_t hi) {
 Test(model, grad_ready_hook) {
   dt_layout_t lay;
   dt_backend_t be = {0};
+  dt_gpt2_t gm;
   int inp[MB * MT], tgt[MB * MT];
-  tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
+  tiny_setup(&lay, &be, &gm, MB, MT, inp, tgt, MB);
   ready_log_t g = {.snap = calloc(lay.n_params, sizeof(float)), .grads = be.grads};
   cr_assert_eq(be.ops->zero_grad(&be), DT_OK);
-  cr_assert_eq(be.ops->forward(&be, inp, tgt, MB, MT, NULL), DT_OK);
-  cr_assert_eq(be.ops->backward(&be, 1, on_ready, &g), DT_OK);
+  cr_assert_eq(dt_gpt2_forward(&gm, inp, tgt, MB, MT, NULL), DT_OK);
+  cr_assert_eq(dt_gpt2_backward(&gm, 1, on_ready, &g), DT_OK);
   const int L = tiny.L;
   cr_assert_eq(g.n, L + 2);
   /* ln_f, block L-1, ..., block 0, embeddings; decreasing and tiling [0, n_params) */
@@ -855,6 +860,7 @@ Test(model, grad_ready_hook) {
   /* every range was final when reported (the tied wte only at the very end) */
   cr_expect_eq(memcmp(g.snap, be.grads, lay.n_params * sizeof(float)), 0, "a range changed after its ready call");
   free(g.snap);
+  dt_gpt2_free(&gm);
   be.ops->free(&be);
   dt_layout_free(&lay);
 }
@@ -869,18 +875,19 @@ Test(model, grad_accumulation_and_smaller_batch) {
   /* one batch of 4 sequences (accum=1) == two micro-batches of 2 (accum=2), on a backend sized for 4 */
   dt_layout_t lay;
   dt_backend_t be = {0};
+  dt_gpt2_t g;
   int inp[4 * MT], tgt[4 * MT];
-  tiny_setup(&lay, &be, 4, MT, inp, tgt, 4);
+  tiny_setup(&lay, &be, &g, 4, MT, inp, tgt, 4);
   float l4, la, lb;
   cr_assert_eq(be.ops->zero_grad(&be), DT_OK);
-  cr_assert_eq(be.ops->forward(&be, inp, tgt, 4, MT, &l4), DT_OK);
-  cr_assert_eq(be.ops->backward(&be, 1, NULL, NULL), DT_OK);
+  cr_assert_eq(dt_gpt2_forward(&g, inp, tgt, 4, MT, &l4), DT_OK);
+  cr_assert_eq(dt_gpt2_backward(&g, 1, NULL, NULL), DT_OK);
   float *g4 = grads_of(&be);
   cr_assert_eq(be.ops->zero_grad(&be), DT_OK);
-  cr_assert_eq(be.ops->forward(&be, inp, tgt, 2, MT, &la), DT_OK);
-  cr_assert_eq(be.ops->backward(&be, 2, NULL, NULL), DT_OK);
-  cr_assert_eq(be.ops->forward(&be, inp + 2 * MT, tgt + 2 * MT, 2, MT, &lb), DT_OK);
-  cr_assert_eq(be.ops->backward(&be, 2, NULL, NULL), DT_OK);
+  cr_assert_eq(dt_gpt2_forward(&g, inp, tgt, 2, MT, &la), DT_OK);
+  cr_assert_eq(dt_gpt2_backward(&g, 2, NULL, NULL), DT_OK);
+  cr_assert_eq(dt_gpt2_forward(&g, inp + 2 * MT, tgt + 2 * MT, 2, MT, &lb), DT_OK);
+  cr_assert_eq(dt_gpt2_backward(&g, 2, NULL, NULL), DT_OK);
   float *g2 = grads_of(&be);
   cr_expect(fabsf(l4 - 0.5f * (la + lb)) < 1e-6f * l4, "loss %g vs mean of halves %g", l4, 0.5f * (la + lb));
   double maxd = 0, maxg = 0;
@@ -888,15 +895,16 @@ Test(model, grad_accumulation_and_smaller_batch) {
   cr_expect(maxg > 0 && maxd <= 1e-5 * maxg, "accumulated grads differ: %.3e of %.3e", maxd, maxg);
   /* backward again on the last micro-batch without zero_grad: adds that micro-batch's grads once
    * more, i.e. g3 - g2 equals a fresh backward of the second half alone */
-  cr_assert_eq(be.ops->backward(&be, 2, NULL, NULL), DT_OK);
+  cr_assert_eq(dt_gpt2_backward(&g, 2, NULL, NULL), DT_OK);
   float *g3 = grads_of(&be);
   cr_assert_eq(be.ops->zero_grad(&be), DT_OK);
-  cr_assert_eq(be.ops->backward(&be, 2, NULL, NULL), DT_OK);
+  cr_assert_eq(dt_gpt2_backward(&g, 2, NULL, NULL), DT_OK);
   float *gb = grads_of(&be);
   double d3 = 0, mb = 0;
   for (size_t i = 0; i < lay.n_params; i++) d3 = fmax(d3, fabs(g3[i] - g2[i] - gb[i])), mb = fmax(mb, fabs(gb[i]));
   cr_expect(mb > 0 && d3 <= 1e-5 * mb, "second backward did not accumulate: %.3e of %.3e", d3, mb);
   free(g4), free(g2), free(g3), free(gb);
+  dt_gpt2_free(&g);
   be.ops->free(&be);
   dt_layout_free(&lay);
 }
@@ -904,31 +912,35 @@ Test(model, grad_accumulation_and_smaller_batch) {
 Test(model, smaller_T_and_logits_only) {
   dt_layout_t lay;
   dt_backend_t be = {0}, be3 = {0};
+  dt_gpt2_t g, g3;
   int inp[MB * MT], tgt[MB * MT];
-  tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
+  tiny_setup(&lay, &be, &g, MB, MT, inp, tgt, MB);
   memset(&be3, 0, sizeof be3);
   cr_assert_eq(dt_backend_cpu.init(&be3, &lay, 1, 3, 0), DT_OK);
+  cr_assert_eq(dt_gpt2_init(&g3, &be3, 1, 0), DT_OK);
   memcpy(be3.params, be.params, lay.n_params * sizeof(float));
   /* T=3, B=1 on the big backend equals a backend built for (1, 3); inputs use the first 3 tokens */
   float lbig = 0, lsmall = 0, sentinel = 12345.0f;
-  cr_assert_eq(be.ops->forward(&be, inp, tgt, 1, 3, &lbig), DT_OK);
-  cr_assert_eq(be3.ops->forward(&be3, inp, tgt, 1, 3, &lsmall), DT_OK);
+  cr_assert_eq(dt_gpt2_forward(&g, inp, tgt, 1, 3, &lbig), DT_OK);
+  cr_assert_eq(dt_gpt2_forward(&g3, inp, tgt, 1, 3, &lsmall), DT_OK);
   cr_expect(fabsf(lbig - lsmall) <= 1e-6f * lsmall);
   float a[3 * 128], b[3 * 128];
-  cr_assert_eq(be.ops->logits_to_host(&be, a), DT_OK);
+  cr_assert_eq(dt_gpt2_logits_to_host(&g, a), DT_OK);
   /* logits-only forward: loss untouched, same logits; backward then refuses */
-  cr_assert_eq(be3.ops->forward(&be3, inp, NULL, 1, 3, &sentinel), DT_OK);
+  cr_assert_eq(dt_gpt2_forward(&g3, inp, NULL, 1, 3, &sentinel), DT_OK);
   cr_expect_eq(sentinel, 12345.0f);
-  cr_assert_eq(be3.ops->logits_to_host(&be3, b), DT_OK);
+  cr_assert_eq(dt_gpt2_logits_to_host(&g3, b), DT_OK);
   for (int i = 0; i < 3 * 128; i++) cr_assert_float_eq(a[i], b[i], 1e-5f, "logit %d", i);
-  cr_expect_eq(be3.ops->backward(&be3, 1, NULL, NULL), DT_ERR_ARG);
+  cr_expect_eq(dt_gpt2_backward(&g3, 1, NULL, NULL), DT_ERR_ARG);
   /* the reference model on the same 3 tokens agrees */
   mctx_t m;
   model_ctx(&m, &lay, be.params, inp, tgt, 1, 3);
   double want = obj_model(&m);
   cr_expect(fabs(lbig - want) < 1e-6 * want);
   model_ctx_free(&m);
+  dt_gpt2_free(&g3);
   be3.ops->free(&be3);
+  dt_gpt2_free(&g);
   be.ops->free(&be);
   dt_layout_free(&lay);
 }
@@ -936,15 +948,16 @@ Test(model, smaller_T_and_logits_only) {
 Test(model, bad_input_and_registry) {
   dt_layout_t lay;
   dt_backend_t be = {0};
+  dt_gpt2_t g;
   int inp[MB * MT], tgt[MB * MT];
-  tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
+  tiny_setup(&lay, &be, &g, MB, MT, inp, tgt, MB);
   dt_err_clear();
   inp[3] = tiny.V;
-  cr_expect_eq(be.ops->forward(&be, inp, tgt, MB, MT, NULL), DT_ERR_DATA);
+  cr_expect_eq(dt_gpt2_forward(&g, inp, tgt, MB, MT, NULL), DT_ERR_DATA);
   cr_expect(strstr(dt_err_msg(), "input token 11 at position 3") != NULL, "%s", dt_err_msg());
   inp[3] = 0;
-  cr_expect_eq(be.ops->forward(&be, inp, tgt, MB + 1, MT, NULL), DT_ERR_ARG);
-  cr_expect_eq(be.ops->forward(&be, inp, tgt, MB, MT + 1, NULL), DT_ERR_ARG);
+  cr_expect_eq(dt_gpt2_forward(&g, inp, tgt, MB + 1, MT, NULL), DT_ERR_ARG);
+  cr_expect_eq(dt_gpt2_forward(&g, inp, tgt, MB, MT + 1, NULL), DT_ERR_ARG);
   float x;
   cr_expect_eq(be.ops->copy_to_host(&be, DT_BUF_M, lay.n_params, 1, &x), DT_ERR_ARG);
   cr_expect_eq(be.ops->copy_to_host(&be, DT_BUF_V, lay.n_params - 1, 1, &x), DT_OK);
@@ -953,6 +966,7 @@ Test(model, bad_input_and_registry) {
   int n = 0;
   while (dt_backends[n]) n++;
   cr_expect_geq(n, 1);
+  dt_gpt2_free(&g);
   be.ops->free(&be);
   dt_layout_free(&lay);
 }
@@ -962,22 +976,24 @@ Test(model, logits_survive_the_inplace_backward) {
    * bitwise equal, until a parameter update, after which it (and a repeated backward) refuse */
   dt_layout_t lay;
   dt_backend_t be = {0};
+  dt_gpt2_t g;
   int inp[MB * MT], tgt[MB * MT];
-  tiny_setup(&lay, &be, MB, MT, inp, tgt, MB);
+  tiny_setup(&lay, &be, &g, MB, MT, inp, tgt, MB);
   size_t n = (size_t)MB * MT * tiny.Vp;
   float *a = malloc(n * sizeof(float)), *b = malloc(n * sizeof(float));
   cr_assert_eq(be.ops->zero_grad(&be), DT_OK);
-  cr_assert_eq(be.ops->forward(&be, inp, tgt, MB, MT, NULL), DT_OK);
-  cr_assert_eq(be.ops->logits_to_host(&be, a), DT_OK);
-  cr_assert_eq(be.ops->backward(&be, 1, NULL, NULL), DT_OK);
-  cr_assert_eq(be.ops->logits_to_host(&be, b), DT_OK);
+  cr_assert_eq(dt_gpt2_forward(&g, inp, tgt, MB, MT, NULL), DT_OK);
+  cr_assert_eq(dt_gpt2_logits_to_host(&g, a), DT_OK);
+  cr_assert_eq(dt_gpt2_backward(&g, 1, NULL, NULL), DT_OK);
+  cr_assert_eq(dt_gpt2_logits_to_host(&g, b), DT_OK);
   cr_expect_eq(memcmp(a, b, n * sizeof(float)), 0, "logits after backward differ from the forward's");
   dt_adamw_args_t aw = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .grad_scale = 1.0f, .t = 1};
   cr_assert_eq(be.ops->adamw(&be, &aw), DT_OK);
-  cr_expect_eq(be.ops->logits_to_host(&be, b), DT_ERR_ARG);
-  cr_expect_eq(be.ops->backward(&be, 1, NULL, NULL), DT_ERR_ARG);
+  cr_expect_eq(dt_gpt2_logits_to_host(&g, b), DT_ERR_ARG);
+  cr_expect_eq(dt_gpt2_backward(&g, 1, NULL, NULL), DT_ERR_ARG);
   dt_err_clear();
   free(a), free(b);
+  dt_gpt2_free(&g);
   be.ops->free(&be);
   dt_layout_free(&lay);
 }

@@ -1,12 +1,13 @@
 /* Memory planner (plan.c): GPT-2 1.5B and 124M parameter counts and bytes against numbers worked
  * out by hand from the shapes, exact ZeRO division, tensor- and pipeline-parallel splits, the CPU
- * activation count against the tensor list of backend_cpu.c written out independently, the fit
+ * activation count against the tensor list of gpt2.c written out independently, the fit
  * verdict, the roofline's FLOPs and collective bytes, and the size parser. */
 #include <criterion/criterion.h>
 #include <math.h>
 
 #include "dt_build.h"
 #include "backend.h"
+#include "gpt2.h"
 #include "ops_cpu.h"
 #include "plan.h"
 #include "precision.h"
@@ -87,7 +88,7 @@ Test(plan, gpt2_124m_count) {
   cr_assert_eq(P.n_arena, (size_t)124439808 + 47 * 768);
 }
 
-/* The CPU activation arena written out from backend_cpu.c's tensor list (all sizes here are
+/* The CPU activation arena written out from gpt2.c's tensor list (all sizes here are
  * multiples of 16, so no alignment padding): per layer ln1, residual2, ln2, residual3, atty
  * (B,T,C) x5, qkv 3C, fch and fch_gelu 4C each, 4 (B,T) layernorm statistics, (B,NH,T) lse;
  * once: encoded, lnf, dres, dtmp (B,T,C), dqkv 3C, dfch 4C, logits Vp, 4 (B,T) (lnf stats,
@@ -97,28 +98,36 @@ Test(plan, cpu_activations_match_the_tensor_list) {
   const size_t B = 2, T = 64, C = 768, L = 12, bt = B * T, nthr = 3;
   size_t per = bt * (5 * C + 3 * C + 8 * C + 4) + B * d.NH * T;
   size_t once = bt * (4 * C + 3 * C + 4 * C + (size_t)d.Vp + 4) + dt_attention_scratch_floats((int)T, (int)nthr);
-  cr_assert_eq(dt_cpu_activation_floats(&d, (int)B, (int)T, (int)nthr), L * per + once);
+  size_t att_state = 0, att_scratch = 0;
+  dt_cpu_attention_floats((int)B, (int)T, d.NH, (int)nthr, &att_state, &att_scratch);
+  cr_assert_eq(dt_gpt2_activation_floats(&d, 1, d.L, 1, 1, (int)B, (int)T, 0, att_state, att_scratch), L * per + once);
   dt_plan_in_t in = input(d, (int)B, (int)T, 1, 1, 1, DT_PREC_FP32);
   in.threads = (int)nthr;
   cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
   cr_assert_eq(P.z[0].act_cpu, 4.0 * (L * per + once) + 2 * bt * sizeof(int));
-  /* the CUDA backend keeps (B,NH,T,T) probabilities per layer, their gradient and dlogits */
+  /* the CUDA attention keeps (B,NH,T,T) probabilities per layer and their gradient once */
   size_t att = B * d.NH * T * T;
   cr_assert_eq(dt_plan_gpu_activation_floats(&d, (int)B, (int)T),
-               L * (per - B * d.NH * T + att) + once - dt_attention_scratch_floats((int)T, (int)nthr) + att + bt * d.Vp);
+               L * (per - B * d.NH * T + att) + once - dt_attention_scratch_floats((int)T, (int)nthr) + att);
 }
 
-/* The planner's copy of the CUDA backend's activation count against the backend itself (host
- * code, no GPU needed), at sizes with and without alignment padding. */
+/* The planner's GPU count against what the model allocates on the CUDA backend itself (host code,
+ * no GPU needed: the emulation's device or a real one), at sizes with and without alignment
+ * padding. */
 Test(plan, gpu_activations_match_the_cuda_backend) {
 #ifdef DT_HAVE_CUDA
-  dt_dims_t ds[3] = {small(), xl(), {.L = 3, .NH = 3, .C = 24, .V = 97, .Vp = 128, .T = 37}};
-  int bts[3][2] = {{1, 64}, {4, 1024}, {3, 37}};
-  for (int i = 0; i < 3; i++)
-    for (int j = 0; j < 3; j++)
-      cr_assert_eq(dt_plan_gpu_activation_floats(&ds[i], bts[j][0], bts[j][1] < ds[i].T ? bts[j][1] : ds[i].T),
-                   dt_cuda_activation_floats(&ds[i], bts[j][0], bts[j][1] < ds[i].T ? bts[j][1] : ds[i].T),
-                   "dims %d, B=%d T=%d", i, bts[j][0], bts[j][1]);
+  dt_dims_t ds[2] = {small(), {.L = 3, .NH = 3, .C = 24, .V = 97, .Vp = 128, .T = 37}};
+  int bts[2][2] = {{1, 64}, {3, 37}};
+  for (int i = 0; i < 2; i++)
+    for (int j = 0; j < 2; j++) {
+      int B = bts[j][0], T = bts[j][1] < ds[i].T ? bts[j][1] : ds[i].T;
+      size_t state = 0, scratch = 0;
+      dt_cuda_attention_floats(B, T, ds[i].NH, &state, &scratch);
+      cr_assert_eq(state, (size_t)B * ds[i].NH * T * T);
+      cr_assert_eq(dt_plan_gpu_activation_floats(&ds[i], B, T),
+                   dt_gpt2_activation_floats(&ds[i], 1, ds[i].L, 1, 1, B, T, 0, state, scratch), "dims %d, B=%d T=%d",
+                   i, B, T);
+    }
 #else
   cr_skip_test("built without CUDA");
 #endif

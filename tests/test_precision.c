@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "gpt2.h"
 #include "kmath.h"
 #include "model.h"
 #include "precision.h"
@@ -86,7 +87,7 @@ Test(precision, names_and_array_rounding) {
 static const dt_dims_t dims = {.L = 2, .NH = 2, .C = 16, .V = 37, .Vp = 128, .T = 8};
 enum { B = 2, T = 8 };
 
-static void setup(dt_layout_t *lay, dt_backend_t *be, dt_precision_t p, int *inp, int *tgt) {
+static void setup(dt_layout_t *lay, dt_backend_t *be, dt_gpt2_t *g, dt_precision_t p, int *inp, int *tgt) {
   cr_assert_eq(dt_layout_init(lay, dims), DT_OK);
   memset(be, 0, sizeof *be); /* fields a caller may set before init (opt_lo/opt_hi) start unset */
   cr_assert_eq(dt_backend_cpu.init(be, lay, B, T, 1), DT_OK, "%s", dt_err_msg());
@@ -96,14 +97,16 @@ static void setup(dt_layout_t *lay, dt_backend_t *be, dt_precision_t p, int *inp
   dt_rng_seed(&r, 5);
   for (size_t i = 0; i < lay->n_params; i++) be->params[i] += (float)(0.05 * dt_rng_normal(&r));
   for (int i = 0; i < B * T; i++) inp[i] = (int)(dt_rng_next(&r) % dims.V), tgt[i] = (int)(dt_rng_next(&r) % dims.V);
+  cr_assert_eq(dt_gpt2_init(g, be, 1, 0), DT_OK, "%s", dt_err_msg());
 }
 
-static double run(dt_backend_t *be, const int *inp, const int *tgt, float loss_scale, float *grads_out) {
+static double run(dt_gpt2_t *g, const int *inp, const int *tgt, float loss_scale, float *grads_out) {
+  dt_backend_t *be = g->be;
   float loss = 0;
   be->loss_scale = loss_scale;
   cr_assert_eq(be->ops->zero_grad(be), DT_OK);
-  cr_assert_eq(be->ops->forward(be, inp, tgt, B, T, &loss), DT_OK, "%s", dt_err_msg());
-  cr_assert_eq(be->ops->backward(be, 1, NULL, NULL), DT_OK, "%s", dt_err_msg());
+  cr_assert_eq(dt_gpt2_forward(g, inp, tgt, B, T, &loss), DT_OK, "%s", dt_err_msg());
+  cr_assert_eq(dt_gpt2_backward(g, 1, NULL, NULL), DT_OK, "%s", dt_err_msg());
   if (grads_out) memcpy(grads_out, be->grads, be->lay->n_params * sizeof(float));
   return loss;
 }
@@ -111,16 +114,17 @@ static double run(dt_backend_t *be, const int *inp, const int *tgt, float loss_s
 Test(precision, bf16_backend_rounds_working_copy_and_activations_not_master) {
   dt_layout_t lay;
   dt_backend_t be = {0}, ref = {0};
+  dt_gpt2_t g, gref;
   int inp[B * T], tgt[B * T];
-  setup(&lay, &be, DT_PREC_BF16, inp, tgt);
+  setup(&lay, &be, &g, DT_PREC_BF16, inp, tgt);
   dt_layout_t lay2;
-  setup(&lay2, &ref, DT_PREC_FP32, inp, tgt);
+  setup(&lay2, &ref, &gref, DT_PREC_FP32, inp, tgt);
   size_t n = lay.n_params;
   cr_assert(be.wparams != be.params, "bf16 needs a separate working copy");
   cr_assert(ref.wparams == ref.params, "fp32 reads the master itself");
   float *master = malloc(n * sizeof *master);
   memcpy(master, be.params, n * sizeof *master);
-  double l16 = run(&be, inp, tgt, 1.0f, NULL), l32 = run(&ref, inp, tgt, 1.0f, NULL);
+  double l16 = run(&g, inp, tgt, 1.0f, NULL), l32 = run(&gref, inp, tgt, 1.0f, NULL);
   cr_expect_eq(memcmp(master, be.params, n * sizeof *master), 0, "forward/backward changed the fp32 master");
   size_t changed = 0;
   for (size_t i = 0; i < n; i++) {
@@ -129,12 +133,13 @@ Test(precision, bf16_backend_rounds_working_copy_and_activations_not_master) {
   }
   cr_expect(changed > n / 2, "only %zu of %zu parameters changed by rounding", changed, n);
   float *logits = malloc((size_t)B * T * dims.Vp * sizeof *logits);
-  cr_assert_eq(be.ops->logits_to_host(&be, logits), DT_OK);
+  cr_assert_eq(dt_gpt2_logits_to_host(&g, logits), DT_OK);
   for (size_t i = 0; i < (size_t)B * T * dims.Vp; i++)
     cr_assert(logits[i] == dt_round_bf16(logits[i]), "logit %zu = %a is not a bf16 value", i, (double)logits[i]);
   /* bf16 keeps ~3 significant digits: the loss moves, but little */
   cr_expect(l16 != l32 && fabs(l16 - l32) < 0.02 * l32, "bf16 loss %.9g vs fp32 %.9g", l16, l32);
   free(master), free(logits);
+  dt_gpt2_free(&g), dt_gpt2_free(&gref);
   be.ops->free(&be), ref.ops->free(&ref);
   dt_layout_free(&lay), dt_layout_free(&lay2);
 }
@@ -144,12 +149,13 @@ Test(precision, bf16_backend_rounds_working_copy_and_activations_not_master) {
 Test(precision, loss_scale_scales_gradients_exactly_in_bf16) {
   dt_layout_t lay;
   dt_backend_t be = {0};
+  dt_gpt2_t g;
   int inp[B * T], tgt[B * T];
-  setup(&lay, &be, DT_PREC_BF16, inp, tgt);
+  setup(&lay, &be, &g, DT_PREC_BF16, inp, tgt);
   size_t n = lay.n_params;
   float *g1 = malloc(n * sizeof *g1), *g2 = malloc(n * sizeof *g2);
-  run(&be, inp, tgt, 1.0f, g1);
-  run(&be, inp, tgt, 1024.0f, g2);
+  run(&g, inp, tgt, 1.0f, g1);
+  run(&g, inp, tgt, 1024.0f, g2);
   size_t nonzero = 0;
   for (size_t i = 0; i < n; i++) {
     cr_assert(g2[i] == 1024.0f * g1[i], "gradient %zu: %a vs 1024 x %a", i, (double)g2[i], (double)g1[i]);
@@ -157,6 +163,7 @@ Test(precision, loss_scale_scales_gradients_exactly_in_bf16) {
   }
   cr_expect(nonzero > n / 4, "only %zu nonzero gradients", nonzero);
   free(g1), free(g2);
+  dt_gpt2_free(&g);
   be.ops->free(&be);
   dt_layout_free(&lay);
 }
@@ -166,15 +173,17 @@ Test(precision, loss_scale_scales_gradients_exactly_in_bf16) {
 Test(precision, fp16_overflow_reaches_the_gradient_norm) {
   dt_layout_t lay;
   dt_backend_t be = {0};
+  dt_gpt2_t g;
   int inp[B * T], tgt[B * T];
-  setup(&lay, &be, DT_PREC_FP16, inp, tgt);
+  setup(&lay, &be, &g, DT_PREC_FP16, inp, tgt);
   double ss = 0;
-  run(&be, inp, tgt, 1024.0f, NULL);
+  run(&g, inp, tgt, 1024.0f, NULL);
   cr_assert_eq(be.ops->grad_sumsq(&be, &ss), DT_OK);
   cr_expect(isfinite(ss) && ss > 0, "scale 2^10: sum of squares %g", ss);
-  run(&be, inp, tgt, 0x1p40f, NULL);
+  run(&g, inp, tgt, 0x1p40f, NULL);
   cr_assert_eq(be.ops->grad_sumsq(&be, &ss), DT_OK);
   cr_expect(!isfinite(ss), "scale 2^40: sum of squares %g should be inf/NaN", ss);
+  dt_gpt2_free(&g);
   be.ops->free(&be);
   dt_layout_free(&lay);
 }

@@ -6,7 +6,7 @@
  * final gradient group the model calls grads_ready, which records an event and makes the
  * communication stream (be->comm_stream) wait on it, so NCCL all-reduces enqueued there overlap
  * the rest of backward. Mixed precision (bf16/fp16) rounds with the same kmath.h functions, in
- * fp32 storage: compiled, never run on a GPU. Also dt_cuda_device_count and friends. */
+ * fp32 storage (checked on an H200: docs/gpu-runs.md). Also dt_cuda_device_count and friends. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>

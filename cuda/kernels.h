@@ -46,7 +46,7 @@ dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, con
                                         float dloss, int N, int V, int Vp, cudaStream_t s);
 /* dst (n) = src rounded to the storage precision prec (precision.h; dst == src allowed, fp32 in
  * place is a no-op). Mixed precision stores nothing in 16 bits on the GPU yet: this emulates the
- * storage rounding exactly as the CPU backend does (UNTESTED on a GPU). */
+ * storage rounding exactly as the CPU backend does (parity on an H200: docs/gpu-runs.md). */
 dt_status_t dt_cu_round_copy(float *dst, const float *src, size_t n, int prec, cudaStream_t s);
 /* one AdamW step over n elements (kmath.h dt_adamw_update) */
 dt_status_t dt_cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,

@@ -49,8 +49,8 @@ static const char *const paragraphs[] = {
     "stages run 1F1B; parallel.zero = 1|2|3: ZeRO over dp (1|2 with pp > 1). All three on the cpu backend only.",
     "train.precision = bf16 | fp16 (fp16 with dynamic loss scaling) works on the CPU backend by rounding "
     "float storage (emulated: for numerics, not speed).",
-    "The CUDA backend and NCCL are compiled in when configured but have never run on a GPU; its "
-    "bf16/fp16 also rounds fp32 storage (no 16-bit storage or tensor-core matmuls yet).",
+    "The CUDA backend is compiled in when configured; one GPU checked (docs/gpu-runs.md), multi-GPU "
+    "NCCL never run on GPUs; its bf16/fp16 rounds fp32 storage (no 16-bit storage or tensor cores yet).",
 };
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 

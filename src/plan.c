@@ -214,6 +214,8 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
       r.total_cpu = state + r.act_cpu + r.work_cpu;
       r.total_gpu = state + r.act_gpu + r.work_gpu;
       r.total_gpu_rc = state + r.act_gpu_rc + r.work_gpu;
+      r.host_gpu = r.params + ints; /* host arena's params part, inputs + targets */
+      r.host_gpu_ckpt = r.host_gpu + r.m + r.v;
       if (r.total_gpu > best.total_gpu) best = r;
       if (z == (in->zero >= 0 && in->zero < DT_PLAN_ZERO_STAGES ? in->zero : 0)) p->stage[s] = r;
     }
@@ -397,8 +399,9 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
     }
     if (in->pp > 64) pl(o, prefix, "plan: (%d more stages)", in->pp - 64);
   }
-  pl(o, prefix, "plan: host memory with the CUDA backend (not in the device totals): checkpoint copies of params, m, v "
-     "%.3f GB + the init buffer %.3f GB", 3 * 4 * n / GB, 4 * n / GB);
+  pl(o, prefix, "plan: host memory with the CUDA backend (not in the device totals): a copy of the parameters %.3f GB "
+     "(initial weights, checkpoint staging), + m, v %.3f GB once a checkpoint is written or read", 4 * n / GB,
+     8 * n / GB);
   if (in->zero >= 0)
     pl(o, prefix, "plan: configured parallel.zero = %d", in->zero);
   else
@@ -488,15 +491,19 @@ void dt_plan_print_run(const dt_config_t *cfg, const char *name, int world, int 
   if (plan_for(&p, cfg, name, world, threads) == 0) dt_plan_print(&p, out, "# ");
 }
 
-void dt_plan_print_rss(const dt_config_t *cfg, const char *name, int world, int threads, FILE *out) {
+void dt_plan_print_rss(const dt_config_t *cfg, const char *name, int world, int threads, int device, int ckpt,
+                       FILE *out) {
   static dt_plan_t p;
   double rss = dt_plan_peak_rss();
   if (rss < 0) return;
   int z = 0;
   if (plan_for(&p, cfg, name, world, threads) == 0) z = p.in.zero >= 0 && p.in.zero < DT_PLAN_ZERO_STAGES ? p.in.zero : 0;
-  double plan = p.z[z].total_cpu;
-  fprintf(out, "# memory: rank 0 peak RSS (VmHWM) %.1f MiB; planned host total (CPU backend, zero%d) %.1f MiB (%+.1f%%)",
-          rss / MIB, z, plan / MIB, 100 * (plan - rss) / rss);
+  const dt_plan_zero_t *r = &p.z[z];
+  double plan = !device ? r->total_cpu : ckpt ? r->host_gpu_ckpt : r->host_gpu;
+  const char *what = !device ? "CPU backend" : ckpt ? "CUDA backend, host copies of params, m, v" :
+                                                      "CUDA backend, host copy of params, no checkpoint yet";
+  fprintf(out, "# memory: rank 0 peak RSS (VmHWM) %.1f MiB; planned host total (%s, zero%d) %.1f MiB (%+.1f%%)",
+          rss / MIB, what, z, plan / MIB, 100 * (plan - rss) / rss);
   if (baseline_rss >= 0)
     fprintf(out, "; + %.1f MiB resident before the model (libraries, MPI, CUDA runtime) = %.1f MiB (%+.1f%%)",
             baseline_rss / MIB, (plan + baseline_rss) / MIB, 100 * (plan + baseline_rss - rss) / rss);

@@ -46,6 +46,9 @@ typedef struct {
   double work_cpu, work_gpu;     /* workspace: token buffers;
                                     GPU: assumed CUDA context + cuBLAS workspace */
   double total_cpu, total_gpu;   /* host RSS of the CPU backend / device memory of the CUDA backend */
+  double host_gpu, host_gpu_ckpt; /* host memory of a CUDA-backend rank: the initial weights' copy
+                                    and the token batch; + m, v copies once a checkpoint was
+                                    written or read (train.c's host arena) */
   double total_gpu_rc;           /* device total if activations were recomputed (not offered) */
 } dt_plan_zero_t;
 
@@ -110,7 +113,8 @@ double dt_plan_peak_rss(void);
 void dt_plan_note_baseline(void);
 /* For train.c, one line each: the plan before step 1 and the measured peak RSS against it. */
 void dt_plan_print_run(const dt_config_t *cfg, const char *name, int world, int threads, FILE *out);
-void dt_plan_print_rss(const dt_config_t *cfg, const char *name, int world, int threads, FILE *out);
+void dt_plan_print_rss(const dt_config_t *cfg, const char *name, int world, int threads, int device, int ckpt,
+                       FILE *out);
 /* The same for a CUDA rank: device memory in use (bytes, cudaMemGetInfo's total - free, so the
  * CUDA context and library workspaces count) against the plan's CUDA-backend total. */
 void dt_plan_print_device(const dt_config_t *cfg, const char *name, int world, int threads, double used, FILE *out);

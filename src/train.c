@@ -892,7 +892,9 @@ dt_status_t dt_trainer_run(dt_trainer_t *tr) {
            "blocking gathers of every block before each forward and backward: %.0f%% of the gathers hidden behind "
            "compute\n", 1e3 * wait, 1e3 * full, full > 0 ? 100.0 * fmax(0.0, 1.0 - wait / full) : 0.0);
   }
-  if (is_root(tr)) dt_plan_print_rss(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, stdout); /* measured vs plan */
+  if (is_root(tr)) /* measured vs plan */
+    dt_plan_print_rss(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, !tr->be.ops->host_memory,
+                      tr->saved_step >= 0 || tr->resumed_step >= 0, stdout);
   double dev_used = 0;
   if (is_root(tr) && tr->mesh.device >= 0 && dt_cuda_mem_used(tr->mesh.device, &dev_used) == DT_OK)
     dt_plan_print_device(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, dev_used, stdout);

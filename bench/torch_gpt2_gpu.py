@@ -3,13 +3,13 @@
 (GPT-2 124M by default: 12 layers, 12 heads, 768 channels, vocabulary 50257 padded to 50304,
 tied lm_head, GELU tanh), AdamW (fused), batch and sequence length, random tokens. Attention is
 F.scaled_dot_product_attention(is_causal=True); fp32 runs with TF32 off (the matmuls dtrain's
-fp32 runs); bf16 under torch.autocast. Times steps with CUDA events and prints, per mode, one
+fp32 runs), tf32 the same with allow_tf32 on (dtrain's system.tf32 = true); bf16 under torch.autocast. Times steps with CUDA events and prints, per mode, one
 line `torch mode=... prec=... B=.. T=.. step_ms=<median> tok_s=.. mfu=.. peak_mib=..`.
 
 usage: python3 bench/torch_gpt2_gpu.py [--batch 16] [--seq 1024] [--steps 20] [--warmup 5]
-           [--prec fp32,bf16] [--compile] [--layers 12 --heads 12 --embd 768]
-MFU is against the dense peak of the GPU's name (H100 SXM/H200: 989 TFLOP/s bf16, 67 fp32 non
-tensor-core; a lead from the datasheet); FLOPs per token 6(12 L C^2 + C Vp) + 12 L T C, as dtrain.
+           [--prec fp32,tf32,bf16] [--compile] [--layers 12 --heads 12 --embd 768]
+MFU is against the dense peak of the GPU's name (H100 SXM/H200: 989 TFLOP/s bf16, 495 tf32, 67
+fp32 non tensor-core; a lead from the datasheet); FLOPs per token 6(12 L C^2 + C Vp) + 12 L T C, as dtrain.
 Needs PyTorch >= 2.0 and a CUDA GPU; never used by dtrain itself.
 """
 import argparse, math, statistics, sys, time
@@ -55,16 +55,16 @@ class GPT(nn.Module):
 def peak_tflops(name, prec):
     n = name.upper()
     if "H100" in n or "H200" in n or "GH200" in n:
-        return 989.0 if prec == "bf16" else 67.0
+        return {"bf16": 989.0, "tf32": 495.0}.get(prec, 67.0)
     if "A100" in n:
-        return 312.0 if prec == "bf16" else 19.5
+        return {"bf16": 312.0, "tf32": 156.0}.get(prec, 19.5)
     return float("nan")
 
 
 def run(a, prec, compiled):
     torch.manual_seed(0)
-    torch.backends.cuda.matmul.allow_tf32 = False
-    torch.backends.cudnn.allow_tf32 = False
+    torch.backends.cuda.matmul.allow_tf32 = prec == "tf32"  # fp32 storage either way
+    torch.backends.cudnn.allow_tf32 = prec == "tf32"
     V, Vp = 50257, 50304
     model = GPT(a.layers, a.heads, a.embd, Vp, a.seq).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=6e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.1, fused=True)
@@ -105,7 +105,7 @@ def main():
     p.add_argument("--seq", type=int, default=1024)
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=5)
-    p.add_argument("--prec", default="fp32,bf16")
+    p.add_argument("--prec", default="fp32,tf32,bf16")
     p.add_argument("--compile", action="store_true")
     p.add_argument("--layers", type=int, default=12)
     p.add_argument("--heads", type=int, default=12)

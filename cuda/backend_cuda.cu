@@ -176,6 +176,7 @@ static dt_status_t init_all(dt_backend_t *be, cu_impl_t *im) {
   DT_CUDA_CHECK(cudaEventCreateWithFlags(&im->comm_ev, cudaEventDisableTiming));
   DT_CUBLAS_CHECK(cublasCreate(&im->blas));
   DT_CUBLAS_CHECK(cublasSetStream(im->blas, im->compute));
+  if (be->tf32) DT_CUBLAS_CHECK(cublasSetMathMode(im->blas, CUBLAS_TF32_TENSOR_OP_MATH));
   cudaStream_t s = im->compute;
   DT_TRY(alloc_zero((void **)&be->params, n, s));
   DT_TRY(alloc_zero((void **)&be->grads, n, s));
@@ -214,9 +215,10 @@ static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
   return DT_OK;
 }
 
-/* be->device (set by the caller before init; < 0 = device 0) chooses the GPU. */
+/* be->device (set by the caller before init; < 0 = device 0) chooses the GPU, be->tf32 the math
+ * mode of every matmul. */
 static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads) {
-  int device = be->device < 0 ? 0 : be->device;
+  int device = be->device < 0 ? 0 : be->device, tf32 = be->tf32;
   if (be->opt_hi > be->opt_lo) /* ZeRO shards of the optimizer state: CPU backend only, so far */
     return DT_ERR(DT_ERR_UNSUPPORTED, "cuda backend: parallel.zero > 0 is not implemented for CUDA yet (use system.backend=cpu)");
   memset(be, 0, sizeof *be);
@@ -227,6 +229,7 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
   be->T = T;
   be->threads = threads;
   be->device = device;
+  be->tf32 = tf32;
   if (lay->tp > 1)
     return DT_ERR(DT_ERR_UNSUPPORTED, "cuda backend: parallel.tp = %d: tensor parallelism is implemented on the cpu "
                   "backend only (system.backend = cpu)", lay->tp);
@@ -558,10 +561,7 @@ static dt_status_t cu_synchronize(dt_backend_t *be) {
   return DT_OK;
 }
 
-static const char *cu_engine(const dt_backend_t *be) {
-  (void)be;
-  return "cuBLAS";
-}
+static const char *cu_engine(const dt_backend_t *be) { return be->tf32 ? "cuBLAS, TF32 tensor cores" : "cuBLAS"; }
 
 /* Positional (C++17 has no designated initializers): the order of backend.h's dt_kernels_t. */
 static const dt_kernels_t cuda_kernels = {

@@ -7,29 +7,34 @@
 # it), summary.txt (the stage lines), parity.txt, speed.txt. Scratch goes to a fresh /tmp folder,
 # removed at the end.
 #
-#   scripts/gpu-check.sh [--quick] [BUNDLE]     (BUNDLE: gpu-bundle or gpu-bundle.tar.xz, default:
-#                                                whichever exists at the top of the tree)
-#   scripts/gpu-check.sh --emulation [--quick]  the same stages against the CUDA emulation of this
-#                                                build tree (dtrain_emu, tests/*_emu; README "CUDA
-#                                                emulation"), on tests/small.ini: proves the check
-#                                                itself here; sanitizer and speed SKIP
+#   scripts/gpu-check.sh [--quick] [--profile] [BUNDLE]
+#       BUNDLE: gpu-bundle or gpu-bundle.tar.xz, default: whichever exists at the top of the tree
+#   scripts/gpu-check.sh --emulation [--quick]
+#       the same stages against the CUDA emulation of this build tree (dtrain_emu, tests/*_emu;
+#       README "CUDA emulation"), on tests/small.ini: proves the check itself here; sanitizer and
+#       speed SKIP
 # Stages: preflight (driver, runtime, the libraries loaded), parity (tests/gpu_parity: every
 # kernel and backend op against its CPU twin), sanitizer (compute-sanitizer memcheck, and
-# racecheck on the kernels), training (tiny model 50 steps cpu vs cuda; validation's numerics
-# reference on cuda), checkpoints (save/resume across backends, exact GPU resume, eval agreement),
-# nccl (every collective, one rank), speed (bench/gpu_step.sh: dtrain vs PyTorch, GPT-2 124M).
-# --quick (under 3 minutes): small parity shapes, memcheck only, 20 training steps, fp32 and bf16
-# speed without torch.compile. Full: about 8 minutes on an H100.
+# racecheck on the kernels), training (tiny model 50 steps cpu vs cuda; cuda with recomputation
+# bitwise equal to cuda without; cuda with TF32 near cpu; validation's numerics reference on
+# cuda), checkpoints (save/resume across backends, exact GPU resume, eval agreement), nccl (every
+# collective, one rank), speed (bench/gpu_step.sh: dtrain vs PyTorch, GPT-2 124M, fp32, TF32,
+# bf16). --profile adds a last stage: bench/gpu_profile.sh (ncu's time per kernel of one GPT-2
+# 124M step, fp32 and TF32; ~2 more minutes), written to profile.txt.
+# --quick (under 3 minutes): small parity shapes, memcheck only, 20 training steps, speed without
+# torch.compile. Full: about 8 minutes on an H100 (2 on the H200 of docs/gpu-runs.md).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 quick=0
 emu=0
+profile=0
 bundle=""
 for a in "$@"; do
   case $a in
     --quick) quick=1 ;;
     --emulation) emu=1 ;;
-    -h | --help) sed -n '2,19p' "$0"; exit 0 ;;
+    --profile) profile=1 ;;
+    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
     *) bundle=$a ;;
   esac
 done
@@ -155,8 +160,11 @@ steps=$([ $quick = 1 ] && echo 20 || echo 50)
 tiny=("$cfg" train.steps=$steps train.eval_every=0 log.every=1 "data.train=$DATA_DIR/austen_train_*.bin"
       "data.val=$DATA_DIR/austen_val_*.bin" checkpoint.resume=never checkpoint.every=0)
 if [ $have_gpu = 1 ]; then
-  for be in cpu cuda; do
-    run "$dt" "${tiny[@]}" system.backend=$be log.metrics="$work/tiny_$be.jsonl" checkpoint.dir="$work/tiny_ck_$be" \
+  for be in cpu cuda cuda_rc cuda_tf32; do
+    a=(system.backend=${be%%_*})
+    [ $be = cuda_rc ] && a+=(train.recompute=true)
+    [ $be = cuda_tf32 ] && a+=(system.tf32=true)
+    run "$dt" "${tiny[@]}" "${a[@]}" log.metrics="$work/tiny_$be.jsonl" checkpoint.dir="$work/tiny_ck_$be" \
       > "$work/tiny_$be.out" 2>&1 || tail -5 "$work/tiny_$be.out"
     tail -n 3 "$work/tiny_$be.out"
   done
@@ -167,10 +175,14 @@ if [ $have_gpu = 1 ]; then
   ok1=$?
   r2=$($cmp reference "$here/validation/reference/small_losses.json" "$work/numerics.jsonl" 2>&1)
   ok2=$?
-  echo "$r1"
-  echo "$r2"
-  if [ $ok1 = 0 ] && [ $ok2 = 0 ]; then stage training PASS "$(echo "$r1" | tail -1); $(echo "$r2" | tail -1)"
-  else stage training FAIL "$(echo "$r1" | tail -1); $(echo "$r2" | tail -1)"; fi
+  r3=$($cmp same "$work/tiny_cuda.jsonl" "$work/tiny_cuda_rc.jsonl" --steps $steps --what "cuda with vs without train.recompute" 2>&1)
+  ok3=$?
+  r4=$($cmp losses "$work/tiny_cpu.jsonl" "$work/tiny_cuda_tf32.jsonl" --rtol 5e-3 --steps $steps --what "cpu vs cuda system.tf32=true" 2>&1)
+  ok4=$?
+  printf '%s\n' "$r1" "$r2" "$r3" "$r4"
+  detail="$(echo "$r1" | tail -1); $(echo "$r2" | tail -1); $(echo "$r3" | tail -1); $(echo "$r4" | tail -1)"
+  if [ $ok1 = 0 ] && [ $ok2 = 0 ] && [ $ok3 = 0 ] && [ $ok4 = 0 ]; then stage training PASS "$detail"
+  else stage training FAIL "$detail"; fi
 else
   stage training SKIP "no GPU"
 fi
@@ -220,6 +232,7 @@ elif [ $have_gpu = 1 ]; then
   [ $quick = 0 ] && [ "$(elapsed)" -lt 240 ] && extra=(--compile)
   DTRAIN="$dt" DATA="$DATA_DIR/austen_train_*.bin" \
     bash "$here/bench/gpu_step.sh" --steps $([ $quick = 1 ] && echo 8 || echo 12) --out "$work/speed" "${extra[@]}" \
+      --prec fp32,tf32,$([ $quick = 1 ] || echo tf32+rc,)bf16 \
     > "$work/speed.txt" 2>&1
   rc=$?
   cat "$work/speed.txt"
@@ -232,6 +245,21 @@ elif [ $have_gpu = 1 ]; then
   fi
 else
   stage speed SKIP "no GPU"
+fi
+
+# ---- profile (--profile): ncu's time per kernel ---------------------------------------------
+if [ $profile = 1 ] && [ $have_gpu = 1 ] && [ $emu = 0 ]; then
+  : > "$work/profile.txt"
+  for p in train.precision=fp32 system.tf32=true; do
+    DTRAIN="$dt" DATA="$DATA_DIR/austen_train_*.bin" timeout 150 bash "$here/bench/gpu_profile.sh" --out "$work/prof" "$p" \
+      >> "$work/profile.txt" 2>&1
+    echo "(exit $?)" >> "$work/profile.txt"
+  done
+  cat "$work/profile.txt"
+  [ -n "$out" ] && cp "$work/profile.txt" "$out/"
+  n=$(grep -c '^# ncu, one dtrain step' "$work/profile.txt" || true)
+  if [ "$n" -ge 1 ]; then stage profile PASS "$n kernel-time tables in profile.txt"
+  else stage profile SKIP "no table: $(grep -m1 'gpu_profile:' "$work/profile.txt")"; fi
 fi
 
 # ---- verdict --------------------------------------------------------------------------------

@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """The comparisons of scripts/gpu-check.sh, on dtrain's JSONL metrics (standard library only).
 
-  gpu_check_compare.py losses A.jsonl B.jsonl --rtol R --steps N   per-step losses of two runs
+  gpu_check_compare.py losses A.jsonl B.jsonl --rtol R --steps N [--what W]   per-step losses of two
+                                                 runs (W names them: default "cpu vs cuda")
+  gpu_check_compare.py same A.jsonl B.jsonl --steps N --what W      loss and grad norm bitwise equal
   gpu_check_compare.py reference REF.json RUN.jsonl                 validation's numerics reference
   gpu_check_compare.py resume DIR                                   the checkpoint stage's runs
 Prints what it compared with the numbers; the last line is the one-line result; exit 0 = pass.
@@ -37,9 +39,25 @@ def cmd_losses(argv):
     for s in (1, n // 2, n):
         print(f"  step {s:3d}: {a[s]['loss']:.7f} vs {b[s]['loss']:.7f}")
     ok = w <= rtol
-    print(f"{'ok' if ok else 'FAIL'}: cpu vs cuda losses over {n} steps: worst relative difference {w:.2e} at step "
+    what = argv[argv.index("--what") + 1] if "--what" in argv else "cpu vs cuda"
+    print(f"{'ok' if ok else 'FAIL'}: {what} losses over {n} steps: worst relative difference {w:.2e} at step "
           f"{at} (tolerance {rtol:g})")
     return 0 if ok else 1
+
+
+def cmd_same(argv):
+    a, b = rows(argv[0]), rows(argv[1])
+    n, what = int(argv[argv.index("--steps") + 1]), argv[argv.index("--what") + 1]
+    for s in range(1, n + 1):
+        if s not in a or s not in b:
+            print(f"FAIL: {what}: step {s} missing")
+            return 1
+        if (a[s]["loss"], a[s]["grad_norm"]) != (b[s]["loss"], b[s]["grad_norm"]):
+            print(f"FAIL: {what}: step {s} differs: loss {a[s]['loss']!r} vs {b[s]['loss']!r}, grad norm "
+                  f"{a[s]['grad_norm']!r} vs {b[s]['grad_norm']!r}")
+            return 1
+    print(f"ok: {what}: {n} steps' losses and grad norms bitwise equal")
+    return 0
 
 
 def cmd_reference(argv):
@@ -94,7 +112,7 @@ def cmd_resume(argv):
 
 
 def main():
-    cmds = {"losses": cmd_losses, "reference": cmd_reference, "resume": cmd_resume}
+    cmds = {"losses": cmd_losses, "same": cmd_same, "reference": cmd_reference, "resume": cmd_resume}
     if len(sys.argv) < 3 or sys.argv[1] not in cmds:
         print(__doc__)
         return 2

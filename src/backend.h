@@ -154,6 +154,7 @@ struct dt_backend {
                                     recomputes cached logits only while it is unchanged */
   void *impl;                    /* backend-private state */
   int device;                    /* CUDA: device ordinal, set by the caller before init (CPU: unused) */
+  int tf32;                      /* CUDA: matmuls on TF32 tensor cores (system.tf32), set before init */
   size_t opt_lo, opt_hi;         /* the arena range whose AdamW state this rank holds, set by the
                                     caller before init on a zeroed struct (ZeRO shards; 0, 0 = the
                                     whole arena; dt_backend_t be = {0} for plain use): m and v

@@ -37,7 +37,7 @@ const dt_config_key_t dt_config_keys[] = {
   {"train", "seed",         DT_KEY_U64,   OFF(seed),         "1337", 0, BIG, NULL, "seed for weight init and data shuffling"},
   {"train", "eval_every",   DT_KEY_INT,   OFF(eval_every),   "0",   0, 1 << 30, NULL, "validation loss every N steps (and at the end); 0 = off"},
   {"train", "eval_batches", DT_KEY_INT,   OFF(eval_batches), "8",   1, 1 << 20, NULL, "micro-batches per validation"},
-  {"train", "recompute",    DT_KEY_BOOL,  OFF(recompute),    "false", 0, 0, NULL, "activation recomputation (cpu backend): keep only each block's output and recompute the block's activations in backward; one more forward of compute per step, bitwise the same results; activations kept per block B*T*C floats instead of (16C + NH + 4)*B*T (dtrain plan shows both); not on the cuda backend"},
+  {"train", "recompute",    DT_KEY_BOOL,  OFF(recompute),    "false", 0, 0, NULL, "activation recomputation (both backends): keep only each block's output and recompute the block's activations in backward; one more forward of compute per step, bitwise the same results; activations kept per block B*T*C floats instead of (16C + NH + 4)*B*T (dtrain plan shows both)"},
   {"train", "threads",      DT_KEY_INT,   OFF(threads),      "0",   0, 4096, NULL, "OpenMP threads per rank; 0 = SLURM_CPUS_PER_TASK, else OMP_NUM_THREADS, else the rank's CPUs"},
   {"train", "precision",    DT_KEY_ENUM,  OFF(precision),    "fp32", 0, 0, "fp32|bf16|fp16", "storage precision of working weights, activations and activation gradients (fp32 master weights, AdamW state and gradient accumulation in every mode); fp16 adds dynamic loss scaling (README: Mixed precision)"},
   {"train", "loss_scale_init",   DT_KEY_FLOAT, OFF(loss_scale_init),   "65536", 1, 1e30, NULL, "fp16 only: initial loss scale, a power of two (GradScaler init_scale)"},
@@ -65,6 +65,7 @@ const dt_config_key_t dt_config_keys[] = {
   {"checkpoint", "resume", DT_KEY_STR, OFF(resume),     "auto", 0, 0, NULL, "auto (newest complete checkpoint in dir) | never | PATH"},
 
   {"system", "backend", DT_KEY_ENUM, OFF(backend), "auto", 0, 0, "auto|cpu|cuda", "compute backend; auto = cuda when built in and every rank has a usable GPU, else cpu (with a note)"},
+  {"system", "tf32", DT_KEY_BOOL, OFF(tf32), "false", 0, 0, NULL, "cuda backend: matmuls of fp32 storage on TF32 tensor cores (inputs rounded to 10 mantissa bits, fp32 accumulation), as torch.backends.cuda.matmul.allow_tf32; off by default, as in PyTorch; the cpu backend computes in fp32 whatever this says"},
   {"system", "comm_timeout", DT_KEY_FLOAT, OFF(comm_timeout), "300", 0, 1e7, NULL, "hang watchdog: seconds a rank may wait in one collective, point-to-point transfer or checkpoint barrier; past it the job ends with one line naming the rank, step, operation and the ranks that did not arrive, exit status 75 (requeue); keep it above the longest checkpoint write; 0 = off"},
   {"system", "comm_timeout_start", DT_KEY_FLOAT, OFF(comm_timeout_start), "120", 0, 1e7, NULL, "hang watchdog: the deadline of the first collective after start (a rank that never arrives); 0 = comm_timeout"},
   {NULL, NULL, 0, 0, 0, NULL, 0, 0, NULL, NULL},

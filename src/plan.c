@@ -57,10 +57,10 @@ static size_t cpu_activation_floats(const dt_dims_t *d, int tp, int nl, int last
   return dt_gpt2_activation_floats(d, tp, nl, last, slots, B, T, recompute, state, scratch);
 }
 
-size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T) {
+size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T, int recompute) {
   size_t state = 0, scratch = 0;
   dt_cuda_attention_floats(B, T, d->NH, &state, &scratch);
-  return dt_gpt2_activation_floats(d, 1, d->L, 1, 1, B, T, 0, state, scratch);
+  return dt_gpt2_activation_floats(d, 1, d->L, 1, 1, B, T, recompute, state, scratch);
 }
 
 /* parallel.zero when this build's config table has it (the ZeRO work adds it), else -1. */
@@ -157,8 +157,8 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
   d1.L = 1;
   const double c_fix = (double)cpu_activation_floats(&d0, 1, 0, 1, 1, in->B, in->T, in->threads, 0);
   const double c_per = (double)cpu_activation_floats(&d1, 1, 1, 1, 1, in->B, in->T, in->threads, 0) - c_fix;
-  const double g_fix = (double)dt_plan_gpu_activation_floats(&d0, in->B, in->T);
-  const double g_per = (double)dt_plan_gpu_activation_floats(&d1, in->B, in->T) - g_fix;
+  const double g_fix = (double)dt_plan_gpu_activation_floats(&d0, in->B, in->T, 0);
+  const double g_per = (double)dt_plan_gpu_activation_floats(&d1, in->B, in->T, 0) - g_fix;
   const double shard = 1.0 - 1.0 / tp, logits_sh = bt * d->Vp * shard; /* vocab-parallel logits */
   const double c_per_tp = c_per - bt * (12 * C + d->NH) * shard;
   const double g_per_tp = g_per - (bt * 12 * C + (double)in->B * d->NH * in->T * in->T) * shard;
@@ -198,10 +198,18 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
       }
       r.act_cpu = 4 * (in->recompute ? rc : keep);
       r.act_cpu_alt = 4 * (in->recompute ? keep : rc);
-      if (tp == 1 && pp == 1) r.act_gpu = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T);
-      else r.act_gpu = 4 * (g_fix - logits_sh + inflight * n_l * g_per_tp); /* logits (dlogits in place) */
-      /* GPU recomputation (not offered): keep each layer's input (B,T,C), recompute one layer */
-      r.act_gpu_rc = r.act_gpu - 4 * inflight * n_l * g_per_tp + 4 * (inflight * n_l * bt * C + g_per_tp);
+      /* GPU: the model's own count for tp = pp = 1; else, like the CPU's, recomputation keeps each
+       * block's output (B,T,C) and one block's activations */
+      double gkeep, grc;
+      if (tp == 1 && pp == 1) {
+        gkeep = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T, 0);
+        grc = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T, 1);
+      } else {
+        gkeep = 4 * (g_fix - logits_sh + inflight * n_l * g_per_tp); /* logits (dlogits in place) */
+        grc = gkeep - 4 * inflight * n_l * g_per_tp + 4 * (inflight * n_l * bt * C + g_per_tp);
+      }
+      r.act_gpu = in->recompute ? grc : gkeep;
+      r.act_gpu_rc = in->recompute ? gkeep : grc;
       r.act_cpu += inflight * ints; /* the backend's copies of each micro-batch in flight */
       r.act_gpu += ints;
       r.act_cpu_alt += inflight * ints;
@@ -375,9 +383,9 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
     k += snprintf(line + k, sizeof line - (size_t)k, " %9s", p->z[z].total_gpu <= in->device_mem ? "fits" : "NO");
   pl(o, prefix, "%s", line);
   ROW(in->recompute ? "activations, CPU, without recompute" : "activations, CPU, train.recompute = true", act_cpu_alt);
-  ROW("activations, GPU, recompute: NOT OFFERED", act_gpu_rc);
-  ROW("device total with recompute: NOT OFFERED", total_gpu_rc);
-  k = snprintf(line, sizeof line, "  %-44s", "fits with recompute (GPU: not offered)?");
+  ROW(in->recompute ? "activations, GPU, without recompute" : "activations, GPU, train.recompute = true", act_gpu_rc);
+  ROW(in->recompute ? "device total without recompute" : "device total with recompute", total_gpu_rc);
+  k = snprintf(line, sizeof line, "  %-44s", in->recompute ? "fits without recompute?" : "fits with recompute?");
   for (int z = 0; z < DT_PLAN_ZERO_STAGES; z++)
     k += snprintf(line + k, sizeof line - (size_t)k, " %9s", p->z[z].total_gpu_rc <= in->device_mem ? "fits" : "NO");
   pl(o, prefix, "%s", line);
@@ -406,9 +414,8 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
     pl(o, prefix, "plan: configured parallel.zero = %d", in->zero);
   else
     pl(o, prefix, "plan: ZeRO is not in this build (no parallel.zero): stages 1-3 are what it would need");
-  pl(o, prefix, "plan: train.recompute = %s: the CPU backend keeps each block's output and recomputes one block's "
-     "activations in backward; the CUDA backend does not offer it (its rows show what it would save)",
-     in->recompute ? "true" : "false");
+  pl(o, prefix, "plan: train.recompute = %s: both backends keep each block's output and recompute one block's "
+     "activations in backward", in->recompute ? "true" : "false");
 
   /* roofline */
   const dt_plan_roof_t *f = &p->roof;
@@ -440,7 +447,9 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
       const char *bound = tc > fmax(tf, tm) ? "communication" : tf >= tm ? "compute" : "memory";
       pl(o, prefix, "roofline: %-15s %-5s %9.1f %9.4f %9.4f %9.4f %9.4f %12.4g  %s%s", gs[g]->name, mname[m], peak / 1e12,
          tf, tm, tc, t, tokens / t, bound,
-         m == 0 ? " (dtrain's CUDA path today: cuBLAS SGEMM, fp32 storage)" : m == 2 ? " (needs 2-byte storage + tensor cores: not implemented)" : " (needs TF32 math mode: not enabled)");
+         m == 0 ? " (dtrain's CUDA path, system.tf32 = false: cuBLAS SGEMM, fp32 storage)"
+         : m == 2 ? " (needs 2-byte storage + tensor cores: not implemented)"
+                  : " (system.tf32 = true: TF32 matmuls, fp32 storage)");
     }
 }
 

@@ -25,7 +25,7 @@ typedef struct {
   int threads;        /* CPU OpenMP threads per rank (the attention scratch is per thread) */
   int zero;           /* configured parallel.zero, or -1 when this build has no such key */
   int pp_balance;     /* dt_pp_balance_t: what the pipeline stages balance */
-  int recompute;      /* train.recompute: CPU activations recomputed in backward */
+  int recompute;      /* train.recompute: activations recomputed in backward */
   double device_mem;  /* bytes per device for the fit verdict */
 } dt_plan_in_t;
 
@@ -42,14 +42,14 @@ typedef struct {
   double act_cpu, act_gpu;       /* activations (+ activation-gradient scratch) of this stage (CPU:
                                     with train.recompute as configured) */
   double act_cpu_alt;            /* CPU activations with the other choice of train.recompute */
-  double act_gpu_rc;             /* GPU activations with full recomputation (not offered) */
+  double act_gpu_rc;             /* GPU activations with the other choice of train.recompute */
   double work_cpu, work_gpu;     /* workspace: token buffers;
                                     GPU: assumed CUDA context + cuBLAS workspace */
   double total_cpu, total_gpu;   /* host RSS of the CPU backend / device memory of the CUDA backend */
   double host_gpu, host_gpu_ckpt; /* host memory of a CUDA-backend rank: the initial weights' copy
                                     and the token batch; + m, v copies once a checkpoint was
                                     written or read (train.c's host arena) */
-  double total_gpu_rc;           /* device total if activations were recomputed (not offered) */
+  double total_gpu_rc;           /* device total with the other choice of train.recompute */
 } dt_plan_zero_t;
 
 /* One GPU datasheet: dense peaks, HBM bandwidth and link bandwidths per direction. */
@@ -90,7 +90,7 @@ typedef struct {
 
 /* GPU backend activation floats for (B, T): what the model (gpt2.c) allocates on the CUDA
  * backend, whose attention keeps the (B, NH, T, T) probabilities and their gradient. */
-size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T);
+size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T, int recompute);
 
 /* The planner's input for a loaded config and a world size (0: dp*tp*pp with dp=0 read as 1).
  * Errors (DT_ERR_CONFIG) name the key. */

@@ -177,10 +177,8 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
     return DT_ERR(DT_ERR_UNSUPPORTED, "%s: parallel.pp = %d: pipeline parallelism is implemented on the cpu backend only "
                   "(system.backend = cpu)", cfg_name, tr->mesh.pp);
   tr->be.ops = ops;
-  if (cuda && cfg->recompute)
-    return DT_ERR(DT_ERR_UNSUPPORTED, "%s: train.recompute = true: activation recomputation is implemented on the cpu "
-                  "backend only (system.backend = cpu)", cfg_name);
   tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
+  tr->be.tf32 = cfg->tf32;
   if (cfg->zero > 0) { /* pad the arena's end so it splits into dp equal shards; m, v: the shard only */
     size_t n, lo, hi;
     dt_zero_split(tr->lay.n_params, tr->mesh.dp, tr->mesh.dp_idx, DT_ALIGN, &n, &lo, &hi);
@@ -790,6 +788,8 @@ static void print_header(dt_trainer_t *tr) {
           (unsigned long long)dt_data_num_samples(tr->train));
   fprintf(o, "# backend: %s, %d threads per rank, matmul: %s\n", tr->be.ops->name, tr->mesh.threads,
           tr->be.ops->engine(&tr->be));
+  if (tr->cfg.tf32 && tr->be.ops->host_memory)
+    fprintf(o, "# note: system.tf32 = true has no effect on the %s backend (fp32 matmuls)\n", tr->be.ops->name);
   if (tr->be.precision != DT_PREC_FP32)
     fprintf(o, "# precision: %s weights/activations/activation gradients, fp32 master weights and accumulation%s\n",
             dt_precision_name((dt_precision_t)tr->be.precision),

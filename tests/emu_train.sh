@@ -12,6 +12,9 @@
 #   3. checkpoints across backends: cuda stopped after step 10 and resumed on the cpu backend, and
 #      cpu stopped after 10 and resumed on cuda: steps 11-20 within 1e-6 of the straight runs of
 #      the resuming backend.
+#   4. system.tf32 = true (the emulated cuBLAS rounds every matmul's operands to TF32): losses
+#      within 1e-3 relative of the fp32 cuda run but not all bitwise equal (the switch reaches the
+#      matmuls), and the start line names the TF32 engine.
 source "$top_srcdir/tests/lib.sh"
 begin_test
 EMU="$top_builddir/dtrain_emu"
@@ -28,12 +31,14 @@ mpi 1 "$DTRAIN" "$cfg" checkpoint.resume=auto log.metrics="$t/x1.jsonl" checkpoi
 mpi 1 "$DTRAIN" "$cfg" train.stop_after=10 log.metrics="$t/y1.jsonl" checkpoint.dir="$t/y" > /dev/null
 mpi 1 "$EMU" "$cfg" system.backend=cuda checkpoint.resume=auto log.metrics="$t/y1.jsonl" checkpoint.dir="$t/y" > "$t/y2.out"
 grep '^# resume' "$t/x2.out" "$t/y2.out"
+mpi 1 "$EMU" "$cfg" system.backend=cuda system.tf32=true log.metrics="$t/tf32.jsonl" checkpoint.dir="$t/tf32" > "$t/tf32.out"
+grep -q '^# backend: cuda.*matmul: cuBLAS, TF32 tensor cores' "$t/tf32.out" || { echo "FAIL: no TF32 engine line"; exit 1; }
 "$PY" - "$t" "$top_srcdir/tests/ref" <<'PY'
 import json, sys
 d = sys.argv[1]
 load = lambda n: [json.loads(l) for l in open(f"{d}/{n}.jsonl")]
-cpu, cuda, dp2, x, y = load("cpu"), load("cuda"), load("cuda_dp2"), load("x1"), load("y1")
-for n, rows in (("cpu", cpu), ("cuda", cuda), ("cuda dp=2", dp2), ("cuda->cpu", x), ("cpu->cuda", y)):
+cpu, cuda, dp2, x, y, tf = load("cpu"), load("cuda"), load("cuda_dp2"), load("x1"), load("y1"), load("tf32")
+for n, rows in (("cpu", cpu), ("cuda", cuda), ("cuda dp=2", dp2), ("cuda->cpu", x), ("cpu->cuda", y), ("tf32", tf)):
     assert [r["step"] for r in rows] == list(range(1, 21)), f"{n}: steps {[r['step'] for r in rows]}"
 rel = lambda a, b: abs(a - b) / abs(b)
 print(f"{'step':>4} {'cpu loss':>10} {'cuda loss':>10} {'rel':>8} {'cpu gnorm':>10} {'cuda gnorm':>10} {'rel':>8} "
@@ -59,5 +64,9 @@ from tensors_match import worst as tensors_worst
 w, name = tensors_worst(f"{d}/cpu/ckpt_00000020.h5", f"{d}/cuda/ckpt_00000020.h5")
 print(f"final parameters, cuda vs cpu: worst tensor {name} {w:.2e} (limit 1e-5)")
 assert w <= 1e-5, "final parameters differ"
+wt = max(rel(b["loss"], a["loss"]) for a, b in zip(cuda, tf))
+same = sum(a["loss"] == b["loss"] for a, b in zip(cuda, tf))
+print(f"system.tf32 = true vs fp32 on cuda: losses within {wt:.2e} (limit 1e-3), {same} of 20 bitwise equal (must be < 20)")
+assert wt <= 1e-3 and same < 20, "tf32 drifted or did nothing"
 PY
 echo "emu_train: OK"

@@ -6,7 +6,9 @@
 # recomputation repeats), with tensor parallelism (the recomputed block all-reduces again), with
 # pipeline parallelism (4 stages x 8 micro-batches: the stage keeps its blocks' outputs per
 # micro-batch in flight) and with ZeRO-3 (the block's parameters are gathered before its
-# backward, so before the recomputation). The memory it saves
+# backward, so before the recomputation). The same on the CUDA backend through the CUDA emulation
+# (dtrain_emu, system.backend=cuda, fp32 and bf16): the model's recomputation is backend-neutral
+# code (gpt2.c). The memory it saves
 # is checked against the planner in tests/plan_mem.sh.
 source "$top_srcdir/tests/lib.sh"
 begin_test
@@ -15,8 +17,8 @@ pair() { # pair NAME RANKS ARGS...: the same run without and with recomputation
   local name=$1 n=$2 rc
   shift 2
   for rc in false true; do
-    mpi "$n" "$DTRAIN" "$cfg" $m "$@" train.recompute=$rc log.metrics="$t/$name-$rc.jsonl" checkpoint.dir="$t/$name-$rc" \
-      > "$t/$name-$rc.out"
+    mpi "$n" "${BIN:-$DTRAIN}" "$cfg" $m "$@" train.recompute=$rc log.metrics="$t/$name-$rc.jsonl" \
+      checkpoint.dir="$t/$name-$rc" > "$t/$name-$rc.out"
   done
 }
 pair one 1
@@ -24,12 +26,15 @@ pair bf16 1 train.precision=bf16
 pair tp 2 parallel.tp=2
 pair pp 4 parallel.pp=4 train.micro_batch=1
 pair z3 2 parallel.zero=3
+BIN="$top_builddir/dtrain_emu" pair cuda 1 system.backend=cuda
+BIN="$top_builddir/dtrain_emu" pair cuda_bf16 1 system.backend=cuda train.precision=bf16
+grep -q '^# backend: cuda' "$t/cuda-true.out" || { echo "FAIL: dtrain_emu did not train on the cuda backend"; exit 1; }
 "$PY" "$top_srcdir/tests/ref/metrics_match.py" lr "$t/one-true.jsonl" "$cfg" $m
 "$PY" - "$t" <<'PY'
 import json, sys
 import h5py, numpy as np
 d = sys.argv[1]
-for name in ("one", "bf16", "tp", "pp", "z3"):
+for name in ("one", "bf16", "tp", "pp", "z3", "cuda", "cuda_bf16"):
     a = [json.loads(l) for l in open(f"{d}/{name}-false.jsonl")]
     b = [json.loads(l) for l in open(f"{d}/{name}-true.jsonl")]
     assert len(a) == len(b) == 20, (name, len(a), len(b))

@@ -107,7 +107,7 @@ Test(plan, cpu_activations_match_the_tensor_list) {
   cr_assert_eq(P.z[0].act_cpu, 4.0 * (L * per + once) + 2 * bt * sizeof(int));
   /* the CUDA attention keeps (B,NH,T,T) probabilities per layer and their gradient once */
   size_t att = B * d.NH * T * T;
-  cr_assert_eq(dt_plan_gpu_activation_floats(&d, (int)B, (int)T),
+  cr_assert_eq(dt_plan_gpu_activation_floats(&d, (int)B, (int)T, 0),
                L * (per - B * d.NH * T + att) + once - dt_attention_scratch_floats((int)T, (int)nthr) + att);
 }
 
@@ -124,9 +124,10 @@ Test(plan, gpu_activations_match_the_cuda_backend) {
       size_t state = 0, scratch = 0;
       dt_cuda_attention_floats(B, T, ds[i].NH, &state, &scratch);
       cr_assert_eq(state, (size_t)B * ds[i].NH * T * T);
-      cr_assert_eq(dt_plan_gpu_activation_floats(&ds[i], B, T),
-                   dt_gpt2_activation_floats(&ds[i], 1, ds[i].L, 1, 1, B, T, 0, state, scratch), "dims %d, B=%d T=%d",
-                   i, B, T);
+      for (int rc = 0; rc < 2; rc++)
+        cr_assert_eq(dt_plan_gpu_activation_floats(&ds[i], B, T, rc),
+                     dt_gpt2_activation_floats(&ds[i], 1, ds[i].L, 1, 1, B, T, rc, state, scratch),
+                     "dims %d, B=%d T=%d, recompute %d", i, B, T, rc);
     }
 #else
   cr_skip_test("built without CUDA");
@@ -195,6 +196,11 @@ Test(plan, fit_verdict_and_roofline) {
   cr_assert(P.z[0].act_gpu > 48.0 * 8 * 25 * 1024 * 1024 * 4);
   cr_assert(P.z[3].total_gpu > in.device_mem, "B=8 must not fit 80 GiB even at zero3");
   cr_assert(P.z[3].total_gpu_rc < in.device_mem, "but would with recomputation");
+  in.recompute = 1; /* and then the two columns swap */
+  static dt_plan_t Q;
+  cr_assert_eq(dt_plan_compute(&Q, &in), DT_OK);
+  cr_assert_eq(Q.z[3].total_gpu, P.z[3].total_gpu_rc);
+  cr_assert_eq(Q.z[3].total_gpu_rc, P.z[3].total_gpu);
   const double n = 1557686400.0;
   cr_assert_float_eq(P.roof.flops, dt_model_flops_per_token(&in.d, 1024) * 8 * 1024 * 4, 1e3);
   cr_assert_float_eq(P.roof.dp_bytes[0], 2.0 * 7 / 8 * 4 * n, 1);

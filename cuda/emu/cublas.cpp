@@ -4,8 +4,14 @@
  * through dt_cpu_sgemm: column-major C (m x n) = op(A) op(B) is row-major C^T = op(B)^T op(A)^T,
  * so the row-major call takes B before A, n before m and keeps each transposition flag. An operand
  * that does not lie inside one allocation of the handle's device is an illegal address when the
- * product runs (sticky, as the cuBLAS kernel's fault would be), named with the call. */
+ * product runs (sticky, as the cuBLAS kernel's fault would be), named with the call. With
+ * CUBLAS_TF32_TENSOR_OP_MATH the operands are rounded to TF32 first (to nearest: the hardware may
+ * round otherwise, so tests compare TF32 against fp32 within a tolerance, never bitwise). */
+#include <stdint.h>
 #include <stdio.h>
+#include <string.h>
+
+#include <vector>
 
 #include "cublas_v2.h"
 #include "emu_int.h"
@@ -18,6 +24,7 @@ struct dt_emu_cublas {
   int device;
   cudaStream_t stream;
   cublasPointerMode_t mode;
+  cublasMath_t math;
 };
 
 namespace dt_emu {
@@ -40,6 +47,22 @@ static int operand_bad(const operand_t &o, int batch, int dev, char *why, size_t
     }
   }
   return 0;
+}
+
+/* A copy of an operand's span (every batch) with each value rounded to TF32: 1 + 8 + 10 bits,
+ * to nearest, ties to even (NaN and infinity kept). */
+static const float *tf32_copy(std::vector<float> &dst, const operand_t &o, int batch) {
+  if (o.rows == 0 || o.cols == 0) return (const float *)o.p;
+  size_t span = (size_t)((long long)(batch - 1) * o.stride + (long long)o.ld * (o.cols - 1) + o.rows);
+  dst.resize(span);
+  const float *src = (const float *)o.p;
+  for (size_t i = 0; i < span; i++) {
+    uint32_t u;
+    memcpy(&u, &src[i], 4);
+    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+    memcpy(&dst[i], &u, 4);
+  }
+  return dst.data();
 }
 
 static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
@@ -69,7 +92,7 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t
   op_t op;
   op.what = call;
   op.writes.push_back(range_t{(uintptr_t)C, (uintptr_t)(C + (long long)(batch - 1) * sC + (long long)ldc * (n - 1) + m)});
-  int dev = h->device;
+  int dev = h->device, tf32 = h->math == CUBLAS_TF32_TENSOR_OP_MATH;
   op.run = [=]() {
     char why[320];
     if (operand_bad(oa, batch, dev, why, sizeof why) || operand_bad(ob, batch, dev, why, sizeof why) ||
@@ -78,8 +101,10 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t
       return;
     }
     float al = host ? a : *alpha, be = host ? b : *beta;
+    std::vector<float> ta32, tb32; /* TF32: products of the operands rounded to 10 mantissa bits */
+    const float *pa = tf32 ? tf32_copy(ta32, oa, batch) : A, *pb = tf32 ? tf32_copy(tb32, ob, batch) : B;
     for (int i = 0; i < batch; i++)
-      dt_cpu_sgemm(tB, tA, n, m, k, al, B + (long long)i * sB, ldb, A + (long long)i * sA, lda, be,
+      dt_cpu_sgemm(tB, tA, n, m, k, al, pb + (long long)i * sB, ldb, pa + (long long)i * sA, lda, be,
                    C + (long long)i * sC, ldc);
   };
   enqueue(s, std::move(op));
@@ -103,7 +128,7 @@ cublasStatus_t cublasCreate(cublasHandle_t *handle) {
     cudaGetLastError();
     return CUBLAS_STATUS_NOT_INITIALIZED;
   }
-  *handle = new dt_emu_cublas{current_device(), NULL, CUBLAS_POINTER_MODE_HOST};
+  *handle = new dt_emu_cublas{current_device(), NULL, CUBLAS_POINTER_MODE_HOST, CUBLAS_DEFAULT_MATH};
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -130,6 +155,13 @@ cublasStatus_t cublasGetStream(cublasHandle_t handle, cudaStream_t *stream) {
 cublasStatus_t cublasSetPointerMode(cublasHandle_t handle, cublasPointerMode_t mode) {
   if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
   handle->mode = mode;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
+  if (!handle) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (mode != CUBLAS_DEFAULT_MATH && mode != CUBLAS_TF32_TENSOR_OP_MATH) return CUBLAS_STATUS_INVALID_VALUE;
+  handle->math = mode;
   return CUBLAS_STATUS_SUCCESS;
 }
 

@@ -119,6 +119,8 @@ typedef struct {
   dt_embed_bucket_t *buckets, *h_buckets; /* host order (B*T), host counts (V+1), buckets (<= B*T) */
   float *h_losses;             /* host (B,T) */
   double *partial, *h_partial; /* device and host DT_CUDA_SUMSQ_BLOCKS */
+  float *colscr;               /* column reductions' partials, for up to colscr_cols columns */
+  size_t colscr_cols;
 } cu_impl_t;
 
 static cu_impl_t *impl(dt_backend_t *be) { return (cu_impl_t *)be->impl; }
@@ -136,6 +138,7 @@ static void cu_free(dt_backend_t *be) {
     if (im->compute) cudaStreamDestroy(im->compute);
     if (im->comm) cudaStreamDestroy(im->comm);
     cudaFree(im->partial);
+    cudaFree(im->colscr);
     cudaFree(im->order);
     cudaFree(im->buckets);
     free(im->h_order);
@@ -185,6 +188,8 @@ static dt_status_t init_all(dt_backend_t *be, cu_impl_t *im) {
   DT_TRY(alloc_zero((void **)&im->order, bt * sizeof(int), s));
   DT_TRY(alloc_zero((void **)&im->buckets, bt * sizeof(dt_embed_bucket_t), s));
   DT_TRY(alloc_zero((void **)&im->partial, DT_CUDA_SUMSQ_BLOCKS * sizeof(double), s));
+  im->colscr_cols = 4 * (size_t)lay->d.C; /* the widest bias (the MLP's 4C), and layernorm's 2C */
+  DT_TRY(alloc_zero((void **)&im->colscr, dt_cu_col_scratch_floats(im->colscr_cols) * sizeof(float), s));
   im->h_losses = (float *)calloc(bt, sizeof(float));
   im->h_partial = (double *)calloc(DT_CUDA_SUMSQ_BLOCKS, sizeof(double));
   im->h_order = (int *)calloc(bt, sizeof(int));
@@ -286,7 +291,9 @@ static dt_status_t linear_backward(cu_impl_t *im, float *dinp, float *dweight, f
   if (dinp) DT_TRY(gemm_rm(im->blas, false, w_in_out, N, C, OC, 1.0f, dout, OC, w, w_in_out ? OC : C, 0.0f, dinp, C));
   if (w_in_out) DT_TRY(gemm_rm(im->blas, true, false, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC));
   else DT_TRY(gemm_rm(im->blas, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C));
-  if (dbias) DT_TRY(dt_cu_col_sum(dbias, dout, N, OC, im->compute));
+  if (dbias && (size_t)OC > im->colscr_cols)
+    return DT_ERR(DT_ERR_INTERNAL, "cuda backend: bias of %d columns past the scratch's %zu", OC, im->colscr_cols);
+  if (dbias) DT_TRY(dt_cu_col_sum(dbias, dout, N, OC, im->colscr, im->compute));
   return DT_OK;
 }
 
@@ -414,7 +421,8 @@ static dt_status_t k_layernorm_forward(dt_backend_t *be, float *out, float *mean
 static dt_status_t k_layernorm_backward(dt_backend_t *be, float *dinp, float *dweight, float *dbias,
                                         const float *dresid, const float *dout, const float *inp, const float *weight,
                                         const float *mean, const float *rstd, int N, int C) {
-  return dt_cu_layernorm_backward(dinp, dweight, dbias, dresid, dout, inp, weight, mean, rstd, N, C, S(be));
+  return dt_cu_layernorm_backward(dinp, dweight, dbias, dresid, dout, inp, weight, mean, rstd, N, C, impl(be)->colscr,
+                                  S(be));
 }
 /* out = [resid +] (inp W + bias): the residual added after the product, one rounding later */
 static dt_status_t k_linear_forward(dt_backend_t *be, float *out, const float *inp, const float *w, int w_in_out,

@@ -11,6 +11,7 @@
 #define DT_CUDA_BLOCK 256        /* threads per block for elementwise and warp-per-row kernels */
 #define DT_CUDA_GRID_MAX 65535   /* blocks per launch; grid-stride loops cover the rest */
 #define DT_CUDA_SUMSQ_BLOCKS 512 /* partial sums of the gradient sum of squares (fixed: deterministic) */
+#define DT_CUDA_COL_CHUNKS 32    /* row chunks of the column reductions (bias, layernorm grads) */
 
 /* Blocks for a grid-stride loop over n elements with `block` threads: ceil(n / block), at least
  * 1 (a launch with 0 blocks is an error) and at most DT_CUDA_GRID_MAX. */

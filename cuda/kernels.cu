@@ -130,20 +130,33 @@ __global__ static void layernorm_backward_dinp_k(float *dinp, const float *dresi
   }
 }
 
-/* Column reductions: a (32 x 8) block owns 32 columns at a time (and loops over column groups
- * when the grid is capped); its 8 thread rows stride over the N rows, then add up in shared memory
- * (fixed order: deterministic). The loop bound is the same for the whole block (barriers). */
+/* Column reductions in two passes, deterministic (no atomics): the N rows are cut into
+ * DT_CUDA_COL_CHUNKS chunks; a (32 x 8) block of pass 1 owns 32 columns of one chunk (blockIdx.y),
+ * its 8 thread rows stride over the chunk's rows and add up in shared memory in a fixed order,
+ * and write one partial per column and chunk to scratch (chunk-major); pass 2 adds each column's
+ * partials in chunk order into the output. Column groups loop when the grid is capped; the loop
+ * bound is the same for the whole block (barriers). */
 #define COLS_X 32
 #define COLS_Y 8
 
-__global__ static void layernorm_backward_params_k(float *dw, float *db, const float *dout, const float *inp,
+/* the rows [lo, hi) of chunk k */
+__device__ static void chunk_rows(int N, int k, int *lo, int *hi) {
+  int per = (N + DT_CUDA_COL_CHUNKS - 1) / DT_CUDA_COL_CHUNKS;
+  *lo = k * per < N ? k * per : N;
+  *hi = *lo + per < N ? *lo + per : N;
+}
+
+/* part (2, chunks, C): dweight's partials, then dbias's */
+__global__ static void layernorm_backward_params_k(float *part, const float *dout, const float *inp,
                                                    const float *mean, const float *rstd, int N, int C) {
   __shared__ float sw[COLS_Y][COLS_X], sb[COLS_Y][COLS_X];
+  int lo, hi;
+  chunk_rows(N, blockIdx.y, &lo, &hi);
   DT_CUDA_FOR_ROWS(c0, C, (size_t)blockIdx.x * COLS_X, (size_t)gridDim.x * COLS_X) {
     size_t c = c0 + threadIdx.x;
     float aw = 0.0f, ab = 0.0f;
     if (c < (size_t)C)
-      for (int i = threadIdx.y; i < N; i += COLS_Y) {
+      for (int i = lo + threadIdx.y; i < hi; i += COLS_Y) {
         float g = dout[(size_t)i * C + c];
         aw += g * (inp[(size_t)i * C + c] - mean[i]) * rstd[i];
         ab += g;
@@ -156,29 +169,42 @@ __global__ static void layernorm_backward_params_k(float *dw, float *db, const f
         aw += sw[y][threadIdx.x];
         ab += sb[y][threadIdx.x];
       }
-      dw[c] += aw;
-      db[c] += ab;
+      part[(size_t)blockIdx.y * C + c] = aw;
+      part[((size_t)DT_CUDA_COL_CHUNKS + blockIdx.y) * C + c] = ab;
     }
     __syncthreads(); /* the shared rows are written again in the next column group */
   }
 }
 
-__global__ static void col_sum_k(float *dst, const float *src, int N, int OC) {
+__global__ static void col_partial_k(float *part, const float *src, int N, int OC) {
   __shared__ float sh[COLS_Y][COLS_X];
+  int lo, hi;
+  chunk_rows(N, blockIdx.y, &lo, &hi);
   DT_CUDA_FOR_ROWS(j0, OC, (size_t)blockIdx.x * COLS_X, (size_t)gridDim.x * COLS_X) {
     size_t j = j0 + threadIdx.x;
     float a = 0.0f;
     if (j < (size_t)OC)
-      for (int i = threadIdx.y; i < N; i += COLS_Y) a += src[(size_t)i * OC + j];
+      for (int i = lo + threadIdx.y; i < hi; i += COLS_Y) a += src[(size_t)i * OC + j];
     sh[threadIdx.y][threadIdx.x] = a;
     __syncthreads();
     if (threadIdx.y == 0 && j < (size_t)OC) {
       for (int y = 1; y < COLS_Y; y++) a += sh[y][threadIdx.x];
-      dst[j] += a;
+      part[(size_t)blockIdx.y * OC + j] = a;
     }
     __syncthreads();
   }
 }
+
+/* dst[j] += sum over chunks k (in order) of part[k * n + j] */
+__global__ static void col_finish_k(float *dst, const float *part, int n) {
+  FOR_N(j, (size_t)n) {
+    float a = 0.0f;
+    for (int k = 0; k < DT_CUDA_COL_CHUNKS; k++) a += part[(size_t)k * n + j];
+    dst[j] += a;
+  }
+}
+
+static dim3 col_grid(int cols) { return dim3((unsigned)dt_cuda_grid((size_t)cols, COLS_X), DT_CUDA_COL_CHUNKS); }
 
 dt_status_t dt_cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                                     const float *bias, int N, int C, cudaStream_t s) {
@@ -189,11 +215,13 @@ dt_status_t dt_cu_layernorm_forward(float *out, float *mean, float *rstd, const 
 
 dt_status_t dt_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dresid, const float *dout,
                                      const float *inp, const float *weight, const float *mean, const float *rstd, int N,
-                                     int C, cudaStream_t s) {
+                                     int C, float *scratch, cudaStream_t s) {
   /* parameter grads first: they read only inputs, and dinp may alias dresid */
   dim3 blk(COLS_X, COLS_Y);
-  DT_LAUNCH(layernorm_backward_params_k, dt_cuda_grid(C, COLS_X), blk, 0, s, dweight, dbias, dout, inp, mean, rstd, N,
-            C);
+  DT_LAUNCH(layernorm_backward_params_k, col_grid(C), blk, 0, s, scratch, dout, inp, mean, rstd, N, C);
+  DT_LAUNCH(col_finish_k, dt_cuda_grid(C, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dweight, scratch, C);
+  DT_LAUNCH(col_finish_k, dt_cuda_grid(C, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dbias,
+            scratch + (size_t)DT_CUDA_COL_CHUNKS * C, C);
   DT_LAUNCH(layernorm_backward_dinp_k, dt_cuda_warp_rows_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dinp, dresid,
             dout, inp, weight, mean, rstd, N, C);
   return DT_OK;
@@ -211,9 +239,10 @@ dt_status_t dt_cu_add_bias(float *out, const float *bias, int N, int OC, cudaStr
   return DT_OK;
 }
 
-dt_status_t dt_cu_col_sum(float *dst, const float *src, int N, int OC, cudaStream_t s) {
+dt_status_t dt_cu_col_sum(float *dst, const float *src, int N, int OC, float *scratch, cudaStream_t s) {
   dim3 blk(COLS_X, COLS_Y);
-  DT_LAUNCH(col_sum_k, dt_cuda_grid(OC, COLS_X), blk, 0, s, dst, src, N, OC);
+  DT_LAUNCH(col_partial_k, col_grid(OC), blk, 0, s, scratch, src, N, OC);
+  DT_LAUNCH(col_finish_k, dt_cuda_grid(OC, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dst, scratch, OC);
   return DT_OK;
 }
 

@@ -9,6 +9,7 @@
 #include <cuda_runtime.h>
 #include <stddef.h>
 
+#include "cuda_launch.h"
 #include "embed_buckets.h"
 #include "status.h"
 
@@ -23,14 +24,17 @@ dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const float *dout, 
  * kernel here) */
 dt_status_t dt_cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
                                     const float *bias, int N, int C, cudaStream_t s);
-/* dinp = dresid + ...(dresid may be NULL, dinp == dresid allowed); dweight, dbias += */
+/* dinp = dresid + ...(dresid may be NULL, dinp == dresid allowed); dweight, dbias += (through
+ * scratch of dt_cu_col_scratch_floats(2 * C) floats: column sums below) */
 dt_status_t dt_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dresid,
                                      const float *dout, const float *inp, const float *weight, const float *mean,
-                                     const float *rstd, int N, int C, cudaStream_t s);
+                                     const float *rstd, int N, int C, float *scratch, cudaStream_t s);
 /* out (N,OC) += bias (OC) broadcast over rows */
 dt_status_t dt_cu_add_bias(float *out, const float *bias, int N, int OC, cudaStream_t s);
-/* dst (OC) += sum over N rows of src (N,OC) */
-dt_status_t dt_cu_col_sum(float *dst, const float *src, int N, int OC, cudaStream_t s);
+/* dst (OC) += sum over N rows of src (N,OC): the rows in DT_CUDA_COL_CHUNKS chunks over the whole
+ * GPU, partial sums in scratch (dt_cu_col_scratch_floats(OC) floats), added in a fixed order */
+dt_status_t dt_cu_col_sum(float *dst, const float *src, int N, int OC, float *scratch, cudaStream_t s);
+static inline size_t dt_cu_col_scratch_floats(size_t cols) { return (size_t)DT_CUDA_COL_CHUNKS * cols; }
 /* causal softmax in place on rows of att (B*NH*T rows of T, row r has t = r % T) */
 dt_status_t dt_cu_softmax_causal(float *att, int rows, int T, cudaStream_t s);
 /* d (rows of T) = att * (d - <att, d>) on j <= t, 0 above the diagonal */

@@ -172,7 +172,8 @@ static void bias_cols(int N, int OC, int prec, dt_rng_t *r) {
   float *g = gp_down(dx, n);
   gp_compare("add_bias", shape, prec, g, x, n, 0);
   free(g);
-  GP_TRY(dt_cu_col_sum(dacc, dx, N, OC, 0)); /* acc += column sums of x (now with the bias) */
+  float *scr = (float *)gp_dev(dt_cu_col_scratch_floats(OC) * sizeof(float));
+  GP_TRY(dt_cu_col_sum(dacc, dx, N, OC, scr, 0)); /* acc += column sums of x (now with the bias) */
   for (int j = 0; j < OC; j++) {
     double s = 0;
     for (int i = 0; i < N; i++) s += x[(size_t)i * OC + j];
@@ -187,6 +188,7 @@ static void bias_cols(int N, int OC, int prec, dt_rng_t *r) {
   cudaFree(dx);
   cudaFree(db);
   cudaFree(dacc);
+  cudaFree(scr);
 }
 
 /* ---- layernorm ---------------------------------------------------------------------------- */
@@ -204,6 +206,7 @@ static void layernorm(int N, int C, int prec, dt_rng_t *r) {
   float *d_dres = gp_up(dres, n), *d_dw = gp_up(dw0, C), *d_db = gp_up(db0, C);
   float *d_out = (float *)gp_dev(n * sizeof(float)), *d_mean = (float *)gp_dev(N * sizeof(float));
   float *d_rstd = (float *)gp_dev(N * sizeof(float)), *d_dinp = (float *)gp_dev(n * sizeof(float));
+  float *d_scr = (float *)gp_dev(dt_cu_col_scratch_floats(2 * (size_t)C) * sizeof(float));
 
   GP_TRY(dt_cu_layernorm_forward(d_out, d_mean, d_rstd, d_x, d_w, d_b, N, C, 0));
   dt_layernorm_forward(out, mean, rstd, x, w, b, N, C);
@@ -222,7 +225,7 @@ static void layernorm(int N, int C, int prec, dt_rng_t *r) {
    * (dinp == dresid, as the backend calls it) */
   GP_CK(cudaMemcpy(d_mean, mean, N * sizeof(float), cudaMemcpyHostToDevice));
   GP_CK(cudaMemcpy(d_rstd, rstd, N * sizeof(float), cudaMemcpyHostToDevice));
-  GP_TRY(dt_cu_layernorm_backward(d_dres, d_dw, d_db, d_dres, d_dout, d_x, d_w, d_mean, d_rstd, N, C, 0));
+  GP_TRY(dt_cu_layernorm_backward(d_dres, d_dw, d_db, d_dres, d_dout, d_x, d_w, d_mean, d_rstd, N, C, d_scr, 0));
   dt_layernorm_backward(dres, dw0, db0, dres, dout, x, w, mean, rstd, N, C);
   round_both(d_dres, dres, n, prec);
   g = gp_down(d_dres, n);
@@ -235,7 +238,7 @@ static void layernorm(int N, int C, int prec, dt_rng_t *r) {
   g = gp_down(d_db, C);
   gp_compare("layernorm_backward dbias", shape, prec, g, db0, C, tol_p);
   free(g);
-  GP_TRY(dt_cu_layernorm_backward(d_dinp, d_dw, d_db, NULL, d_dout, d_x, d_w, d_mean, d_rstd, N, C, 0));
+  GP_TRY(dt_cu_layernorm_backward(d_dinp, d_dw, d_db, NULL, d_dout, d_x, d_w, d_mean, d_rstd, N, C, d_scr, 0));
   dt_layernorm_backward(dinp, dw0, db0, NULL, dout, x, w, mean, rstd, N, C);
   g = gp_down(d_dinp, n);
   gp_compare("layernorm_backward dinp", shape, prec, g, dinp, n, 5e-5);
@@ -243,7 +246,7 @@ static void layernorm(int N, int C, int prec, dt_rng_t *r) {
 
   float *hs[] = {x, w, b, dout, dres, dw0, db0, out, mean, rstd, dinp};
   for (float *p : hs) free(p);
-  float *ds[] = {d_x, d_w, d_b, d_dout, d_dres, d_dw, d_db, d_out, d_mean, d_rstd, d_dinp};
+  float *ds[] = {d_x, d_w, d_b, d_dout, d_dres, d_dw, d_db, d_out, d_mean, d_rstd, d_dinp, d_scr};
   for (float *p : ds) cudaFree(p);
 }
 

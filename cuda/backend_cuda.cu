@@ -235,9 +235,6 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
   be->threads = threads;
   be->device = device;
   be->tf32 = tf32;
-  if (lay->tp > 1)
-    return DT_ERR(DT_ERR_UNSUPPORTED, "cuda backend: parallel.tp = %d: tensor parallelism is implemented on the cpu "
-                  "backend only (system.backend = cpu)", lay->tp);
   if (B < 1 || T < 1 || T > lay->d.T)
     return DT_ERR(DT_ERR_ARG, "cuda backend: bad micro-batch B=%d T=%d (model T=%d)", B, T, lay->d.T);
   cu_impl_t *im = (cu_impl_t *)calloc(1, sizeof *im);
@@ -345,14 +342,11 @@ static dt_status_t attention_backward(cu_impl_t *im, float *dqkv, float *scratch
 /* ---- the kernel table (backend.h dt_kernels_t) the model runs on -------------------------- *
  * Every entry queues its work on the compute stream. Tensor parallelism's vocab-parallel pieces
  * (rows [v0, v0 + nrows) of the embedding, the split cross-entropy, the bias + residual
- * epilogue after the row-parallel all-reduce) have no CUDA kernels yet: they return
- * DT_ERR_UNSUPPORTED, and the trainer refuses tp > 1 on this backend before it gets there. */
+ * epilogue after the row-parallel all-reduce) are cuda/kernels_tp.cu; the model all-reduces
+ * between them over the tp group's NCCL communicator on the same stream. */
 
 static cudaStream_t S(dt_backend_t *be) { return impl(be)->compute; }
 
-static dt_status_t no_tp(const char *what) {
-  return DT_ERR(DT_ERR_UNSUPPORTED, "cuda backend: %s (tensor parallelism) is not implemented yet", what);
-}
 
 static dt_status_t k_alloc(dt_backend_t *be, void **p, size_t bytes) {
   DT_CUDA_CHECK(cudaSetDevice(impl(be)->device));
@@ -391,8 +385,9 @@ static void k_attention_floats(const dt_backend_t *be, int B, int T, int NH, siz
 
 static dt_status_t k_encoder_forward(dt_backend_t *be, float *out, const int *inp, const float *wte, const float *wpe,
                                      int B, int T, int C, int v0, int nrows) {
-  if (!wpe || v0 != 0 || nrows < be->lay->d.V) return no_tp("the vocab-parallel embedding");
-  return dt_cu_encoder_forward(out, inp, wte, wpe, B, T, C, S(be));
+  if (wpe && v0 == 0 && nrows >= be->lay->d.V) return dt_cu_encoder_forward(out, inp, wte, wpe, B, T, C, S(be));
+  DT_TRY(dt_cu_embed_rows(out, inp, wte, B * T, C, v0, nrows, S(be))); /* a vocabulary shard */
+  return wpe ? dt_cu_add_bias(out, wpe, B, T * C, S(be)) : DT_OK;
 }
 /* The token buckets from the host copy of the inputs, then the deterministic backward. */
 static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe, const float *dout, const int *inp,
@@ -400,8 +395,16 @@ static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe
   (void)inp;
   cu_impl_t *im = impl(be);
   const int N = B * T, V = be->lay->d.V;
-  if (v0 != 0 || nrows < V) return no_tp("the vocab-parallel embedding backward");
   int nb = dt_embed_buckets(inp_host, N, V, im->h_count, im->h_order, im->h_buckets);
+  if (v0 != 0 || nrows < V) { /* a vocabulary shard: the buckets of its rows, renumbered */
+    int k = 0;
+    for (int b = 0; b < nb; b++)
+      if (im->h_buckets[b].token >= v0 && im->h_buckets[b].token < v0 + nrows) {
+        im->h_buckets[k] = im->h_buckets[b];
+        im->h_buckets[k++].token -= v0;
+      }
+    nb = k;
+  }
   DT_CUDA_CHECK(cudaMemcpyAsync(im->order, im->h_order, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, S(be)));
   DT_CUDA_CHECK(cudaMemcpyAsync(im->buckets, im->h_buckets, (size_t)nb * sizeof(dt_embed_bucket_t),
                                 cudaMemcpyHostToDevice, S(be)));
@@ -411,8 +414,7 @@ static dt_status_t k_add_bias(dt_backend_t *be, float *out, const float *bias, i
   return dt_cu_add_bias(out, bias, N, OC, S(be));
 }
 static dt_status_t k_bias_residual(dt_backend_t *be, float *out, const float *bias, const float *resid, int N, int OC) {
-  (void)be, (void)out, (void)bias, (void)resid, (void)N, (void)OC;
-  return no_tp("the row-parallel projection's epilogue");
+  return dt_cu_bias_residual(out, bias, resid, N, OC, S(be));
 }
 static dt_status_t k_layernorm_forward(dt_backend_t *be, float *out, float *mean, float *rstd, const float *inp,
                                        const float *weight, const float *bias, int N, int C) {
@@ -462,24 +464,27 @@ static dt_status_t k_crossentropy_forward(dt_backend_t *be, float *losses, float
   return DT_OK;
 }
 static dt_status_t k_xent_max(dt_backend_t *be, float *mx, const float *logits, int N, int nv, int Vp) {
-  (void)be, (void)mx, (void)logits, (void)N, (void)nv, (void)Vp;
-  return no_tp("the vocab-parallel cross-entropy");
+  return dt_cu_xent_max(mx, logits, N, nv, Vp, S(be));
 }
 static dt_status_t k_xent_sumexp(dt_backend_t *be, double *sum, float *tl, const float *logits, const float *mx,
                                  const int *targets, int N, int nv, int Vp, int v0) {
-  (void)be, (void)sum, (void)tl, (void)logits, (void)mx, (void)targets, (void)N, (void)nv, (void)Vp, (void)v0;
-  return no_tp("the vocab-parallel cross-entropy");
+  return dt_cu_xent_sumexp(sum, tl, logits, mx, targets, N, nv, Vp, v0, S(be));
 }
+/* the mean in double on the host, as the CPU backend */
 static dt_status_t k_xent_finish(dt_backend_t *be, float *lse_mx, float *losses_tl, const double *sum, int N,
                                  double *mean_host) {
-  (void)be, (void)lse_mx, (void)losses_tl, (void)sum, (void)N, (void)mean_host;
-  return no_tp("the vocab-parallel cross-entropy");
+  cu_impl_t *im = impl(be);
+  DT_TRY(dt_cu_xent_finish(lse_mx, losses_tl, sum, N, S(be)));
+  DT_TRY(k_download(be, im->h_losses, losses_tl, (size_t)N * sizeof(float)));
+  double total = 0.0;
+  for (int i = 0; i < N; i++) total += im->h_losses[i];
+  *mean_host = total / N;
+  return DT_OK;
 }
 /* in place: the kernel reads each logit before it writes its gradient at the same index */
 static dt_status_t k_crossentropy_backward(dt_backend_t *be, float *logits, const float *lse, const int *targets,
                                            float dloss, int N, int nv, int Vp, int v0) {
-  if (v0 != 0) return no_tp("the vocab-parallel cross-entropy backward");
-  return dt_cu_crossentropy_backward(logits, logits, lse, targets, dloss, N, nv, Vp, S(be));
+  return dt_cu_crossentropy_backward(logits, logits, lse, targets, dloss, N, nv, Vp, v0, S(be));
 }
 static dt_status_t k_round(dt_backend_t *be, float *x, size_t n) {
   return dt_cu_round_copy(x, x, n, be->precision, S(be));
@@ -529,6 +534,7 @@ static dt_status_t cu_adamw(dt_backend_t *be, const dt_adamw_args_t *ar) {
   for (int i = 0; i < lay->n_tensors; i++) { /* per tensor: weight decay only where decay = 1 */
     const dt_tensor_t *t = &lay->tensors[i];
     size_t n = (size_t)t->rows * t->cols;
+    if (n == 0) continue; /* a tensor of another pipeline stage */
     DT_TRY(dt_cu_adamw(be->params + t->offset, be->grads + t->offset, be->m + t->offset, be->v + t->offset, n, ar->lr,
                        ar->beta1, ar->beta2, ar->eps, t->decay ? ar->weight_decay : 0.0f, bc1, bc2, ar->grad_scale,
                        im->compute));

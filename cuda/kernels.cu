@@ -351,11 +351,11 @@ __global__ static void crossentropy_forward_k(float *losses, float *lse, const f
 }
 
 __global__ static void crossentropy_backward_k(float *dlogits, const float *logits, const float *lse,
-                                               const int *targets, float dloss, int V, int Vp, size_t n) {
+                                               const int *targets, float dloss, int V, int Vp, int v0, size_t n) {
   FOR_N(k, n) {
     size_t i = k / Vp;
     int v = (int)(k % Vp);
-    dlogits[k] = v < V ? dt_ce_dlogit(logits[k], lse[i], v == targets[i], dloss) : 0.0f;
+    dlogits[k] = v < V ? dt_ce_dlogit(logits[k], lse[i], v + v0 == targets[i], dloss) : 0.0f;
   }
 }
 
@@ -368,10 +368,10 @@ dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const float *l
 }
 
 dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
-                                        float dloss, int N, int V, int Vp, cudaStream_t s) {
+                                        float dloss, int N, int V, int Vp, int v0, cudaStream_t s) {
   size_t n = (size_t)N * Vp;
   DT_LAUNCH(crossentropy_backward_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dlogits, logits, lse, targets,
-            dloss, V, Vp, n);
+            dloss, V, Vp, v0, n);
   return DT_OK;
 }
 
@@ -389,6 +389,7 @@ __global__ static void adamw_k(float *p, const float *g, float *m, float *v, siz
 
 dt_status_t dt_cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
                         float eps, float wd, float bc1, float bc2, float gscale, cudaStream_t s) {
+  if (n == 0) return DT_OK;
   DT_LAUNCH(adamw_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, p, g, m, v, n, lr, beta1, beta2, eps, wd, bc1,
             bc2, gscale);
   return DT_OK;
@@ -408,6 +409,11 @@ __global__ static void sumsq_partial_k(double *partial, const float *g, size_t n
 }
 
 dt_status_t dt_cu_sumsq_partial(double *partial, const float *g, size_t n, cudaStream_t s) {
-  DT_LAUNCH(sumsq_partial_k, DT_CUDA_SUMSQ_BLOCKS, DT_CUDA_BLOCK, 0, s, partial, g, n);
+  /* a small tensor (tensor parallelism sums per tensor) needs fewer blocks: the rest stay 0 */
+  size_t nb = (n + DT_CUDA_BLOCK - 1) / DT_CUDA_BLOCK;
+  if (nb < DT_CUDA_SUMSQ_BLOCKS) DT_CUDA_CHECK(cudaMemsetAsync(partial, 0, DT_CUDA_SUMSQ_BLOCKS * sizeof(double), s));
+  if (nb == 0) return DT_OK;
+  DT_LAUNCH(sumsq_partial_k, nb < DT_CUDA_SUMSQ_BLOCKS ? (int)nb : DT_CUDA_SUMSQ_BLOCKS, DT_CUDA_BLOCK, 0, s, partial, g,
+            n);
   return DT_OK;
 }

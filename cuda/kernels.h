@@ -45,9 +45,23 @@ dt_status_t dt_cu_residual_forward(float *out, const float *a, const float *b, s
 /* losses (N), lse (N) from logits (N,Vp) over the first V columns: one block per row */
 dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets, int N,
                                        int V, int Vp, cudaStream_t s);
-/* dlogits (N,Vp) written; padded columns v >= V get 0 */
+/* dlogits (N,Vp) written; padded columns v >= V get 0. The columns are global v0 .. v0 + Vp - 1
+ * (tensor parallelism: a vocabulary shard; else v0 = 0): the target's is column targets - v0. */
 dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
-                                        float dloss, int N, int V, int Vp, cudaStream_t s);
+                                        float dloss, int N, int V, int Vp, int v0, cudaStream_t s);
+/* Tensor parallelism (kernels_tp.cu; twins: backend_cpu.c's k_* of the same names):
+ * out (N,C) = wte row inp - v0 where v0 <= inp < v0 + nrows, else 0 (wte holds nrows rows) */
+dt_status_t dt_cu_embed_rows(float *out, const int *inp, const float *wte, int N, int C, int v0, int nrows,
+                             cudaStream_t s);
+/* out (N,OC) = resid + (out + bias) */
+dt_status_t dt_cu_bias_residual(float *out, const float *bias, const float *resid, int N, int OC, cudaStream_t s);
+/* the vocab-parallel cross-entropy (backend.h xent_*): mx[i] = max of the first nv of Vp columns;
+ * sum[i] = sum of exp(z - mx[i]) (double), tl[i] = z[targets[i] - v0] if in [0, nv), else 0;
+ * then lse = mx + log(sum), losses = lse - tl in place of mx and tl */
+dt_status_t dt_cu_xent_max(float *mx, const float *logits, int N, int nv, int Vp, cudaStream_t s);
+dt_status_t dt_cu_xent_sumexp(double *sum, float *tl, const float *logits, const float *mx, const int *targets, int N,
+                              int nv, int Vp, int v0, cudaStream_t s);
+dt_status_t dt_cu_xent_finish(float *lse, float *losses, const double *sum, int N, cudaStream_t s);
 /* dst (n) = src rounded to the storage precision prec (precision.h; dst == src allowed, fp32 in
  * place is a no-op). Mixed precision stores nothing in 16 bits on the GPU yet: this emulates the
  * storage rounding exactly as the CPU backend does (parity on an H200: docs/gpu-runs.md). */
@@ -55,7 +69,9 @@ dt_status_t dt_cu_round_copy(float *dst, const float *src, size_t n, int prec, c
 /* one AdamW step over n elements (kmath.h dt_adamw_update) */
 dt_status_t dt_cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
                         float eps, float wd, float bc1, float bc2, float gscale, cudaStream_t s);
-/* partial[DT_CUDA_SUMSQ_BLOCKS] = per-block double sums of g^2 over (n); the caller adds them */
+/* partial[DT_CUDA_SUMSQ_BLOCKS] = per-block double sums of g^2 over (n), a block per 256 elements
+ * up to the fixed count (the same partition for the same n: deterministic), unused ones 0; the
+ * caller adds them */
 dt_status_t dt_cu_sumsq_partial(double *partial, const float *g, size_t n, cudaStream_t s);
 
 #endif

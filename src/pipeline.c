@@ -123,7 +123,7 @@ out:
 dt_status_t dt_pipe_flush(dt_pipe_t *p) {
   if (!p->send_buf) return DT_OK;
   double t0 = dt_time_now();
-  dt_status_t st = p->comm->ops->send(p->comm, p->send_buf, p->send_n, DT_F32, p->send_peer, NULL, NULL);
+  dt_status_t st = p->comm->ops->send(p->comm, p->send_buf, p->send_n, DT_F32, p->send_peer, p->stream, NULL);
   p->send_buf = NULL;
   p->t_wait += dt_time_now() - t0;
   return st;
@@ -142,11 +142,11 @@ dt_status_t dt_pipe_recv(dt_pipe_t *p, float *buf, size_t n, int peer) {
   double t0 = dt_time_now();
   dt_status_t st = DT_OK;
   if (!p->send_buf) {
-    st = c->ops->recv(c, buf, n, DT_F32, peer, NULL, NULL);
+    st = c->ops->recv(c, buf, n, DT_F32, peer, p->stream, NULL);
   } else { /* both posted, both completed at group_end */
     st = c->ops->group_start(c);
-    if (st == DT_OK) st = c->ops->send(c, p->send_buf, p->send_n, DT_F32, p->send_peer, NULL, NULL);
-    if (st == DT_OK) st = c->ops->recv(c, buf, n, DT_F32, peer, NULL, NULL);
+    if (st == DT_OK) st = c->ops->send(c, p->send_buf, p->send_n, DT_F32, p->send_peer, p->stream, NULL);
+    if (st == DT_OK) st = c->ops->recv(c, buf, n, DT_F32, peer, p->stream, NULL);
     dt_status_t e = c->ops->group_end(c);
     if (st == DT_OK) st = e;
     p->send_buf = NULL;

@@ -42,6 +42,7 @@ double dt_pp_simulate(int pp, int m, const double *tf, const double *tb, double 
 /* The transfer state of one rank: comm is the pipeline group (rank = stage). */
 typedef struct {
   dt_comm_t *comm;
+  void *stream;          /* the comm's stream argument (NCCL: the compute stream; MPI: NULL) */
   const float *send_buf; /* deferred send, NULL = none */
   size_t send_n;
   int send_peer;

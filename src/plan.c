@@ -13,8 +13,7 @@
  * column/row parallel weights, vocab-parallel wte); layernorms, row-parallel biases and wpe are
  * replicated. pp gives each stage contiguous blocks balanced by parameter count, the embeddings
  * on the first stage, ln_f and (tied) a copy of wte on the last; 1F1B keeps pp - s micro-batches
- * of activations in flight on stage s. tp > 1 and pp > 1 run on the CPU backend only; for the CUDA
- * backend they are plans. */
+ * of activations in flight on stage s. */
 #include "plan.h"
 
 #include <ctype.h>
@@ -336,8 +335,6 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   pl(o, prefix, "plan: world %d = dp %d x tp %d x pp %d; micro_batch %d x seq_len %d x grad_accum %d; precision %s; "
      "bucket %d MiB; %d CPU threads", world, dp, in->tp, in->pp, in->B, in->T, in->accum, prec, in->bucket_mb,
      in->threads);
-  if (in->tp > 1 || in->pp > 1)
-    pl(o, prefix, "plan: note: tp > 1 and pp > 1 train on the CPU backend only (the CUDA backend rejects them)");
   pl(o, prefix, "plan: units: GB = 1e9 bytes, GiB = 2^30 bytes");
   pl(o, prefix, "plan: whole model on one rank (%.4g floats; 4 B each in fp32):", n);
   pl(o, prefix, "  parameters (fp32)        %.4g x 4 B  = %7.2f GB", n, 4 * n / GB);
@@ -539,7 +536,7 @@ static int usage(FILE *out, int code) {
           "copy, gradients, AdamW moments, activations of the CPU and CUDA backends, buffers), whether it\n"
           "fits --device-mem (default 80GiB; suffixes B K M G T = powers of 1024, KB MB GB TB = of 1000,\n"
           "KiB MiB GiB TiB), and a datasheet roofline of one step on A100 and H100. --world defaults to\n"
-          "parallel.dp x tp x pp (dp = 0 read as 1). tp > 1 and pp > 1 run on the CPU backend only.\n");
+          "parallel.dp x tp x pp (dp = 0 read as 1).\n");
   return code;
 }
 

@@ -77,6 +77,13 @@ static dt_status_t init_weights(dt_trainer_t *tr, float *host) {
   return host == tr->be.params ? DT_OK : tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, 0, n, host);
 }
 
+/* A device backend's NCCL communicator over the ranks of an MPI one. */
+static dt_status_t nccl_over(dt_trainer_t *tr, dt_comm_t *mpi, dt_comm_t **out) {
+  MPI_Comm h;
+  DT_TRY(dt_comm_mpi_handle(mpi, &h));
+  return dt_comm_nccl_create(&h, tr->mesh.device, dt_wd_timeout(), out);
+}
+
 /* parallel.micro_batches is another name for train.grad_accum (config.c checks they agree). */
 static int config_accum(const dt_config_t *c) { return c->grad_accum > 0 ? c->grad_accum : c->micro_batches; }
 
@@ -170,12 +177,6 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   dt_dims_t d = dt_dims_from_config(&tr->cfg);
   DT_TRY(dt_layout_init_mp(&tr->lay, d, tr->mesh.tp, tr->mesh.tp_idx, tr->mesh.pp, tr->mesh.pp_idx,
                            dt_pp_balance_of(cfg)));
-  if (cuda && tr->mesh.tp > 1)
-    return DT_ERR(DT_ERR_UNSUPPORTED, "%s: parallel.tp = %d: tensor parallelism is implemented on the cpu backend only "
-                  "(system.backend = cpu)", cfg_name, tr->mesh.tp);
-  if (tr->mesh.pp > 1 && !ops->host_memory) /* the stage transfers are host buffers (pipeline.h) */
-    return DT_ERR(DT_ERR_UNSUPPORTED, "%s: parallel.pp = %d: pipeline parallelism is implemented on the cpu backend only "
-                  "(system.backend = cpu)", cfg_name, tr->mesh.pp);
   tr->be.ops = ops;
   tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
   tr->be.tf32 = cfg->tf32;
@@ -194,14 +195,26 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   /* 1F1B's micro-batches in flight: one activation set each */
   DT_TRY(dt_gpt2_init(&tr->model, &tr->be, dt_pp_inflight(tr->mesh.pp_idx, tr->mesh.pp, tr->accum), cfg->recompute));
   tr->model.tp_comm = tr->mesh.tp > 1 ? tr->mesh.tp_comm : NULL;
+  if (cuda && tr->mesh.tp > 1) { /* the model's tp all-reduces are on device buffers: NCCL */
+    DT_TRY(nccl_over(tr, tr->mesh.tp_comm, &tr->dev_tp_comm));
+    tr->model.tp_comm = tr->dev_tp_comm;
+  }
   if (tr->mesh.pp > 1) { /* transfers, and the first + last stage group of the tied embedding */
     const int s = tr->mesh.pp_idx, pp = tr->mesh.pp;
     dt_comm_t *c = tr->mesh.pp_comm;
     DT_TRY(c->ops->split(c, s == 0 || s == pp - 1 ? 0 : 1, s, &tr->tied_comm));
     tr->pipe = (dt_pipe_t){.comm = c};
-    size_t n = (size_t)tr->B * tr->T * tr->lay.d.C;
-    tr->pp_send = malloc(sizeof(float) * n);
-    tr->pp_recv = malloc(sizeof(float) * n);
+    size_t bytes = sizeof(float) * (size_t)tr->B * tr->T * tr->lay.d.C;
+    if (cuda) { /* device buffers sent over NCCL on the compute stream; the tied wte's sum too */
+      DT_TRY(nccl_over(tr, c, &tr->dev_pp_comm));
+      if (s == 0 || s == pp - 1) DT_TRY(nccl_over(tr, tr->tied_comm, &tr->dev_tied_comm));
+      tr->pipe = (dt_pipe_t){.comm = tr->dev_pp_comm, .stream = tr->be.stream};
+      DT_TRY(tr->be.k->alloc(&tr->be, (void **)&tr->pp_send, bytes));
+      DT_TRY(tr->be.k->alloc(&tr->be, (void **)&tr->pp_recv, bytes));
+    } else {
+      tr->pp_send = malloc(bytes);
+      tr->pp_recv = malloc(bytes);
+    }
     if (!tr->pp_send || !tr->pp_recv) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   }
   /* the micro-step order: 1F1B for this stage (with one stage: forward, backward, forward, ...) */
@@ -239,48 +252,47 @@ static void arenas_release(dt_trainer_t *tr, dt_ckpt_arenas_t *a) {
  * for a device backend the host copies (filled from the device when fetch = 1; after a load,
  * push_arenas sends them back). */
 static dt_status_t host_arenas(dt_trainer_t *tr, int with_optim, int fetch, dt_ckpt_arenas_t *a) {
-  if (tr->be.ops->host_memory) {
-    *a = dt_ckpt_arenas_full(tr->be.params, with_optim ? tr->be.m : NULL, with_optim ? tr->be.v : NULL);
-    if (tr->zero.stage > 0) a->optim = tr->zero_optim; /* m, v hold this rank's shard only */
-    if (tr->zero.stage == 3) { /* and the parameters too (their arena is full-size: offset it) */
-      a->params = tr->be.params + tr->zero.lo;
-      a->model = tr->zero_optim;
+  float *hp = tr->be.params, *hm = tr->be.m, *hv = tr->be.v;
+  if (!tr->be.ops->host_memory) { /* the host copies, fetched from the device when saving */
+    size_t n = tr->lay.n_params;
+    hp = tr->host_arena, hm = hp + n, hv = hm + n;
+    if (fetch) {
+      DT_TRY(tr->be.ops->copy_to_host(&tr->be, DT_BUF_PARAMS, 0, n, hp));
+      if (with_optim) DT_TRY(tr->be.ops->copy_to_host(&tr->be, DT_BUF_M, 0, n, hm));
+      if (with_optim) DT_TRY(tr->be.ops->copy_to_host(&tr->be, DT_BUF_V, 0, n, hv));
     }
-    if (tr->lay.tp > 1 || tr->lay.pp > 1) { /* shards: load reads each rank's boxes; save writes each box
-                                               once (replicated tensors from tp rank 0 of the first dp
-                                               replica of each stage; wte from the first stage) */
-      int load = !fetch, writer = tr->mesh.dp_idx == 0, rep = load || tr->mesh.tp_idx == 0;
-      dt_ckpt_ranges_t r = {0};
-      if (load || writer) DT_TRY(dt_ckpt_ranges_add_shards(&r, &tr->lay, rep, load));
-      r.full = 0;
-      a->model = r;
-      a->optim = r; /* the same boxes (freed once, through model) */
-      if (tr->zero.stage > 0) { /* m, v: the part of this tp shard's boxes in the rank's ZeRO range */
-        dt_ckpt_ranges_t all = {0}, o = {0};
-        dt_status_t st = dt_ckpt_ranges_add_shards(&all, &tr->lay, rep, load);
-        if (st == DT_OK) st = dt_ckpt_ranges_clip(&o, &tr->lay, &all, tr->zero.lo, tr->zero.hi);
-        dt_ckpt_ranges_free(&all);
-        o.full = 0;
-        a->optim = o;
-        if (tr->zero.stage == 3) { /* the parameters: the same boxes, from every dp rank */
-          dt_ckpt_ranges_free(&a->model);
-          a->model = o;
-          a->params = tr->be.params + tr->zero.lo;
-        }
-        if (st != DT_OK) arenas_release(tr, a);
-        DT_TRY(st);
+  }
+  *a = dt_ckpt_arenas_full(hp, with_optim ? hm : NULL, with_optim ? hv : NULL);
+  if (tr->zero.stage > 0) a->optim = tr->zero_optim; /* m, v hold this rank's shard only */
+  if (tr->zero.stage == 3) { /* and the parameters too (their arena is full-size: offset it) */
+    a->params = hp + tr->zero.lo;
+    a->model = tr->zero_optim;
+  }
+  if (tr->lay.tp > 1 || tr->lay.pp > 1) { /* shards: load reads each rank's boxes; save writes each box
+                                             once (replicated tensors from tp rank 0 of the first dp
+                                             replica of each stage; wte from the first stage) */
+    int load = !fetch, writer = tr->mesh.dp_idx == 0, rep = load || tr->mesh.tp_idx == 0;
+    dt_ckpt_ranges_t r = {0};
+    if (load || writer) DT_TRY(dt_ckpt_ranges_add_shards(&r, &tr->lay, rep, load));
+    r.full = 0;
+    a->model = r;
+    a->optim = r; /* the same boxes (freed once, through model) */
+    if (tr->zero.stage > 0) { /* m, v: the part of this tp shard's boxes in the rank's ZeRO range */
+      dt_ckpt_ranges_t all = {0}, o = {0};
+      dt_status_t st = dt_ckpt_ranges_add_shards(&all, &tr->lay, rep, load);
+      if (st == DT_OK) st = dt_ckpt_ranges_clip(&o, &tr->lay, &all, tr->zero.lo, tr->zero.hi);
+      dt_ckpt_ranges_free(&all);
+      o.full = 0;
+      a->optim = o;
+      if (tr->zero.stage == 3) { /* the parameters: the same boxes, from every dp rank */
+        dt_ckpt_ranges_free(&a->model);
+        a->model = o;
+        a->params = hp + tr->zero.lo;
       }
+      if (st != DT_OK) arenas_release(tr, a);
+      DT_TRY(st);
     }
-    return DT_OK;
   }
-  size_t n = tr->lay.n_params;
-  float *p = tr->host_arena, *m = p + n, *v = m + n;
-  if (fetch) {
-    DT_TRY(tr->be.ops->copy_to_host(&tr->be, DT_BUF_PARAMS, 0, n, p));
-    if (with_optim) DT_TRY(tr->be.ops->copy_to_host(&tr->be, DT_BUF_M, 0, n, m));
-    if (with_optim) DT_TRY(tr->be.ops->copy_to_host(&tr->be, DT_BUF_V, 0, n, v));
-  }
-  *a = dt_ckpt_arenas_full(p, with_optim ? m : NULL, with_optim ? v : NULL);
   return DT_OK;
 }
 
@@ -404,12 +416,13 @@ static dt_status_t resume(dt_trainer_t *tr) {
 }
 
 /* Tensor parallelism: the replicated tensors (layernorms, wpe, c_proj biases) must be bitwise equal
- * on every tp rank (they get equal gradients, gpt2.c); checked at every save. */
-static dt_status_t check_replicated(dt_trainer_t *tr) {
+ * on every tp rank (they get equal gradients, gpt2.c); checked at every save, on the host view of
+ * the parameters (params: the CPU arena, or a device backend's host copy just fetched). */
+static dt_status_t check_replicated(dt_trainer_t *tr, const float *params) {
   if (tr->mesh.pp > 1 && (tr->mesh.pp_idx == 0 || tr->mesh.pp_idx == tr->mesh.pp - 1)) {
     /* the tied embedding: the first stage's wte and the last stage's copy (same gradients) */
     const dt_tensor_t *t = &tr->lay.tensors[0];
-    uint64_t fp = params_fingerprint(tr->be.params + t->offset, (size_t)t->rows * t->cols);
+    uint64_t fp = params_fingerprint(params + t->offset, (size_t)t->rows * t->cols);
     int64_t v[2] = {(int64_t)fp, -(int64_t)fp}, r[2];
     DT_TRY(tr->tied_comm->ops->allreduce(tr->tied_comm, v, r, 2, DT_I64, DT_MAX, NULL, NULL));
     if ((uint64_t)r[0] != fp || (uint64_t)(-r[1]) != fp)
@@ -427,7 +440,7 @@ static dt_status_t check_replicated(dt_trainer_t *tr) {
     size_t a = t->offset > lo ? t->offset : lo, e = t->offset + (size_t)t->rows * t->cols;
     if (e > hi) e = hi;
     if (!dt_tensor_sharded(t) && a < e)
-      fp += params_fingerprint(tr->be.params + a, e - a) * (uint64_t)(2 * i + 1);
+      fp += params_fingerprint(params + a, e - a) * (uint64_t)(2 * i + 1);
   }
   int64_t v[2] = {(int64_t)fp, -(int64_t)fp}, r[2];
   /* equal on all ranks: dp replicas are identical too; with pp, stages hold different tensors */
@@ -443,8 +456,10 @@ static dt_status_t check_replicated(dt_trainer_t *tr) {
 
 dt_status_t dt_trainer_save(dt_trainer_t *tr) {
   dt_ckpt_arenas_t a;
-  DT_TRY(check_replicated(tr));
   DT_TRY(host_arenas(tr, 1, 1, &a));
+  dt_status_t c = check_replicated(tr, tr->be.ops->host_memory ? tr->be.params : tr->host_arena);
+  if (c != DT_OK) arenas_release(tr, &a);
+  DT_TRY(c);
   char *ini = dt_config_to_string(&tr->cfg);
   uint64_t n = dt_data_num_samples(tr->train);
   dt_ckpt_state_t st = {.step = tr->step, .tokens = (int64_t)tr->tokens_seen, .data_pos = (int64_t)tr->sample_pos,
@@ -476,9 +491,7 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
   DT_TRY(resume(tr)); /* or, with nothing to resume from, initial weights */
   dt_comm_t *grad_comm = tr->mesh.dp_comm;
   if (tr->be.comm_stream && tr->mesh.dp > 1) { /* device gradients: NCCL over the dp group */
-    MPI_Comm dpc;
-    DT_TRY(dt_comm_mpi_handle(tr->mesh.dp_comm, &dpc));
-    DT_TRY(dt_comm_nccl_create(&dpc, tr->mesh.device, dt_wd_timeout(), &tr->dev_dp_comm));
+    DT_TRY(nccl_over(tr, tr->mesh.dp_comm, &tr->dev_dp_comm));
     grad_comm = tr->dev_dp_comm;
   }
   DT_TRY(dt_ddp_init(&tr->ddp, grad_comm, tr->be.grads, tr->lay.n_params, tr->lay.layer_begin, tr->lay.d.L + 2,
@@ -529,9 +542,17 @@ void dt_trainer_free(dt_trainer_t *tr) {
   dt_ckpt_ranges_free(&tr->zero_optim);
   dt_zero_free(&tr->zero);
   if (tr->dev_dp_comm) tr->dev_dp_comm->ops->free(tr->dev_dp_comm);
+  if (tr->dev_tp_comm) tr->dev_tp_comm->ops->free(tr->dev_tp_comm);
+  if (tr->dev_pp_comm) tr->dev_pp_comm->ops->free(tr->dev_pp_comm);
+  if (tr->dev_tied_comm) tr->dev_tied_comm->ops->free(tr->dev_tied_comm);
   if (tr->tied_comm) tr->tied_comm->ops->free(tr->tied_comm);
-  free(tr->pp_send);
-  free(tr->pp_recv);
+  if (tr->be.ops && !tr->be.ops->host_memory) { /* device buffers */
+    if (tr->pp_send) tr->be.k->release(&tr->be, tr->pp_send);
+    if (tr->pp_recv) tr->be.k->release(&tr->be, tr->pp_recv);
+  } else {
+    free(tr->pp_send);
+    free(tr->pp_recv);
+  }
   free(tr->pp_ops);
   free(tr->host_arena);
   free(tr->straggler_t);
@@ -617,9 +638,9 @@ static dt_status_t pp_tied_grads(dt_trainer_t *tr) {
   const dt_tensor_t *t = &tr->lay.tensors[0];
   float *g = tr->be.grads + t->offset;
   size_t n = (size_t)t->rows * t->cols, chunk = (size_t)tr->cfg.bucket_mb << 18; /* floats per bucket */
+  dt_comm_t *c = tr->dev_tied_comm ? tr->dev_tied_comm : tr->tied_comm; /* device grads: NCCL */
   for (size_t lo = 0; lo < n; lo += chunk) /* bucket-sized: no MPI temporary of the whole embedding */
-    DT_TRY(tr->tied_comm->ops->allreduce(tr->tied_comm, g + lo, g + lo, n - lo < chunk ? n - lo : chunk, DT_F32, DT_SUM,
-                                         NULL, NULL));
+    DT_TRY(c->ops->allreduce(c, g + lo, g + lo, n - lo < chunk ? n - lo : chunk, DT_F32, DT_SUM, tr->be.stream, NULL));
   return DT_OK;
 }
 

@@ -344,6 +344,7 @@ int main(int argc, char **argv) {
     gp_crossentropy(37, 97, 128, prec, &r);
     gp_crossentropy(4, 50257, 50304, prec, &r);
     gp_optimizer(1000, &r);
+    gp_tensor_parallel(prec, &r);
     if (!small) { /* past the launch grid's cap: the kernels loop */
       layernorm(524281, 32, prec, &r);
       bias_cols(2, 2097152 + 33, prec, &r);

@@ -1,0 +1,129 @@
+/* Tensor parallelism's pieces of GPT-2 on the GPU (kernels.h, dt_cu_embed_rows .. dt_cu_xent_*):
+ * the vocab-parallel embedding's owned rows, the row-parallel projection's bias + residual
+ * epilogue, and the vocab-parallel cross-entropy in three pieces that the model all-reduces
+ * between (row max, sum of exponentials with the target logit, then lse and losses). The twins
+ * are backend_cpu.c's k_* of the same names, with the same formulas; the sums add in another
+ * order, so tests/gpu_parity compares them within a tolerance. A block per row for the row
+ * reductions, grid-stride loops for the elementwise ones. */
+#include <math.h>
+
+#include "kernels.h"
+
+#include "cuda_check.h"
+#include "cuda_launch.h"
+#include "kmath.h"
+
+#define FULL_MASK 0xffffffffu
+#define MAX_WARPS (1024 / DT_CUDA_WARP)
+
+/* grid-stride loop over [0, n) */
+#define FOR_N(i, n) \
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
+
+/* the block's maximum of v, in every thread (blockDim.x a multiple of the warp) */
+__device__ static float block_max(float v, float *sh) {
+  int warp = threadIdx.x / DT_CUDA_WARP, lane = threadIdx.x % DT_CUDA_WARP, nw = blockDim.x / DT_CUDA_WARP;
+  for (int o = DT_CUDA_WARP / 2; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(FULL_MASK, v, o));
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  float m = sh[0];
+  for (int w = 1; w < nw; w++) m = fmaxf(m, sh[w]);
+  __syncthreads(); /* sh is written again by the next call */
+  return m;
+}
+
+/* the block's sum of v in double, warps in order, in every thread */
+__device__ static double block_sum_d(double v, double *sh) {
+  int warp = threadIdx.x / DT_CUDA_WARP, lane = threadIdx.x % DT_CUDA_WARP, nw = blockDim.x / DT_CUDA_WARP;
+  for (int o = DT_CUDA_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+  if (lane == 0) sh[warp] = v;
+  __syncthreads();
+  double s = sh[0];
+  for (int w = 1; w < nw; w++) s += sh[w];
+  __syncthreads();
+  return s;
+}
+
+__global__ static void embed_rows_k(float *out, const int *inp, const float *wte, int C, int v0, int nrows, size_t n) {
+  FOR_N(i, n) {
+    int r = inp[i / C] - v0;
+    out[i] = r >= 0 && r < nrows ? wte[(size_t)r * C + i % C] : 0.0f;
+  }
+}
+
+__global__ static void bias_residual_k(float *out, const float *bias, const float *resid, int OC, size_t n) {
+  FOR_N(i, n) out[i] = resid[i] + (out[i] + bias[i % OC]);
+}
+
+__global__ static void xent_max_k(float *mx, const float *logits, int N, int nv, int Vp) {
+  __shared__ float sh[MAX_WARPS];
+  DT_CUDA_FOR_ROWS(i, N, blockIdx.x, gridDim.x) {
+    const float *z = logits + i * Vp;
+    float m = -INFINITY;
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) m = fmaxf(m, z[v]);
+    m = block_max(m, sh);
+    if (threadIdx.x == 0) mx[i] = m;
+  }
+}
+
+/* each thread's exponentials in float, the block's sum of those in double (the CPU twin: float
+ * chunks of 1024 columns, added in double) */
+__global__ static void xent_sumexp_k(double *sum, float *tl, const float *logits, const float *mx, const int *targets,
+                                     int N, int nv, int Vp, int v0) {
+  __shared__ double sh[MAX_WARPS];
+  DT_CUDA_FOR_ROWS(i, N, blockIdx.x, gridDim.x) {
+    const float *z = logits + i * Vp;
+    const float m = mx[i];
+    float cs = 0.0f;
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) cs += dt_expf(z[v] - m);
+    double s = block_sum_d((double)cs, sh);
+    if (threadIdx.x == 0) {
+      sum[i] = s;
+      int t = targets[i] - v0;
+      tl[i] = t >= 0 && t < nv ? z[t] : 0.0f;
+    }
+  }
+}
+
+__global__ static void xent_finish_k(float *lse, float *losses, const double *sum, int N) {
+  FOR_N(i, (size_t)N) {
+    float l = lse[i] + (float)log(sum[i]);
+    lse[i] = l;
+    losses[i] = l - losses[i];
+  }
+}
+
+dt_status_t dt_cu_embed_rows(float *out, const int *inp, const float *wte, int N, int C, int v0, int nrows,
+                             cudaStream_t s) {
+  size_t n = (size_t)N * C;
+  if (n == 0) return DT_OK;
+  DT_LAUNCH(embed_rows_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, inp, wte, C, v0, nrows, n);
+  return DT_OK;
+}
+
+dt_status_t dt_cu_bias_residual(float *out, const float *bias, const float *resid, int N, int OC, cudaStream_t s) {
+  size_t n = (size_t)N * OC;
+  if (n == 0) return DT_OK;
+  DT_LAUNCH(bias_residual_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, bias, resid, OC, n);
+  return DT_OK;
+}
+
+dt_status_t dt_cu_xent_max(float *mx, const float *logits, int N, int nv, int Vp, cudaStream_t s) {
+  if (N < 1) return DT_OK;
+  DT_LAUNCH(xent_max_k, dt_cuda_grid(N, 1), dt_cuda_row_block(nv), 0, s, mx, logits, N, nv, Vp);
+  return DT_OK;
+}
+
+dt_status_t dt_cu_xent_sumexp(double *sum, float *tl, const float *logits, const float *mx, const int *targets, int N,
+                              int nv, int Vp, int v0, cudaStream_t s) {
+  if (N < 1) return DT_OK;
+  DT_LAUNCH(xent_sumexp_k, dt_cuda_grid(N, 1), dt_cuda_row_block(nv), 0, s, sum, tl, logits, mx, targets, N, nv, Vp,
+            v0);
+  return DT_OK;
+}
+
+dt_status_t dt_cu_xent_finish(float *lse, float *losses, const double *sum, int N, cudaStream_t s) {
+  if (N < 1) return DT_OK;
+  DT_LAUNCH(xent_finish_k, dt_cuda_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, lse, losses, sum, N);
+  return DT_OK;
+}

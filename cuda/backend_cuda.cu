@@ -183,8 +183,9 @@ static dt_status_t init_all(dt_backend_t *be, cu_impl_t *im) {
   cudaStream_t s = im->compute;
   DT_TRY(alloc_zero((void **)&be->params, n, s));
   DT_TRY(alloc_zero((void **)&be->grads, n, s));
-  DT_TRY(alloc_zero((void **)&be->m, n, s));
-  DT_TRY(alloc_zero((void **)&be->v, n, s));
+  size_t nopt = dt_backend_opt_floats(be) * sizeof(float); /* m[i]: arena offset opt_lo + i */
+  DT_TRY(alloc_zero((void **)&be->m, nopt, s));
+  DT_TRY(alloc_zero((void **)&be->v, nopt, s));
   DT_TRY(alloc_zero((void **)&im->order, bt * sizeof(int), s));
   DT_TRY(alloc_zero((void **)&im->buckets, bt * sizeof(dt_embed_bucket_t), s));
   DT_TRY(alloc_zero((void **)&im->partial, DT_CUDA_SUMSQ_BLOCKS * sizeof(double), s));
@@ -224,8 +225,10 @@ static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
  * mode of every matmul. */
 static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads) {
   int device = be->device < 0 ? 0 : be->device, tf32 = be->tf32;
-  if (be->opt_hi > be->opt_lo) /* ZeRO shards of the optimizer state: CPU backend only, so far */
-    return DT_ERR(DT_ERR_UNSUPPORTED, "cuda backend: parallel.zero > 0 is not implemented for CUDA yet (use system.backend=cpu)");
+  size_t opt_lo = be->opt_lo, opt_hi = be->opt_hi; /* ZeRO: m, v of this shard only */
+  if (opt_hi > lay->n_params || opt_lo > opt_hi)
+    return DT_ERR(DT_ERR_ARG, "cuda backend: optimizer range [%zu, %zu) outside the arena of %zu", opt_lo, opt_hi,
+                  lay->n_params);
   memset(be, 0, sizeof *be);
   be->ops = &dt_backend_cuda;
   be->k = dt_backend_cuda.kernels;
@@ -235,6 +238,8 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
   be->threads = threads;
   be->device = device;
   be->tf32 = tf32;
+  be->opt_lo = opt_lo;
+  be->opt_hi = opt_hi;
   if (B < 1 || T < 1 || T > lay->d.T)
     return DT_ERR(DT_ERR_ARG, "cuda backend: bad micro-batch B=%d T=%d (model T=%d)", B, T, lay->d.T);
   cu_impl_t *im = (cu_impl_t *)calloc(1, sizeof *im);
@@ -523,7 +528,11 @@ static dt_status_t k_sumsq(dt_backend_t *be, const float *x, size_t n, double *o
   return DT_OK;
 }
 
-static dt_status_t cu_grad_sumsq(dt_backend_t *be, double *out) { return k_sumsq(be, be->grads, be->lay->n_params, out); }
+/* over the optimizer range (ZeRO: this rank's shard) */
+static dt_status_t cu_grad_sumsq(dt_backend_t *be, double *out) {
+  size_t lo = be->opt_hi > be->opt_lo ? be->opt_lo : 0;
+  return k_sumsq(be, be->grads + lo, dt_backend_opt_floats(be), out);
+}
 
 static dt_status_t cu_adamw(dt_backend_t *be, const dt_adamw_args_t *ar) {
   if (ar->t < 1) return DT_ERR(DT_ERR_ARG, "cuda backend: adamw step t=%d (must be >= 1)", ar->t);
@@ -531,13 +540,15 @@ static dt_status_t cu_adamw(dt_backend_t *be, const dt_adamw_args_t *ar) {
   const dt_layout_t *lay = be->lay;
   DT_TRY(join_comm(im));
   float bc1 = (float)(1.0 - pow(ar->beta1, ar->t)), bc2 = (float)(1.0 - pow(ar->beta2, ar->t));
-  for (int i = 0; i < lay->n_tensors; i++) { /* per tensor: weight decay only where decay = 1 */
+  /* per tensor (weight decay only where decay = 1), its part inside the optimizer range (ZeRO) */
+  size_t lo = be->opt_hi > be->opt_lo ? be->opt_lo : 0, hi = lo + dt_backend_opt_floats(be);
+  for (int i = 0; i < lay->n_tensors; i++) {
     const dt_tensor_t *t = &lay->tensors[i];
-    size_t n = (size_t)t->rows * t->cols;
-    if (n == 0) continue; /* a tensor of another pipeline stage */
-    DT_TRY(dt_cu_adamw(be->params + t->offset, be->grads + t->offset, be->m + t->offset, be->v + t->offset, n, ar->lr,
-                       ar->beta1, ar->beta2, ar->eps, t->decay ? ar->weight_decay : 0.0f, bc1, bc2, ar->grad_scale,
-                       im->compute));
+    size_t a = t->offset > lo ? t->offset : lo, z = t->offset + (size_t)t->rows * t->cols;
+    if (z > hi) z = hi;
+    if (a >= z) continue; /* outside the shard, or a tensor of another pipeline stage */
+    DT_TRY(dt_cu_adamw(be->params + a, be->grads + a, be->m + (a - lo), be->v + (a - lo), z - a, ar->lr, ar->beta1,
+                       ar->beta2, ar->eps, t->decay ? ar->weight_decay : 0.0f, bc1, bc2, ar->grad_scale, im->compute));
   }
   return DT_OK;
 }

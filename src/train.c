@@ -180,6 +180,9 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   tr->be.ops = ops;
   tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
   tr->be.tf32 = cfg->tf32;
+  if (cuda && cfg->zero > 1) /* stages 2 and 3 give pages of host arenas back (zero.h) */
+    return DT_ERR(DT_ERR_UNSUPPORTED, "%s: parallel.zero = %d is implemented on the cpu backend only (the cuda backend "
+                  "has ZeRO-1)", cfg_name, cfg->zero);
   if (cfg->zero > 0) { /* pad the arena's end so it splits into dp equal shards; m, v: the shard only */
     size_t n, lo, hi;
     dt_zero_split(tr->lay.n_params, tr->mesh.dp, tr->mesh.dp_idx, DT_ALIGN, &n, &lo, &hi);
@@ -256,10 +259,11 @@ static dt_status_t host_arenas(dt_trainer_t *tr, int with_optim, int fetch, dt_c
   if (!tr->be.ops->host_memory) { /* the host copies, fetched from the device when saving */
     size_t n = tr->lay.n_params;
     hp = tr->host_arena, hm = hp + n, hv = hm + n;
-    if (fetch) {
+    if (fetch) { /* m, v: the optimizer range (ZeRO: the shard), as the CPU backend holds them */
+      size_t nopt = dt_backend_opt_floats(&tr->be);
       DT_TRY(tr->be.ops->copy_to_host(&tr->be, DT_BUF_PARAMS, 0, n, hp));
-      if (with_optim) DT_TRY(tr->be.ops->copy_to_host(&tr->be, DT_BUF_M, 0, n, hm));
-      if (with_optim) DT_TRY(tr->be.ops->copy_to_host(&tr->be, DT_BUF_V, 0, n, hv));
+      if (with_optim) DT_TRY(tr->be.ops->copy_to_host(&tr->be, DT_BUF_M, 0, nopt, hm));
+      if (with_optim) DT_TRY(tr->be.ops->copy_to_host(&tr->be, DT_BUF_V, 0, nopt, hv));
     }
   }
   *a = dt_ckpt_arenas_full(hp, with_optim ? hm : NULL, with_optim ? hv : NULL);
@@ -300,9 +304,10 @@ static dt_status_t push_arenas(dt_trainer_t *tr) {
   if (tr->be.ops->host_memory) return DT_OK;
   size_t n = tr->lay.n_params;
   float *p = tr->host_arena, *m = p + n, *v = m + n;
+  size_t nopt = dt_backend_opt_floats(&tr->be); /* ZeRO: m, v of the shard */
   DT_TRY(tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, 0, n, p));
-  DT_TRY(tr->be.ops->copy_from_host(&tr->be, DT_BUF_M, 0, n, m));
-  return tr->be.ops->copy_from_host(&tr->be, DT_BUF_V, 0, n, v);
+  DT_TRY(tr->be.ops->copy_from_host(&tr->be, DT_BUF_M, 0, nopt, m));
+  return tr->be.ops->copy_from_host(&tr->be, DT_BUF_V, 0, nopt, v);
 }
 
 /* The precision a checkpoint was written with, from its effective ini (files without the key:
@@ -493,6 +498,8 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
   if (tr->be.comm_stream && tr->mesh.dp > 1) { /* device gradients: NCCL over the dp group */
     DT_TRY(nccl_over(tr, tr->mesh.dp_comm, &tr->dev_dp_comm));
     grad_comm = tr->dev_dp_comm;
+    if (tr->zero.stage == 1) /* ZeRO-1's reduce-scatter and all-gather on the compute stream */
+      DT_TRY(dt_zero_use_device_comm(&tr->zero, tr->dev_dp_comm, tr->be.stream));
   }
   DT_TRY(dt_ddp_init(&tr->ddp, grad_comm, tr->be.grads, tr->lay.n_params, tr->lay.layer_begin, tr->lay.d.L + 2,
                      (size_t)cfg->bucket_mb << 20));
@@ -724,7 +731,7 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   const float scale = tr->scaler.scale;
   if (tr->scaler.enabled) DT_TRY(dt_scaler_agree(&tr->scaler, tr->mesh.world, tr->mesh.rank, sumsq, &skip));
   if (tr->zero.stage > 0 && !skip) /* shard sums of squares -> the global norm's */
-    DT_TRY(tr->zero.comm->ops->allreduce(tr->zero.comm, &sumsq, &sumsq, 1, DT_F64, DT_SUM, NULL, NULL));
+    DT_TRY(tr->mesh.dp_comm->ops->allreduce(tr->mesh.dp_comm, &sumsq, &sumsq, 1, DT_F64, DT_SUM, NULL, NULL));
   double norm = sqrt(sumsq) / scale; /* of the unscaled gradients (exact: scale is a power of two) */
   if (!skip && !isfinite(norm))
     return DT_ERR(DT_ERR_NUMERIC, "rank %d: step %d: gradient norm is %g", tr->mesh.rank, tr->step + 1, norm);

@@ -49,8 +49,23 @@ void dt_zero_free(dt_zero_t *z) {
 /* Round j: floats [j*piece, j*piece + k) of every shard, packed block r = shard r. */
 static size_t round_len(const dt_zero_t *z, size_t off) { return z->shard - off < z->piece ? z->shard - off : z->piece; }
 
+dt_status_t dt_zero_use_device_comm(dt_zero_t *z, dt_comm_t *comm, void *stream) {
+  if (z->stage != 1)
+    return DT_ERR(DT_ERR_UNSUPPORTED, "parallel.zero = %d is implemented on the cpu backend only (ZeRO-1 on cuda)",
+                  z->stage);
+  if (comm->size != z->comm->size) return DT_ERR(DT_ERR_INTERNAL, "zero: a device communicator of another group");
+  z->comm = comm;
+  z->stream = stream;
+  free(z->stage_buf); /* NCCL's in-place collectives need no staging */
+  z->stage_buf = NULL;
+  return DT_OK;
+}
+
 dt_status_t dt_zero_reduce_grads(dt_zero_t *z, float *grads) {
   int p = z->comm->size, me = (int)(z->lo / z->shard);
+  if (p == 1) return DT_OK; /* the shard is the arena (also a device one) */
+  if (z->stream) /* device arena: one in-place reduce-scatter (shard r is block r of the arena) */
+    return z->comm->ops->reduce_scatter(z->comm, grads, grads + z->lo, z->shard, DT_F32, DT_AVG, z->stream, NULL);
   for (size_t off = 0; off < z->shard; off += z->piece) {
     size_t k = round_len(z, off);
     for (int r = 0; r < p; r++) memcpy(z->stage_buf + (size_t)r * k, grads + (size_t)r * z->shard + off, k * sizeof(float));
@@ -64,6 +79,9 @@ dt_status_t dt_zero_reduce_grads(dt_zero_t *z, float *grads) {
 
 dt_status_t dt_zero_gather_params(dt_zero_t *z, float *params) {
   int p = z->comm->size, me = (int)(z->lo / z->shard);
+  if (p == 1) return DT_OK;
+  if (z->stream) /* device arena: one in-place all-gather */
+    return z->comm->ops->allgather(z->comm, params + z->lo, params, z->shard, DT_F32, z->stream, NULL);
   for (size_t off = 0; off < z->shard; off += z->piece) {
     size_t k = round_len(z, off);
     memcpy(z->stage_buf + (size_t)me * k, params + z->lo + off, k * sizeof(float));

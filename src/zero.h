@@ -35,6 +35,7 @@ typedef struct {
   size_t shard;         /* n / dp */
   size_t lo, hi;        /* this rank's shard [lo, hi) = [dp_idx * shard, (dp_idx + 1) * shard) */
   size_t piece;         /* floats per rank per collective: the arena moves in bucket-sized rounds */
+  void *stream;         /* device arenas (dt_zero_use_device_comm): comm is NCCL on this stream */
   float *stage_buf;     /* dp * piece floats: round j packs piece j of every shard here */
 } dt_zero_t;
 
@@ -69,6 +70,10 @@ void dt_zero3_release(dt_zero_t *z, size_t lo, size_t hi);
  * when possible) is completed and the next block's is started (l + 1 forward, l - 1 backward);
  * after it ran, its parameters outside this rank's shard are dropped. */
 dt_status_t dt_zero3_hook(void *ctx, int l, dt_hook_phase_t phase);
+/* Stage 1 on a device backend: the collectives on the device arenas go through `comm` (NCCL over
+ * the same dp group) on `stream`, in place, in one call each (no host staging). Stages 2 and 3
+ * need host arenas (their page drops): an error. */
+dt_status_t dt_zero_use_device_comm(dt_zero_t *z, dt_comm_t *comm, void *stream);
 /* Average the gradient arena over the group into this rank's shard (in place, other shards'
  * contents are left unspecified). */
 dt_status_t dt_zero_reduce_grads(dt_zero_t *z, float *grads);

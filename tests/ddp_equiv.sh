@@ -31,6 +31,9 @@ for n in (2, 4):
     state_close(f"{d}/c1/ckpt_00000020.h5", f"{d}/c{n}/ckpt_00000020.h5", f"dp={n} vs dp=1", 1e-5, 1e-5, 1e-5)
 PY
 
+# The end-of-run overlap line agrees with the run's own step times (tests/ref/overlap_report.py).
+for n in 2 4; do "$PY" "$top_srcdir/tests/ref/overlap_report.py" "$t/dp$n.out" "$t/dp$n.jsonl" ddp; done
+
 # Launch mismatches are one clear line (from rank 0 only) and exit status 2, before any work.
 check_mismatch() {
   local want=$1

@@ -56,6 +56,8 @@ for n, what in (("z1d2", "zero=1 dp=2"), ("z1d4", "zero=1 dp=4"), ("z1tp", "zero
 for n in ("h1", "h2"):
     state_close(f"{d}/h0/ckpt_00000020.h5", f"{d}/{n}/ckpt_00000020.h5", f"fp16 zero={n[1]} vs zero=0", 1e-3, 1e-3, 1e-3)
 PY
+# ZeRO-3's end-of-run gather line agrees with the run's own step times (tests/ref/overlap_report.py).
+for n in z3d2 z3d4; do "$PY" "$top_srcdir/tests/ref/overlap_report.py" "$t/$n.out" "$t/$n.jsonl" zero3; done
 # Each rank holds only its shard of m and v: the run says so in its memory plan; stages not
 # implemented are a one-line config error.
 for bad in train.precision=bf16 train.precision=fp16; do

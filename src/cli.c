@@ -37,7 +37,7 @@ static const char *const commands[][2] = {
     {"bench-comm [--help] [--max-bytes N] ...", "time and check the communicator's collectives"},
     {"plan [--help] CONFIG [section.key=value ...] [--world N] [--device-mem 80GiB]",
      "per-rank memory (ZeRO 0-3) and GPU roofline"},
-    {"plot [--help] [-o OUT.svg] METRICS.jsonl...", "training curves of runs as one SVG picture"},
+    {"plot [--help] [-o OUT.svg] [--peak-tflops P] METRICS.jsonl...", "training curves of runs as one SVG picture"},
     {"--help | --version | --man", "this text, the versions of dtrain and its libraries, the man page"},
 };
 static const char *const paragraphs[] = {

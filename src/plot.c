@@ -1,5 +1,6 @@
 /* `dtrain plot`: training curves from metrics JSONL files (log.metrics) as one SVG picture: loss
- * and validation loss, learning rate, gradient norm and tokens/s, several runs overlaid. Reads
+ * and validation loss, learning rate, gradient norm, tokens/s and the model's FLOP rate (model
+ * FLOP utilisation against a given peak), several runs overlaid. Reads
  * flat JSON objects, one per line; writes FILE.tmp and renames it, so nothing half-written stays. */
 #include "plot.h"
 
@@ -11,8 +12,8 @@
 
 #include "svg_chart.h"
 
-enum { K_STEP, K_TOKENS, K_LOSS, K_VAL, K_LR, K_GN, K_TOKS, K_N };
-static const char *key_names[K_N] = {"step", "tokens", "loss", "val_loss", "lr", "grad_norm", "tok_per_s"};
+enum { K_STEP, K_TOKENS, K_LOSS, K_VAL, K_LR, K_GN, K_TOKS, K_GF, K_N };
+static const char *key_names[K_N] = {"step", "tokens", "loss", "val_loss", "lr", "grad_norm", "tok_per_s", "gflops"};
 
 typedef struct {
   const char *path;
@@ -137,7 +138,7 @@ static int read_run(run_t *r, const char *path) {
 /* ---- drawing ------------------------------------------------------------------------------ */
 
 #define W 1000
-#define H 720
+#define H 1045
 
 static void legend(FILE *f, const run_t *runs, int n) {
   double x = 70, y = 24;
@@ -155,7 +156,7 @@ static void legend(FILE *f, const run_t *runs, int n) {
   }
 }
 
-/* Panel k (0..3) of the 2 x 2 grid: columns yk against x (x = NULL: each run's step). */
+/* Panel k (0..4) of the 2 x 3 grid: columns yk against x (x = NULL: each run's step). */
 static void panel(FILE *f, int k, const char *title, const char *xl, const char *yl, int log_y, const run_t *runs,
                   int n, int use_tokens, int yk, int with_val) {
   dt_svg_series_t s[64];
@@ -171,7 +172,9 @@ static void panel(FILE *f, int k, const char *title, const char *xl, const char 
   dt_svg_panel(f, &p, s, ns);
 }
 
-static void draw(FILE *f, const run_t *runs, int n) {
+/* peak_tflops > 0: the FLOP-rate panel is the model FLOP utilisation, gflops / peak (the runs'
+ * gflops columns are scaled in place) */
+static void draw(FILE *f, run_t *runs, int n, double peak_tflops) {
   int tok = 1;
   for (int i = 0; i < n; i++) tok &= runs[i].has_tokens;
   dt_svg_begin(f, W, H);
@@ -180,6 +183,15 @@ static void draw(FILE *f, const run_t *runs, int n) {
   panel(f, 1, "learning rate", "step", "lr", 0, runs, n, 0, K_LR, 0);
   panel(f, 2, "gradient norm (before clipping)", "step", "grad norm (log)", 1, runs, n, 0, K_GN, 0);
   panel(f, 3, "throughput", "step", "tokens/s", 0, runs, n, 0, K_TOKS, 0);
+  if (peak_tflops > 0) {
+    char title[96];
+    snprintf(title, sizeof title, "model FLOP utilisation (of a %g TFLOP/s peak)", peak_tflops);
+    for (int i = 0; i < n; i++)
+      for (int r = 0; r < runs[i].n; r++) runs[i].v[K_GF][r] /= 1e3 * peak_tflops;
+    panel(f, 4, title, "step", "MFU", 0, runs, n, 0, K_GF, 0);
+  } else {
+    panel(f, 4, "model FLOP rate (6N + attention per token)", "step", "GFLOP/s", 0, runs, n, 0, K_GF, 0);
+  }
   dt_svg_end(f);
 }
 
@@ -187,10 +199,14 @@ static void draw(FILE *f, const run_t *runs, int n) {
 
 static int usage(FILE *out, int status) {
   fprintf(out,
-          "usage: dtrain plot [-o OUT.svg] METRICS.jsonl...\n"
+          "usage: dtrain plot [-o OUT.svg] [--peak-tflops P] METRICS.jsonl...\n"
           "  Loss and validation loss (against tokens when every row has \"tokens\", else step), learning\n"
-          "  rate, gradient norm and tokens/s of one or more runs (log.metrics files) in one SVG picture.\n"
-          "  -o OUT.svg   where to write it (default: the first file with .jsonl replaced by .svg)\n");
+          "  rate, gradient norm, tokens/s and the model FLOP rate of one or more runs (log.metrics files)\n"
+          "  in one SVG picture.\n"
+          "  -o OUT.svg         where to write it (default: the first file with .jsonl replaced by .svg)\n"
+          "  --peak-tflops P    draw model FLOP utilisation (MFU) instead of GFLOP/s: P is the whole\n"
+          "                     job's peak, as the logged gflops are the job's (e.g. 4 H100s in bf16:\n"
+          "                     4 x 989 = 3956)\n");
   return status;
 }
 
@@ -202,6 +218,7 @@ static void free_runs(run_t *runs, int n) {
 
 int dt_plot_main(int argc, char **argv) {
   const char *out = NULL;
+  double peak = 0;
   const char **files = calloc((size_t)argc, sizeof *files);
   int n = 0;
   if (!files) return 1;
@@ -209,6 +226,16 @@ int dt_plot_main(int argc, char **argv) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
       free(files);
       return usage(stdout, 0);
+    }
+    if (!strcmp(argv[i], "--peak-tflops") && i + 1 < argc) {
+      char *end = NULL;
+      peak = strtod(argv[++i], &end);
+      if (!end || *end || !(peak > 0) || !isfinite(peak)) {
+        fprintf(stderr, "dtrain plot: --peak-tflops %s: not a positive number\n", argv[i]);
+        free(files);
+        return 2;
+      }
+      continue;
     }
     if (argv[i][0] == '-' && (strcmp(argv[i], "-o") || i + 1 >= argc)) {
       fprintf(stderr, "dtrain plot: bad argument '%s'\n", argv[i]);
@@ -253,7 +280,7 @@ int dt_plot_main(int argc, char **argv) {
   FILE *f = fopen(tmp, "w");
   int ok = f != NULL;
   if (ok) {
-    draw(f, runs, n);
+    draw(f, runs, n, peak);
     ok = !ferror(f);
     ok = (fclose(f) == 0) && ok;
     ok = ok && rename(tmp, out) == 0;

@@ -679,24 +679,11 @@ static dt_status_t straggler(dt_trainer_t *tr, double busy, dt_step_row_t *row) 
   return DT_OK;
 }
 
-dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
-  const dt_config_t *c = &tr->cfg;
+/* The gradients of a step made final everywhere: the dp all-reduce (DDP) has completed, pp's tied
+ * wte copies are summed, ZeRO's shards hold their averaged gradients. */
+static dt_status_t sync_grads(dt_trainer_t *tr, int ddp) {
   dt_backend_t *be = &tr->be;
-  int dp = tr->mesh.dp;
-  double t0 = dt_time_now(), wait0 = dt_wd_wait_seconds();
-  dt_wd_set_step(tr->step + 1);
-  uint64_t sample0 = tr->sample_pos;
-  double lr = dt_lr_at(c, tr->step);
-  if (tr->zero.stage >= 2) dt_zero_drop(be->grads, 0, tr->lay.n_params); /* zero, and RSS back */
-  else DT_TRY(be->ops->zero_grad(be));
-  be->loss_scale = tr->scaler.scale; /* 1 unless fp16 */
-  int ddp = dp > 1 && tr->zero.stage == 0; /* ZeRO-1 reduce-scatters after the last backward instead */
-  int z2 = tr->zero.stage >= 2; /* every micro-step's buckets go to their owners during backward */
-  DT_TRY(pinned_gather(tr));
-  if (ddp) dt_ddp_begin(&tr->ddp);
-  double loss_sum = 0;
-  uint64_t slice = tr->sample_pos + (uint64_t)tr->mesh.dp_idx * (uint64_t)tr->accum * (uint64_t)tr->B;
-  DT_TRY(microsteps(tr, ddp, slice, &loss_sum));
+  const int z2 = tr->zero.stage >= 2;
   if (ddp) {
     DT_TRY(dt_ddp_finish(&tr->ddp));
     tr->t_comm_wait_sum += tr->ddp.t_comm_wait;
@@ -710,15 +697,28 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
     DT_TRY(dt_zero_reduce_bucket(&tr->zero, be->grads, tr->ddp.hold_lo, tr->ddp.hold_hi));
   if (z2) dt_zero_average_shard(&tr->zero, be->grads);
   if (tr->zero.stage == 1) DT_TRY(dt_zero_reduce_grads(&tr->zero, be->grads)); /* this rank's shard, averaged */
-  if (tr->mesh.pp > 1 && dt_fault("tied_drift", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: wte grads */
-    DT_TRY(fault_scale_grads(be, tr->lay.tensors[0].offset, (size_t)tr->lay.tensors[0].rows * tr->lay.tensors[0].cols));
-  if (dt_fault("bad_math", tr->mesh.rank, tr->step + 1)) /* test-only, fault.h: block 1's grads */
+  return DT_OK;
+}
+
+/* Test-only faults (fault.h) on the final gradients of step `step` (1-based), all in one place. */
+static dt_status_t test_faults(dt_trainer_t *tr, int step) {
+  dt_backend_t *be = &tr->be;
+  const dt_tensor_t *wte = &tr->lay.tensors[0];
+  if (tr->mesh.pp > 1 && dt_fault("tied_drift", tr->mesh.rank, step)) /* the wte grads of one stage */
+    DT_TRY(fault_scale_grads(be, wte->offset, (size_t)wte->rows * wte->cols));
+  if (dt_fault("bad_math", tr->mesh.rank, step)) /* block 1's grads */
     DT_TRY(fault_scale_grads(be, tr->lay.layer_begin[1], tr->lay.layer_begin[2] - tr->lay.layer_begin[1]));
-  if (dt_fault("slow_rank", tr->mesh.rank, tr->step + 1)) dt_fault_sleep(DT_FAULT_SLOW_RANK_S); /* test-only */
-  if (dt_fault_at("grad_inf", tr->mesh.rank, tr->step + 1)) { /* test-only: one inf in block 0's grads */
+  if (dt_fault("slow_rank", tr->mesh.rank, step)) dt_fault_sleep(DT_FAULT_SLOW_RANK_S);
+  if (dt_fault_at("grad_inf", tr->mesh.rank, step)) { /* one inf in block 0's grads */
     float inf = INFINITY;
     DT_TRY(be->ops->copy_from_host(be, DT_BUF_GRADS, tr->lay.layer_begin[1], 1, &inf));
   }
+  return DT_OK;
+}
+
+/* The global gradient norm (of the unscaled gradients) over tp shards, pp stages and ZeRO shards;
+ * with fp16, *skip = some rank saw inf/NaN (the step is then skipped everywhere). */
+static dt_status_t global_norm(dt_trainer_t *tr, double *norm, int *skip) {
   double sumsq = 0, rep = 0; /* this stage's (the tied copy of wte not counted): tp shards summed, replicas once */
   DT_TRY(dt_gpt2_grad_sumsq(&tr->model, &sumsq, &rep));
   if (tr->lay.tp > 1)
@@ -726,15 +726,22 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   sumsq += rep;
   if (tr->mesh.pp > 1)
     DT_TRY(tr->mesh.pp_comm->ops->allreduce(tr->mesh.pp_comm, &sumsq, &sumsq, 1, DT_F64, DT_SUM, NULL, NULL));
-  /* fp16: every rank learns whether any rank saw inf/NaN; the step is then skipped everywhere */
-  int skip = 0;
-  const float scale = tr->scaler.scale;
-  if (tr->scaler.enabled) DT_TRY(dt_scaler_agree(&tr->scaler, tr->mesh.world, tr->mesh.rank, sumsq, &skip));
-  if (tr->zero.stage > 0 && !skip) /* shard sums of squares -> the global norm's */
+  *skip = 0;
+  if (tr->scaler.enabled) DT_TRY(dt_scaler_agree(&tr->scaler, tr->mesh.world, tr->mesh.rank, sumsq, skip));
+  if (tr->zero.stage > 0 && !*skip) /* shard sums of squares -> the global norm's */
     DT_TRY(tr->mesh.dp_comm->ops->allreduce(tr->mesh.dp_comm, &sumsq, &sumsq, 1, DT_F64, DT_SUM, NULL, NULL));
-  double norm = sqrt(sumsq) / scale; /* of the unscaled gradients (exact: scale is a power of two) */
-  if (!skip && !isfinite(norm))
-    return DT_ERR(DT_ERR_NUMERIC, "rank %d: step %d: gradient norm is %g", tr->mesh.rank, tr->step + 1, norm);
+  *norm = sqrt(sumsq) / tr->scaler.scale; /* of the unscaled gradients (exact: scale is a power of two) */
+  if (!*skip && !isfinite(*norm))
+    return DT_ERR(DT_ERR_NUMERIC, "rank %d: step %d: gradient norm is %g", tr->mesh.rank, tr->step + 1, *norm);
+  return DT_OK;
+}
+
+/* AdamW (clipped to grad_clip; the loss scale folded into the factor) unless skipped, ZeRO's
+ * parameter gather, the loss scaler's update and its message. */
+static dt_status_t update(dt_trainer_t *tr, double lr, double norm, int skip) {
+  const dt_config_t *c = &tr->cfg;
+  dt_backend_t *be = &tr->be;
+  const float scale = tr->scaler.scale;
   if (!skip) { /* unscale (x 1/scale) folded into the clipping factor: both exact powers of two apart */
     dt_adamw_args_t a = {.lr = (float)lr, .beta1 = (float)c->beta1, .beta2 = (float)c->beta2, .eps = (float)c->eps,
                          .weight_decay = (float)c->weight_decay,
@@ -749,10 +756,12 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
     printf("# step %d: %s: loss scale %g -> %g\n", tr->step + 1,
            skip ? "inf/NaN gradients on some rank, update skipped" : "no overflow for loss_scale_window steps", scale,
            tr->scaler.scale);
-  tr->step++;
-  tr->sample_pos += (uint64_t)tr->global_batch;
-  tr->tokens_seen += (uint64_t)tr->global_batch * (uint64_t)tr->T;
-  /* Global mean loss and the slowest rank's time, in one reduction each. */
+  return DT_OK;
+}
+
+/* The step's row: the global mean loss and the slowest rank's time, in one reduction each. */
+static dt_status_t step_row(dt_trainer_t *tr, double loss_sum, double lr, double norm, int skip, float scale,
+                            uint64_t sample0, double t0, double wait0, dt_step_row_t *row) {
   double dt = dt_time_now() - t0, busy = dt - (dt_wd_wait_seconds() - wait0);
   double mean_loss = loss_sum / tr->accum, tmax = dt;
   dt_comm_t *w = tr->mesh.world;
@@ -769,6 +778,33 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
                          .tokens = (sample0 + (uint64_t)tr->global_batch) * (uint64_t)tr->T,
                          .loss_scale = tr->scaler.enabled ? scale : 0, .skipped = skip, .slowest_rank = -1};
   return straggler(tr, busy, row);
+}
+
+dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
+  dt_backend_t *be = &tr->be;
+  double t0 = dt_time_now(), wait0 = dt_wd_wait_seconds();
+  dt_wd_set_step(tr->step + 1);
+  uint64_t sample0 = tr->sample_pos;
+  double lr = dt_lr_at(&tr->cfg, tr->step);
+  if (tr->zero.stage >= 2) dt_zero_drop(be->grads, 0, tr->lay.n_params); /* zero, and RSS back */
+  else DT_TRY(be->ops->zero_grad(be));
+  be->loss_scale = tr->scaler.scale; /* 1 unless fp16 */
+  const float scale = tr->scaler.scale;
+  int ddp = tr->mesh.dp > 1 && tr->zero.stage == 0; /* ZeRO-1 reduce-scatters after the last backward instead */
+  DT_TRY(pinned_gather(tr));
+  if (ddp) dt_ddp_begin(&tr->ddp);
+  double loss_sum = 0, norm = 0;
+  uint64_t slice = tr->sample_pos + (uint64_t)tr->mesh.dp_idx * (uint64_t)tr->accum * (uint64_t)tr->B;
+  DT_TRY(microsteps(tr, ddp, slice, &loss_sum));
+  DT_TRY(sync_grads(tr, ddp));
+  DT_TRY(test_faults(tr, tr->step + 1));
+  int skip = 0;
+  DT_TRY(global_norm(tr, &norm, &skip));
+  DT_TRY(update(tr, lr, norm, skip));
+  tr->step++;
+  tr->sample_pos += (uint64_t)tr->global_batch;
+  tr->tokens_seen += (uint64_t)tr->global_batch * (uint64_t)tr->T;
+  return step_row(tr, loss_sum, lr, norm, skip, scale, sample0, t0, wait0, row);
 }
 
 dt_status_t dt_trainer_eval(dt_trainer_t *tr, dt_data_t *d, int batches, double *loss) {

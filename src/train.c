@@ -206,6 +206,8 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
     const int s = tr->mesh.pp_idx, pp = tr->mesh.pp;
     dt_comm_t *c = tr->mesh.pp_comm;
     DT_TRY(c->ops->split(c, s == 0 || s == pp - 1 ? 0 : 1, s, &tr->tied_comm));
+    MPI_Comm th; /* named for the hang watchdog's line, as the mesh's are */
+    if (dt_comm_mpi_handle(tr->tied_comm, &th) == DT_OK) MPI_Comm_set_name(th, "tied");
     tr->pipe = (dt_pipe_t){.comm = c};
     size_t bytes = sizeof(float) * (size_t)tr->B * tr->T * tr->lay.d.C;
     if (cuda) { /* device buffers sent over NCCL on the compute stream; the tied wte's sum too */

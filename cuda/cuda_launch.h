@@ -32,6 +32,9 @@ static inline int dt_cuda_warp_rows_grid(size_t rows, int block) {
 /* The row loop of every warp-per-row (and block-per-row) kernel: the unit `id` of `units` in the
  * grid takes rows id, id + units, ... below rows. The kernels pass their global warp index and the
  * grid's warp count; the tests pass the same numbers for a capped grid and count the rows. */
+/* Grid-stride loop over [0, n) in a kernel (every elementwise kernel of cuda/kernels*.cu). */
+#define DT_CUDA_FOR_N(i, n) \
+  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 #define DT_CUDA_FOR_ROWS(row, rows, id, units) for (size_t row = (id); row < (size_t)(rows); row += (size_t)(units))
 
 /* Threads for one block per row of n columns: n rounded up to a whole warp, between 32 and 1024

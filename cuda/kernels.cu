@@ -12,9 +12,6 @@
 
 #define FULL_MASK 0xffffffffu
 
-/* grid-stride loop over [0, n) */
-#define FOR_N(i, n) \
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 __device__ static inline float warp_sum(float v) {
   for (int o = DT_CUDA_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
@@ -38,7 +35,7 @@ __device__ static inline void warp_merge_softmax(float *mx, float *sum) {
 
 __global__ static void encoder_forward_k(float *out, const int *inp, const float *wte, const float *wpe, int T, int C,
                                          size_t n) {
-  FOR_N(i, n) {
+  DT_CUDA_FOR_N(i, n) {
     size_t bt = i / C;
     int c = (int)(i % C), t = (int)(bt % T);
     out[i] = wte[(size_t)inp[bt] * C + c] + wpe[(size_t)t * C + c];
@@ -63,7 +60,7 @@ __global__ static void encoder_backward_wte_k(float *dwte, const float *dout, co
 
 /* dwpe[t, c] += dout[b, t, c] for b = 0, 1, ... in that order (the CPU twin's). */
 __global__ static void encoder_backward_wpe_k(float *dwpe, const float *dout, int B, int T, int C) {
-  FOR_N(i, (size_t)T * C) {
+  DT_CUDA_FOR_N(i, (size_t)T * C) {
     float acc = dwpe[i];
     for (int b = 0; b < B; b++) acc += dout[(size_t)b * T * C + i];
     dwpe[i] = acc;
@@ -197,7 +194,7 @@ __global__ static void col_partial_k(float *part, const float *src, int N, int O
 
 /* dst[j] += sum over chunks k (in order) of part[k * n + j] */
 __global__ static void col_finish_k(float *dst, const float *part, int n) {
-  FOR_N(j, (size_t)n) {
+  DT_CUDA_FOR_N(j, (size_t)n) {
     float a = 0.0f;
     for (int k = 0; k < DT_CUDA_COL_CHUNKS; k++) a += part[(size_t)k * n + j];
     dst[j] += a;
@@ -230,7 +227,7 @@ dt_status_t dt_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, 
 /* ---- matmul helpers ----------------------------------------------------------------------- */
 
 __global__ static void add_bias_k(float *out, const float *bias, int OC, size_t n) {
-  FOR_N(i, n) out[i] += bias[i % OC];
+  DT_CUDA_FOR_N(i, n) out[i] += bias[i % OC];
 }
 
 dt_status_t dt_cu_add_bias(float *out, const float *bias, int N, int OC, cudaStream_t s) {
@@ -287,14 +284,14 @@ dt_status_t dt_cu_softmax_causal_backward(float *d, const float *att, int rows, 
 
 /* ---- elementwise -------------------------------------------------------------------------- */
 
-__global__ static void gelu_forward_k(float *out, const float *inp, size_t n) { FOR_N(i, n) out[i] = dt_gelu(inp[i]); }
+__global__ static void gelu_forward_k(float *out, const float *inp, size_t n) { DT_CUDA_FOR_N(i, n) out[i] = dt_gelu(inp[i]); }
 
 __global__ static void gelu_backward_k(float *dinp, const float *inp, const float *dout, size_t n) {
-  FOR_N(i, n) dinp[i] = dt_gelu_grad(inp[i]) * dout[i];
+  DT_CUDA_FOR_N(i, n) dinp[i] = dt_gelu_grad(inp[i]) * dout[i];
 }
 
 __global__ static void residual_k(float *out, const float *a, const float *b, size_t n) {
-  FOR_N(i, n) out[i] = a[i] + b[i];
+  DT_CUDA_FOR_N(i, n) out[i] = a[i] + b[i];
 }
 
 dt_status_t dt_cu_gelu_forward(float *out, const float *inp, size_t n, cudaStream_t s) {
@@ -309,7 +306,7 @@ dt_status_t dt_cu_gelu_backward(float *dinp, const float *inp, const float *dout
 
 /* storage-precision rounding (precision.h): dst = round(src), dst == src allowed */
 __global__ static void round_k(float *dst, const float *src, size_t n, int prec) {
-  FOR_N(i, n) dst[i] = dt_prec_round1(src[i], prec);
+  DT_CUDA_FOR_N(i, n) dst[i] = dt_prec_round1(src[i], prec);
 }
 
 dt_status_t dt_cu_round_copy(float *dst, const float *src, size_t n, int prec, cudaStream_t s) {
@@ -352,7 +349,7 @@ __global__ static void crossentropy_forward_k(float *losses, float *lse, const f
 
 __global__ static void crossentropy_backward_k(float *dlogits, const float *logits, const float *lse,
                                                const int *targets, float dloss, int V, int Vp, int v0, size_t n) {
-  FOR_N(k, n) {
+  DT_CUDA_FOR_N(k, n) {
     size_t i = k / Vp;
     int v = (int)(k % Vp);
     dlogits[k] = v < V ? dt_ce_dlogit(logits[k], lse[i], v + v0 == targets[i], dloss) : 0.0f;
@@ -379,7 +376,7 @@ dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, con
 
 __global__ static void adamw_k(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1,
                                float beta2, float eps, float wd, float bc1, float bc2, float gscale) {
-  FOR_N(i, n) {
+  DT_CUDA_FOR_N(i, n) {
     float mi = m[i], vi = v[i];
     p[i] = dt_adamw_update(p[i], g[i] * gscale, &mi, &vi, lr, beta1, beta2, eps, wd, bc1, bc2);
     m[i] = mi;
@@ -398,7 +395,7 @@ dt_status_t dt_cu_adamw(float *p, const float *g, float *m, float *v, size_t n, 
 __global__ static void sumsq_partial_k(double *partial, const float *g, size_t n) {
   __shared__ double sh[DT_CUDA_BLOCK];
   double a = 0.0;
-  FOR_N(i, n) a += (double)g[i] * g[i];
+  DT_CUDA_FOR_N(i, n) a += (double)g[i] * g[i];
   sh[threadIdx.x] = a;
   __syncthreads();
   for (int o = DT_CUDA_BLOCK / 2; o > 0; o >>= 1) {

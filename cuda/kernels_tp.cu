@@ -16,9 +16,6 @@
 #define FULL_MASK 0xffffffffu
 #define MAX_WARPS (1024 / DT_CUDA_WARP)
 
-/* grid-stride loop over [0, n) */
-#define FOR_N(i, n) \
-  for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < (n); i += (size_t)gridDim.x * blockDim.x)
 
 /* the block's maximum of v, in every thread (blockDim.x a multiple of the warp) */
 __device__ static float block_max(float v, float *sh) {
@@ -45,14 +42,14 @@ __device__ static double block_sum_d(double v, double *sh) {
 }
 
 __global__ static void embed_rows_k(float *out, const int *inp, const float *wte, int C, int v0, int nrows, size_t n) {
-  FOR_N(i, n) {
+  DT_CUDA_FOR_N(i, n) {
     int r = inp[i / C] - v0;
     out[i] = r >= 0 && r < nrows ? wte[(size_t)r * C + i % C] : 0.0f;
   }
 }
 
 __global__ static void bias_residual_k(float *out, const float *bias, const float *resid, int OC, size_t n) {
-  FOR_N(i, n) out[i] = resid[i] + (out[i] + bias[i % OC]);
+  DT_CUDA_FOR_N(i, n) out[i] = resid[i] + (out[i] + bias[i % OC]);
 }
 
 __global__ static void xent_max_k(float *mx, const float *logits, int N, int nv, int Vp) {
@@ -86,7 +83,7 @@ __global__ static void xent_sumexp_k(double *sum, float *tl, const float *logits
 }
 
 __global__ static void xent_finish_k(float *lse, float *losses, const double *sum, int N) {
-  FOR_N(i, (size_t)N) {
+  DT_CUDA_FOR_N(i, (size_t)N) {
     float l = lse[i] + (float)log(sum[i]);
     lse[i] = l;
     losses[i] = l - losses[i];

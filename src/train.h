@@ -17,7 +17,7 @@
 #include "model.h"
 #include "pipeline.h"
 #include "precision.h"
-#include "zero.h"
+#include "sync.h"
 
 /* Exit status when a signal stopped training after a checkpoint was written: the sbatch
  * templates requeue the job on it (EX_TEMPFAIL). */
@@ -31,7 +31,6 @@ typedef struct {
   dt_backend_t be;
   dt_gpt2_t model;         /* GPT-2 over be's kernels: activations, tp collectives, stages */
   dt_data_t *train, *val;
-  dt_ddp_t ddp;
   dt_metrics_t metrics;
   int B, T, accum, global_batch; /* global_batch = B * accum * dp sequences per step */
   int *inputs, *targets;   /* (B, T) host */
@@ -48,12 +47,8 @@ typedef struct {
   int stopped_by_signal;
   int saved_step;          /* step of the last checkpoint written by this run, -1 none */
   int resumed_step;        /* step restored from a checkpoint, -1 none */
-  double t_allreduce_full; /* one blocking all-reduce of all gradients, measured at start (dp > 1) */
-  double t_comm_wait_sum;  /* time waiting for gradient all-reduces after backward, summed */
-  double t_gather_full;    /* ZeRO-3: blocking gathers of every block, measured at start */
-  int n_timed_steps;
   dt_scaler_t scaler;      /* fp16 dynamic loss scaling (disabled: scale 1); skipped-step count */
-  dt_zero_t zero;          /* parallel.zero: the optimizer-state shard of this rank */
+  dt_sync_t sync;          /* how gradients become final over dp: local, ddp, zero1-3 (sync.h) */
   dt_ckpt_ranges_t zero_optim; /* zero >= 1: the checkpoint boxes of that shard (m, v) */
   /* pipeline parallelism (pp > 1): the 1F1B transfers over mesh.pp_comm, the group of the first
    * and last stage (the tied embedding's gradient is summed over it), one send and one receive

@@ -1,0 +1,264 @@
+/* Gradient synchronisation strategies (sync.h): local, ddp, zero1, zero2, zero3. */
+#include "sync.h"
+
+#include <math.h>
+
+#include "timer.h"
+
+/* ---- shared pieces ---- */
+
+static dt_status_t nothing(dt_sync_t *s) {
+  (void)s;
+  return DT_OK;
+}
+static void nothing_void(dt_sync_t *s) { (void)s; }
+static dt_grad_ready_fn no_hook(dt_sync_t *s, int mb, int m) {
+  (void)s, (void)mb, (void)m;
+  return NULL;
+}
+static dt_status_t no_reduce(dt_sync_t *s, double *sumsq) {
+  (void)s, (void)sumsq;
+  return DT_OK;
+}
+static dt_status_t no_gather(dt_sync_t *s, int skip) {
+  (void)s, (void)skip;
+  return DT_OK;
+}
+static void no_report(const dt_sync_t *s, int steps, FILE *o) { (void)s, (void)steps, (void)o; }
+
+static dt_status_t zero_grads(dt_sync_t *s) { return s->be->ops->zero_grad(s->be); }
+
+/* Pipeline parallelism: the first stage's wte and the last stage's copy each hold a partial
+ * gradient (embedding / lm_head): both get the sum, so the two copies stay equal. Bucket-sized
+ * pieces: no MPI temporary of the whole embedding. */
+static dt_status_t tied_sum(dt_sync_t *s) {
+  if (!s->tied) return DT_OK;
+  const dt_tensor_t *t = &s->lay->tensors[0];
+  float *g = s->be->grads + t->offset;
+  size_t n = (size_t)t->rows * t->cols, chunk = s->bucket_bytes / sizeof(float);
+  for (size_t lo = 0; lo < n; lo += chunk)
+    DT_TRY(s->tied->ops->allreduce(s->tied, g + lo, g + lo, n - lo < chunk ? n - lo : chunk, DT_F32, DT_SUM,
+                                   s->be->stream, NULL));
+  return DT_OK;
+}
+
+/* Sharded gradients: the global norm's sum of squares is the sum of the shards'. */
+static dt_status_t shard_norm(dt_sync_t *s, double *sumsq) {
+  return s->dp_comm->ops->allreduce(s->dp_comm, sumsq, sumsq, 1, DT_F64, DT_SUM, NULL, NULL);
+}
+
+/* ZeRO-1/2: every rank updated its shard; all-gather the parameters (not after a skipped step). */
+static dt_status_t gather_params(dt_sync_t *s, int skip) {
+  return skip ? DT_OK : dt_zero_gather_params(&s->zero, s->be->params);
+}
+
+/* ---- local and ddp ---- */
+
+static dt_status_t ddp_begin_step(dt_sync_t *s) {
+  DT_TRY(zero_grads(s));
+  dt_ddp_begin(&s->ddp);
+  return DT_OK;
+}
+
+/* Only the last micro-batch's backward reports ready gradients: earlier ones only accumulate. */
+static dt_grad_ready_fn ddp_hook(dt_sync_t *s, int mb, int m) {
+  (void)s;
+  return mb == m - 1 ? dt_ddp_ready : NULL;
+}
+
+static dt_status_t ddp_after_backward(dt_sync_t *s) {
+  DT_TRY(dt_ddp_finish(&s->ddp));
+  s->t_wait_sum += s->ddp.t_comm_wait;
+  s->n_timed++;
+  return tied_sum(s);
+}
+
+static void ddp_report(const dt_sync_t *s, int steps, FILE *o) {
+  (void)steps;
+  if (s->n_timed == 0) return;
+  double wait = s->t_wait_sum / s->n_timed, full = s->t_full;
+  fprintf(o, "# ddp: %d buckets; waiting for gradients after backward %.1f ms/step (rank 0 mean) vs %.1f ms for a "
+          "blocking all-reduce of all gradients (bucket by bucket): %.0f%% of the all-reduce hidden behind backward\n",
+          s->ddp.n_buckets, 1e3 * wait, 1e3 * full, full > 0 ? 100.0 * fmax(0.0, 1.0 - wait / full) : 0.0);
+}
+
+static const dt_sync_ops_t sync_local = {
+    .name = "local", .begin_step = zero_grads, .backward_begin = no_hook, .backward_end = nothing,
+    .after_backward = tied_sum, .reduce_norm = no_reduce, .after_update = no_gather, .begin_eval = nothing,
+    .end_eval = nothing_void, .report = no_report};
+
+static const dt_sync_ops_t sync_ddp = {
+    .name = "ddp", .begin_step = ddp_begin_step, .backward_begin = ddp_hook, .backward_end = nothing,
+    .after_backward = ddp_after_backward, .reduce_norm = no_reduce, .after_update = no_gather,
+    .begin_eval = nothing, .end_eval = nothing_void, .report = ddp_report};
+
+/* ---- ZeRO-1 ---- */
+
+/* The tied wte is summed while every rank still holds it whole (ZeRO cuts the first and last
+ * stage's arenas into different shards), then this rank's shard is averaged. */
+static dt_status_t zero1_after_backward(dt_sync_t *s) {
+  DT_TRY(tied_sum(s));
+  return dt_zero_reduce_grads(&s->zero, s->be->grads);
+}
+
+static const dt_sync_ops_t sync_zero1 = {
+    .name = "zero1", .optim_sharded = 1, .begin_step = zero_grads, .backward_begin = no_hook,
+    .backward_end = nothing, .after_backward = zero1_after_backward, .reduce_norm = shard_norm,
+    .after_update = gather_params, .begin_eval = nothing, .end_eval = nothing_void, .report = no_report};
+
+/* ---- ZeRO-2 ---- */
+
+static dt_status_t drop_grads(dt_sync_t *s) {
+  dt_zero_drop(s->be->grads, 0, s->lay->n_params); /* zero, and the pages back */
+  return DT_OK;
+}
+
+/* Every micro-batch's buckets go to their owners as backward finishes them. */
+static dt_grad_ready_fn zero2_hook(dt_sync_t *s, int mb, int m) {
+  (void)mb, (void)m;
+  dt_ddp_begin(&s->ddp);
+  return dt_ddp_ready;
+}
+
+static dt_status_t zero2_backward_end(dt_sync_t *s) { return dt_ddp_finish(&s->ddp); }
+
+/* wte was held back from the in-backward reductions (pp > 1): summed between the stages first. */
+static dt_status_t zero2_after_backward(dt_sync_t *s) {
+  DT_TRY(tied_sum(s));
+  if (s->ddp.hold_hi > s->ddp.hold_lo)
+    DT_TRY(dt_zero_reduce_bucket(&s->zero, s->be->grads, s->ddp.hold_lo, s->ddp.hold_hi));
+  dt_zero_average_shard(&s->zero, s->be->grads);
+  return DT_OK;
+}
+
+static const dt_sync_ops_t sync_zero2 = {
+    .name = "zero2", .optim_sharded = 1, .begin_step = drop_grads, .backward_begin = zero2_hook,
+    .backward_end = zero2_backward_end, .after_backward = zero2_after_backward, .reduce_norm = shard_norm,
+    .after_update = gather_params, .begin_eval = nothing, .end_eval = nothing_void, .report = no_report};
+
+/* ---- ZeRO-3 ---- */
+
+/* The embeddings and ln_f are used at both ends of forward and backward: gathered for a whole step
+ * or evaluation, dropped after it; the blocks come and go through the model's layer hook. */
+static dt_status_t pinned_gather(dt_sync_t *s) {
+  const size_t *g = s->lay->layer_begin;
+  int L = s->lay->d.L;
+  DT_TRY(dt_zero3_gather(&s->zero, g[0], g[1]));
+  return dt_zero3_gather(&s->zero, g[L + 1], g[L + 2]);
+}
+
+static void pinned_release(dt_sync_t *s) {
+  const size_t *g = s->lay->layer_begin;
+  int L = s->lay->d.L;
+  dt_zero3_release(&s->zero, g[0], g[1]);
+  dt_zero3_release(&s->zero, g[L + 1], g[L + 2]);
+}
+
+static dt_status_t zero3_begin_step(dt_sync_t *s) {
+  DT_TRY(drop_grads(s));
+  return pinned_gather(s);
+}
+
+/* Each rank updated its own shard (or nobody did): only the pinned tensors are whole, drop them. */
+static dt_status_t zero3_after_update(dt_sync_t *s, int skip) {
+  (void)skip;
+  pinned_release(s);
+  return DT_OK;
+}
+
+static void zero3_report(const dt_sync_t *s, int steps, FILE *o) {
+  if (s->dp < 2 || steps < 1) return;
+  double wait = s->zero.t_wait / steps, full = 2 * s->accum * s->t_full; /* fwd + bwd per micro-step */
+  fprintf(o, "# zero3: waiting for block gathers %.1f ms/step (rank 0 mean, evaluations included) vs %.1f ms for "
+          "blocking gathers of every block before each forward and backward: %.0f%% of the gathers hidden behind "
+          "compute\n", 1e3 * wait, 1e3 * full, full > 0 ? 100.0 * fmax(0.0, 1.0 - wait / full) : 0.0);
+}
+
+static const dt_sync_ops_t sync_zero3 = {
+    .name = "zero3", .optim_sharded = 1, .params_sharded = 1, .begin_step = zero3_begin_step,
+    .backward_begin = zero2_hook, .backward_end = zero2_backward_end, .after_backward = zero2_after_backward,
+    .reduce_norm = shard_norm, .after_update = zero3_after_update, .begin_eval = pinned_gather,
+    .end_eval = pinned_release, .collective_forward = 1, .report = zero3_report};
+
+/* ---- set-up ---- */
+
+dt_status_t dt_sync_init(dt_sync_t *s, int stage, dt_comm_t *dp_comm, int dp, int dp_idx, int accum,
+                         dt_layout_t *lay, dt_backend_t *be, size_t bucket_bytes) {
+  static const dt_sync_ops_t *by_stage[] = {&sync_zero1, &sync_zero2, &sync_zero3};
+  *s = (dt_sync_t){.ops = stage > 0 ? by_stage[stage - 1] : dp > 1 ? &sync_ddp : &sync_local, .be = be, .lay = lay,
+                   .dp_comm = dp_comm, .dp = dp, .accum = accum, .bucket_bytes = bucket_bytes};
+  if (stage == 0) return DT_OK;
+  size_t n, lo, hi; /* pad the arena's end so it splits into dp equal shards; m, v: the shard only */
+  dt_zero_split(lay->n_params, dp, dp_idx, DT_ALIGN, &n, &lo, &hi);
+  lay->n_params = n;
+  lay->layer_begin[lay->d.L + 2] = n;
+  be->opt_lo = lo;
+  be->opt_hi = hi;
+  return dt_zero_init(&s->zero, stage, dp_comm, dp_idx, n, bucket_bytes);
+}
+
+dt_status_t dt_sync_attach(dt_sync_t *s, dt_gpt2_t *model) {
+  if (!s->ops->params_sharded) return DT_OK;
+  DT_TRY(dt_zero3_attach(&s->zero, s->be->params, s->lay->layer_begin, s->lay->d.L));
+  model->layer_hook = dt_zero3_hook;
+  model->hook_ctx = &s->zero;
+  return DT_OK;
+}
+
+/* The reports' references: every block gathered, blocking (zero3); blocking all-reduces of every
+ * gradient bucket by bucket (ddp: one all-reduce of the whole arena makes MPI allocate arena-sized
+ * temporaries). */
+static dt_status_t measure_full(dt_sync_t *s) {
+  const dt_layout_t *lay = s->lay;
+  dt_backend_t *be = s->be;
+  if (s->ops == &sync_zero3 && s->dp > 1) {
+    DT_TRY(s->dp_comm->ops->barrier(s->dp_comm));
+    double t0 = dt_time_now();
+    for (int l = 0; l < lay->d.L; l++) {
+      DT_TRY(dt_zero3_gather(&s->zero, lay->layer_begin[l + 1], lay->layer_begin[l + 2]));
+      dt_zero3_release(&s->zero, lay->layer_begin[l + 1], lay->layer_begin[l + 2]);
+    }
+    s->t_full = dt_time_now() - t0;
+    s->zero.t_wait = 0;
+  }
+  if (s->ops == &sync_ddp) {
+    dt_comm_t *c = s->ddp.comm;
+    DT_TRY(zero_grads(s));
+    DT_TRY(be->ops->synchronize(be)); /* the zeros are in before the communicator reads them */
+    DT_TRY(s->dp_comm->ops->barrier(s->dp_comm));
+    double t0 = dt_time_now();
+    for (int b = 0; b < s->ddp.n_buckets; b++) {
+      dt_bucket_t *k = &s->ddp.buckets[b];
+      DT_TRY(c->ops->allreduce(c, be->grads + k->lo, be->grads + k->lo, k->hi - k->lo, DT_F32, DT_AVG, s->ddp.stream,
+                               NULL));
+    }
+    DT_TRY(be->ops->synchronize(be));
+    s->t_full = dt_time_now() - t0;
+  }
+  return DT_OK;
+}
+
+dt_status_t dt_sync_start(dt_sync_t *s, dt_comm_t *grad_comm, dt_comm_t *tied) {
+  const dt_layout_t *lay = s->lay;
+  s->tied = tied;
+  if (grad_comm != s->dp_comm && s->ops == &sync_zero1) /* reduce-scatter, all-gather on the compute stream */
+    DT_TRY(dt_zero_use_device_comm(&s->zero, grad_comm, s->be->stream));
+  DT_TRY(dt_ddp_init(&s->ddp, grad_comm, s->be->grads, lay->n_params, lay->layer_begin, lay->d.L + 2,
+                     s->bucket_bytes));
+  s->ddp.stream = s->be->comm_stream;
+  if (s->ops == &sync_zero2 || s->ops == &sync_zero3) { /* the buckets go to their owners */
+    s->ddp.action = dt_zero_reduce_bucket;
+    s->ddp.action_ctx = &s->zero;
+    const dt_tensor_t *w = &lay->tensors[0];
+    if (lay->pp > 1 && !w->absent) { /* the tied wte is summed between the stages first (after_backward) */
+      s->ddp.hold_lo = w->offset;
+      s->ddp.hold_hi = w->offset + (size_t)w->rows * w->cols;
+    }
+  }
+  return measure_full(s);
+}
+
+void dt_sync_free(dt_sync_t *s) {
+  dt_ddp_free(&s->ddp);
+  dt_zero_free(&s->zero);
+}

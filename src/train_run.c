@@ -1,0 +1,142 @@
+/* The training run: the step loop, evaluation, logging, checkpoints on schedule and on signals,
+ * and the end-of-run reports (communication hidden, pipeline bubble, memory against the plan). */
+#include "train_int.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dt_cuda.h"
+#include "plan.h"
+
+static volatile sig_atomic_t signal_flag = 0;
+
+static void on_signal(int sig) { signal_flag = sig; }
+
+void dt_train_install_signals(void) {
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_handler = on_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGUSR1, &sa, NULL);
+  sigaction(SIGTERM, &sa, NULL);
+}
+
+int dt_train_signal_pending(void) { return signal_flag; }
+
+static void print_header(dt_trainer_t *tr) {
+  const dt_dims_t *d = &tr->lay.d;
+  FILE *o = stdout;
+  fprintf(o, "# dtrain %s\n", tr->cfg_name);
+  fprintf(o, "# model: L=%d NH=%d C=%d V=%d (padded %d) T=%d, %zu parameters (%.2f M)\n", d->L, d->NH, d->C, d->V,
+          d->Vp, d->T, tr->lay.n_params_true, tr->lay.n_params_true * 1e-6);
+  fprintf(o, "# batch: micro_batch=%d x grad_accum=%d x dp=%d = %d sequences = %d tokens per step\n", tr->B,
+          tr->accum, tr->mesh.dp, tr->global_batch, tr->global_batch * tr->T);
+  fprintf(o, "# data: %s: %d shards, %llu tokens, %llu samples of T+1\n", tr->cfg.train,
+          dt_data_num_shards(tr->train), (unsigned long long)dt_data_num_tokens(tr->train),
+          (unsigned long long)dt_data_num_samples(tr->train));
+  fprintf(o, "# backend: %s, %d threads per rank, matmul: %s\n", tr->be.ops->name, tr->mesh.threads,
+          tr->be.ops->engine(&tr->be));
+  if (tr->cfg.tf32 && tr->be.ops->host_memory)
+    fprintf(o, "# note: system.tf32 = true has no effect on the %s backend (fp32 matmuls)\n", tr->be.ops->name);
+  if (tr->be.precision != DT_PREC_FP32)
+    fprintf(o, "# precision: %s weights/activations/activation gradients, fp32 master weights and accumulation%s\n",
+            dt_precision_name((dt_precision_t)tr->be.precision),
+            tr->scaler.enabled ? "; dynamic loss scaling (GradScaler rule)" : "");
+  if (tr->scaler.enabled)
+    fprintf(o, "# loss scale: %g, x2 after %d clean steps, x0.5 and skip on inf/NaN (agreed over all ranks)\n",
+            tr->scaler.scale, tr->scaler.interval);
+  fprintf(o, "# FLOPs per token = 6*(12*L*C^2 + C*Vp) + 12*L*T*C = %.4g (fwd+bwd, full TxT attention)\n",
+          tr->flops_per_token);
+}
+
+/* Pipeline bubble: each stage's mean forward, backward and micro-step-loop time per step (over
+ * pp_comm, collective), the idle share they imply, 1F1B's prediction for equal stages and the
+ * schedule simulated with these stages' own compute times (pipeline.h). Rank 0 prints. */
+static dt_status_t pp_report(dt_trainer_t *tr) {
+  const int pp = tr->mesh.pp, m = tr->accum, n = tr->n_pp_steps;
+  double mine[3] = {tr->t_pp_fwd / n, tr->t_pp_bwd / n, tr->t_pp_step / n}, *all = malloc(sizeof(double) * 3 * pp),
+         *tf = malloc(sizeof(double) * 2 * pp);
+  if (!all || !tf) {
+    free(all);
+    free(tf);
+    return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
+  }
+  dt_status_t st = tr->mesh.pp_comm->ops->allgather(tr->mesh.pp_comm, mine, all, 3, DT_F64, NULL, NULL);
+  if (st == DT_OK && is_root(tr)) {
+    double *tb = tf + pp, idle = 0;
+    char line[2048];
+    int k = 0;
+    for (int s = 0; s < pp; s++) {
+      const double *x = all + 3 * s;
+      tf[s] = x[0] / m, tb[s] = x[1] / m;
+      idle += 1.0 - (x[0] + x[1]) / x[2];
+      if (k < (int)sizeof line - 96)
+        k += snprintf(line + k, sizeof line - (size_t)k, "%s s%d %.1f/%.1f/%.1f", s ? "," : "", s, 1e3 * x[0], 1e3 * x[1],
+                      1e3 * x[2]);
+    }
+    double T = dt_pp_simulate(pp, m, tf, tb, NULL), sim = 0;
+    for (int s = 0; s < pp; s++) sim += 1.0 - m * (tf[s] + tb[s]) / T;
+    printf("# pp: 1F1B over %d stages x %d micro-batches, ms per step forward/backward/whole micro-step loop:%s\n", pp,
+           m, line);
+    printf("# pp: bubble (idle share of the micro-step loop, mean over stages) %.1f%% measured; 1F1B predicts "
+           "(pp-1)/(m+pp-1) = %.1f%% for equal stages, %.1f%% for these stages' measured compute times\n",
+           100.0 * idle / pp, 100.0 * dt_pp_bubble(pp, m), T > 0 ? 100.0 * sim / pp : -1.0);
+  }
+  free(all);
+  free(tf);
+  return st;
+}
+
+dt_status_t dt_trainer_run(dt_trainer_t *tr) {
+  const dt_config_t *c = &tr->cfg;
+  if (is_root(tr)) {
+    printf("# effective configuration:\n");
+    dt_config_write(c, stdout, "#   ");
+    dt_mesh_print(&tr->mesh, stdout);
+    print_header(tr);
+    dt_plan_print_run(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, stdout); /* memory plan + roofline */
+    dt_metrics_header(&tr->metrics);
+  }
+  int start = tr->step;
+  if (tr->step >= c->steps && is_root(tr))
+    printf("# nothing to do: step %d of %d already done\n", tr->step, c->steps);
+  while (tr->step < c->steps) {
+    dt_step_row_t row;
+    DT_TRY(dt_trainer_step(tr, &row));
+    int last = tr->step == c->steps;
+    if (tr->val && c->eval_every > 0 && (tr->step % c->eval_every == 0 || last))
+      DT_TRY(dt_trainer_eval(tr, tr->val, c->eval_batches, &row.val_loss));
+    if ((is_root(tr) || tr->metrics.jsonl) && (tr->step % c->log_every == 0 || last || row.val_loss >= 0)) dt_metrics_row(&tr->metrics, &row);
+    if (is_root(tr) && row.slowest_rank >= 0)
+      printf("# straggler: step %d: ms per step outside communication over %d ranks: min %.1f, median %.1f, max %.1f "
+             "(slowest: rank %d, host %s)\n", row.step, tr->mesh.size, row.rank_ms_min, row.rank_ms_median,
+             row.rank_ms_max, row.slowest_rank, tr->mesh.ranks[row.slowest_rank].host);
+    /* All ranks agree whether a stop was requested. */
+    int32_t sig = dt_train_signal_pending() ? 1 : 0;
+    if (tr->mesh.size > 1)
+      DT_TRY(tr->mesh.world->ops->allreduce(tr->mesh.world, &sig, &sig, 1, DT_I32, DT_MAX, NULL, NULL));
+    if (sig) {
+      tr->stopped_by_signal = 1;
+      if (is_root(tr)) printf("# stop requested by signal at step %d: writing a checkpoint\n", tr->step);
+      return dt_trainer_save(tr);
+    }
+    if (c->ckpt_every > 0 && tr->step % c->ckpt_every == 0) DT_TRY(dt_trainer_save(tr));
+    if (c->stop_after > 0 && tr->step - start >= c->stop_after) {
+      if (is_root(tr)) printf("# stop_after=%d steps reached at step %d\n", c->stop_after, tr->step);
+      break;
+    }
+  }
+  if (tr->mesh.pp > 1 && tr->n_pp_steps > 0) DT_TRY(pp_report(tr));
+  int nsteps = tr->step - start;
+  if (is_root(tr)) tr->sync.ops->report(&tr->sync, nsteps, stdout); /* communication hidden */
+  if (is_root(tr)) /* measured vs plan */
+    dt_plan_print_rss(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, !tr->be.ops->host_memory,
+                      tr->saved_step >= 0 || tr->resumed_step >= 0, stdout);
+  double dev_used = 0;
+  if (is_root(tr) && tr->mesh.device >= 0 && dt_cuda_mem_used(tr->mesh.device, &dev_used) == DT_OK)
+    dt_plan_print_device(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, dev_used, stdout);
+  /* The final state is always saved, unless it is already on disk. */
+  if (tr->saved_step != tr->step && tr->resumed_step != tr->step) DT_TRY(dt_trainer_save(tr));
+  return DT_OK;
+}

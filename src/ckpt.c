@@ -381,10 +381,15 @@ herr_t dt_ckpt__attr_put(hid_t loc, const char *name, hid_t ftype, hid_t mtype, 
   return e;
 }
 
+/* One value: an attribute of any other size is an error (a file with an array there would
+ * otherwise be read past val; found by tests/fuzzing/fuzz_ckpt.c). */
 herr_t dt_ckpt__attr_get(hid_t loc, const char *name, hid_t mtype, void *val) {
   hid_t a = H5Aopen(loc, name, H5P_DEFAULT);
-  herr_t e = a < 0 ? -1 : H5Aread(a, mtype, val);
-  if (a >= 0) H5Aclose(a);
+  if (a < 0) return -1;
+  hid_t sp = H5Aget_space(a);
+  herr_t e = sp >= 0 && H5Sget_simple_extent_npoints(sp) == 1 ? H5Aread(a, mtype, val) : -1;
+  if (sp >= 0) H5Sclose(sp);
+  H5Aclose(a);
   return e;
 }
 

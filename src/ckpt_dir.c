@@ -163,13 +163,11 @@ static void probe(const char *path, char *why, size_t n) {
   if (H5Aexists(f, "format_version") <= 0 || H5Aexists(f, "complete") <= 0) {
     snprintf(why, n, H5Aexists(f, "format_version") > 0 ? "no completion marker (the save did not finish)" : "not a dtrain checkpoint");
   } else {
-    hid_t a = H5Aopen(f, "format_version", H5P_DEFAULT);
-    H5Aread(a, H5T_NATIVE_INT, &v);
-    H5Aclose(a);
-    a = H5Aopen(f, "complete", H5P_DEFAULT);
-    H5Aread(a, H5T_NATIVE_INT, &c);
-    H5Aclose(a);
-    if (v != DT_CKPT_FORMAT_VERSION) snprintf(why, n, "format_version %d, this dtrain reads %d", v, DT_CKPT_FORMAT_VERSION);
+    if (dt_ckpt__attr_get(f, "format_version", H5T_NATIVE_INT, &v) < 0) /* one value, or an error */
+      snprintf(why, n, "format_version is not one integer");
+    else if (dt_ckpt__attr_get(f, "complete", H5T_NATIVE_INT, &c) < 0)
+      snprintf(why, n, "completion marker is not one integer");
+    else if (v != DT_CKPT_FORMAT_VERSION) snprintf(why, n, "format_version %d, this dtrain reads %d", v, DT_CKPT_FORMAT_VERSION);
     else if (c != 1) snprintf(why, n, "completion marker is %d, not 1", c);
   }
   H5Eclear2(H5E_DEFAULT);

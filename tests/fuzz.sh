@@ -5,6 +5,10 @@
 #   fuzz_shard   the token-shard reader, dt_data_read_shard and dt_data_open + batches (src/data.c)
 #   fuzz_bpe     GPT-2 BPE: any bytes encode, tokens in the vocabulary, decode(encode(x)) == x, the
 #                two merge loops agree (src/bpe*.c; vocabulary from data/gpt2)
+#   fuzz_ckpt    the checkpoint reader (src/ckpt_read.c): a valid checkpoint edited through HDF5
+#                (shapes, types, missing or extra datasets and attributes, values, truncation), then
+#                dt_ckpt_load and dt_ckpt_find_latest (MPI and HDF5 as dtrain is built: the
+#                HDF5_CFLAGS / HDF5_LIBS that configure found)
 # Each runs FUZZ_SECONDS (default 15) from the seed corpus tests/fuzzing/corpus/NAME (copied: the
 # source tree is not written); a crash, leak, sanitizer report or an input slower than 10 s fails
 # the test and prints the reproducer as base64 (add it to the corpus once fixed). A long campaign:
@@ -27,14 +31,20 @@ build() { # build NAME SOURCES...
 build fuzz_config "$S/config.c"
 build fuzz_shard "$S/data.c"
 build fuzz_bpe "$S/bpe.c" "$S/bpe_vocab.c" "$S/bpe_pretok.c"
+# shellcheck disable=SC2086 # the flags are word lists
+build fuzz_ckpt "$S/ckpt.c" "$S/ckpt_read.c" "$S/ckpt_write.c" "$S/ckpt_dir.c" "$S/crc32c.c" "$S/model.c" \
+  "$S/config.c" "$S/watchdog.c" "$S/watchdog_mpi.c" "$S/fault.c" "$S/mpi_check.c" ${HDF5_CFLAGS:-} ${HDF5_LIBS:-} -lpthread
 export DTRAIN_FUZZ_VOCAB="$DATA/gpt2"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
+export LSAN_OPTIONS=suppressions=$top_srcdir/tests/fuzzing/lsan.supp # MPI_Init's lifetime allocations
 status=0
-for name in fuzz_config fuzz_shard fuzz_bpe; do
+for name in fuzz_config fuzz_shard fuzz_bpe fuzz_ckpt; do
   corpus="$t/corpus-$name"
   cp -r "$top_srcdir/tests/fuzzing/corpus/${name#fuzz_}" "$corpus"
   echo "+ $t/$name -max_total_time=$secs -timeout=10 -rss_limit_mb=2048 $corpus"
-  if "$t/$name" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$t/$name-" \
+  lsan=$LSAN_OPTIONS # fuzz_ckpt: leaks are checked per input; at exit Open MPI's unloaded components remain
+  [ "$name" = fuzz_ckpt ] && lsan="$lsan:leak_check_at_exit=0"
+  if LSAN_OPTIONS=$lsan "$t/$name" -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -artifact_prefix="$t/$name-" \
     -print_final_stats=1 "$corpus" > "$t/$name.log" 2>&1; then
     echo "ok: $name: $(grep -o 'Done [0-9]* runs in [0-9]* second(s)' "$t/$name.log"), corpus $(ls "$corpus" | wc -l) inputs"
   else

@@ -1,6 +1,6 @@
 /* What the C side of dtrain sees of CUDA: the device count used to pick a backend, and the NCCL
  * communicator (dt_comm_ops_t on device buffers, cuda/comm_nccl.cu). In a build without CUDA
- * (src/cuda_none.c) the count is 0 and the NCCL calls return DT_ERR_UNSUPPORTED. */
+ * (src/backend/cuda_none.c) the count is 0 and the NCCL calls return DT_ERR_UNSUPPORTED. */
 #ifndef DT_CUDA_H
 #define DT_CUDA_H
 

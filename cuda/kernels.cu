@@ -1,5 +1,5 @@
 /* GPT-2 layer kernels (see kernels.h). Each kernel is a thin loop over the per-element and
- * per-row pieces of src/kmath.h, so tests/test_kmath.c checks the arithmetic they run; launch
+ * per-row pieces of src/core/kmath.h, so tests/test_kmath.c checks the arithmetic they run; launch
  * geometry comes from cuda_launch.h (tested on the CPU by tests/test_cuda_launch.c).
  * Elementwise kernels are grid-stride loops; layernorm and the attention softmax give a warp
  * to a row; the cross-entropy gives a block to a row of the vocabulary. */

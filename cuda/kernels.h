@@ -1,4 +1,4 @@
-/* GPT-2 layer kernels on the GPU, the twins of src/ops_cpu.h: same names with dt_cu_ in front,
+/* GPT-2 layer kernels on the GPU, the twins of src/backend/ops_cpu.h: same names with dt_cu_ in front,
  * same argument order (outputs, inputs/weights, dims) and the same formulas (read ops_cpu.h for
  * them), plus the stream. All pointers are device pointers. Parameter gradients accumulate (+=),
  * activation gradients are written (=). Matmuls are not here: backend_cuda.cu calls cuBLAS.

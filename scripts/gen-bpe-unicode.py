@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""Generate src/bpe_unicode.h: the Unicode letter (\\p{L}) and number (\\p{N}) classes of GPT-2's
+"""Generate src/data/bpe_unicode.h: the Unicode letter (\\p{L}) and number (\\p{N}) classes of GPT-2's
 pre-tokenisation pattern as sorted code point ranges, for src/bpe_pretok.c.
 
 Run at development time only; the generated header is committed:
     python3 -m pip install --target /tmp/ud2 unicodedata2==16.0.0
-    PYTHONPATH=/tmp/ud2 python3 scripts/gen-bpe-unicode.py > src/bpe_unicode.h
+    PYTHONPATH=/tmp/ud2 python3 scripts/gen-bpe-unicode.py > src/data/bpe_unicode.h
 
 Unicode 16.0 (unicodedata2, the stdlib module's data at a newer version; Python 3.11's own
 unicodedata is 14.0) because that is the version tiktoken 0.14's regex engine (regex-syntax

@@ -43,7 +43,7 @@ fi
 [ "${1:-}" = --test ] || exit 0
 # tests/bpe_tiktoken.sh's independent GPT-2 tokeniser: tiktoken and Python's regex from PyPI,
 # pinned: tiktoken 0.14.0's regex engine has Unicode 16.0, the version of dtrain's class tables
-# (src/bpe_unicode.h); another version could class newly assigned characters differently.
+# (src/data/bpe_unicode.h); another version could class newly assigned characters differently.
 if ! /usr/bin/python3 -c 'import tiktoken, regex, sys; sys.exit(tiktoken.__version__ != "0.14.0")' 2>/dev/null; then
   /usr/bin/python3 -m pip install -q --break-system-packages tiktoken==0.14.0 regex==2026.11.19
 fi

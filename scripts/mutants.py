@@ -64,13 +64,13 @@ T_RESUME = ("sh", "tests/resume_exact.sh", ["dtrain"])
 T_LAYOUT = ("sh", "tests/resume_layout.sh", ["dtrain"])
 T_FAULTS = ("sh", "tests/ckpt_faults.sh", ["dtrain"])
 MODULES = {
-    "model": (["src/model.c"], [T_MODEL, T_PIPE, T_TRAINER, T_TPEQ, T_PPEQ]),
-    "optimizer": (["src/optim.c"], [T_OPTIM, T_TRAINER]),
-    "ddp": (["src/ddp.c"], [T_DDPU, T_DDP, T_TRAINER]),
-    "zero": (["src/zero.c"], [T_ZERO, T_ZMPI, T_ZEQ]),
-    "pipeline": (["src/pipeline.c"], [T_PIPE, T_PPEQ]),
-    "precision": (["src/precision.c"], [T_PREC, T_SCALER, T_PTRAIN]),
-    "checkpoint": (["src/ckpt.c", "src/ckpt_write.c", "src/ckpt_read.c", "src/ckpt_dir.c"],
+    "model": (["src/model/model.c"], [T_MODEL, T_PIPE, T_TRAINER, T_TPEQ, T_PPEQ]),
+    "optimizer": (["src/model/optim.c"], [T_OPTIM, T_TRAINER]),
+    "ddp": (["src/parallel/ddp.c"], [T_DDPU, T_DDP, T_TRAINER]),
+    "zero": (["src/parallel/zero.c"], [T_ZERO, T_ZMPI, T_ZEQ]),
+    "pipeline": (["src/parallel/pipeline.c"], [T_PIPE, T_PPEQ]),
+    "precision": (["src/core/precision.c"], [T_PREC, T_SCALER, T_PTRAIN]),
+    "checkpoint": (["src/ckpt/ckpt.c", "src/ckpt/ckpt_write.c", "src/ckpt/ckpt_read.c", "src/ckpt/ckpt_dir.c"],
                    [T_RESUME, T_LAYOUT, T_FAULTS, T_TRAINER, T_CKPT]),
 }
 CHECK_SEED, CHECK_PER_MODULE = 28, 5
@@ -208,7 +208,8 @@ def mutants_of(path):
             mutated = line[:a] + new + line[b:]
             if mutated == line:
                 continue
-            key = f"{path}\0{line}\0{seen[line]}\0{a}\0{op}\0{new}".encode()
+            # keyed by src/<file name> as before the folders (src/<layer>/), so tests/mutants/equivalent.txt's ids hold
+            key = f"src/{os.path.basename(path)}\0{line}\0{seen[line]}\0{a}\0{op}\0{new}".encode()
             out.append({"id": hashlib.sha1(key).hexdigest()[:12], "file": path, "line": lineno, "col": a + 1,
                         "op": op, "old": line.strip(), "new": mutated.strip()})
         pos += len(line) + 1

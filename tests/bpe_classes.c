@@ -1,4 +1,4 @@
-/* Print dtrain's character classes of GPT-2's pattern (src/bpe_pretok.c) for every code point as
+/* Print dtrain's character classes of GPT-2's pattern (src/data/bpe_pretok.c) for every code point as
  * ranges "L|N|S lo hi" (hex; "other" is everything not listed), for tests/bpe_ref.py to compare
  * with tiktoken's regex engine. Usage: bpe_classes */
 #include <stdio.h>

@@ -12,7 +12,7 @@ import numpy as np
 path, step = sys.argv[1], int(sys.argv[2])
 L, C, V, T = (int(x) for x in sys.argv[3:7]) if len(sys.argv) > 6 else (2, 32, 100, 16)
 
-# CRC32C (Castagnoli, reflected 0x82F63B78), table-driven, written independently of src/crc32c.c
+# CRC32C (Castagnoli, reflected 0x82F63B78), table-driven, written independently of src/core/crc32c.c
 TAB = []
 for n in range(256):
     c = n

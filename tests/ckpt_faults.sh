@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Checkpoint faults through dtrain itself:
 #  1. SIGKILL of a rank in the middle of writing the step-10 checkpoint file (DTRAIN_FAULT=ckpt_kill,
-#     after half of the datasets: src/ckpt_write.c) ends the job nonzero, leaves the half-written
+#     after half of the datasets: src/ckpt/ckpt_write.c) ends the job nonzero, leaves the half-written
 #     temp file .ckpt_00000010.h5.tmp and the step-5 checkpoint (still `latest`), and the next
 #     start resumes from step 5, never from the temp file, and finishes with exactly the losses,
 #     gradient norms and final state of an uninterrupted run. Two layouts, so that the killed rank

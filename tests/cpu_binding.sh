@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Ranks use the CPUs they were given (src/cpuset.c, issue #27):
+# Ranks use the CPUs they were given (src/parallel/cpuset.c, issue #27):
 #  1. mpirun --bind-to core -n 1 with train.threads=2: one warning line names rank 0, its mask
 #     and the mpirun flag that fixes it; the run still trains;
 #  2. the same launch with train.threads=0 (no OMP_NUM_THREADS): 1 thread, "threads from cpus",

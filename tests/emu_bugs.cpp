@@ -1,5 +1,5 @@
 /* Planted bugs for the CUDA emulation (run by tests/emu_bugs.sh). Five small pieces of CUDA code
- * in dtrain's style, each correct unless DTRAIN_FAULT (src/fault.h) plants its bug:
+ * in dtrain's style, each correct unless DTRAIN_FAULT (src/core/fault.h) plants its bug:
  *   emu_oob        a grid-stride loop writes one element past its output buffer (i <= n)
  *   emu_nosync     a shared-memory block reduction lacks the __syncthreads() between the writes
  *                  and the tree

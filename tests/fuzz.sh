@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Fuzzing (issue #24): libFuzzer harnesses built with clang, AddressSanitizer and
 # UndefinedBehaviorSanitizer for the parsers that read what users and other programs hand dtrain:
-#   fuzz_config  the .ini parser, command-line overrides and cross-key validation (src/config.c)
-#   fuzz_shard   the token-shard reader, dt_data_read_shard and dt_data_open + batches (src/data.c)
+#   fuzz_config  the .ini parser, command-line overrides and cross-key validation (src/core/config.c)
+#   fuzz_shard   the token-shard reader, dt_data_read_shard and dt_data_open + batches (src/data/data.c)
 #   fuzz_bpe     GPT-2 BPE: any bytes encode, tokens in the vocabulary, decode(encode(x)) == x, the
 #                two merge loops agree (src/bpe*.c; vocabulary from data/gpt2)
-#   fuzz_ckpt    the checkpoint reader (src/ckpt_read.c): a valid checkpoint edited through HDF5
+#   fuzz_ckpt    the checkpoint reader (src/ckpt/ckpt_read.c): a valid checkpoint edited through HDF5
 #                (shapes, types, missing or extra datasets and attributes, values, truncation), then
 #                dt_ckpt_load and dt_ckpt_find_latest (MPI and HDF5 as dtrain is built: the
 #                HDF5_CFLAGS / HDF5_LIBS that configure found)
@@ -21,19 +21,19 @@ command -v "$CLANG" > /dev/null || { echo "SKIP: no clang (Debian: apt-get insta
 secs=${FUZZ_SECONDS:-15}
 S="$top_srcdir/src"
 flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -std=c11 -D_GNU_SOURCE
-  -I"$S" -I"$top_builddir")
+  -I"$S/core" -I"$S/comm" -I"$S/parallel" -I"$S/model" -I"$S/backend" -I"$S/ckpt" -I"$S/data" -I"$top_builddir")
 build() { # build NAME SOURCES...
   local name=$1
   shift
-  run "$CLANG" "${flags[@]}" "$top_srcdir/tests/fuzzing/$name.c" "$@" "$S/status.c" -lm -o "$t/$name" ||
+  run "$CLANG" "${flags[@]}" "$top_srcdir/tests/fuzzing/$name.c" "$@" "$S/core/status.c" -lm -o "$t/$name" ||
     fail "building $name"
 }
-build fuzz_config "$S/config.c"
-build fuzz_shard "$S/data.c"
-build fuzz_bpe "$S/bpe.c" "$S/bpe_vocab.c" "$S/bpe_pretok.c"
+build fuzz_config "$S/core/config.c"
+build fuzz_shard "$S/data/data.c"
+build fuzz_bpe "$S/data/bpe.c" "$S/data/bpe_vocab.c" "$S/data/bpe_pretok.c"
 # shellcheck disable=SC2086 # the flags are word lists
-build fuzz_ckpt "$S/ckpt.c" "$S/ckpt_read.c" "$S/ckpt_write.c" "$S/ckpt_dir.c" "$S/crc32c.c" "$S/model.c" \
-  "$S/config.c" "$S/watchdog.c" "$S/watchdog_mpi.c" "$S/fault.c" "$S/mpi_check.c" ${HDF5_CFLAGS:-} ${HDF5_LIBS:-} -lpthread
+build fuzz_ckpt "$S/ckpt/ckpt.c" "$S/ckpt/ckpt_read.c" "$S/ckpt/ckpt_write.c" "$S/ckpt/ckpt_dir.c" "$S/core/crc32c.c" "$S/model/model.c" \
+  "$S/core/config.c" "$S/comm/watchdog.c" "$S/comm/watchdog_mpi.c" "$S/core/fault.c" "$S/comm/mpi_check.c" ${HDF5_CFLAGS:-} ${HDF5_LIBS:-} -lpthread
 export DTRAIN_FUZZ_VOCAB="$DATA/gpt2"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1
 export LSAN_OPTIONS=suppressions=$top_srcdir/tests/fuzzing/lsan.supp # MPI_Init's lifetime allocations

@@ -1,5 +1,5 @@
 /* Kernel parity: every launcher of cuda/kernels.h run on the device and its CPU twin
- * (src/ops_cpu.h, or a float64 reference where the CPU has no separate twin: the attention
+ * (src/backend/ops_cpu.h, or a float64 reference where the CPU has no separate twin: the attention
  * softmax, the gradient sum of squares) on the same inputs, fp32 and bf16 storage, small, odd and
  * large shapes; and the CUDA backend's ops against the CPU backend (tests/gpu_parity_backend.cu).
  * One row per case: op, shape, precision, normalised max error max|gpu - cpu| / max|cpu|, the

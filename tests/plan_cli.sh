@@ -18,7 +18,7 @@ grep -q 'fp32 master + m + v = 1.558e+09 x 12 B = 18.69 GB' "$t/out" || fail "18
 grep -q 'stage 1 shards m + v: 12.46 / 8 = 1.56 GB; stage 2 also the gradients: 6.23 / 8 = 0.78 GB; stage 3 also the parameters: 6.23 / 8 = 0.78 GB' "$t/out" ||
   fail "ZeRO division line"
 grep -Eq 'per rank, GB .* zero0 +zero1 +zero2 +zero3' "$t/out" || fail "zero stage header"
-# The fit verdicts, hand-computed from the memory model in src/plan.c's header (per rank, bytes):
+# The fit verdicts, hand-computed from the memory model in src/app/plan.c's header (per rank, bytes):
 # fp32 master 4P, bf16 working copy 4P, gradients 4P, m and v 4P each, divided by dp for ZeRO's
 # sharded parts; ZeRO-3 also gathers the embeddings, ln_f and 2 blocks; MPI/ZeRO buffers of 2 or
 # 3 x 25 MiB; the CUDA activations llm.c's layout keeps (per layer and token: ln1, qkv, atty,

@@ -1,4 +1,4 @@
-/* The per-element and per-row arithmetic of src/kmath.h that the CPU backend and the CUDA kernels
+/* The per-element and per-row arithmetic of src/core/kmath.h that the CPU backend and the CUDA kernels
  * share, against independent double-precision references: GELU and its derivative (central
  * finite differences of the double GELU), AdamW (hand-computed values), the layernorm row
  * statistics and backward terms, the online softmax and its merge (any split of a row gives the

@@ -1,4 +1,4 @@
-/* Mixed precision (src/precision.h): the loss scaler's update rule against a hand-derived
+/* Mixed precision (src/core/precision.h): the loss scaler's update rule against a hand-derived
  * GradScaler sequence, the array rounding, and the CPU backend's bf16/fp16 modes (the working
  * copy is the rounded master, activations are stored rounded, the master is untouched, loss
  * scaling scales the gradients exactly, an fp16 overflow shows up as a non-finite gradient). */

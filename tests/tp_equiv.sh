@@ -56,7 +56,7 @@ assert wb <= 2e-3, f"bf16 tp=2 vs tp=1: worst relative loss difference {wb:.2e} 
 print(f"bf16: tp=2 vs tp=1 losses within {wb:.2e} relative over 10 steps (limit 2e-3)")
 PY
 
-# The replicated-tensor check can fail: bad_math (src/fault.h) scales block 0's gradients on
+# The replicated-tensor check can fail: bad_math (src/core/fault.h) scales block 0's gradients on
 # tp rank 1 only, so its copy of ln_1 etc. drifts and the first checkpoint must refuse.
 for f in r12 r14 r22; do grep -q '^# tp: step 20: replicated parameters bitwise equal' "$t/$f.out"; done
 status=0

@@ -5,13 +5,13 @@
 #     passes, exit 0, TAP and JUnit XML written. A skipped check counts as a failure here, not as
 #     a pass: this cluster is built with the nodes and ranks all 9 checks need, so a skip (TAP
 #     "ok N - x # SKIP", JUnit skipped=) means a check did not run;
-#  2. each planted fault (DTRAIN_FAULT, src/fault.h) under salloc: validation/run exits nonzero and
+#  2. each planted fault (DTRAIN_FAULT, src/core/fault.h) under salloc: validation/run exits nonzero and
 #     the first failing check in its summary is the one that should catch it:
 #       bad_allreduce@1 -> collectives   bad_math@0:3 -> numerics
 #       ckpt_noflush@0  -> checkpoint    slow_rank@1  -> throughput
 #       tied_drift@1:3  -> model_parallel
 #  3. slow_io@1 under salloc with only environment,checkpoint_io: checkpoint_io fails on the
-#     write bandwidth. The fault makes rank 1's saves last 100x as long (src/fault.h), so the
+#     write bandwidth. The fault makes rank 1's saves last 100x as long (src/core/fault.h), so the
 #     write/dd ratio drops 100x on any disk (a fixed stall would only show on a fast one); the run
 #     saves inputs/tiny.ini (39 MB) instead of the clean run's 0.65 GB, so the stall is 20-65 s
 #     here (the save took 0.2-0.66 s); --timeout 400 lets a save of up to 4 s (~10 MB/s) stall.

@@ -1,6 +1,6 @@
 /* CUDA emulation: the cuBLAS subset dtrain calls (cublasCreate/Destroy/SetStream, cublasSgemm,
  * cublasSgemmStridedBatched), column-major as in cuBLAS. The products run as stream work on the
- * handle's stream through dt_cpu_sgemm (src/ops_cpu.h), the CPU backend's own sgemm: a
+ * handle's stream through dt_cpu_sgemm (src/backend/ops_cpu.h), the CPU backend's own sgemm: a
  * column-major product is the row-major product of the transposes (cuda/emu/cublas.cpp). */
 #ifndef DT_EMU_CUBLAS_V2_H
 #define DT_EMU_CUBLAS_V2_H

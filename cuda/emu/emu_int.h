@@ -27,7 +27,7 @@ cudaError_t sticky(int dev);
 /* cudaSuccess, or the sticky error of the current device (also remembered as the last error). */
 cudaError_t entry(void);
 int quiet(void); /* DTRAIN_EMU_QUIET=1: no diagnostics on stderr */
-/* A planted bug of the emulation itself (src/fault.h's DTRAIN_FAULT, this process's MPI rank from
+/* A planted bug of the emulation itself (src/core/fault.h's DTRAIN_FAULT, this process's MPI rank from
  * the launcher's environment), for tests/emu_bugs.sh:
  *   emu_skip_sync   cudaStreamSynchronize returns without running the stream
  *   emu_no_barrier  __syncthreads() does nothing (every kernel lacks its barriers) */

@@ -1,4 +1,4 @@
-/* libFuzzer harness: the checkpoint reader (src/ckpt_read.c, dt_ckpt_load and dt_ckpt_find_latest).
+/* libFuzzer harness: the checkpoint reader (src/ckpt/ckpt_read.c, dt_ckpt_load and dt_ckpt_find_latest).
  * Structure-aware: at start a valid checkpoint of a small GPT-2 (L=1, C=16, V=40, T=8, with AdamW
  * moments) is written with dt_ckpt_write; every input is a list of edits applied to a copy of it
  * through the HDF5 API (wrong shapes, wrong types, missing or extra datasets and attributes,

@@ -1,5 +1,5 @@
 /* libFuzzer harness: the .ini parser, the command-line overrides and the cross-key validation
- * (src/config.c). The input is an ini text; lines starting with "!" are applied as overrides
+ * (src/core/config.c). The input is an ini text; lines starting with "!" are applied as overrides
  * ("!train.lr=1e-3") after it. Any crash, leak, hang or sanitizer report is a bug: bad input must
  * only ever produce an error status. */
 #include <stdint.h>

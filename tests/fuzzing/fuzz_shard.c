@@ -1,4 +1,4 @@
-/* libFuzzer harness: the token-shard reader (src/data.c). The input is written as a shard file
+/* libFuzzer harness: the token-shard reader (src/data/data.c). The input is written as a shard file
  * and opened the two ways dtrain reads shards: dt_data_read_shard and dt_data_open (header,
  * sizes, every token < vocab), then every batch of the opened data is read. Bad shards must give
  * an error naming the file, never a crash, an out-of-bounds read or a hang. */

@@ -23,7 +23,7 @@ import math
 import os
 import sys
 
-# dtrain's defaults for the keys the schedule reads (src/config.c; `dtrain --help`)
+# dtrain's defaults for the keys the schedule reads (src/core/config.c; `dtrain --help`)
 DEFAULTS = {"lr": "3e-4", "min_lr": "0", "warmup": "0", "lr_schedule": "cosine", "steps": "100"}
 LR_RTOL = 1e-7  # the JSONL prints lr with 9 significant digits
 

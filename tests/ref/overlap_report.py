@@ -9,7 +9,7 @@ hidden`: W and F are rank 0's own timings, so 0 <= W <= the slowest step (the JS
 not, so it is allowed the run's whole time), F >= 0, and P = 100 * max(0, 1 - W / F) rounded, for
 some W and F within the 0.05 ms that the printed values are rounded by.
 A clock difference turned into a sum, a wait counted twice or a percentage of the wrong ratio
-breaks one of these (mutants of src/ddp.c and src/zero.c that the equivalence checks cannot see,
+breaks one of these (mutants of src/parallel/ddp.c and src/parallel/zero.c that the equivalence checks cannot see,
 since they change no number that training uses)."""
 import json
 import re

@@ -10,7 +10,7 @@ checkpoint directory, ckpt_<steps>.h5): runs of one global batch over different 
 grad_accum x dp splits, all compared with the same reference trajectory.
 
 The reference is written here from dtrain's documentation, not from its code:
-  data     src/data.h: sample s = the T+1 tokens at s*T of the shard holding it (shards sorted by
+  data     src/data/data.h: sample s = the T+1 tokens at s*T of the shard holding it (shards sorted by
            name, samples numbered on); global index g -> sample perm_e(g mod N), e = g div N,
            perm_e = Fisher-Yates from the top over identity, j = uniform [0, i] by splitmix64
            (rejecting r < 2^64 mod bound) seeded with splitmix64(seed) xor splitmix64(e); step s
@@ -94,7 +94,7 @@ def permutation(n, seed, epoch):
 
 
 class Sampler:
-    """Global sample index -> (inputs, targets) of T tokens, per src/data.h's definition."""
+    """Global sample index -> (inputs, targets) of T tokens, per src/data/data.h's definition."""
 
     def __init__(self, pattern, T, shuffle, seed):
         self.T, self.shuffle, self.seed = T, shuffle, seed

@@ -178,7 +178,7 @@ DT_HD static inline float dt_ce_dlogit(float z, float lse, int is_target, float 
 /* Softmax backward for one entry: a (d - <a, d>), a the probability, d the upstream gradient. */
 DT_HD static inline float dt_softmax_bwd(float a, float d, float dot) { return a * (d - dot); }
 
-/* ---- storage precision (mixed precision, src/precision.h) ---- */
+/* ---- storage precision (mixed precision, src/core/precision.h) ---- */
 /* Float <-> bits without aliasing problems, on host and device. */
 DT_HD static inline uint32_t dt_f2u(float x) {
 #ifdef __CUDA_ARCH__

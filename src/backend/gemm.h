@@ -1,5 +1,5 @@
 /* Matrix multiply engine of the CPU backend: one sgemm entry point with cblas_sgemm's row-major
- * semantics, served either by our own AVX-512 kernel (src/gemm_avx512.c, OpenMP over the calling
+ * semantics, served either by our own AVX-512 kernel (src/backend/gemm_avx512.c, OpenMP over the calling
  * thread's team) or by the configured CBLAS (OpenBLAS/BLIS). The engine is picked at run time:
  * the own kernel when the CPU has AVX-512F and it was compiled in, else BLAS; the environment
  * variable DT_GEMM=auto|own|blas (or dt_gemm_set_engine) forces one. */

@@ -76,7 +76,7 @@ typedef struct {
   size_t chunk_bytes;    /* text per parallel work item, 64 B..1 GiB */
 } dt_prep_opts_t;
 
-/* `dtrain prep --tokenizer gpt2` (src/prep_bpe.c): GPT-2 BPE tokens of the text files, each file
+/* `dtrain prep --tokenizer gpt2` (src/data/prep_bpe.c): GPT-2 BPE tokens of the text files, each file
  * one document preceded by <|endoftext|>, into shards as dt_prep_text names them. Val holds the
  * tokens of the text up to the first place at or after byte floor(val_fraction * total bytes)
  * where the text can be cut without changing its tokens (dt_bpe_safe_split, or a file's end);

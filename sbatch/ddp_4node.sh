@@ -13,6 +13,12 @@
 #   DTRAIN_MPI                        srun's MPI plugin for your Open MPI/MPICH build (srun --mpi=list)
 #   DTRAIN_EXCLUDE_SUSPECT=0          on small partitions: do not exclude a node the hang watchdog
 #                                     suspects from the requeued job (it may then never start)
+#   DTRAIN_MIN_NODES=M                shrink and resume: when the hang watchdog names lost nodes,
+#                                     give them back and go on at once on the nodes left (at least
+#                                     M) instead of requeueing for replacements; dtrain resumes from
+#                                     the last checkpoint on the smaller layout. Needs parallel.dp =
+#                                     0 (auto) and train.global_batch set so that the training stays
+#                                     the same (dtrain says "# resume: layout changed" and whether)
 #   system.comm_timeout (DTRAIN_ARGS) the hang watchdog's deadline (default 300 s): above the
 #                                     longest checkpoint write and the slowest rank's start
 #   module loads / environment        below, before srun
@@ -35,6 +41,7 @@ DTRAIN_ARGS=${DTRAIN_ARGS:-}
 DTRAIN_MPI=${DTRAIN_MPI:-pmix}
 DTRAIN_REQUEUE_STATUS=75   # dtrain's exit status after a signal-triggered checkpoint or a hang
 DTRAIN_EXCLUDE_SUSPECT=${DTRAIN_EXCLUDE_SUSPECT:-1}
+DTRAIN_MIN_NODES=${DTRAIN_MIN_NODES:-}
 # The hang watchdog (a rank waited longer than system.comm_timeout for others) writes the nodes of
 # the ranks that never arrived here, one per line, before it ends the job with status 75.
 export DTRAIN_SUSPECT_FILE=${DTRAIN_SUSPECT_FILE:-dtrain-${SLURM_JOB_ID}.suspect}
@@ -44,11 +51,33 @@ rm -f "$DTRAIN_SUSPECT_FILE"
 
 echo "# job ${SLURM_JOB_ID} restart ${SLURM_RESTART_COUNT:-0}: ${SLURM_JOB_NUM_NODES} nodes x ${SLURM_NTASKS_PER_NODE:-?} tasks on ${SLURM_JOB_NODELIST}"
 # --kill-on-bad-exit: a rank that dies takes the step down at once instead of leaving peers waiting.
-# The checkpoint settings come from the config; resume = auto continues after a requeue.
-srun --mpi="$DTRAIN_MPI" --kill-on-bad-exit=1 \
-     --ntasks-per-node="${SLURM_NTASKS_PER_NODE}" --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" \
-     "$DTRAIN" "$DTRAIN_CONFIG" checkpoint.resume=auto $DTRAIN_ARGS
-status=$?
+# The checkpoint settings come from the config; resume = auto continues after a requeue or a shrink.
+run_dtrain() {
+  srun --mpi="$DTRAIN_MPI" --kill-on-bad-exit=1 --nodes="${SLURM_JOB_NUM_NODES}" \
+       --ntasks=$(( SLURM_JOB_NUM_NODES * SLURM_NTASKS_PER_NODE )) --ntasks-per-node="${SLURM_NTASKS_PER_NODE}" \
+       --cpus-per-task="${SLURM_CPUS_PER_TASK:-1}" "$DTRAIN" "$DTRAIN_CONFIG" checkpoint.resume=auto $DTRAIN_ARGS
+}
+# Shrink in place (DTRAIN_MIN_NODES): release the nodes the watchdog suspects from this allocation
+# (scontrol update NodeList=) and take Slurm's resized environment. Fails (1) when that would leave
+# fewer than DTRAIN_MIN_NODES nodes or Slurm refuses.
+shrink() {
+  local keep n
+  keep=$(scontrol show hostnames "${SLURM_JOB_NODELIST}" | grep -vxF -f "$DTRAIN_SUSPECT_FILE" | paste -sd, -)
+  n=$(echo "$keep" | tr ',' '\n' | grep -c .)
+  if [ "$n" -lt 1 ] || [ "$n" -lt "$DTRAIN_MIN_NODES" ]; then
+    echo "# not shrinking: ${n} nodes would be left, DTRAIN_MIN_NODES=${DTRAIN_MIN_NODES}"
+    return 1
+  fi
+  scontrol update JobId="${SLURM_JOB_ID}" NodeList="$keep" || return 1
+  . "./slurm_job_${SLURM_JOB_ID}_resize.sh" && rm -f "./slurm_job_${SLURM_JOB_ID}_resize."*
+  echo "# shrinking: lost $(sort -u "$DTRAIN_SUSPECT_FILE" | paste -sd, -); going on with ${SLURM_JOB_NUM_NODES} nodes x ${SLURM_NTASKS_PER_NODE} tasks on ${SLURM_JOB_NODELIST}"
+  rm -f "$DTRAIN_SUSPECT_FILE"
+}
+while :; do
+  run_dtrain
+  status=$?
+  [ "$status" -eq "$DTRAIN_REQUEUE_STATUS" ] && [ -s "$DTRAIN_SUSPECT_FILE" ] && [ -n "$DTRAIN_MIN_NODES" ] && shrink || break
+done
 if [ "$status" -eq "$DTRAIN_REQUEUE_STATUS" ]; then
   suspects=
   if [ -s "$DTRAIN_SUSPECT_FILE" ]; then

@@ -6,7 +6,13 @@
 #  2. the sbatch template: the same stall inside a batch job; the template sees 75, reports n2 as
 #     suspect, excludes it (scontrol update ExcNodeList) and requeues the job (PENDING with
 #     Restarts=1). The requeued job is cancelled, not run: tests/slurm_train.sh runs a requeued
-#     job to its end.
+#     job to its end;
+#  3. shrink and resume: the template with DTRAIN_MIN_NODES=1; rank 2 (on n2) stops itself at step
+#     25 (DTRAIN_FAULT=stall), after the step-20 checkpoint; the template sees 75 and n2 suspect,
+#     releases n2 from the allocation (scontrol update NodeList=n1) and runs dtrain again on n1
+#     (2 ranks instead of 4), which resumes from step 20 on that layout (dp=2 instead of 4, the same
+#     global batch: dtrain says so) and runs to step 50; steps 21-50 match an uninterrupted one-rank
+#     run (loss, gradient norm within 1e-5 relative; the same samples).
 set -u
 : "${top_srcdir:?}" "${top_builddir:?}"
 D="$top_builddir/dtrain"
@@ -116,4 +122,46 @@ grep -q '^# hang watchdog: ranks on n2 did not arrive' "$o" || fail "the templat
 grep -q '^# excluding n2 from the requeued job' "$o" || fail "the template did not exclude n2"
 case "$s" in *ExcNodeList=n2*) ;; *) fail "n2 not in the job's ExcNodeList" ;; esac
 grep -q '^# requeueing job' "$o" || fail "the template did not requeue"
+scancel "$job"
+kill -9 "$victim" 2>/dev/null
+victim=
+
+# 3. shrink and resume
+mark="checkpoint.dir=$DIR/ck-shrink"
+args="system.backend=cpu train.micro_batch=2 train.steps=50 checkpoint.every=10 log.every=1"
+echo "\$ DTRAIN_FAULT=stall@2:25 DTRAIN_MIN_NODES=1 DTRAIN_ARGS='$args system.comm_timeout=$TIMEOUT ...' sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 sbatch/ddp_4node.sh"
+DTRAIN_FAULT=stall@2:25 DTRAIN_MIN_NODES=1 DTRAIN="$D" DTRAIN_CONFIG="$cfg" DTRAIN_SUSPECT_FILE="$DIR/suspect3" \
+  DTRAIN_ARGS="$args system.comm_timeout=$TIMEOUT log.metrics=$DIR/shrink.jsonl $mark" \
+  sbatch --parsable --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 --time=10 \
+  --output="$DIR/shrink-%j.out" "$top_srcdir/sbatch/ddp_4node.sh" > "$DIR/job.id" || fail "sbatch"
+job=$(cat "$DIR/job.id")
+o="$DIR/shrink-$job.out"
+state=
+for _ in $(seq 1 $((LIMIT * 10))); do
+  state=$(scontrol show job "$job" 2>/dev/null | sed -n 's/.*JobState=\([A-Z_]*\).*/\1/p')
+  case $state in COMPLETED | FAILED | CANCELLED | TIMEOUT | NODE_FAIL) break ;; esac
+  sleep 0.2
+done
+grep '^# job\|^# shrinking\|^# not shrinking\|^# resume\|^# stop\|^dtrain:' "$o"
+[ "$state" = COMPLETED ] || { tail -30 "$o"; fail "the shrinking job ended ${state:-running}"; }
+check_line "$o"
+grep -q '^# shrinking: lost n2; going on with 1 nodes x 2 tasks on n1' "$o" || fail "the template did not shrink to n1"
+grep -q '^# resume: layout changed: written by 4 ranks (dp=4 tp=1 pp=1), now 2 ranks (dp=2 tp=1 pp=1); global batch 8' \
+  "$o" || fail "no layout-change line for 4 -> 2 ranks"
+grep -q '^# resume: the same global batch as the checkpoint' "$o" || fail "the global batch changed"
+R=$(sed -n 's/^# resume: .*ckpt_[0-9]*\.h5 at step \([0-9]*\),.*/\1/p' "$o" | head -1)
+[ "$R" = 20 ] || fail "resumed at step '$R', want 20"
+# steps 21..50 as the shrunk run logged them (the last time each was), against one rank straight through
+"${REF_PYTHON:-python3}" -c '
+import json, sys
+rows = {}
+for l in open(sys.argv[1]):
+    r = json.loads(l)
+    if r["step"] > 20: rows[r["step"]] = l
+open(sys.argv[2], "w").write("".join(rows[k] for k in sorted(rows)))' "$DIR/shrink.jsonl" "$DIR/shrunk.jsonl"
+mpi 1 "$D" "$cfg" $args log.metrics="$DIR/ref.jsonl" checkpoint.dir="$DIR/ck-ref" > "$DIR/ref.out" ||
+  fail "reference run"
+"${REF_PYTHON:-python3}" "$top_srcdir/tests/ref/resumed_match.py" "$DIR" ref 21 50 "shrunk=shrunk_to_n1" ||
+  fail "the shrunk job's losses"
+job=
 echo "slurm_hang: OK"

@@ -168,6 +168,25 @@ static void populate_params(dt_trainer_t *tr) {
 #endif
 }
 
+/* A resume on another layout (a job that lost or gained nodes, or a new dp x tp x pp): what changed,
+ * and whether the global batch is the one the checkpoint's run took (data_pos / step: every step
+ * takes global_batch samples), so the run continues the same training. Rank 0. */
+static void report_layout_change(const dt_trainer_t *tr, const dt_ckpt_state_t *st) {
+  const dt_mesh_t *m = &tr->mesh;
+  if (st->world == m->size && st->dp == m->dp && st->tp == m->tp && st->pp == m->pp) return;
+  printf("# resume: layout changed: written by %d ranks (dp=%d tp=%d pp=%d), now %d ranks (dp=%d tp=%d pp=%d); "
+         "global batch %d sequences = micro_batch %d x grad_accum %d x dp %d, data from sample %llu\n",
+         st->world, st->dp, st->tp, st->pp, m->size, m->dp, m->tp, m->pp, tr->global_batch, tr->B, tr->accum, m->dp,
+         (unsigned long long)st->data_pos);
+  if (st->step <= 0 || st->data_pos % st->step != 0) return;
+  long long before = st->data_pos / st->step;
+  if (before == tr->global_batch)
+    printf("# resume: the same global batch as the checkpoint's run (%lld sequences per step)\n", before);
+  else
+    printf("# resume: warning: the checkpoint's run took %lld sequences per step, this one takes %d: the training "
+           "changes; set train.global_batch = %lld to keep it on any number of ranks\n", before, tr->global_batch, before);
+}
+
 /* Restore parameters, moments and position per checkpoint.resume (auto | never | PATH), or,
  * with nothing to resume from, draw the initial weights. A resume does not draw them first: the
  * checkpoint replaces every value (GPT-2 124M: seconds of Gaussian draws saved per restart). A
@@ -213,6 +232,7 @@ dt_status_t dt_trainer_load_weights(dt_trainer_t *tr) {
     if (tr->scaler.enabled || tr->scaler.skipped)
       printf("# resume: loss scale %g, %lld clean steps since the last overflow or growth, %lld steps skipped\n",
              tr->scaler.scale, (long long)tr->scaler.growth, (long long)tr->scaler.skipped);
+    report_layout_change(tr, &st);
     if (st.seed != tr->cfg.seed)
       printf("# resume: note: seed %llu differs from the checkpoint's %llu (data order changes)\n",
              (unsigned long long)tr->cfg.seed, (unsigned long long)st.seed);

@@ -415,6 +415,29 @@ static void test_faults(const char *dir, const dt_layout_t *lay) {
   dt_err_clear();
 }
 
+/* Every MPI call of the checkpoint code is checked: on a communicator that returns errors, a failing
+ * call (here: an invalid communicator) is an error naming the call, not MPI's abort or a crash. */
+static void test_mpi_error(const char *dir, const dt_layout_t *lay) {
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+  MPI_Comm bad = MPI_COMM_NULL;
+  bufs_t b = bufs(lay);
+  dt_ckpt_arenas_t a = dt_ckpt_arenas_full(b.p, b.m, b.v);
+  dt_ckpt_state_t s = mkstate(3);
+  char p[1024];
+  int64_t step;
+  const char *names[] = {"save", "load", "find_latest"};
+  for (int k = 0; k < 3; k++) {
+    dt_status_t st = k == 0   ? dt_ckpt_save(&bad, dir, 0, lay, &a, &s, p, sizeof p)
+                     : k == 1 ? dt_ckpt_load(&bad, "/nonexistent.h5", lay, &a, NULL)
+                              : dt_ckpt_find_latest(&bad, dir, -1, p, sizeof p, &step);
+    CHECK(st == DT_ERR_MPI && strstr(dt_err_msg(), "MPI_Comm_rank"), "%s on an invalid communicator: status %d, '%s'",
+          names[k], (int)st, dt_err_msg());
+  }
+  free(b.p), free(b.m), free(b.v);
+  MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_ARE_FATAL);
+  if (rank == 0) printf("ok MPI errors: save, load and find_latest on an invalid communicator return DT_ERR_MPI naming the call\n");
+}
+
 static void test_crc(void) {
   CHECK(dt_crc32c(0, "123456789", 9) == 0xE3069283u, "crc32c(123456789) = %08x", dt_crc32c(0, "123456789", 9));
   uint32_t a = dt_crc32c(0, "12345", 5), b = dt_crc32c(0, "6789", 4);
@@ -468,6 +491,8 @@ int main(int argc, char **argv) {
     test_damage(d, &lay);
     snprintf(d, sizeof d, "%s/faults", dir);
     test_faults(d, &lay);
+    snprintf(d, sizeof d, "%s/mpi_error", dir);
+    test_mpi_error(d, &lay);
   } else if (strcmp(mode, "save") == 0) {
     char p[1024];
     dt_status_t st = save_step(dir, 0, &lay, step, p);

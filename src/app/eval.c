@@ -73,7 +73,9 @@ int dt_eval_main(int argc, char **argv) {
     dt_ckpt_arenas_t a = dt_ckpt_arenas_full(dev ? tr.host_arena : tr.be.params, NULL, NULL);
     int part = tr.lay.tp > 1 || tr.lay.pp > 1; /* this rank's shard / stage */
     if (part) st = dt_ckpt_ranges_add_shards(&a.model, &tr.lay, 1, 1);
-    if (st == DT_OK) st = dt_ckpt_load(NULL, ckpt, &tr.lay, &a, NULL);
+    MPI_Comm w; /* the trainer's world: MPI errors come back as errors */
+    if (st == DT_OK) st = dt_comm_mpi_handle(tr.mesh.world, &w);
+    if (st == DT_OK) st = dt_ckpt_load(&w, ckpt, &tr.lay, &a, NULL);
     if (part) dt_ckpt_ranges_free(&a.model);
     if (st == DT_OK && dev)
       st = tr.be.ops->copy_from_host(&tr.be, DT_BUF_PARAMS, 0, tr.lay.n_params, tr.host_arena);

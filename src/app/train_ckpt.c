@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
+#include <mpi.h>
+
 #include "ckpt.h"
 #include "fault.h"
 #include "timer.h"
@@ -201,13 +203,15 @@ dt_status_t dt_trainer_load_weights(dt_trainer_t *tr) {
   memset(&st, 0, sizeof st);
   char path[DT_PATH_MAX] = "";
   dt_status_t s;
+  MPI_Comm w; /* the trainer's world: MPI errors come back as errors (not MPI's abort) */
+  DT_TRY(dt_comm_mpi_handle(tr->mesh.world, &w));
   populate_params(tr);
   /* the load is collective: time it from when every rank is ready, so the time is the load's and
    * not the wait for the slowest rank's setup (that is in the whole start's time) */
   DT_TRY(tr->mesh.world->ops->barrier(tr->mesh.world));
   double t0 = dt_time_now();
   if (!strcmp(r, "auto")) {
-    s = dt_ckpt_load_latest(NULL, tr->cfg.ckpt_dir, &tr->lay, &a, &st, path, sizeof path);
+    s = dt_ckpt_load_latest(&w, tr->cfg.ckpt_dir, &tr->lay, &a, &st, path, sizeof path);
     if (s == DT_ERR_CKPT) { /* nothing usable: a fresh start */
       if (is_root(tr)) printf("# resume: no complete checkpoint in %s, starting from step 0\n", tr->cfg.ckpt_dir);
       dt_err_clear();
@@ -216,7 +220,7 @@ dt_status_t dt_trainer_load_weights(dt_trainer_t *tr) {
     }
   } else {
     snprintf(path, sizeof path, "%s", r);
-    s = dt_ckpt_load(NULL, path, &tr->lay, &a, &st);
+    s = dt_ckpt_load(&w, path, &tr->lay, &a, &st);
   }
   arenas_release(tr, &a);
   if (s != DT_OK) return s;
@@ -294,7 +298,9 @@ dt_status_t dt_trainer_save(dt_trainer_t *tr) {
                         .dp = tr->mesh.dp, .tp = tr->mesh.tp, .pp = tr->mesh.pp, .ini = ini};
   char path[DT_PATH_MAX];
   double t0 = dt_time_now();
-  dt_status_t s = dt_ckpt_save(NULL, tr->cfg.ckpt_dir, tr->cfg.ckpt_keep, &tr->lay, &a, &st, path, sizeof path);
+  MPI_Comm w; /* the trainer's world: MPI errors come back as errors (not MPI's abort) */
+  dt_status_t s = dt_comm_mpi_handle(tr->mesh.world, &w);
+  if (s == DT_OK) s = dt_ckpt_save(&w, tr->cfg.ckpt_dir, tr->cfg.ckpt_keep, &tr->lay, &a, &st, path, sizeof path);
   if (s == DT_OK && dt_fault_named("slow_io")) { /* test-only (fault.h): one rank's save lasts x100, all wait */
     if (dt_fault("slow_io", tr->mesh.rank, -1)) dt_fault_sleep((DT_FAULT_SLOW_IO_X - 1) * (dt_time_now() - t0));
     int one = 1;

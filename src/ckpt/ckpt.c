@@ -92,43 +92,47 @@ size_t dt_ckpt__dio_align(int fd) {
 
 /* ---- node leaders ------------------------------------------------------------------------- */
 
-void dt_ckpt__node_comm(MPI_Comm comm, MPI_Comm *node) {
+dt_status_t dt_ckpt__node_comm(MPI_Comm comm, MPI_Comm *node) {
   const char *w = getenv("DTRAIN_CKPT_WRITERS");
   int rank, k = w && !strcmp(w, "all") ? 1 : w && atoi(w) > 0 ? atoi(w) : 0;
-  MPI_Comm_rank(comm, &rank);
-  if (k > 0) MPI_Comm_split(comm, rank / k, rank, node); /* test hook: groups of k consecutive ranks */
-  else MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, node);
+  DT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  if (k > 0) DT_MPI_CHECK(MPI_Comm_split(comm, rank / k, rank, node)); /* test hook: groups of k consecutive ranks */
+  else DT_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, node));
+  return DT_OK;
 }
 
-int dt_ckpt__node_leaders(MPI_Comm comm, const dt_ckpt_arenas_t *a, MPI_Comm *lead, MPI_Comm *node) {
+dt_status_t dt_ckpt__node_leaders(MPI_Comm comm, const dt_ckpt_arenas_t *a, MPI_Comm *lead, MPI_Comm *node, int *use) {
   *lead = *node = MPI_COMM_NULL;
+  *use = 0;
   const char *w = getenv("DTRAIN_CKPT_WRITERS");
   int full = a->model.full && (!a->m || a->optim.full), all_full = 0, rank, size;
-  dt_wd_allreduce(&full, &all_full, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint)");
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
-  if (!all_full || size == 1 || (w && !strcmp(w, "all"))) return 0;
-  dt_ckpt__node_comm(comm, node);
+  DT_MPI_CHECK(dt_wd_allreduce(&full, &all_full, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint)"));
+  DT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  DT_MPI_CHECK(MPI_Comm_size(comm, &size));
+  if (!all_full || size == 1 || (w && !strcmp(w, "all"))) return DT_OK;
+  DT_TRY(dt_ckpt__node_comm(comm, node));
   int nrank, nsize, nodes_max = 0;
-  MPI_Comm_rank(*node, &nrank);
-  MPI_Comm_size(*node, &nsize);
-  dt_wd_allreduce(&nsize, &nodes_max, 1, MPI_INT, MPI_MAX, comm, "allreduce (checkpoint)");
-  if (nodes_max == 1) { /* one rank per node everywhere: every rank is a leader, nothing to gain */
-    MPI_Comm_free(node);
-    return 0;
-  }
-  MPI_Comm_split(comm, nrank == 0 ? 0 : MPI_UNDEFINED, rank, lead);
-  return 1;
+  DT_MPI_CHECK(MPI_Comm_rank(*node, &nrank));
+  DT_MPI_CHECK(MPI_Comm_size(*node, &nsize));
+  DT_MPI_CHECK(dt_wd_allreduce(&nsize, &nodes_max, 1, MPI_INT, MPI_MAX, comm, "allreduce (checkpoint)"));
+  if (nodes_max == 1) /* one rank per node everywhere: every rank is a leader, nothing to gain */
+    return dt_ckpt__node_leaders_free(lead, node);
+  DT_MPI_CHECK(MPI_Comm_split(comm, nrank == 0 ? 0 : MPI_UNDEFINED, rank, lead));
+  *use = 1;
+  return DT_OK;
 }
 
-void dt_ckpt__node_leaders_free(MPI_Comm *lead, MPI_Comm *node) {
-  if (*lead != MPI_COMM_NULL) MPI_Comm_free(lead);
-  if (*node != MPI_COMM_NULL) MPI_Comm_free(node);
+dt_status_t dt_ckpt__node_leaders_free(MPI_Comm *lead, MPI_Comm *node) {
+  dt_status_t st = DT_OK;
+  if (*lead != MPI_COMM_NULL) DT_MPI_KEEP(st, MPI_Comm_free(lead));
+  if (*node != MPI_COMM_NULL) DT_MPI_KEEP(st, MPI_Comm_free(node));
+  return st;
 }
 
-void dt_ckpt__quiet_barrier(MPI_Comm comm) {
+dt_status_t dt_ckpt__quiet_barrier(MPI_Comm comm) {
   /* test and sleep 0.2 ms: a waiting rank leaves its core to the I/O */
-  dt_wd_barrier(comm, "barrier (checkpoint)", 1);
+  DT_MPI_CHECK(dt_wd_barrier(comm, "barrier (checkpoint)", 1));
+  return DT_OK;
 }
 
 /* Phase timer for bench/ckpt_io.sh: with DTRAIN_CKPT_TIMES set, rank 0 of comm prints
@@ -153,9 +157,9 @@ MPI_Comm dt_ckpt__comm(const void *mpi_comm) { return mpi_comm ? *(const MPI_Com
 
 dt_status_t dt_ckpt__agree(MPI_Comm comm, dt_status_t st) {
   int rank, mine, first;
-  MPI_Comm_rank(comm, &rank);
+  DT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   mine = st != DT_OK ? rank : INT_MAX;
-  dt_wd_allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint)");
+  DT_MPI_CHECK(dt_wd_allreduce(&mine, &first, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint)"));
   if (first == INT_MAX) return DT_OK;
   struct { int st; char msg[960]; } m;
   memset(&m, 0, sizeof m);
@@ -163,7 +167,7 @@ dt_status_t dt_ckpt__agree(MPI_Comm comm, dt_status_t st) {
     m.st = st;
     snprintf(m.msg, sizeof m.msg, "%s", dt_err_msg());
   }
-  dt_wd_bcast(&m, (int)sizeof m, MPI_BYTE, first, comm, "bcast (checkpoint)");
+  DT_MPI_CHECK(dt_wd_bcast(&m, (int)sizeof m, MPI_BYTE, first, comm, "bcast (checkpoint)"));
   if (rank != first) DT_ERR((dt_status_t)m.st, "rank %d: %s", first, m.msg);
   return (dt_status_t)m.st;
 }

@@ -121,9 +121,9 @@ dt_status_t dt_ckpt_save(const void *mpi_comm, const char *dir, int keep, const 
                          const dt_ckpt_arenas_t *a, const dt_ckpt_state_t *st_in, char *path, size_t path_size) {
   MPI_Comm comm = dt_ckpt__comm(mpi_comm);
   int rank;
-  MPI_Comm_rank(comm, &rank);
+  DT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   long long step = rank == 0 && st_in ? (long long)st_in->step : -1;
-  dt_wd_bcast(&step, 1, MPI_LONG_LONG, 0, comm, "bcast (checkpoint directory)");
+  DT_MPI_CHECK(dt_wd_bcast(&step, 1, MPI_LONG_LONG, 0, comm, "bcast (checkpoint directory)"));
   char base[64], tmp[DT_PATH_MAX + 80], final[DT_PATH_MAX + 80];
   snprintf(base, sizeof base, "ckpt_%08lld.h5", step);
   snprintf(tmp, sizeof tmp, "%s/.ckpt_%08lld.h5.tmp", dir, step);
@@ -178,7 +178,7 @@ dt_status_t dt_ckpt_find_latest(const void *mpi_comm, const char *dir, int64_t b
                                  size_t path_size, int64_t *step) {
   MPI_Comm comm = dt_ckpt__comm(mpi_comm);
   int rank;
-  MPI_Comm_rank(comm, &rank);
+  DT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   struct { long long step; char path[DT_PATH_MAX + 300]; } r = {-1, ""};
   dt_status_t st = DT_OK;
   if (rank == 0) {
@@ -197,7 +197,7 @@ dt_status_t dt_ckpt_find_latest(const void *mpi_comm, const char *dir, int64_t b
     if (st == DT_OK && r.step < 0) st = DT_ERR(DT_ERR_CKPT, "%s: no complete checkpoint%s", dir, before_step >= 0 ? " older than the ones tried" : "");
   }
   st = dt_ckpt__agree(comm, st);
-  dt_wd_bcast(&r, (int)sizeof r, MPI_BYTE, 0, comm, "bcast (checkpoint directory)");
+  DT_MPI_KEEP(st, dt_wd_bcast(&r, (int)sizeof r, MPI_BYTE, 0, comm, "bcast (checkpoint directory)"));
   if (st != DT_OK) return st;
   if (strlen(r.path) >= path_size) return DT_ERR(DT_ERR_ARG, "%s: path buffer too small", r.path);
   snprintf(path, path_size, "%s", r.path);
@@ -209,7 +209,7 @@ dt_status_t dt_ckpt_load_latest(const void *mpi_comm, const char *dir, const dt_
                                 const dt_ckpt_arenas_t *a, dt_ckpt_state_t *st, char *path, size_t path_size) {
   MPI_Comm comm = dt_ckpt__comm(mpi_comm);
   int rank;
-  MPI_Comm_rank(comm, &rank);
+  DT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
   int64_t before = -1, step;
   int skipped = 0;
   for (;;) {

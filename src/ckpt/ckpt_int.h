@@ -7,6 +7,7 @@
 #include <mpi.h>
 
 #include "ckpt.h"
+#include "mpi_check.h"
 #include "status.h"
 
 /* Collective: every rank returns the status of the lowest failing rank (DT_OK if none), and
@@ -19,19 +20,19 @@ void dt_ckpt__h5_quiet(void);
 /* 1 if the test hook asks this rank (its MPI_COMM_WORLD rank) to fail at `phase`. */
 int dt_ckpt__faulty(MPI_Comm comm, const char *phase);
 /* Replicated arenas (model and optimizer ranges `full` on every rank: pure data parallelism): the
- * file needs only one rank per node. Returns 1 and sets *node (the ranks of this shared-memory
+ * file needs only one rank per node. Sets *use = 1, *node (the ranks of this shared-memory
  * node) and *lead (the node leaders, node rank 0, ordered by rank; MPI_COMM_NULL on the others);
- * returns 0 (nothing set) when some rank holds boxes, every node has one rank, or
+ * *use = 0 (nothing set) when some rank holds boxes, every node has one rank, or
  * DTRAIN_CKPT_WRITERS=all asks for every rank to take part (DTRAIN_CKPT_WRITERS=K: groups of K
  * consecutive ranks act as nodes, for tests). Collective over comm. */
-int dt_ckpt__node_leaders(MPI_Comm comm, const dt_ckpt_arenas_t *a, MPI_Comm *lead, MPI_Comm *node);
-void dt_ckpt__node_leaders_free(MPI_Comm *lead, MPI_Comm *node);
+dt_status_t dt_ckpt__node_leaders(MPI_Comm comm, const dt_ckpt_arenas_t *a, MPI_Comm *lead, MPI_Comm *node, int *use);
+dt_status_t dt_ckpt__node_leaders_free(MPI_Comm *lead, MPI_Comm *node);
 /* The ranks of this rank's shared-memory node (MPI_Comm_split_type); DTRAIN_CKPT_WRITERS=K makes
  * groups of K consecutive ranks act as nodes, =all every rank its own node (tests). Collective. */
-void dt_ckpt__node_comm(MPI_Comm comm, MPI_Comm *node);
+dt_status_t dt_ckpt__node_comm(MPI_Comm comm, MPI_Comm *node);
 /* Barrier that sleeps while it waits (MPI_Ibarrier + 0.2 ms naps): ranks with no I/O wait here
  * without taking the cores from the node leaders doing it. */
-void dt_ckpt__quiet_barrier(MPI_Comm comm);
+dt_status_t dt_ckpt__quiet_barrier(MPI_Comm comm);
 /* DTRAIN_CKPT_TIMES set: rank 0 prints "# ckpt-time <what> <s since t0>" to stderr (benchmarks). */
 void dt_ckpt__time(MPI_Comm comm, const char *what, double t0);
 double dt_ckpt__cpu(void); /* this process's CPU seconds so far (user + system) */
@@ -61,6 +62,7 @@ int dt_ckpt__open_direct(const char *path, int flags);
 #include <hdf5.h>
 
 #include "ckpt.h"
+#include "mpi_check.h"
 
 #define DT_CKPT_GROUPS 3 /* /model, /optim/exp_avg, /optim/exp_avg_sq */
 

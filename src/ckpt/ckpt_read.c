@@ -360,14 +360,14 @@ static void unpack_rows(const fshape_t *f, const float *rows, hsize_t r0, hsize_
  * failure anywhere every rank takes a private window and acts as its own node. Collective. */
 static dt_status_t window_open(MPI_Comm comm, size_t slot_bytes, window_t *W, const char *path) {
   int rank, size;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
+  DT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  DT_MPI_CHECK(MPI_Comm_size(comm, &size));
   for (int attempt = 0; attempt < 2; attempt++) {
-    if (attempt == 0) dt_ckpt__node_comm(comm, &W->node);
-    else MPI_Comm_split(comm, rank, 0, &W->node); /* every rank alone */
+    if (attempt == 0) DT_TRY(dt_ckpt__node_comm(comm, &W->node));
+    else DT_MPI_CHECK(MPI_Comm_split(comm, rank, 0, &W->node)); /* every rank alone */
     int nr, ns;
-    MPI_Comm_rank(W->node, &nr);
-    MPI_Comm_size(W->node, &ns);
+    DT_MPI_CHECK(MPI_Comm_rank(W->node, &nr));
+    DT_MPI_CHECK(MPI_Comm_size(W->node, &ns));
     W->hdr_bytes = ((2 * (size_t)ns + 1) * sizeof(atomic_int) + DT_CKPT_ALIGN - 1) / DT_CKPT_ALIGN * DT_CKPT_ALIGN;
     W->slot_bytes = slot_bytes, W->bytes = W->hdr_bytes + NW * slot_bytes;
     int ok = 1;
@@ -380,44 +380,47 @@ static dt_status_t window_open(MPI_Comm comm, size_t slot_bytes, window_t *W, co
       char name[64];
       snprintf(name, sizeof name, "/dtrain-ckpt-%ld-%d", (long)getpid(), serial++);
       int fd = -1;
+      dt_status_t e = DT_OK; /* MPI failures: after the name is unlinked */
       if (nr == 0) {
         fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
         ok = fd >= 0 && posix_fallocate(fd, 0, (off_t)W->bytes) == 0; /* ENOSPC now, not SIGBUS later */
       }
-      dt_wd_bcast(name, sizeof name, MPI_CHAR, 0, W->node, "bcast (checkpoint load)");
-      dt_wd_bcast(&ok, 1, MPI_INT, 0, W->node, "bcast (checkpoint load)");
-      if (ok && nr != 0) fd = shm_open(name, O_RDWR, 0);
+      DT_MPI_KEEP(e, dt_wd_bcast(name, sizeof name, MPI_CHAR, 0, W->node, "bcast (checkpoint load)"));
+      DT_MPI_KEEP(e, dt_wd_bcast(&ok, 1, MPI_INT, 0, W->node, "bcast (checkpoint load)"));
+      if (ok && nr != 0 && e == DT_OK) fd = shm_open(name, O_RDWR, 0);
       void *p = fd >= 0 ? mmap(NULL, W->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
       if (fd >= 0) close(fd);
       ok = ok && p != MAP_FAILED;
       W->base = p == MAP_FAILED ? NULL : p;
-      dt_wd_barrier(W->node, "barrier (checkpoint load)", 0); /* every rank has it mapped (or failed): the name can go */
+      /* every rank has it mapped (or failed): the name can go */
+      DT_MPI_KEEP(e, dt_wd_barrier(W->node, "barrier (checkpoint load)", 0));
       if (nr == 0) shm_unlink(name);
+      DT_TRY(e);
     }
     int all = 0;
-    dt_wd_allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint load)");
+    DT_MPI_CHECK(dt_wd_allreduce(&ok, &all, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint load)"));
     if (all) break;
     if (W->base) W->shared ? (void)munmap(W->base, W->bytes) : dt_ckpt__io_buf_free(W->base, W->bytes);
     W->base = NULL;
-    MPI_Comm_free(&W->node);
+    DT_MPI_CHECK(MPI_Comm_free(&W->node));
     if (attempt == 1) return DT_ERR(DT_ERR_NOMEM, "%s: cannot map %zu bytes of staging memory", path, W->bytes);
     if (rank == 0) fprintf(stderr, "# checkpoint: no shared memory for the load (/dev/shm), ranks exchange through MPI\n");
   }
   /* The node layout: leaders' order gives the node index. */
   int nr, ns;
-  MPI_Comm_rank(W->node, &nr);
-  MPI_Comm_size(W->node, &ns);
-  MPI_Comm_split(comm, nr == 0 ? 0 : MPI_UNDEFINED, rank, &W->lead);
+  DT_MPI_CHECK(MPI_Comm_rank(W->node, &nr));
+  DT_MPI_CHECK(MPI_Comm_size(W->node, &ns));
+  DT_MPI_CHECK(MPI_Comm_split(comm, nr == 0 ? 0 : MPI_UNDEFINED, rank, &W->lead));
   if (nr == 0) {
-    MPI_Comm_rank(W->lead, &W->g);
-    MPI_Comm_size(W->lead, &W->G);
+    DT_MPI_CHECK(MPI_Comm_rank(W->lead, &W->g));
+    DT_MPI_CHECK(MPI_Comm_size(W->lead, &W->G));
   }
-  dt_wd_bcast(&W->g, 1, MPI_INT, 0, W->node, "bcast (checkpoint load)");
-  dt_wd_bcast(&W->G, 1, MPI_INT, 0, W->node, "bcast (checkpoint load)");
+  DT_MPI_CHECK(dt_wd_bcast(&W->g, 1, MPI_INT, 0, W->node, "bcast (checkpoint load)"));
+  DT_MPI_CHECK(dt_wd_bcast(&W->G, 1, MPI_INT, 0, W->node, "bcast (checkpoint load)"));
   W->j = nr;
   W->read_done = (atomic_int *)W->base, W->copied = W->read_done + ns, W->exch_done = W->copied + ns;
   for (int m = 0; nr == 0 && m < 2 * ns + 1; m++) atomic_init(&W->read_done[m], 0); /* fresh mappings are 0 already */
-  dt_wd_barrier(W->node, "barrier (checkpoint load)", 0);
+  DT_MPI_CHECK(dt_wd_barrier(W->node, "barrier (checkpoint load)", 0));
   int mine[2] = {W->g, W->j}, *all = malloc(2 * sizeof(int) * (size_t)size);
   W->kof = calloc((size_t)W->G, sizeof(int));
   W->first = calloc((size_t)W->G, sizeof(int));
@@ -426,7 +429,12 @@ static dt_status_t window_open(MPI_Comm comm, size_t slot_bytes, window_t *W, co
     free(all);
     return DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path); /* (every rank: MPI would fail next) */
   }
-  dt_wd_allgather(mine, 2, MPI_INT, all, 2, MPI_INT, comm, "allgather (checkpoint load)");
+  dt_status_t st = DT_OK;
+  DT_MPI_KEEP(st, dt_wd_allgather(mine, 2, MPI_INT, all, 2, MPI_INT, comm, "allgather (checkpoint load)"));
+  if (st != DT_OK) {
+    free(all);
+    return st;
+  }
   for (int r = 0; r < size; r++) W->kof[all[2 * r]]++;
   for (int g = 1; g < W->G; g++) W->first[g] = W->first[g - 1] + W->kof[g - 1];
   for (int r = 0; r < size; r++) W->who[W->first[all[2 * r]] + all[2 * r + 1]] = r;
@@ -434,15 +442,17 @@ static dt_status_t window_open(MPI_Comm comm, size_t slot_bytes, window_t *W, co
   return DT_OK;
 }
 
-static void window_close(window_t *W) {
+static dt_status_t window_close(window_t *W) {
+  dt_status_t st = DT_OK;
   if (W->base) W->shared ? (void)munmap(W->base, W->bytes) : dt_ckpt__io_buf_free(W->base, W->bytes);
-  if (W->node != MPI_COMM_NULL) MPI_Comm_free(&W->node);
-  if (W->lead != MPI_COMM_NULL) MPI_Comm_free(&W->lead);
+  if (W->node != MPI_COMM_NULL) DT_MPI_KEEP(st, MPI_Comm_free(&W->node));
+  if (W->lead != MPI_COMM_NULL) DT_MPI_KEEP(st, MPI_Comm_free(&W->lead));
   free(W->kof);
   free(W->first);
   free(W->who);
   memset(W, 0, sizeof *W);
   W->node = W->lead = MPI_COMM_NULL;
+  return st;
 }
 
 /* The reader: a helper thread that reads this rank's share of every piece in order into the
@@ -495,8 +505,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
                          dt_ckpt_state_t *st_out) {
   MPI_Comm comm = dt_ckpt__comm(mpi_comm);
   int rank, size;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
+  DT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  DT_MPI_CHECK(MPI_Comm_size(comm, &size));
   dt_ckpt__h5_quiet();
   dt_ckpt_state_t s;
   memset(&s, 0, sizeof s);
@@ -580,7 +590,7 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   /* All datasets through our own descriptors at their file offsets (contiguous datasets, as ours
    * are), or, when that is switched off or some dataset has no offset, all through H5Dread (the
    * same choice on every rank: H5Dread is collective). O_DIRECT is each rank's own business. */
-  int own_ok = dt_ckpt__own_io(), all;
+  int own_ok = dt_ckpt__own_io(), all = 0;
   for (int d = 0; own_ok && d < D.n_ds; d++) {
     haddr_t o = H5Dget_offset(D.ds[d]);
     own_ok = o != HADDR_UNDEF, foff[d] = (uint64_t)o;
@@ -591,7 +601,7 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     bounce = dt_ckpt__io_buf(DT_CKPT_CHUNK);
     own_ok = fd_buf >= 0 && bounce;
   }
-  dt_wd_allreduce(&own_ok, &all, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint load)");
+  DT_MPI_KEEP(st, dt_wd_allreduce(&own_ok, &all, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint load)"));
   own_ok = all;
   /* The small datasets (biases, layernorms): ask for them all at once, so their reads overlap
    * instead of costing a round trip each (GPT-2 124M: 294 of them). */
@@ -599,8 +609,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
     if (D.bytes[d] < DT_CKPT_OWN_MIN) (void)posix_fadvise(fd_buf, (off_t)foff[d], (off_t)D.bytes[d], POSIX_FADV_WILLNEED);
   /* a slot: a piece (no more than the largest dataset: small models get a small window) */
   size_t piece = max_ds < PIECE ? max_ds : PIECE;
-  st = window_open(comm, (piece > max_row ? piece : max_row) + 2 * DT_CKPT_ALIGN, &W, path);
-  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
+  dt_status_t sw = window_open(comm, (piece > max_row ? piece : max_row) + 2 * DT_CKPT_ALIGN, &W, path);
+  if ((st = dt_ckpt__agree(comm, st != DT_OK ? st : sw)) != DT_OK) goto out;
 
   /* Phase 3: per piece: this rank's share read (reader thread) and checksummed, the node's shares
    * read, the leaders' exchange between nodes, this rank's boxes copied out. A failure is
@@ -654,7 +664,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
           split_rows(p->r0, p->r1, g, W.G, &ga, &gz);
           cnt[g] = (int)((gz - ga) * u), dsp[g] = (int)((ga - p->r0) * u);
         }
-        dt_wd_allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, rows, cnt, dsp, MPI_FLOAT, W.lead, "allgatherv (checkpoint load)");
+        DT_MPI_KEEP(st3, dt_wd_allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, rows, cnt, dsp, MPI_FLOAT, W.lead,
+                                          "allgatherv (checkpoint load)"));
         raise_to(W.exch_done, i + 1);
       }
       wait_at_least(W.exch_done, i + 1);
@@ -679,7 +690,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
   /* Checksums: every rank's CRC of its share of every piece in one allgather, combined in file
    * order (pieces; nodes; members); the same verdict on every rank (on a mismatch the arenas hold
    * unspecified data). */
-  dt_wd_allgather(mine, n_pc, MPI_UINT32_T, crcs, n_pc, MPI_UINT32_T, comm, "allgather (checkpoint load)");
+  DT_MPI_KEEP(st, dt_wd_allgather(mine, n_pc, MPI_UINT32_T, crcs, n_pc, MPI_UINT32_T, comm, "allgather (checkpoint load)"));
+  if (st != DT_OK) goto out;
   uint32_t crc = 0; /* of dataset d so far */
   for (int i = 0, d = -1; i <= n_pc; i++) {
     if (i == n_pc || pc[i].d != d) { /* dataset d complete */
@@ -711,7 +723,8 @@ dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout
 
 out:
   if (reading) pthread_join(rth, NULL); /* (it ends: phase 3 is never left early) */
-  window_close(&W);
+  dt_status_t sc = window_close(&W);
+  if (st == DT_OK) st = sc;
   if (fd_buf >= 0) close(fd_buf);
   if (fd_direct >= 0) close(fd_direct);
   dt_ckpt__io_buf_free(bounce, DT_CKPT_CHUNK);

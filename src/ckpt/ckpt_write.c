@@ -91,15 +91,15 @@ static dt_status_t state_bcast(MPI_Comm comm, int rank, const dt_ckpt_state_t *i
     n = in->ini ? (long long)strlen(in->ini) : 0;
   }
   int ok = rank != 0 || in != NULL;
-  dt_wd_bcast(&ok, 1, MPI_INT, 0, comm, "bcast (checkpoint save)");
-  dt_wd_bcast(s, (int)sizeof *s, MPI_BYTE, 0, comm, "bcast (checkpoint save)");
-  dt_wd_bcast(&n, 1, MPI_LONG_LONG, 0, comm, "bcast (checkpoint save)");
+  DT_MPI_CHECK(dt_wd_bcast(&ok, 1, MPI_INT, 0, comm, "bcast (checkpoint save)"));
+  DT_MPI_CHECK(dt_wd_bcast(s, (int)sizeof *s, MPI_BYTE, 0, comm, "bcast (checkpoint save)"));
+  DT_MPI_CHECK(dt_wd_bcast(&n, 1, MPI_LONG_LONG, 0, comm, "bcast (checkpoint save)"));
   s->ini = NULL;
   if (n >= INT_MAX) return DT_ERR(DT_ERR_ARG, "checkpoint save: ini text too long (%lld bytes)", n);
   *ini = malloc((size_t)n + 1);
   if (!*ini) return DT_ERR(DT_ERR_NOMEM, "checkpoint save: out of memory");
   if (rank == 0) memcpy(*ini, n ? in->ini : "", (size_t)n + 1);
-  dt_wd_bcast(*ini, (int)n + 1, MPI_CHAR, 0, comm, "bcast (checkpoint save)");
+  DT_MPI_CHECK(dt_wd_bcast(*ini, (int)n + 1, MPI_CHAR, 0, comm, "bcast (checkpoint save)"));
   if (!ok) return DT_ERR(DT_ERR_ARG, "checkpoint save: rank 0 passed no training state");
   if (s->n_rng < 0 || s->n_rng > DT_CKPT_RNG_MAX)
     return DT_ERR(DT_ERR_ARG, "checkpoint save: n_rng %d outside [0, %d]", s->n_rng, DT_CKPT_RNG_MAX);
@@ -369,8 +369,8 @@ static dt_status_t combine(seg_t *all, size_t n, const uint64_t *bytes, const ch
 static dt_status_t write_file(MPI_Comm comm, int world, const char *path, const dt_layout_t *lay,
                               const dt_ckpt_arenas_t *a, const dt_ckpt_state_t *st_in) {
   int rank, size;
-  MPI_Comm_rank(comm, &rank);
-  MPI_Comm_size(comm, &size);
+  DT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  DT_MPI_CHECK(MPI_Comm_size(comm, &size));
   dt_ckpt__h5_quiet();
   dt_ckpt_state_t s;
   char *ini = NULL;
@@ -393,8 +393,8 @@ static dt_status_t write_file(MPI_Comm comm, int world, const char *path, const 
   /* Phase 1 (local): state from rank 0, ranges, buffers. */
   dt_status_t st = state_bcast(comm, rank, st_in, &s, &ini);
   int optim = a->m != NULL, omin, omax;
-  dt_wd_allreduce(&optim, &omin, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint save)");
-  dt_wd_allreduce(&optim, &omax, 1, MPI_INT, MPI_MAX, comm, "allreduce (checkpoint save)");
+  DT_MPI_KEEP(st, dt_wd_allreduce(&optim, &omin, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint save)"));
+  DT_MPI_KEEP(st, dt_wd_allreduce(&optim, &omax, 1, MPI_INT, MPI_MAX, comm, "allreduce (checkpoint save)"));
   if (st == DT_OK && omin != omax) st = DT_ERR(DT_ERR_ARG, "%s: some ranks pass AdamW moments, others not", path);
   if (st == DT_OK && (a->m == NULL) != (a->v == NULL)) st = DT_ERR(DT_ERR_ARG, "%s: m and v must both be given", path);
   if (st == DT_OK) st = dt_ckpt__ranges_resolve(lay, &a->model, 1, rank, size, &rg[0]);
@@ -417,7 +417,7 @@ static dt_status_t write_file(MPI_Comm comm, int world, const char *path, const 
   /* Replicated arenas on every rank: large datasets are written through our own descriptors
    * (write_own), so their raw data must start on page boundaries. */
   int full_all[2] = {a->model.full, !optim || a->optim.full};
-  dt_wd_allreduce(MPI_IN_PLACE, full_all, 2, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint save)");
+  DT_MPI_KEEP(st, dt_wd_allreduce(MPI_IN_PLACE, full_all, 2, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint save)"));
   int own_ok = dt_ckpt__own_io() && (full_all[0] || full_all[1]);
   if (own_ok) H5Pset_alignment(fapl, DT_CKPT_OWN_MIN, DT_CKPT_ALIGN);
   file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
@@ -427,7 +427,7 @@ static dt_status_t write_file(MPI_Comm comm, int world, const char *path, const 
   if (own_ok) {
     dio_fd = dt_ckpt__open_direct(path, O_WRONLY); /* -1: plain writes */
     int have = wb_fd >= 0, all = 0; /* every rank needs a descriptor, else nobody takes the path */
-    dt_wd_allreduce(&have, &all, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint save)");
+    DT_MPI_KEEP(st, dt_wd_allreduce(&have, &all, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint save)"));
     own_ok = all;
   }
   own = calloc((size_t)D.n_ds, sizeof *own);
@@ -539,10 +539,10 @@ static dt_status_t write_file(MPI_Comm comm, int world, const char *path, const 
   /* Phase 5: CRC runs to rank 0, tiling check and combination, CRCs back to all. */
   int mine = (int)(segs.n * sizeof(seg_t)), *cnt = NULL, *dsp = NULL, total = 0;
   if (rank == 0) cnt = calloc((size_t)size, sizeof *cnt), dsp = calloc((size_t)size, sizeof *dsp);
-  dt_wd_gather(&mine, 1, MPI_INT, cnt, 1, MPI_INT, 0, comm, "gather (checkpoint save)");
+  DT_MPI_KEEP(st, dt_wd_gather(&mine, 1, MPI_INT, cnt, 1, MPI_INT, 0, comm, "gather (checkpoint save)"));
   for (int r = 0; rank == 0 && r < size; r++) dsp[r] = total, total += cnt[r];
   if (rank == 0) all = malloc((size_t)total + 1);
-  dt_wd_gatherv(segs.s, mine, MPI_BYTE, all, cnt, dsp, MPI_BYTE, 0, comm, "gatherv (checkpoint save)");
+  DT_MPI_KEEP(st, dt_wd_gatherv(segs.s, mine, MPI_BYTE, all, cnt, dsp, MPI_BYTE, 0, comm, "gatherv (checkpoint save)"));
   free(cnt);
   free(dsp);
   crc = calloc((size_t)D.n_ds, sizeof *crc);
@@ -555,7 +555,7 @@ static dt_status_t write_file(MPI_Comm comm, int world, const char *path, const 
     free(nm);
   }
   if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
-  dt_wd_bcast(crc, D.n_ds, MPI_UINT32_T, 0, comm, "bcast (checkpoint save)");
+  DT_MPI_KEEP(st, dt_wd_bcast(crc, D.n_ds, MPI_UINT32_T, 0, comm, "bcast (checkpoint save)"));
 
   /* Phase 6: checksums, training state. */
   for (int d = 0; d < D.n_ds && st == DT_OK; d++)
@@ -598,9 +598,10 @@ out:
 dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layout_t *lay,
                           const dt_ckpt_arenas_t *a, const dt_ckpt_state_t *st_in) {
   MPI_Comm comm = dt_ckpt__comm(mpi_comm), lead, node;
-  int size;
-  MPI_Comm_size(comm, &size);
-  if (!dt_ckpt__node_leaders(comm, a, &lead, &node)) return write_file(comm, size, path, lay, a, st_in);
+  int size, leaders;
+  DT_MPI_CHECK(MPI_Comm_size(comm, &size));
+  DT_TRY(dt_ckpt__node_leaders(comm, a, &lead, &node, &leaders));
+  if (!leaders) return write_file(comm, size, path, lay, a, st_in);
   /* Replicated arenas: the node leaders write the file (each 1/nodes of every tensor), the other
    * ranks hold the same numbers and wait without spinning, so the writers keep the cores and no
    * two ranks of a node contend for the file. The state comes from rank 0, a leader. */
@@ -614,8 +615,8 @@ dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layou
     if (dt_ckpt__faulty(comm, "open") || dt_ckpt__faulty(comm, "write"))
       st = DT_ERR(DT_ERR_IO, "%s: simulated %s failure (test hook)", path, dt_ckpt__faulty(comm, "open") ? "open" : "write");
   }
-  dt_ckpt__quiet_barrier(comm);
-  st = dt_ckpt__agree(comm, st);
-  dt_ckpt__node_leaders_free(&lead, &node);
-  return st;
+  dt_status_t b = dt_ckpt__quiet_barrier(comm);
+  st = dt_ckpt__agree(comm, st != DT_OK ? st : b);
+  b = dt_ckpt__node_leaders_free(&lead, &node);
+  return st != DT_OK ? st : b;
 }

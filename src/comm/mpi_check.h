@@ -13,6 +13,14 @@
 extern "C" {
 #endif
 
+/* For code that runs on to a cleanup label or a collective agreement: the first failing call's
+ * error goes into the dt_status_t st (left alone when st already holds an error). */
+#define DT_MPI_KEEP(st, call)                                                                \
+  do {                                                                                       \
+    int dt_mpi_rc_ = (call);                                                                 \
+    if (dt_mpi_rc_ != MPI_SUCCESS && (st) == DT_OK) (st) = dt__mpi_error(dt_mpi_rc_, #call, __FILE__, __LINE__); \
+  } while (0)
+
 /* Record the failure of `call` (its source text) with return code rc; returns DT_ERR_MPI. */
 dt_status_t dt__mpi_error(int rc, const char *call, const char *file, int line);
 /* Collective over comm: every rank returns the status of the lowest failing rank, with that

@@ -7,7 +7,8 @@
 #   install-deps.sh --test   also what only the tests need: PyTorch, h5py, numpy (independent
 #                            references), tiktoken + regex from PyPI, Slurm + munge + PMIx (a
 #                            throw-away local cluster), Lmod and man-db (tests/install.sh), clang
-#                            (tests/fuzz.sh). `make check` runs this first (a no-op once done) and
+#                            (tests/fuzz.sh), ReFrame from PyPI in its own virtual environment
+#                            /opt/dtrain-test-venv (tests/reframe.sh). `make check` runs this first (a no-op once done) and
 #                            .ci/run calls it.
 # The CUDA toolkit is optional and not installed here. Not root and something missing: the list
 # of what to install, exit 1.
@@ -21,7 +22,7 @@ build=(
 test=(
   python3-torch python3-h5py python3-numpy
   slurm-wlm slurm-client munge libpmix-dev
-  lmod man-db clang
+  lmod man-db clang python3-venv
 )
 pkgs=("${build[@]}")
 [ "${1:-}" = --test ] && pkgs+=("${test[@]}")
@@ -53,4 +54,10 @@ if [ -x /usr/local/cuda/bin/nvcc ] && [ ! -x /usr/local/cuda/bin/cuobjdump ] &&
   ! /usr/bin/python3 -m pip show -q nvidia-cuda-cuobjdump >/dev/null 2>&1; then
   /usr/bin/python3 -m pip install -q --break-system-packages nvidia-cuda-cuobjdump ||
     echo "install-deps: warning: could not install cuobjdump; tests/cuda_elf.sh will skip"
+fi
+# tests/reframe.sh: ReFrame (validation/reframe), pinned, in a virtual environment of its own so
+# that its Python dependencies do not replace Debian's
+if ! /opt/dtrain-test-venv/bin/reframe --version 2>/dev/null | grep -qx 4.10.4; then
+  /usr/bin/python3 -m venv /opt/dtrain-test-venv && /opt/dtrain-test-venv/bin/pip install -q reframe-hpc==4.10.4 ||
+    echo "install-deps: warning: could not install ReFrame; tests/reframe.sh will skip"
 fi

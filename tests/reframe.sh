@@ -1,0 +1,62 @@
+#!/bin/bash
+# validation/ as a ReFrame test library (validation/reframe/dtrain_checks.py) through ReFrame's
+# Slurm scheduler (squeue) on the local cluster (2 virtual nodes x 2 ranks, CPU backend, system
+# `ci`), with the checks environment, collectives, numerics and bandwidth (the others are the
+# business of tests/validation.sh; here they are selected out and must show as skipped):
+#  1. clean: reframe exits 0, the four tests pass (bandwidth's allreduce_busbw reported as a
+#     ReFrame performance variable against the system file's reference), five are skipped;
+#  2. DTRAIN_FAULT=bad_math@0:3 (src/core/fault.h): reframe exits nonzero and the one failing test
+#     is numerics, with validation/run's message.
+# ReFrame comes from PyPI into its own virtual environment (scripts/install-deps.sh --test).
+set -u
+: "${top_srcdir:?}" "${top_builddir:?}"
+RF=${REFRAME:-/opt/dtrain-test-venv/bin/reframe}
+[ -x "$RF" ] || { echo "SKIP: no ReFrame at $RF (scripts/install-deps.sh --test installs it)"; exit 77; }
+CLUSTER="$top_srcdir/scripts/slurm-cluster.sh"
+for v in $(env | sed -n 's/^\(SLURM_[A-Za-z0-9_]*\|PMIX_[A-Za-z0-9_]*\|OMPI_COMM_WORLD_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
+unset CUDA_VISIBLE_DEVICES RANK WORLD_SIZE LOCAL_RANK DTRAIN_FAULT
+export PATH=$PATH:/usr/sbin
+source "$top_srcdir/tests/lib.sh"
+set +e
+ensure_data
+
+DIR=$(mktemp -d /tmp/dtrain-reframe.XXXXXX)
+cleanup() { "$CLUSTER" stop "$DIR" 2>/dev/null; rm -rf "$DIR"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+echo "\$ $CLUSTER start $DIR 2"
+env_line=$("$CLUSTER" start "$DIR" 2) || fail "the cluster did not start"
+eval "$env_line"
+export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_mpi_yield_when_idle=1
+export DTRAIN="$top_builddir/dtrain" DTRAIN_DATA="$top_builddir/data" DTRAIN_VALIDATION_RETRY_STARTUP=1
+export DTRAIN_SYSTEM=ci DTRAIN_CHECKS=environment,collectives,numerics,bandwidth
+cd "$DIR"
+rf() { # NAME: one reframe run into DIR/NAME, its output in DIR/NAME.out; returns reframe's status
+  echo "\$ $RF -C validation/reframe/config_ci.py -c validation/reframe/dtrain_checks.py --prefix $DIR/$1 -r"
+  timeout 600 "$RF" --nocolor -C "$top_srcdir/validation/reframe/config_ci.py" -c "$top_srcdir/validation/reframe/dtrain_checks.py" \
+    --prefix "$DIR/$1" -r > "$DIR/$1.out" 2>&1
+}
+
+# 1. clean
+rf clean
+status=$?
+grep -E '^\[ +(OK|FAIL|SKIP) +\]| P: |PASSED|FAILED' "$DIR/clean.out"
+[ $status -eq 0 ] || { tail -60 "$DIR/clean.out"; fail "reframe exited $status on a clean run"; }
+for c in environment collectives numerics bandwidth; do
+  grep -Eq "^\[ +OK +\] .*dtrain_validation %check=$c( |$)" "$DIR/clean.out" || fail "$c did not pass"
+done
+[ "$(grep -Ec '^\[ +SKIP +\] .*dtrain_validation %check=' "$DIR/clean.out")" -eq 5 ] || fail "want the 5 other checks skipped"
+grep -Eq '^ *P: allreduce_busbw: [0-9.e+-]+ GB/s \(r:0.2, l:-0.95, u:None\)' "$DIR/clean.out" ||
+  fail "no allreduce_busbw performance line with the ci reference (0.2, -0.95, unbounded)"
+echo "ok: clean: 4 checks passed, 5 skipped, allreduce_busbw reported against its reference"
+
+# 2. a planted fault: numerics must be the one that fails
+DTRAIN_FAULT=bad_math@0:3 rf fault
+status=$?
+grep -E '^\[ +(OK|FAIL|SKIP) +\]' "$DIR/fault.out"
+[ $status -ne 0 ] || fail "reframe exited 0 with bad_math planted"
+failed=$(sed -nE 's/^\[ +FAIL +\] .*dtrain_validation %check=([a-z_]+).*/\1/p' "$DIR/fault.out" | sort -u | tr '\n' ' ')
+[ "$failed" = "numerics " ] || { tail -40 "$DIR/fault.out"; fail "failing tests: '$failed', want numerics only"; }
+grep -q 'numerics: FAIL: ' "$DIR/fault.out" || fail "no validation/run message for numerics"
+echo "ok: bad_math@0:3: only the numerics test fails, with validation/run's message"
+echo "reframe: OK"

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Does data parallelism pay on the cores a node has, and is dtrain's overlap report true? (issue
+# #27). For each model, the same global batch as (a) 1 rank x 2 threads and (b) 2 ranks x 1 thread
+# (dp = 2), dtrain and PyTorch (1 process x 2 threads, the faster of two thread settings, vs DDP
+# over gloo, 2 x 1), runs alternating,
+# ROUNDS rounds; each run's median step time over the steps after WARMUP. Prints per model:
+#   dp=2 throughput over 1 rank's (the goal: >= 0.95), for dtrain and for PyTorch DDP;
+#   the share of dtrain's all-reduce hidden behind compute, as dtrain prints it ("# ddp:" line:
+#   1 - wait after backward / blocking all-reduce of all gradients) and as the two runs imply
+#   (1 - (dp=2 step - 1-rank step) / blocking all-reduce): within 10 points, or the report is not
+#   true. A benchmark, not a test. Run from a build tree with ./dtrain and data/ on a quiet machine.
+#   usage: bench/ddp_overlap.sh [ROUNDS] [STEPS] [WARMUP]     (defaults 2, 6, 2)
+set -euo pipefail
+ROUNDS=${1:-2}
+STEPS=${2:-6}
+WARMUP=${3:-2}
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+D=${DTRAIN:-./dtrain}
+PY=${REF_PYTHON:-/usr/bin/python3}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1
+t=$(mktemp -d /tmp/dtrain-ddpov.XXXXXX)
+trap 'rm -rf "$t"' EXIT
+echo "# ddp overlap: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores," \
+  "$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo no AVX-512); $(${MPIRUN:-mpirun} --version | head -1);" \
+  "torch $($PY -c 'import torch; print(torch.__version__)'); rounds $ROUNDS, steps $STEPS (median after $WARMUP)"
+# MODELS: name, dtrain overrides, torch_ddp.py shape, global batch, T
+models=("124M|model.n_layer=12 model.n_head=12 model.n_embd=768|--layers 12 --heads 12 --embd 768|4|256"
+        "30M|model.n_layer=6 model.n_head=6 model.n_embd=384|--layers 6 --heads 6 --embd 384|8|256")
+median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
+dtrain_run() { # RANKS THREADS OVERRIDES G T TAG: median ms/step to stdout; the ddp line kept in $t/TAG.ddp
+  local n=$1 th=$2 ov=$3 G=$4 T=$5 tag=$6
+  rm -rf "$t/$tag.jsonl" "$t/ck-$tag"
+  ${MPIRUN:-mpirun} --oversubscribe --bind-to none -n "$n" "$D" "$SRC/inputs/gpt2.ini" system.backend=cpu \
+    train.threads="$th" $ov train.micro_batch=$((G / n)) train.global_batch="$G" model.seq_len="$T" \
+    train.steps=$((STEPS + WARMUP)) train.eval_every=0 "data.train=data/austen_train_*.bin" data.val= \
+    log.metrics="$t/$tag.jsonl" checkpoint.dir="$t/ck-$tag" checkpoint.every=0 checkpoint.resume=never log.every=1 \
+    > "$t/$tag.out" 2>&1
+  grep '^# ddp:' "$t/$tag.out" >> "$t/$tag.ddp" || true
+  "$PY" -c 'import json, sys, statistics
+rows = [json.loads(l) for l in open(sys.argv[1])]
+print(statistics.median(r["ms"] for r in rows if r["step"] > int(sys.argv[2])))' "$t/$tag.jsonl" "$WARMUP"
+}
+torch_run() { # RANKS THREADS SHAPE G T [ENV...]
+  env "${@:6}" "$PY" "$SRC/bench/torch_ddp.py" --ranks "$1" --threads "$2" $3 --batch "$4" --seq "$5" --steps "$STEPS" \
+    --warmup "$WARMUP" 2> /dev/null | sed -n 's/.*step_ms=\([0-9.]*\).*/\1/p'
+}
+# PyTorch on one process with 2 threads: the faster of its defaults and OpenBLAS single-threaded
+# inside torch's OpenMP ops (its two thread pools compete for 2 cores; bench/torch_gpt2.py)
+torch_best() { { torch_run "$@"; torch_run "$@" OPENBLAS_NUM_THREADS=1; } | sort -g | head -1; }
+for m in "${models[@]}"; do
+  IFS='|' read -r name ov shape G T <<< "$m"
+  : > "$t/d1" ; : > "$t/d2" ; : > "$t/p1" ; : > "$t/p2"
+  for r in $(seq 1 "$ROUNDS"); do
+    dtrain_run 1 2 "$ov" "$G" "$T" "$name-1x2" >> "$t/d1"
+    dtrain_run 2 1 "$ov" "$G" "$T" "$name-2x1" >> "$t/d2"
+    torch_best 1 2 "$shape" "$G" "$T" >> "$t/p1"
+    torch_run 2 1 "$shape" "$G" "$T" >> "$t/p2"
+    printf "# %s round %d: dtrain 1x2 %.0f ms, 2x1 %.0f ms; torch 1x2 %.0f ms, DDP 2x1 %.0f ms\n" "$name" "$r" \
+      "$(tail -1 "$t/d1")" "$(tail -1 "$t/d2")" "$(tail -1 "$t/p1")" "$(tail -1 "$t/p2")"
+  done
+  d1=$(median < "$t/d1") d2=$(median < "$t/d2") p1=$(median < "$t/p1") p2=$(median < "$t/p2")
+  # dtrain's own report, medians over the dp=2 runs: wait after backward and the blocking reference
+  wait=$(sed -n 's/.*after backward \([0-9.]*\) ms.*/\1/p' "$t/$name-2x1.ddp" | median)
+  full=$(sed -n 's/.* vs \([0-9.]*\) ms for a blocking.*/\1/p' "$t/$name-2x1.ddp" | median)
+  awk -v n="$name" -v G="$G" -v T="$T" -v d1="$d1" -v d2="$d2" -v p1="$p1" -v p2="$p2" -v w="$wait" -v f="$full" 'BEGIN {
+    printf "RESULT %s (global batch %d x T=%d): dtrain 1x2 %.0f ms, 2x1 %.0f ms: dp=2 at %.3fx of 1 rank; torch 1x2 %.0f ms, DDP 2x1 %.0f ms: %.3fx\n", n, G, T, d1, d2, d1 / d2, p1, p2, p1 / p2
+    printed = 100 * (1 - w / f); implied = 100 * (1 - (d2 - d1) / f)
+    printf "RESULT %s overlap: blocking all-reduce %.0f ms; hidden as dtrain prints it %.0f%% (wait %.1f ms), as the two runs imply %.0f%%: %s\n", n, f, printed, w, implied, (printed - implied <= 10 && implied - printed <= 10) ? "within 10 points" : "NOT within 10 points"
+  }'
+done

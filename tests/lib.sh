@@ -52,6 +52,25 @@ srun_once_more() {
   "$@" > "$out" 2>&1
 }
 
+# The Slurm tests' start: a throw-away 2-node cluster (scripts/slurm-cluster.sh) in a fresh
+# directory DIR=/tmp/PREFIX.XXXXXX, its environment (SLURM_CONF, ...) set here, and TCP over
+# loopback between the virtual nodes for Open MPI. A loaded machine can miss slurm-cluster.sh's
+# start-up window: one more try, in a new DIR and so on other ports (once in CI node n1 stayed
+# unk* in both tries with the same DIR and ports). Returns 1 when it did not start. The caller
+# stops it: "$CLUSTER" stop "$DIR".
+start_slurm_cluster() {
+  local line
+  CLUSTER="$top_srcdir/scripts/slurm-cluster.sh"
+  DIR=$(mktemp -d "/tmp/$1.XXXXXX")
+  echo "\$ $CLUSTER start $DIR 2"
+  line=$("$CLUSTER" start "$DIR" 2) ||
+    { "$CLUSTER" stop "$DIR"; rm -rf "$DIR"; DIR=$(mktemp -d "/tmp/$1.XXXXXX"); sleep 2; line=$("$CLUSTER" start "$DIR" 2); } ||
+    { tail -20 "$DIR"/log/slurmctld.log; return 1; }
+  eval "$line"
+  # virtual nodes share one host: TCP over loopback between them; ranks on 2 cores must yield
+  export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_mpi_yield_when_idle=1
+}
+
 tmpdir() {
   local d
   d=$(mktemp -d "${TMPDIR:-/tmp}/dtrain-test.XXXXXX")

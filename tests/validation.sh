@@ -17,7 +17,6 @@
 #     here (the save took 0.2-0.66 s); --timeout 400 lets a save of up to 4 s (~10 MB/s) stall.
 set -u
 : "${top_srcdir:?}" "${top_builddir:?}"
-CLUSTER="$top_srcdir/scripts/slurm-cluster.sh"
 for v in $(env | sed -n 's/^\(SLURM_[A-Za-z0-9_]*\|PMIX_[A-Za-z0-9_]*\|OMPI_COMM_WORLD_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
 unset CUDA_VISIBLE_DEVICES RANK WORLD_SIZE LOCAL_RANK DTRAIN_FAULT
 export PATH=$PATH:/usr/sbin
@@ -25,18 +24,10 @@ source "$top_srcdir/tests/lib.sh"
 set +e
 ensure_data
 
-DIR=$(mktemp -d /tmp/dtrain-valid.XXXXXX)
-cleanup() { "$CLUSTER" stop "$DIR" 2>/dev/null; rm -rf "$DIR"; }
+DIR=
+cleanup() { [ -n "$DIR" ] && { "$CLUSTER" stop "$DIR" 2>/dev/null; rm -rf "$DIR"; }; }
 trap cleanup EXIT
-echo "\$ $CLUSTER start $DIR 2"
-# a loaded machine can miss slurm-cluster.sh's start-up window: one more try, in a new DIR and so
-# on other ports (once in CI node n1 stayed unk* in both tries with the same DIR and ports)
-env_line=$("$CLUSTER" start "$DIR" 2) ||
-  { "$CLUSTER" stop "$DIR"; rm -rf "$DIR"; DIR=$(mktemp -d /tmp/dtrain-valid.XXXXXX); sleep 2; env_line=$("$CLUSTER" start "$DIR" 2); } ||
-  { tail -20 "$DIR"/log/slurmctld.log; echo "FAIL: the cluster did not start"; exit 1; }
-eval "$env_line"
-# virtual nodes share one host: TCP over loopback between them; 4 ranks on 2 cores must yield
-export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_mpi_yield_when_idle=1
+start_slurm_cluster dtrain-valid || { echo "FAIL: the cluster did not start"; exit 1; }
 export DTRAIN="$top_builddir/dtrain"
 # Open MPI's start-up race on this one-host cluster (tests/lib.sh srun_once_more): one more launch
 export DTRAIN_VALIDATION_RETRY_STARTUP=1

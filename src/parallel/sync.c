@@ -25,6 +25,10 @@ static dt_status_t no_gather(dt_sync_t *s, int skip) {
   return DT_OK;
 }
 static void no_report(const dt_sync_t *s, int steps, FILE *o) { (void)s, (void)steps, (void)o; }
+static dt_status_t no_start(dt_sync_t *s, dt_comm_t *grad_comm) {
+  (void)s, (void)grad_comm;
+  return DT_OK;
+}
 
 static dt_status_t zero_grads(dt_sync_t *s) { return s->be->ops->zero_grad(s->be); }
 
@@ -82,15 +86,33 @@ static void ddp_report(const dt_sync_t *s, int steps, FILE *o) {
           s->ddp.n_buckets, 1e3 * wait, 1e3 * full, full > 0 ? 100.0 * fmax(0.0, 1.0 - wait / full) : 0.0);
 }
 
+/* The report's reference: blocking all-reduces of every gradient bucket, bucket by bucket (one
+ * all-reduce of the whole arena makes MPI allocate arena-sized temporaries). */
+static dt_status_t ddp_start(dt_sync_t *s, dt_comm_t *c) {
+  dt_backend_t *be = s->be;
+  DT_TRY(zero_grads(s));
+  DT_TRY(be->ops->synchronize(be)); /* the zeros are in before the communicator reads them */
+  DT_TRY(s->dp_comm->ops->barrier(s->dp_comm));
+  double t0 = dt_time_now();
+  for (int b = 0; b < s->ddp.n_buckets; b++) {
+    dt_bucket_t *k = &s->ddp.buckets[b];
+    DT_TRY(c->ops->allreduce(c, be->grads + k->lo, be->grads + k->lo, k->hi - k->lo, DT_F32, DT_AVG, s->ddp.stream,
+                             NULL));
+  }
+  DT_TRY(be->ops->synchronize(be));
+  s->t_full = dt_time_now() - t0;
+  return DT_OK;
+}
+
 static const dt_sync_ops_t sync_local = {
     .name = "local", .begin_step = zero_grads, .backward_begin = no_hook, .backward_end = nothing,
     .after_backward = tied_sum, .reduce_norm = no_reduce, .after_update = no_gather, .begin_eval = nothing,
-    .end_eval = nothing_void, .report = no_report};
+    .end_eval = nothing_void, .start = no_start, .report = no_report};
 
 static const dt_sync_ops_t sync_ddp = {
     .name = "ddp", .begin_step = ddp_begin_step, .backward_begin = ddp_hook, .backward_end = nothing,
     .after_backward = ddp_after_backward, .reduce_norm = no_reduce, .after_update = no_gather,
-    .begin_eval = nothing, .end_eval = nothing_void, .report = ddp_report};
+    .begin_eval = nothing, .end_eval = nothing_void, .start = ddp_start, .report = ddp_report};
 
 /* ---- ZeRO-1 ---- */
 
@@ -101,10 +123,16 @@ static dt_status_t zero1_after_backward(dt_sync_t *s) {
   return dt_zero_reduce_grads(&s->zero, s->be->grads);
 }
 
+/* Device arenas (gradients over NCCL): the reduce-scatter and all-gather in place on the compute stream. */
+static dt_status_t zero1_start(dt_sync_t *s, dt_comm_t *grad_comm) {
+  return grad_comm == s->dp_comm ? DT_OK : dt_zero_use_device_comm(&s->zero, grad_comm, s->be->stream);
+}
+
 static const dt_sync_ops_t sync_zero1 = {
     .name = "zero1", .optim_sharded = 1, .begin_step = zero_grads, .backward_begin = no_hook,
     .backward_end = nothing, .after_backward = zero1_after_backward, .reduce_norm = shard_norm,
-    .after_update = gather_params, .begin_eval = nothing, .end_eval = nothing_void, .report = no_report};
+    .after_update = gather_params, .begin_eval = nothing, .end_eval = nothing_void, .start = zero1_start,
+    .report = no_report};
 
 /* ---- ZeRO-2 ---- */
 
@@ -131,10 +159,25 @@ static dt_status_t zero2_after_backward(dt_sync_t *s) {
   return DT_OK;
 }
 
+/* The buckets go to their owners as backward finishes them; the tied wte (pp > 1) is held back: it
+ * is summed between the stages first (after_backward). */
+static dt_status_t owners_start(dt_sync_t *s, dt_comm_t *grad_comm) {
+  (void)grad_comm;
+  s->ddp.action = dt_zero_reduce_bucket;
+  s->ddp.action_ctx = &s->zero;
+  const dt_tensor_t *w = &s->lay->tensors[0];
+  if (s->lay->pp > 1 && !w->absent) {
+    s->ddp.hold_lo = w->offset;
+    s->ddp.hold_hi = w->offset + (size_t)w->rows * w->cols;
+  }
+  return DT_OK;
+}
+
 static const dt_sync_ops_t sync_zero2 = {
     .name = "zero2", .optim_sharded = 1, .begin_step = drop_grads, .backward_begin = zero2_hook,
     .backward_end = zero2_backward_end, .after_backward = zero2_after_backward, .reduce_norm = shard_norm,
-    .after_update = gather_params, .begin_eval = nothing, .end_eval = nothing_void, .report = no_report};
+    .after_update = gather_params, .begin_eval = nothing, .end_eval = nothing_void, .start = owners_start,
+    .report = no_report};
 
 /* ---- ZeRO-3 ---- */
 
@@ -174,11 +217,27 @@ static void zero3_report(const dt_sync_t *s, int steps, FILE *o) {
           "compute\n", 1e3 * wait, 1e3 * full, full > 0 ? 100.0 * fmax(0.0, 1.0 - wait / full) : 0.0);
 }
 
+/* As ZeRO-2, and the report's reference: every block gathered, blocking. */
+static dt_status_t zero3_start(dt_sync_t *s, dt_comm_t *grad_comm) {
+  const dt_layout_t *lay = s->lay;
+  DT_TRY(owners_start(s, grad_comm));
+  if (s->dp < 2) return DT_OK;
+  DT_TRY(s->dp_comm->ops->barrier(s->dp_comm));
+  double t0 = dt_time_now();
+  for (int l = 0; l < lay->d.L; l++) {
+    DT_TRY(dt_zero3_gather(&s->zero, lay->layer_begin[l + 1], lay->layer_begin[l + 2]));
+    dt_zero3_release(&s->zero, lay->layer_begin[l + 1], lay->layer_begin[l + 2]);
+  }
+  s->t_full = dt_time_now() - t0;
+  s->zero.t_wait = 0;
+  return DT_OK;
+}
+
 static const dt_sync_ops_t sync_zero3 = {
     .name = "zero3", .optim_sharded = 1, .params_sharded = 1, .begin_step = zero3_begin_step,
     .backward_begin = zero2_hook, .backward_end = zero2_backward_end, .after_backward = zero2_after_backward,
     .reduce_norm = shard_norm, .after_update = zero3_after_update, .begin_eval = pinned_gather,
-    .end_eval = pinned_release, .collective_forward = 1, .report = zero3_report};
+    .end_eval = pinned_release, .collective_forward = 1, .start = zero3_start, .report = zero3_report};
 
 /* ---- set-up ---- */
 
@@ -205,57 +264,13 @@ dt_status_t dt_sync_attach(dt_sync_t *s, dt_gpt2_t *model) {
   return DT_OK;
 }
 
-/* The reports' references: every block gathered, blocking (zero3); blocking all-reduces of every
- * gradient bucket by bucket (ddp: one all-reduce of the whole arena makes MPI allocate arena-sized
- * temporaries). */
-static dt_status_t measure_full(dt_sync_t *s) {
-  const dt_layout_t *lay = s->lay;
-  dt_backend_t *be = s->be;
-  if (s->ops == &sync_zero3 && s->dp > 1) {
-    DT_TRY(s->dp_comm->ops->barrier(s->dp_comm));
-    double t0 = dt_time_now();
-    for (int l = 0; l < lay->d.L; l++) {
-      DT_TRY(dt_zero3_gather(&s->zero, lay->layer_begin[l + 1], lay->layer_begin[l + 2]));
-      dt_zero3_release(&s->zero, lay->layer_begin[l + 1], lay->layer_begin[l + 2]);
-    }
-    s->t_full = dt_time_now() - t0;
-    s->zero.t_wait = 0;
-  }
-  if (s->ops == &sync_ddp) {
-    dt_comm_t *c = s->ddp.comm;
-    DT_TRY(zero_grads(s));
-    DT_TRY(be->ops->synchronize(be)); /* the zeros are in before the communicator reads them */
-    DT_TRY(s->dp_comm->ops->barrier(s->dp_comm));
-    double t0 = dt_time_now();
-    for (int b = 0; b < s->ddp.n_buckets; b++) {
-      dt_bucket_t *k = &s->ddp.buckets[b];
-      DT_TRY(c->ops->allreduce(c, be->grads + k->lo, be->grads + k->lo, k->hi - k->lo, DT_F32, DT_AVG, s->ddp.stream,
-                               NULL));
-    }
-    DT_TRY(be->ops->synchronize(be));
-    s->t_full = dt_time_now() - t0;
-  }
-  return DT_OK;
-}
-
 dt_status_t dt_sync_start(dt_sync_t *s, dt_comm_t *grad_comm, dt_comm_t *tied) {
   const dt_layout_t *lay = s->lay;
   s->tied = tied;
-  if (grad_comm != s->dp_comm && s->ops == &sync_zero1) /* reduce-scatter, all-gather on the compute stream */
-    DT_TRY(dt_zero_use_device_comm(&s->zero, grad_comm, s->be->stream));
   DT_TRY(dt_ddp_init(&s->ddp, grad_comm, s->be->grads, lay->n_params, lay->layer_begin, lay->d.L + 2,
                      s->bucket_bytes));
   s->ddp.stream = s->be->comm_stream;
-  if (s->ops == &sync_zero2 || s->ops == &sync_zero3) { /* the buckets go to their owners */
-    s->ddp.action = dt_zero_reduce_bucket;
-    s->ddp.action_ctx = &s->zero;
-    const dt_tensor_t *w = &lay->tensors[0];
-    if (lay->pp > 1 && !w->absent) { /* the tied wte is summed between the stages first (after_backward) */
-      s->ddp.hold_lo = w->offset;
-      s->ddp.hold_hi = w->offset + (size_t)w->rows * w->cols;
-    }
-  }
-  return measure_full(s);
+  return s->ops->start(s, grad_comm);
 }
 
 void dt_sync_free(dt_sync_t *s) {

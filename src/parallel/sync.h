@@ -47,6 +47,9 @@ typedef struct {
   dt_status_t (*begin_eval)(dt_sync_t *s);
   void (*end_eval)(dt_sync_t *s);
   int collective_forward;
+  /* once, when the buckets exist (dt_sync_start): what the strategy sets up on them, and the
+   * blocking reference its report compares with */
+  dt_status_t (*start)(dt_sync_t *s, dt_comm_t *grad_comm);
   /* rank 0's end-of-run line: how much communication the strategy hid (steps run by this process) */
   void (*report)(const dt_sync_t *s, int steps, FILE *o);
 } dt_sync_ops_t;

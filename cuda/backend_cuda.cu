@@ -451,6 +451,10 @@ static dt_status_t k_attention_backward(dt_backend_t *be, float *dqkv, float *sc
                                         const float *qkv, const float *state, int B, int T, int C, int NH) {
   return attention_backward(impl(be), dqkv, scratch, dout, qkv, state, B, T, C, NH);
 }
+static dt_status_t k_attention_decode(dt_backend_t *be, float *out, float *kc, float *vc, const float *qkv, int B,
+                                      int pos, int n, int Tmax, int C, int NH) {
+  return dt_cu_attention_decode(out, kc, vc, qkv, B, pos, n, Tmax, C, NH, S(be));
+}
 static dt_status_t k_gelu_forward(dt_backend_t *be, float *out, const float *inp, size_t n) {
   return dt_cu_gelu_forward(out, inp, n, S(be));
 }
@@ -593,7 +597,7 @@ static const dt_kernels_t cuda_kernels = {
     k_alloc,           k_release,           k_copy,           k_upload,          k_download,
     k_grads_ready,     k_attention_floats,  k_encoder_forward, k_encoder_backward, k_add_bias,
     k_bias_residual,   k_layernorm_forward, k_layernorm_backward, k_linear_forward, k_linear_backward,
-    k_attention_forward, k_attention_backward, k_gelu_forward, k_gelu_backward, k_crossentropy_forward,
+    k_attention_forward, k_attention_backward, k_attention_decode, k_gelu_forward, k_gelu_backward, k_crossentropy_forward,
     k_xent_max,        k_xent_sumexp,       k_xent_finish,    k_crossentropy_backward, k_round,
     k_round_copy,      k_sumsq,
 };

@@ -354,6 +354,10 @@ int main(int argc, char **argv) {
     }
   }
   gp_optimizer(3000017, &r);
+  gp_attention_decode(2, 3, 16, 5, 4, 12, &r);  /* the prompt of a continued sequence */
+  gp_attention_decode(1, 12, 64, 0, 17, 40, &r); /* a prompt (GPT-2's head size) */
+  gp_attention_decode(1, 2, 256, 30, 1, 64, &r); /* one step, the largest head size */
+  gp_attention_decode(3, 4, 40, 63, 1, 64, &r);  /* the last position of the cache */
   if (huge) gp_crossentropy_huge(&r);
   if (backend) gp_backend_all(small);
   printf("gpu_parity: %d of %d cases pass%s\n", g_cases - g_fail, g_cases, g_fail ? "; FAILED" : "");

@@ -190,3 +190,30 @@ void gp_optimizer(size_t n, dt_rng_t *r) {
   float *ds[] = {d_p, d_g, d_m, d_v};
   for (float *x : ds) cudaFree(x);
 }
+
+/* Decoding with a key/value cache against the CPU twin: a cache already holding positions
+ * [0, pos) (random), n new positions of qkv; the caches after the append (exact: copies) and the
+ * attention output. */
+void gp_attention_decode(int B, int NH, int hs, int pos, int n, int Tmax, dt_rng_t *r) {
+  char shape[64];
+  const int C = NH * hs;
+  snprintf(shape, sizeof shape, "B=%d NH=%d hs=%d pos=%d n=%d", B, NH, hs, pos, n);
+  const size_t nq = (size_t)B * n * 3 * C, nc = (size_t)B * Tmax * C, no = (size_t)B * n * C;
+  float *qkv = gp_rand(r, nq, 2.0f, DT_PREC_FP32), *kc = gp_rand(r, nc, 2.0f, DT_PREC_FP32);
+  float *vc = gp_rand(r, nc, 1.0f, DT_PREC_FP32), *out = (float *)gp_host(no * sizeof(float));
+  float *scr = (float *)gp_host((size_t)Tmax * sizeof(float));
+  float *d_qkv = gp_up(qkv, nq), *d_kc = gp_up(kc, nc), *d_vc = gp_up(vc, nc), *d_out = (float *)gp_dev(no * sizeof(float));
+  GP_TRY(dt_cu_attention_decode(d_out, d_kc, d_vc, d_qkv, B, pos, n, Tmax, C, NH, 0));
+  dt_attention_decode(out, kc, vc, scr, qkv, B, pos, n, Tmax, C, NH, 1);
+  float *g = gp_down(d_kc, nc);
+  gp_compare("attention_decode k cache", shape, DT_PREC_FP32, g, kc, nc, 0.0);
+  free(g);
+  g = gp_down(d_vc, nc);
+  gp_compare("attention_decode v cache", shape, DT_PREC_FP32, g, vc, nc, 0.0);
+  free(g);
+  g = gp_down(d_out, no);
+  gp_compare("attention_decode", shape, DT_PREC_FP32, g, out, no, 2e-6);
+  free(g);
+  for (float *p : {qkv, kc, vc, out, scr}) free(p);
+  for (float *p : {d_qkv, d_kc, d_vc, d_out}) cudaFree(p);
+}

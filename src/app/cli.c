@@ -34,6 +34,8 @@ static const char *const commands[][2] = {
     {"prep --decode [--tokenizer byte|gpt2] SHARD...", "token shards -> text"},
     {"layout [--help] ...", "print the rank/device layout of this launch"},
     {"eval CONFIG --checkpoint FILE --data SHARDS [--batches N]", "loss of a checkpoint"},
+    {"generate [--help] CONFIG [--checkpoint FILE|DIR] [--prompt TEXT] [--tokens N] ...",
+     "sample text from a checkpoint (key/value cache)"},
     {"bench-comm [--help] [--max-bytes N] ...", "time and check the communicator's collectives"},
     {"plan [--help] CONFIG [section.key=value ...] [--world N] [--device-mem 80GiB]",
      "per-rank memory (ZeRO 0-3) and GPU roofline"},
@@ -219,6 +221,7 @@ int dt_main(int argc, char **argv) {
   if (!strcmp(cmd, "layout")) return dt_layout_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "plot")) return dt_plot_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "eval")) return dt_eval_main(argc - 1, argv + 1);
+  if (!strcmp(cmd, "generate")) return dt_generate_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "plan")) return dt_plan_main(argc - 1, argv + 1);
   if (!strcmp(cmd, "bench-comm")) return dt_bench_comm_main(argc - 1, argv + 1);
   if (cmd[0] == '-') {

@@ -68,18 +68,7 @@ int dt_eval_main(int argc, char **argv) {
   if (st == DT_OK && (uint64_t)batches > dt_data_num_samples(d) / (uint64_t)tr.B)
     st = DT_ERR(DT_ERR_DATA, "%s: has only %llu batches of %d x %d, --batches %d asked", data,
                 (unsigned long long)(dt_data_num_samples(d) / (uint64_t)tr.B), tr.B, tr.T, batches);
-  if (st == DT_OK) {
-    int dev = !tr.be.ops->host_memory; /* device backend: load into the host copy, then send it */
-    dt_ckpt_arenas_t a = dt_ckpt_arenas_full(dev ? tr.host_arena : tr.be.params, NULL, NULL);
-    int part = tr.lay.tp > 1 || tr.lay.pp > 1; /* this rank's shard / stage */
-    if (part) st = dt_ckpt_ranges_add_shards(&a.model, &tr.lay, 1, 1);
-    MPI_Comm w; /* the trainer's world: MPI errors come back as errors */
-    if (st == DT_OK) st = dt_comm_mpi_handle(tr.mesh.world, &w);
-    if (st == DT_OK) st = dt_ckpt_load(&w, ckpt, &tr.lay, &a, NULL);
-    if (part) dt_ckpt_ranges_free(&a.model);
-    if (st == DT_OK && dev)
-      st = tr.be.ops->copy_from_host(&tr.be, DT_BUF_PARAMS, 0, tr.lay.n_params, tr.host_arena);
-  }
+  if (st == DT_OK) st = dt_trainer_load_checkpoint(&tr, ckpt, NULL, 0);
   if (st == DT_OK) st = dt_trainer_eval(&tr, d, batches, &loss);
   if (st != DT_OK) {
     fprintf(stderr, "dtrain: rank %d: %s\n", rank, dt_err_msg());

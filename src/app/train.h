@@ -76,10 +76,16 @@ dt_status_t dt_train_pick_backend(const dt_config_t *cfg, const char *cfg_name, 
 dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name);
 /* Only the launch layout, the layout and the backend (used by `dtrain eval`). */
 dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name);
+/* The weights of checkpoint `path` (a file, or a directory: its latest complete checkpoint, whose
+ * name goes to `used` when given) into the model of dt_trainer_init_model, from any layout
+ * (collective; `dtrain eval` and `dtrain generate`). */
+dt_status_t dt_trainer_load_checkpoint(dt_trainer_t *tr, const char *path, char *used, size_t used_size);
 /* Write and commit a checkpoint of the current state (collective). */
 dt_status_t dt_trainer_save(dt_trainer_t *tr);
 /* `dtrain eval CONFIG --checkpoint FILE --data SHARD [--batches N] [section.key=value ...]`. */
 int dt_eval_main(int argc, char **argv);
+/* `dtrain generate CONFIG [--checkpoint FILE|DIR] [--prompt TEXT] [--tokens N] ...` (generate.c). */
+int dt_generate_main(int argc, char **argv);
 /* One optimizer step; fills row (except val_loss). */
 dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row);
 /* Mean loss over cfg.eval_batches sequential micro-batches of d, split over dp ranks. */

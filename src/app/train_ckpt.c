@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 
 #include <mpi.h>
 
@@ -312,4 +313,27 @@ dt_status_t dt_trainer_save(dt_trainer_t *tr) {
   tr->saved_step = tr->step;
   if (is_root(tr)) printf("# checkpoint: %s (step %d, %.2f s)\n", path, tr->step, dt_time_now() - t0);
   return DT_OK;
+}
+
+dt_status_t dt_trainer_load_checkpoint(dt_trainer_t *tr, const char *path, char *used, size_t used_size) {
+  int dev = !tr->be.ops->host_memory; /* device backend: load into the host copy, then send it */
+  dt_ckpt_arenas_t a = dt_ckpt_arenas_full(dev ? tr->host_arena : tr->be.params, NULL, NULL);
+  int part = tr->lay.tp > 1 || tr->lay.pp > 1; /* this rank's shard / stage */
+  MPI_Comm w; /* the trainer's world: MPI errors come back as errors */
+  dt_status_t st = part ? dt_ckpt_ranges_add_shards(&a.model, &tr->lay, 1, 1) : DT_OK;
+  if (st == DT_OK) st = dt_comm_mpi_handle(tr->mesh.world, &w);
+  struct stat sb;
+  if (st == DT_OK && stat(path, &sb) != 0)
+    st = DT_ERR(DT_ERR_CKPT, "%s: no such checkpoint file or directory (train first, or name one with --checkpoint)", path);
+  if (st == DT_OK && S_ISDIR(sb.st_mode)) {
+    char file[4096];
+    st = dt_ckpt_load_latest(&w, path, &tr->lay, &a, NULL, file, sizeof file);
+    if (used) snprintf(used, used_size, "%s", file);
+  } else if (st == DT_OK) {
+    st = dt_ckpt_load(&w, path, &tr->lay, &a, NULL);
+    if (used) snprintf(used, used_size, "%s", path);
+  }
+  if (part) dt_ckpt_ranges_free(&a.model);
+  if (st == DT_OK && dev) st = tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, 0, tr->lay.n_params, tr->host_arena);
+  return st;
 }

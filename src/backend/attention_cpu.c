@@ -93,3 +93,35 @@ void dt_attention_backward(float *dqkv, float *scratch, const float *dout, const
     }
   }
 }
+
+void dt_attention_decode(float *out, float *kc, float *vc, float *scratch, const float *qkv, int B, int pos, int n,
+                         int Tmax, int C, int NH, int nthr) {
+  const int hs = C / NH, C3 = 3 * C;
+  const float scale = 1.0f / sqrtf((float)hs);
+  for (int b = 0; b < B; b++) /* the new keys and values into the cache */
+    for (int i = 0; i < n; i++) {
+      const float *src = qkv + ((size_t)b * n + i) * C3;
+      const size_t dst = ((size_t)b * Tmax + pos + i) * C;
+      for (int c = 0; c < C; c++) {
+        kc[dst + c] = src[C + c];
+        vc[dst + c] = src[2 * C + c];
+      }
+    }
+#pragma omp parallel for schedule(static) num_threads(nthr)
+  for (int r = 0; r < B * NH * n; r++) { /* (b, h, i) */
+    const int i = r % n, h = (r / n) % NH, b = r / (n * NH), t = pos + i;
+    float *S = scratch + (size_t)omp_get_thread_num() * Tmax;
+    const float *q = qkv + ((size_t)b * n + i) * C3 + h * hs;
+    const float *k = kc + (size_t)b * Tmax * C + h * hs, *v = vc + (size_t)b * Tmax * C + h * hs;
+    for (int j = 0; j <= t; j++) {
+      float s = 0.0f;
+      for (int d = 0; d < hs; d++) s += q[d] * k[(size_t)j * C + d];
+      S[j] = s * scale;
+    }
+    softmax_row(S, t + 1, t + 1);
+    float *o = out + ((size_t)b * n + i) * C + h * hs;
+    for (int d = 0; d < hs; d++) o[d] = 0.0f;
+    for (int j = 0; j <= t; j++)
+      for (int d = 0; d < hs; d++) o[d] += S[j] * v[(size_t)j * C + d];
+  }
+}

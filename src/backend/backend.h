@@ -80,6 +80,11 @@ typedef struct {
                                    int T, int C, int NH);
   dt_status_t (*attention_backward)(dt_backend_t *be, float *dqkv, float *scratch, const float *dout, const float *qkv,
                                     const float *state, int B, int T, int C, int NH);
+  /* decoding with a key/value cache (gpt2.h dt_gpt2_decode): qkv (B,n,3C) of positions [pos, pos+n);
+   * their k and v are stored into kc, vc (B,Tmax,C) at those positions, then out (B,n,C) = the
+   * causal attention of each new query over cache positions [0, its own] (ops_cpu.h) */
+  dt_status_t (*attention_decode)(dt_backend_t *be, float *out, float *kc, float *vc, const float *qkv, int B,
+                                  int pos, int n, int Tmax, int C, int NH);
   dt_status_t (*gelu_forward)(dt_backend_t *be, float *out, const float *inp, size_t n);
   dt_status_t (*gelu_backward)(dt_backend_t *be, float *dinp, const float *inp, const float *dout, size_t n);
   /* softmax over the first V of Vp columns + cross-entropy: losses, lse (N); *mean_host = the mean loss */

@@ -253,6 +253,16 @@ static dt_status_t k_attention_backward(dt_backend_t *be, float *dqkv, float *sc
   return DT_OK;
 }
 
+static dt_status_t k_attention_decode(dt_backend_t *be, float *out, float *kc, float *vc, const float *qkv, int B,
+                                      int pos, int n, int Tmax, int C, int NH) {
+  const int nthr = ((cpu_impl_t *)be->impl)->nthr;
+  float *scratch = malloc((size_t)nthr * Tmax * sizeof(float)); /* decoding only: not a hot path */
+  if (!scratch) return DT_ERR(DT_ERR_NOMEM, "cpu backend: attention decode scratch of %d x %d floats", nthr, Tmax);
+  dt_attention_decode(out, kc, vc, scratch, qkv, B, pos, n, Tmax, C, NH, nthr);
+  free(scratch);
+  return DT_OK;
+}
+
 static dt_status_t k_gelu_forward(dt_backend_t *be, float *out, const float *inp, size_t n) {
   (void)be;
   dt_gelu_forward(out, inp, n);
@@ -471,6 +481,7 @@ static const dt_kernels_t cpu_kernels = {
     .linear_backward = k_linear_backward,
     .attention_forward = k_attention_forward,
     .attention_backward = k_attention_backward,
+    .attention_decode = k_attention_decode,
     .gelu_forward = k_gelu_forward,
     .gelu_backward = k_gelu_backward,
     .crossentropy_forward = k_crossentropy_forward,

@@ -81,6 +81,13 @@ void dt_attention_forward(float *out, float *lse, float *scratch, const float *q
  *   dq = ds k / sqrt(hs);  dk = ds^T q / sqrt(hs);  dv = p^T dout_h */
 void dt_attention_backward(float *dqkv, float *scratch, const float *dout, const float *qkv, const float *lse,
                            int B, int T, int C, int NH, int nthr);
+/* Decoding with a key/value cache (dtrain generate): qkv (B,n,3C) holds q | k | v of positions
+ * [pos, pos + n) of each sequence; their k and v are stored into kc and vc (B,Tmax,C) at those
+ * positions, then out (B,n,C) is the causal attention of each new query at position pos + i over
+ * cache positions [0, pos + i], with the formulas of dt_attention_forward (nothing kept for
+ * backward). scratch: nthr * Tmax floats. */
+void dt_attention_decode(float *out, float *kc, float *vc, float *scratch, const float *qkv, int B, int pos, int n,
+                         int Tmax, int C, int NH, int nthr);
 
 /* out = gelu_tanh(inp) (kmath.h dt_gelu); out, inp (n) */
 void dt_gelu_forward(float *out, const float *inp, size_t n);

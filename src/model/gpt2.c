@@ -23,58 +23,17 @@
  * writes it, and forward reads a rounded copy of the parameters (the points are listed in
  * precision.h). Pipeline parallelism: a rank runs its stage's blocks [l0, l1) (local index l - l0),
  * the first stage embeds, the last one has ln_f, the lm_head and the loss. */
-#include "gpt2.h"
+#include "gpt2_int.h"
 
 #include <stdlib.h>
 #include <string.h>
 
-#include "profile.h"
 #include "timer.h"
 
 dt_profile_t dt_profile;
 const char *const dt_prof_names[DT_PROF_N] = {"encoder", "layernorm", "matmul", "lm_head", "attention", "gelu",
                                                "residual", "crossentropy", "zero_grad", "grad_sumsq", "adamw"};
 double dt_profile_now(void) { return dt_time_now(); }
-
-/* One activation set (a micro-batch in flight). The (B, T, C) stage input sits in `encoded`.
- * lnf..lse exist on the last stage only (NULL elsewhere). */
-typedef struct {
-  float *encoded;                   /* (B,T,C) */
-  float *ln1, *ln1_mean, *ln1_rstd; /* (L,B,T,C), (L,B,T), (L,B,T) */
-  float *qkv;                       /* (L,B,T,3Cl) */
-  float *atty;                      /* (L,B,T,Cl) */
-  float *att;                       /* (L, the backend's attention state) */
-  float *residual2;                 /* (L,B,T,C) */
-  float *ln2, *ln2_mean, *ln2_rstd;
-  float *fch, *fch_gelu;            /* (L,B,T,4Cl) */
-  float *residual3;                 /* (L,B,T,C) */
-  float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
-  float *logits;                    /* (B,T,Vpl); backward turns them into dlogits in place */
-  float *losses, *lse;              /* (B,T) */
-  /* activation-gradient scratch, one layer's worth (written with '='), shared by the sets */
-  float *dres;                      /* (B,T,C) gradient of the residual stream */
-  float *dtmp;                      /* (B,T,C) */
-  float *dqkv;                      /* (B,T,3Cl) */
-  float *dfch;                      /* (B,T,4Cl) */
-  float *attscr;                    /* the attention's shared scratch */
-  float *xtmp;                      /* tp > 1 only: (B,T) doubles for the vocab-parallel cross-entropy */
-  int *inputs, *targets;            /* (B,T) copies of this set's forward batch, backend memory */
-  int *h_inputs;                    /* (B,T) host copy of the inputs */
-  int B, T;                         /* of that forward */
-  int have_fwd, have_targets;
-  int logits_gone;                  /* backward overwrote logits with dlogits */
-  unsigned long logits_gen;         /* be->param_gen at that forward */
-} acts_t;
-
-struct dt_gpt2_state {
-  float *arena;
-  int *ints, *h_ints;       /* inputs and targets of every set (backend memory), host inputs */
-  acts_t *acts;             /* m->slots sets */
-  int l0, l1, first, last;  /* pipeline stage: blocks [l0, l1), embeddings, ln_f + lm_head */
-  size_t bt, btc, btcl;     /* capacity strides: B*T, B*T*C, B*T*Cl */
-  size_t att;               /* attention state floats per block */
-  int tp, Cl, NHl, Vpl, v0; /* tensor parallelism: degree, local C, heads, vocab rows, first vocab row */
-};
 
 /* Carve nslots sets of a stage with nl blocks (lnf..lse if `last`) and the shared scratch; with
  * base == NULL only count. With recompute a set keeps of each block only its output (residual3;
@@ -199,15 +158,6 @@ dt_status_t dt_gpt2_init(dt_gpt2_t *m, dt_backend_t *be, int slots, int recomput
   return DT_OK;
 }
 
-/* A kernel call, timed by kind (profile.h), its failure returned. */
-#define RUN(kind, call)           \
-  do {                            \
-    dt_status_t st_ = DT_OK;      \
-    DT_PROF(kind, st_ = (call));  \
-    DT_TRY(st_);                  \
-  } while (0)
-/* An activation or activation gradient just written: round it to the storage precision. */
-#define STORE(x, n) DT_TRY(be->k->round(be, (x), (size_t)(n)))
 
 /* Parameter views read by forward/backward: the working copy (the master itself in fp32). */
 static const float *P(const dt_backend_t *be, int l, int which) {
@@ -229,25 +179,21 @@ static dt_status_t proj_residual(dt_gpt2_t *m, float *out, const float *inp, con
   return be->k->bias_residual(be, out, bias, resid, N, OC);
 }
 
-/* The embedding (vocab-parallel with tp > 1: the rows owned here, zeros else, summed, + wpe). */
-static dt_status_t encoder_forward(dt_gpt2_t *m, float *out, const int *inp, int B, int T) {
+/* The embedding (vocab-parallel with tp > 1: the rows owned here, zeros else, summed, + wpe),
+ * positions from pos. */
+dt_status_t dt_gpt2__encoder_forward(dt_gpt2_t *m, float *out, const int *inp, int B, int T, int pos) {
   dt_backend_t *be = m->be;
   const dt_gpt2_state_t *s = m->st;
   const int C = be->lay->d.C;
-  const float *wte = be->wparams + be->lay->tensors[0].offset, *wpe = be->wparams + be->lay->tensors[1].offset;
+  const float *wte = be->wparams + be->lay->tensors[0].offset;
+  const float *wpe = be->wparams + be->lay->tensors[1].offset + (size_t)pos * C;
   if (s->tp == 1) return be->k->encoder_forward(be, out, inp, wte, wpe, B, T, C, 0, s->Vpl);
   DT_TRY(be->k->encoder_forward(be, out, inp, wte, NULL, B, T, C, s->v0, s->Vpl));
   DT_TRY(tp_allreduce(m, out, (size_t)B * T * C, DT_F32, DT_SUM));
   return be->k->add_bias(be, out, wpe, B, T * C);
 }
 
-/* One block's activations in a set: its own (stored per block) or, with recompute, the shared
- * one-block scratch; the block's output res3 is always its own (the next block's input). */
-typedef struct {
-  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fchg, *res3;
-} block_t;
-
-static block_t block_views(const dt_gpt2_t *m, const acts_t *a, size_t j) {
+block_t dt_gpt2__block_views(const dt_gpt2_t *m, const acts_t *a, size_t j) {
   const dt_gpt2_state_t *s = m->st;
   const size_t k = m->recompute ? 0 : j, o = k * s->btc, ol = k * s->btcl, os = k * s->bt;
   return (block_t){a->ln1 + o,          a->ln1_mean + os, a->ln1_rstd + os, a->qkv + 3 * ol, a->atty + ol,
@@ -256,8 +202,10 @@ static block_t block_views(const dt_gpt2_t *m, const acts_t *a, size_t j) {
 }
 
 /* Forward of block l from its input x into y (also backward's recomputation: the same code on
- * the same input gives bitwise the same activations). */
-static dt_status_t block_forward(dt_gpt2_t *m, const block_t *y, const float *x, int l, int B, int T) {
+ * the same input gives bitwise the same activations; and decoding, where kv replaces the
+ * attention over the T rows by one over the layer's key/value cache). */
+dt_status_t dt_gpt2__block_forward(dt_gpt2_t *m, const block_t *y, const float *x, int l, int B, int T,
+                                   const kv_layer_t *kv) {
   dt_backend_t *be = m->be;
   const dt_kernels_t *k = be->k;
   const int C = be->lay->d.C, N = B * T, Cl = m->st->Cl, NHl = m->st->NHl;
@@ -267,7 +215,8 @@ static dt_status_t block_forward(dt_gpt2_t *m, const block_t *y, const float *x,
   STORE(y->ln1, N * C);
   RUN(DT_PROF_MATMUL, k->linear_forward(be, y->qkv, y->ln1, P(be, l, DT_QKVW), 1, P(be, l, DT_QKVB), NULL, N, C, 3 * Cl));
   STORE(y->qkv, N * 3 * Cl);
-  RUN(DT_PROF_ATTENTION, k->attention_forward(be, y->atty, y->att, scr, y->qkv, B, T, Cl, NHl));
+  if (kv) RUN(DT_PROF_ATTENTION, k->attention_decode(be, y->atty, kv->k, kv->v, y->qkv, B, kv->pos, T, kv->Tmax, Cl, NHl));
+  else RUN(DT_PROF_ATTENTION, k->attention_forward(be, y->atty, y->att, scr, y->qkv, B, T, Cl, NHl));
   STORE(y->atty, N * Cl);
   RUN(DT_PROF_MATMUL, proj_residual(m, y->res2, y->atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), x, N, Cl, C));
   STORE(y->res2, N * C);
@@ -301,7 +250,7 @@ static dt_status_t tp_crossentropy_forward(dt_gpt2_t *m, acts_t *a, const int *t
 }
 
 /* ln_f, the tied lm_head (logits = lnf wte^T) and, with targets, the loss. */
-static dt_status_t head_forward(dt_gpt2_t *m, acts_t *a, const float *x, int N, float *loss) {
+dt_status_t dt_gpt2__head_forward(dt_gpt2_t *m, acts_t *a, const float *x, int N, float *loss) {
   dt_backend_t *be = m->be;
   const dt_layout_t *lay = be->lay;
   const int C = lay->d.C, Vpl = m->st->Vpl;
@@ -370,19 +319,19 @@ dt_status_t dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, con
   if (!s->first) {
     DT_TRY(be->k->copy(be, a->encoded, x_in, (size_t)N * C * sizeof(float))); /* stored (rounded) by the previous stage */
   } else {
-    RUN(DT_PROF_ENCODER, encoder_forward(m, a->encoded, a->inputs, B, T));
+    RUN(DT_PROF_ENCODER, dt_gpt2__encoder_forward(m, a->encoded, a->inputs, B, T, 0));
     STORE(a->encoded, N * C);
   }
   const float *x = a->encoded; /* (B,T,C) residual stream entering block l */
   for (int l = s->l0; l < s->l1; l++) {
     if (m->layer_hook) DT_TRY(m->layer_hook(m->hook_ctx, l, DT_HOOK_FWD));
-    const block_t y = block_views(m, a, (size_t)(l - s->l0)); /* this stage's block index */
-    DT_TRY(block_forward(m, &y, x, l, B, T));
+    const block_t y = dt_gpt2__block_views(m, a, (size_t)(l - s->l0)); /* this stage's block index */
+    DT_TRY(dt_gpt2__block_forward(m, &y, x, l, B, T, NULL));
     x = y.res3;
     if (m->layer_hook) DT_TRY(m->layer_hook(m->hook_ctx, l, DT_HOOK_FWD_DONE));
   }
   if (!s->last) return be->k->copy(be, y_out, x, (size_t)N * C * sizeof(float)); /* on to the next stage */
-  return head_forward(m, a, x, N, loss);
+  return dt_gpt2__head_forward(m, a, x, N, loss);
 }
 
 dt_status_t dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T, float *loss) {
@@ -494,8 +443,8 @@ dt_status_t dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, int accum, const floa
     if (m->layer_hook) DT_TRY(m->layer_hook(m->hook_ctx, l, DT_HOOK_BWD));
     const size_t j = (size_t)(l - s->l0);
     const float *x = j > 0 ? a->residual3 + (j - 1) * s->btc : a->encoded;
-    const block_t y = block_views(m, a, j);
-    if (m->recompute) DT_TRY(block_forward(m, &y, x, l, B, T)); /* the block's activations again, bitwise */
+    const block_t y = dt_gpt2__block_views(m, a, j);
+    if (m->recompute) DT_TRY(dt_gpt2__block_forward(m, &y, x, l, B, T, NULL)); /* the block's activations again, bitwise */
     DT_TRY(block_backward(m, a, &y, x, l));
     /* dres holds d loss / d (block l input) */
     DT_TRY(group_ready(m, 1 + l, ready, ctx));

@@ -89,6 +89,25 @@ dt_status_t dt_gpt2_logits_to_host(dt_gpt2_t *m, float *dst);
  * (*replicated, equal on every tp rank: counted once). */
 dt_status_t dt_gpt2_grad_sumsq(dt_gpt2_t *m, double *sharded, double *replicated);
 
+/* ---- decoding with a key/value cache (gpt2_decode.c; `dtrain generate`) ----
+ * One sequence (B = 1) on one pipeline stage (pp = 1), any tp. The cache holds every block's keys
+ * and values of positions [0, pos) (Tmax <= model.seq_len positions, (L, 2, Tmax, C/tp) floats of
+ * backend memory); a decode step runs the training code's embedding, blocks (the attention over
+ * the cache) and head on the n new tokens only, so a prefix is never recomputed. Activations use
+ * set 0 (n <= the model's B x T capacity). The parameters must not change while a cache is in use
+ * (their bf16/fp16 working copy is made at dt_gpt2_kv_init). */
+typedef struct dt_gpt2_kv dt_gpt2_kv_t;
+dt_status_t dt_gpt2_kv_init(dt_gpt2_t *m, int Tmax, dt_gpt2_kv_t **out);
+void dt_gpt2_kv_free(dt_gpt2_t *m, dt_gpt2_kv_t *kv);
+/* Positions held so far (the next token's position). */
+int dt_gpt2_kv_pos(const dt_gpt2_kv_t *kv);
+/* Forward of tokens[0..n) (host) at positions [pos, pos + n): their keys and values join the
+ * cache; the last one's logits are then read by dt_gpt2_kv_logits. */
+dt_status_t dt_gpt2_decode(dt_gpt2_t *m, dt_gpt2_kv_t *kv, const int *tokens, int n);
+/* The logits of the last row of set 0's latest forward (a decode step, or dt_gpt2_forward without
+ * targets: the uncached reference): V floats on the host, gathered over tp. Collective over tp. */
+dt_status_t dt_gpt2_kv_logits(dt_gpt2_t *m, dt_gpt2_kv_t *kv, float *logits_host);
+
 #ifdef __cplusplus
 }
 #endif

@@ -17,7 +17,8 @@
 # kernel and backend op against its CPU twin), sanitizer (compute-sanitizer memcheck, and
 # racecheck on the kernels), training (tiny model 50 steps cpu vs cuda; cuda with recomputation
 # bitwise equal to cuda without; cuda with TF32 near cpu; validation's numerics reference on
-# cuda), checkpoints (save/resume across backends, exact GPU resume, eval agreement), nccl (every
+# cuda), checkpoints (save/resume across backends, exact GPU resume, eval agreement), generate
+# (`dtrain generate --verify` greedy on cuda: cached vs uncached logits, tokens equal cpu's), nccl (every
 # collective, one rank), speed (bench/gpu_step.sh: dtrain vs PyTorch, GPT-2 124M, fp32, TF32,
 # bf16). --profile adds a last stage: bench/gpu_profile.sh (ncu's time per kernel of one GPT-2
 # 124M step, fp32 and TF32; ~2 more minutes), written to profile.txt.
@@ -211,6 +212,25 @@ if [ $have_gpu = 1 ]; then
   if [ $rc = 0 ]; then stage checkpoints PASS "$(echo "$r" | tail -1)"; else stage checkpoints FAIL "$(echo "$r" | grep -m1 FAIL)"; fi
 else
   stage checkpoints SKIP "no GPU"
+fi
+
+# ---- generate: key/value-cache decoding on cuda, checked against its uncached forward and cpu ----
+if [ $have_gpu = 1 ] && [ -f "$work/ck/g/ckpt_00000020.h5" ]; then
+  ok=1
+  for be in cpu cuda; do
+    run "$dt" generate "$cfg" system.backend=$be --checkpoint "$work/ck/g/ckpt_00000020.h5" --prompt "It is a truth" \
+      --tokens 16 --temperature 0 --verify --print-tokens > "$work/gen_$be.out" 2>&1 || ok=0
+  done
+  cat "$work/gen_cuda.out"
+  a=$(grep '^tokens:' "$work/gen_cpu.out"); b=$(grep '^tokens:' "$work/gen_cuda.out")
+  v=$(sed -n 's/^# verify: .*within \([^ ]*\) .*/\1/p' "$work/gen_cuda.out")
+  if [ $ok = 1 ] && [ -n "$a" ] && [ "$a" = "$b" ]; then
+    stage generate PASS "16 greedy tokens equal on cpu and cuda; cuda's cached logits within $v of its full forward"
+  else stage generate FAIL "$(grep -m1 'dtrain: rank\|verify' "$work/gen_cuda.out" || echo 'tokens differ from the cpu backend')"; fi
+elif [ $have_gpu = 1 ]; then
+  stage generate FAIL "no checkpoint from the checkpoints stage"
+else
+  stage generate SKIP "no GPU"
 fi
 
 # ---- NCCL -----------------------------------------------------------------------------------

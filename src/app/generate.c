@@ -202,6 +202,10 @@ static dt_status_t generate(dt_trainer_t *tr, const gen_opts_t *o, const gen_tex
     DT_MPI_KEEP(st, MPI_Bcast(&ids[n], 1, MPI_INT, 0, w));
     if (rank == 0 && st == DT_OK) print_token(tx, ids[n]);
   }
+  if (rank == 0) { /* the text's end, before any line on stderr */
+    putchar('\n');
+    fflush(stdout);
+  }
   if (st == DT_OK && rank == 0 && o->verify)
     fprintf(stderr, "# verify: %d positions, cached logits within %.3g (relative) of the full forward's, tolerance %.3g\n",
             o->tokens, worst, tol);
@@ -212,7 +216,7 @@ static dt_status_t generate(dt_trainer_t *tr, const gen_opts_t *o, const gen_tex
 }
 
 static void print_ids(const int *ids, int n, int split) {
-  printf("\ntokens:");
+  printf("tokens:");
   for (int i = 0; i < n; i++) printf(i == split ? " | %d" : " %d", ids[i]);
   printf("\n");
 }
@@ -259,7 +263,7 @@ int dt_generate_main(int argc, char **argv) {
     MPI_Abort(MPI_COMM_WORLD, st == DT_ERR_CONFIG || st == DT_ERR_ARG ? 2 : 1);
     return 1;
   }
-  if (rank == 0) o.print_tokens ? print_ids(ids, tx.n + o.tokens, tx.n) : (void)printf("\n");
+  if (rank == 0 && o.print_tokens) print_ids(ids, tx.n + o.tokens, tx.n);
   free(ids);
   free(tx.ids);
   dt_bpe_free(tx.bpe);

@@ -22,6 +22,6 @@ rm -rf "$t/gpu-bundle" # gpu-check must work from the archive alone
 OUT="$t/out" run bash "$top_srcdir/scripts/gpu-check.sh" --quick "$t/gpu-bundle.tar.xz" > "$t/check.out" 2>&1 || true
 tail -n 12 "$t/check.out"
 n=$(grep -c '^STAGE .* SKIP ' "$t/out/summary.txt" || true)
-[ "$n" = 7 ] || { echo "FAIL: $n of 7 stages reported SKIP"; exit 1; }
+[ "$n" = 8 ] || { echo "FAIL: $n of 8 stages reported SKIP"; exit 1; }
 grep -qx 'GPU PATH: NOT CHECKED (no usable GPU here)' "$t/out/summary.txt" || { echo "FAIL: wrong verdict line"; exit 1; }
-echo "ok: bundle built, trained under env -i, and gpu-check.sh --quick skipped all 7 GPU stages without a GPU"
+echo "ok: bundle built, trained under env -i, and gpu-check.sh --quick skipped all 8 GPU stages without a GPU"

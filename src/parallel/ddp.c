@@ -82,6 +82,7 @@ void dt_ddp_ready(void *ctx, size_t lo, size_t hi) {
   dt_ddp_t *d = ctx;
   (void)hi;
   if (lo < d->ready_lo) d->ready_lo = lo;
+  if (d->defer) return;
   for (int i = 0; i < d->n_buckets; i++) {
     dt_bucket_t *b = &d->buckets[i];
     if (!b->started && b->lo >= d->ready_lo) start(d, b);

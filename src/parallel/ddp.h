@@ -26,6 +26,8 @@ typedef struct {
   size_t n;             /* arena size */
   dt_status_t err;      /* first failure inside the backward hook */
   double t_comm_wait;   /* seconds spent waiting in dt_ddp_finish (communication not hidden) */
+  int defer;            /* this step: the hook only records what is ready; dt_ddp_finish starts
+                           every all-reduce (sync.c's overlap probe) */
   /* Instead of the all-reduce: a blocking action on each bucket when it is final (ZeRO-2's
    * reduce to the owners, zero.h); NULL = all-reduce. */
   dt_status_t (*action)(void *ctx, float *grads, size_t lo, size_t hi);

@@ -27,6 +27,8 @@
 
 typedef struct dt_sync dt_sync_t;
 
+#define DT_SYNC_SAMPLES 64
+
 typedef struct {
   const char *name;
   int optim_sharded;  /* AdamW's m, v hold the shard [zero.lo, zero.hi) only */
@@ -64,9 +66,14 @@ struct dt_sync {
   dt_zero_t zero;       /* the shard of this rank (stage 0: unused) */
   dt_comm_t *tied;      /* pp > 1, first and last stage: the group that sums wte's gradient; else NULL */
   size_t bucket_bytes;
-  double t_full;        /* reference at start: blocking all-reduce of all gradients (ddp), gathers of every block (zero3) */
-  double t_wait_sum;    /* ddp: waits for the all-reduces after backward, summed over steps */
-  int n_timed;
+  double t_full;        /* zero3's reference at start: gathers of every block, blocking */
+  /* ddp's overlap measurement (sync.c): every probe_every-th step (0 = none; set after init)
+   * starts the all-reduces after backward; the windows from the last backward's start until the
+   * gradients are averaged, of the last DT_SYNC_SAMPLES probe and other steps, and the probes'
+   * all-reduce times */
+  int probe_every, n_steps, n_probe, n_run;
+  double t_bwd0, t_wait_sum;
+  double probe_win[DT_SYNC_SAMPLES], probe_comm[DT_SYNC_SAMPLES], run_win[DT_SYNC_SAMPLES];
 };
 
 /* Pick the strategy for `stage` over a dp group of `dp` ranks (before the backend allocates): with

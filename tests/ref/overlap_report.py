@@ -2,39 +2,66 @@
 
     overlap_report.py OUT JSONL KIND [KIND ...]      KIND: ddp | zero3
 
-`# ddp: ... waiting for gradients after backward W ms/step ... vs F ms for a blocking all-reduce
-... P% ... hidden` and `# zero3: waiting for block gathers W ms/step ... vs F ms ... P% ...
-hidden`: W and F are rank 0's own timings, so 0 <= W <= the slowest step (the JSONL's largest
-"ms": waiting is part of a step; ZeRO-3's W also counts evaluation forwards, which the steps do
-not, so it is allowed the run's whole time), F >= 0, and P = 100 * max(0, 1 - W / F) rounded, for
-some W and F within the 0.05 ms that the printed values are rounded by.
-A clock difference turned into a sum, a wait counted twice or a percentage of the wrong ratio
-breaks one of these (mutants of src/parallel/ddp.c and src/parallel/zero.c that the equivalence checks cannot see,
-since they change no number that training uses)."""
+`# ddp: ... backward + gradient all-reduce O ms/step overlapped (median of n steps) vs P ms with
+the all-reduce after backward (median of k probe steps, parallel.ddp_probe = N), the all-reduce
+alone A ms: H% of the all-reduce hidden`: O and P are windows of steps, so each is at most the
+slowest step (the JSONL's largest "ms"); A is part of P's window; the probe steps are steps 2,
+2 + N, ... and the others from step 2 on are the n (so n + k + 1 = the steps run); and H = 100 *
+clamp((P - O) / A, 0, 1) for some O, P, A within the 0.05 ms they are rounded by.
+`# zero3: waiting for block gathers W ms/step ... vs F ms ... P% ... hidden`: W, F rank 0's own
+timings, 0 <= W <= the run's whole time (W also counts evaluation forwards), F >= 0, and P = 100 *
+max(0, 1 - W / F) within the rounding.
+A clock difference turned into a sum, a wait counted twice, a probe on the wrong steps or a
+percentage of the wrong ratio breaks one of these (mutants of src/parallel/sync.c, ddp.c and
+zero.c that the equivalence checks cannot see, since they change no number that training uses)."""
 import json
 import re
 import sys
 
-LINE = {"ddp": r"^# ddp: \d+ buckets; waiting for gradients after backward ([\d.]+) ms/step .* vs ([\d.]+) ms .*: "
-               r"(\d+)% of the all-reduce hidden",
-        "zero3": r"^# zero3: waiting for block gathers ([\d.]+) ms/step .* vs ([\d.]+) ms .*: (\d+)% of the gathers hidden"}
+DDP = (r"^# ddp: \d+ buckets; backward \+ gradient all-reduce ([\d.]+) ms/step overlapped \(median of (\d+) steps\) "
+       r"vs ([\d.]+) ms with the all-reduce after backward \(median of (\d+) probe steps, parallel.ddp_probe = (\d+)\), "
+       r"the all-reduce alone ([\d.]+) ms: (\d+)% of the all-reduce hidden")
+ZERO3 = r"^# zero3: waiting for block gathers ([\d.]+) ms/step .* vs ([\d.]+) ms .*: (\d+)% of the gathers hidden"
+
+
+def check_ddp(out, text, rows):
+    m = re.search(DDP, text, re.M)
+    assert m, f"{out}: no '# ddp:' overlap line"
+    o, n, p, k, every, a, h = (float(m.group(1)), int(m.group(2)), float(m.group(3)), int(m.group(4)),
+                               int(m.group(5)), float(m.group(6)), int(m.group(7)))
+    slowest, steps = max(r["ms"] for r in rows), max(r["step"] for r in rows)
+    for name, v in (("overlapped", o), ("probe", p)):
+        assert 0 < v <= slowest + 0.1, f"{out}: {name} window {v} ms outside (0, slowest step {slowest:.1f}]"
+    assert 0 <= a <= p + 0.1, f"{out}: all-reduce alone {a} ms outside [0, the probe window {p}]"
+    want_k = len([s for s in range(2, steps + 1) if (s - 2) % every == 0])
+    assert (k, n) == (min(want_k, 64), min(steps - 1 - want_k, 64)), \
+        f"{out}: {k} probe and {n} other steps, want {want_k} and {steps - 1 - want_k} of steps 2..{steps} (every {every})"
+    hid = lambda o_, p_, a_: 100 * min(1.0, max(0.0, (p_ - o_) / a_)) if a_ > 0 else 0.0
+    r = [hid(o + i, p + j, max(a + l, 1e-9)) for i in (-0.05, 0.05) for j in (-0.05, 0.05) for l in (-0.05, 0.05)]
+    lo, hi = min(r), max(r)
+    assert lo - 1 <= h <= hi + 1, f"{out}: {h}% hidden, its own numbers give {lo:.0f}..{hi:.0f}%"
+    print(f"{out.split('/')[-1]}: ddp overlapped {o} ms, probe {p} ms (all-reduce {a} ms), {k} probes every {every}, "
+          f"{h}% hidden: consistent")
+
+
+def check_zero3(out, text, rows):
+    m = re.search(ZERO3, text, re.M)
+    assert m, f"{out}: no '# zero3:' overlap line"
+    w, f, p = float(m.group(1)), float(m.group(2)), int(m.group(3))
+    total = sum(r["ms"] for r in rows)
+    assert 0 <= w <= total + 0.1, f"{out}: zero3 wait {w} ms/step outside [0, {total:.1f}]"
+    assert f >= 0, f"{out}: zero3 blocking reference {f} ms"
+    hid = lambda w_, f_: 100 * max(0.0, 1 - w_ / f_) if f_ > 0 else 0.0
+    lo, hi = hid(w + 0.05, max(f - 0.05, 1e-9)), hid(max(w - 0.05, 0.0), f + 0.05)
+    assert lo - 1 <= p <= hi + 1, f"{out}: zero3 hidden {p}%, its own numbers give {lo:.0f}..{hi:.0f}%"
+    print(f"{out.split('/')[-1]}: zero3 wait {w} ms/step in [0, {total:.1f}], blocking {f} ms, {p}% hidden: consistent")
 
 
 def main(out, jsonl, kinds):
     text = open(out).read()
     rows = [json.loads(l) for l in open(jsonl) if l.strip()]
-    slowest, total = max(r["ms"] for r in rows), sum(r["ms"] for r in rows)
     for kind in kinds:
-        m = re.search(LINE[kind], text, re.M)
-        assert m, f"{out}: no '# {kind}:' overlap line"
-        w, f, p = float(m.group(1)), float(m.group(2)), int(m.group(3))
-        limit = total if kind == "zero3" else slowest
-        assert 0 <= w <= limit + 0.1, f"{out}: {kind} wait {w} ms/step outside [0, {limit:.1f}]"
-        assert f >= 0, f"{out}: {kind} blocking reference {f} ms"
-        hid = lambda w_, f_: 100 * max(0.0, 1 - w_ / f_) if f_ > 0 else 0.0
-        lo, hi = hid(w + 0.05, max(f - 0.05, 1e-9)), hid(max(w - 0.05, 0.0), f + 0.05)
-        assert lo - 1 <= p <= hi + 1, f"{out}: {kind} hidden {p}%, its own numbers give {lo:.0f}..{hi:.0f}%"
-        print(f"{out.split('/')[-1]}: {kind} wait {w} ms/step in [0, {limit:.1f}], blocking {f} ms, {p}% hidden: consistent")
+        (check_ddp if kind == "ddp" else check_zero3)(out, text, rows)
 
 
 if __name__ == "__main__":

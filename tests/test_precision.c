@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "comm.h"
 #include "gpt2.h"
 #include "kmath.h"
 #include "model.h"
@@ -54,30 +55,122 @@ Test(precision, scaler_never_grows_to_inf_and_disabled_is_inert) {
   cr_expect(s.scale == 1.0f && s.growth == 0 && s.skipped == 0, "a disabled scaler changed");
 }
 
+/* init sets every field, whatever the memory held before (a scaler inside a struct that was
+ * not zeroed); interval 1 stays 1: growth after every clean step. */
+Test(precision, scaler_init_sets_every_field) {
+  dt_scaler_t s;
+  memset(&s, 0xff, sizeof s);
+  dt_scaler_init(&s, 1, 8.0, 1);
+  cr_expect(s.enabled == 1 && s.scale == 8.0f && s.growth == 0 && s.interval == 1 && s.skipped == 0,
+            "enabled %d scale %g growth %lld interval %d skipped %lld", s.enabled, s.scale, (long long)s.growth,
+            s.interval, (long long)s.skipped);
+  dt_scaler_update(&s, 0);
+  cr_expect_eq(s.scale, 16.0f, "interval 1: the first clean step doubles the scale");
+  memset(&s, 0xff, sizeof s);
+  dt_scaler_init(&s, 0, 8.0, 3);
+  cr_expect(s.enabled == 0 && s.scale == 1.0f && s.growth == 0 && s.skipped == 0, "disabled");
+}
+
+/* dt_scaler_agree against a fake world of two ranks: this one and `peer`, whose scaler state and
+ * gradient sum of squares the test sets. The fake reduces elementwise (MAX or MIN) like MPI. */
+static dt_scaler_t peer;
+static double peer_sumsq;
+
+static void words(const dt_scaler_t *s, double sumsq, double *v) {
+  const double w[7] = {isfinite(sumsq) ? 0.0 : 1.0, s->scale, -(double)s->scale, (double)s->growth,
+                       -(double)s->growth, (double)s->skipped, -(double)s->skipped};
+  memcpy(v, w, sizeof w);
+}
+
+static dt_status_t f_allreduce(dt_comm_t *c, const void *send, void *recv, size_t count, dt_dtype_t t, dt_redop_t op,
+                               void *stream, dt_comm_req_t **req) {
+  (void)c;
+  cr_assert(t == DT_F64 && stream == NULL && req == NULL, "a blocking F64 all-reduce");
+  cr_assert_eq(count, 7, "the flag and three state words with both signs: %zu values", count);
+  cr_assert(op == DT_MAX || op == DT_MIN);
+  double other[7];
+  words(&peer, peer_sumsq, other);
+  const double *a = send;
+  double *r = recv;
+  for (size_t i = 0; i < count; i++) r[i] = (op == DT_MAX) == (a[i] > other[i]) ? a[i] : other[i];
+  return DT_OK;
+}
+
+static const dt_comm_ops_t fake_ops = {.name = "fake", .allreduce = f_allreduce};
+
+/* found_inf (preset to the wrong answer) after an agreement with the peer; -1 for an error. */
+static int agree(const dt_scaler_t *s, double sumsq) {
+  dt_comm_t world = {.ops = &fake_ops, .rank = 0, .size = 2};
+  int found = 7;
+  dt_status_t st = dt_scaler_agree(s, &world, 0, sumsq, &found);
+  if (st != DT_OK) return st == DT_ERR_INTERNAL ? -1 : -2;
+  return found;
+}
+
+Test(precision, scaler_agreement_over_ranks) {
+  dt_scaler_t s;
+  dt_scaler_init(&s, 1, 4096.0, 5);
+  s.growth = 2, s.skipped = 3; /* nonzero words: a sign mixed up shows */
+  peer = s, peer_sumsq = 1.5;
+  cr_expect_eq(agree(&s, 2.0), 0, "both finite: no overflow");
+  cr_expect_eq(agree(&s, INFINITY), 1, "this rank's inf");
+  cr_expect_eq(agree(&s, NAN), 1, "this rank's NaN");
+  peer_sumsq = INFINITY;
+  cr_expect_eq(agree(&s, 2.0), 1, "only the peer's gradients overflowed: every rank skips");
+  peer_sumsq = NAN;
+  cr_expect_eq(agree(&s, INFINITY), 1, "both");
+  /* each state word differing alone, the peer's above and below ours (0 included) */
+  const double d_scale[] = {8192.0, 2048.0}, d_growth[] = {0, 4}, d_skipped[] = {0, 9};
+  for (int k = 0; k < 2; k++) {
+    peer = s, peer_sumsq = 1.0, peer.scale = (float)d_scale[k];
+    cr_expect_eq(agree(&s, 2.0), -1, "peer's scale %g vs %g", d_scale[k], s.scale);
+    peer = s, peer.growth = (int64_t)d_growth[k];
+    cr_expect_eq(agree(&s, 2.0), -1, "peer's growth %g vs 2", d_growth[k]);
+    peer = s, peer.skipped = (int64_t)d_skipped[k];
+    cr_expect_eq(agree(&s, 2.0), -1, "peer's skipped %g vs 3", d_skipped[k]);
+  }
+}
+
 Test(precision, names_and_array_rounding) {
   dt_precision_t p;
   cr_expect(dt_precision_parse("bf16", &p) == 0 && p == DT_PREC_BF16);
   cr_expect(dt_precision_parse("fp16", &p) == 0 && p == DT_PREC_FP16);
   cr_expect(dt_precision_parse("fp32", &p) == 0 && p == DT_PREC_FP32);
   cr_expect(dt_precision_parse("fp8", &p) != 0);
+  for (int i = 0; i < 3; i++) { /* p is set from whatever it held before */
+    const char *name[3] = {"fp32", "bf16", "fp16"};
+    p = (dt_precision_t)((i + 1) % 3);
+    cr_expect(dt_precision_parse(name[i], &p) == 0 && p == (dt_precision_t)i, "%s", name[i]);
+  }
+  p = DT_PREC_FP16;
+  cr_expect(dt_precision_parse("", &p) == -1 && p == DT_PREC_FP16, "an unknown name is -1 and leaves p alone");
   cr_expect_str_eq(dt_precision_name(DT_PREC_BF16), "bf16");
   cr_expect_str_eq(dt_precision_name(DT_PREC_FP16), "fp16");
   cr_expect_str_eq(dt_precision_name(DT_PREC_FP32), "fp32");
   for (int v = 3; v < 256; v++) cr_expect_null(dt_precision_name((dt_precision_t)v), "no name for %d", v);
   cr_expect_null(dt_precision_name((dt_precision_t)-1), "no name for a negative value");
+  /* one element past the end of each array is a sentinel no call may touch; element 0 is not a
+   * bf16 or fp16 value (1 + 2^-20 rounds to 1 in both), so a loop that skips it shows */
   enum { N = 10007 };
-  float *x = malloc(N * sizeof *x), *y = malloc(N * sizeof *y), *z = malloc(N * sizeof *z);
+  const float sentinel = 0x1.234568p+3f;
+  float *x = malloc((N + 1) * sizeof *x), *y = malloc((N + 1) * sizeof *y), *z = malloc((N + 1) * sizeof *z);
   dt_rng_t r;
   dt_rng_seed(&r, 3);
   for (int i = 0; i < N; i++) x[i] = (float)(dt_rng_normal(&r) * pow(10.0, (double)(i % 13) - 6));
+  x[0] = 1.0f + 0x1p-20f;
+  x[N] = 3.0f;
   for (int p2 = 0; p2 < 3; p2++) {
     memcpy(y, x, N * sizeof *x);
+    for (int i = 0; i < N; i++) z[i] = NAN;
+    y[N] = z[N] = sentinel;
     dt_prec_round(y, N, (dt_precision_t)p2);
     dt_prec_round_copy(z, x, N, (dt_precision_t)p2);
+    cr_assert(y[N] == sentinel && z[N] == sentinel, "precision %d wrote past the end", p2);
     for (int i = 0; i < N; i++) {
       float want = p2 == DT_PREC_BF16 ? dt_round_bf16(x[i]) : p2 == DT_PREC_FP16 ? dt_round_fp16(x[i]) : x[i];
       cr_assert(memcmp(&y[i], &want, 4) == 0 && memcmp(&z[i], &want, 4) == 0, "precision %d, element %d", p2, i);
     }
+    if (p2 != DT_PREC_FP32) cr_assert_eq(y[0], 1.0f, "precision %d: element 0 rounded", p2);
   }
   free(x), free(y), free(z);
 }

@@ -410,3 +410,29 @@ Test(ddp, finish_alone_reduces_everything) {
   cr_assert_null(d.buckets);
   dt_ddp_free(&d);
 }
+
+/* The overlap probe's step (sync.c): with defer the reports start nothing and poke nothing, and
+ * finish then averages every bucket once, exactly as an overlapped step does. */
+Test(ddp, a_deferred_step_starts_everything_in_finish) {
+  float g[N];
+  dt_comm_t c = {.ops = &fake_ops, .size = 2, .impl = g};
+  dt_ddp_t d;
+  cr_assert_eq(dt_ddp_init(&d, &c, g, N, groups, NG, LIMIT * sizeof(float)), DT_OK);
+  eager = 0;
+  reset(g);
+  dt_ddp_begin(&d);
+  d.defer = 1;
+  for (int k = NG - 1; k >= 0; k--) {
+    final_lo = groups[k];
+    dt_ddp_ready(&d, groups[k], groups[k + 1]);
+    cr_assert_eq(n_calls, 0, "group %d final: %d all-reduces started in a deferred step", k, n_calls);
+  }
+  cr_assert_eq(d.ready_lo, 0, "the reports were not recorded");
+  cr_assert_eq(dt_ddp_finish(&d), DT_OK);
+  cr_assert_eq(n_calls, d.n_buckets);
+  for (int i = 0; i < N; i++) {
+    cr_assert_eq(times_reduced[i], 1, "element %d reduced %d times", i, times_reduced[i]);
+    cr_assert_float_eq(g[i], (i + 1 + 1000 + 3 * i) / 2.0f, 0, "element %d is %g, not the average", i, g[i]);
+  }
+  dt_ddp_free(&d);
+}

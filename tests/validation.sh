@@ -4,7 +4,8 @@
 #  1. clean: validation/validate.sbatch --system ci submits itself with sbatch --wait; every check
 #     passes, exit 0, TAP and JUnit XML written. A skipped check counts as a failure here, not as
 #     a pass: this cluster is built with the nodes and ranks all 9 checks need, so a skip (TAP
-#     "ok N - x # SKIP", JUnit skipped=) means a check did not run;
+#     "ok N - x # SKIP", JUnit skipped=) means a check did not run; the bandwidth and scaling
+#     pictures (validation/plots.py) are SVG with their axes and lines;
 #  2. each planted fault (DTRAIN_FAULT, src/core/fault.h) under salloc, with the checks up to the one
 #     that should catch it: validation/run exits nonzero and the first failing check in its summary
 #     is that one:
@@ -54,7 +55,21 @@ grep -q '<testsuite name="dtrain-validation.ci" tests="9" failures="0" errors="0
   { grep '<testsuite' "$DIR/clean.xml"; fail "JUnit XML: want 9 tests, 0 failures, 0 errors, 0 skipped"; }
 grep -q 'checkpoint_io/ckpt_write_vs_dd' "$DIR/clean.log" || fail "no checkpoint write bandwidth vs dd in the summary"
 grep -q 'throughput/scaling_efficiency' "$DIR/clean.log" || fail "no scaling efficiency (1 node vs 2 nodes) in the summary"
-echo "ok: clean run passed all 9 checks, none skipped, in $(($(date +%s) - t0)) s (TAP + JUnit XML)"
+# the pictures next to the table: well-formed SVG with its axes, a line per collective / per series
+"$PY" - "$DIR/clean" <<'PY' || fail "clean run: validation's plots"
+import sys, xml.dom.minidom
+d = sys.argv[1]
+for name, words, lines in (("bandwidth", ["message size (bytes)", "busbw (GB/s)", "allreduce", "sendrecv"], 5),
+                           ("scaling", ["ranks", "tokens/s", "measured", "ideal"], 2)):
+    text = open(f"{d}/{name}.svg").read()
+    doc = xml.dom.minidom.parseString(text)
+    n = len(doc.getElementsByTagName("polyline"))
+    missing = [w for w in words if w not in text]
+    assert not missing and n == lines, f"{name}.svg: missing {missing}, {n} lines (want {lines})"
+    print(f"ok: {name}.svg: {len(text)} bytes, {n} lines, names {words}")
+PY
+grep -q "^# plots: $DIR/clean/bandwidth.svg, $DIR/clean/scaling.svg" "$DIR/clean.log" || fail "no '# plots:' line"
+echo "ok: clean run passed all 9 checks, none skipped, in $(($(date +%s) - t0)) s (TAP + JUnit XML, plots)"
 
 # 2. planted faults: the suite must fail and name the right check first
 # Each fault runs the checks up to the one that must catch it (that check's dependencies for a

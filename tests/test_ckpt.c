@@ -7,6 +7,7 @@
 #include <hdf5.h>
 #include <math.h>
 #include <mpi.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -220,11 +221,25 @@ static int count_files(const char *dir) {
   return n;
 }
 
+/* Open file descriptors of this process (leak checks around repeated calls). */
+static int count_fds(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  if (!d) return -1;
+  while (readdir(d)) n++;
+  closedir(d);
+  return n;
+}
+
 static void test_roundtrip(const char *dir, const dt_layout_t *lay) {
   char path[1024];
   dt_status_t st = save_step(dir, 0, lay, 7, path);
   CHECK(all_agree(st, DT_OK), "save: %s", dt_err_msg());
   load_expect(dir, lay, 7, "roundtrip");
+  /* repeated loads keep no descriptor open (the file's, O_DIRECT's, a node window's shm) */
+  int fds = count_fds();
+  for (int i = 0; i < 4; i++) load_expect(dir, lay, 7, "roundtrip again");
+  CHECK(count_fds() == fds, "4 more loads left %d file descriptors open on rank %d", count_fds() - fds, rank);
 }
 
 /* ZeRO-like: params full, m and v each rank's flat arena slice; written file must equal the DP one. */

@@ -187,6 +187,10 @@ static int read_bounce(int fd_direct, int fd_buf, char *bounce, uint64_t off, si
     size_t n = len < DT_CKPT_CHUNK - 2 * DT_CKPT_ALIGN ? len : DT_CKPT_CHUNK - 2 * DT_CKPT_ALIGN;
     uint64_t a0 = off / DT_CKPT_ALIGN * DT_CKPT_ALIGN;
     size_t pre = (size_t)(off - a0), span = (pre + n + DT_CKPT_ALIGN - 1) / DT_CKPT_ALIGN * DT_CKPT_ALIGN;
+    if (span > DT_CKPT_CHUNK) { /* the bounce buffer's size: never, by n's bound above */
+      errno = EOVERFLOW;
+      return -1;
+    }
     ssize_t got = fd_direct >= 0 ? pread_full(fd_direct, bounce, span, a0) : -1;
     if (got >= (ssize_t)(pre + n)) {
       memcpy(dst, bounce + pre, n);

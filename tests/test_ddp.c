@@ -83,6 +83,14 @@ enum { NG = 6, LIMIT = 20 };
  * leaves [0, 60), cut into pieces [40, 60) and [20, 40) and the closing [0, 20). */
 static const size_t want6[][2] = {{100, 120}, {80, 100}, {60, 80}, {40, 60}, {20, 40}, {0, 20}};
 
+/* Backward's reports: every group final, from the last to the first. */
+static void report_all(dt_ddp_t *d) {
+  for (int k = NG - 1; k >= 0; k--) {
+    final_lo = groups[k];
+    dt_ddp_ready(d, groups[k], groups[k + 1]);
+  }
+}
+
 static void expect_buckets(const dt_ddp_t *d, const size_t (*want)[2], int n, const char *what) {
   cr_assert_eq(d->n_buckets, n, "%s: %d buckets, want %d", what, d->n_buckets, n);
   for (int b = 0; b < n; b++)
@@ -264,10 +272,7 @@ static dt_status_t act_step(size_t hold_lo, size_t hold_hi, const size_t (*want)
   memset(acted, 0, sizeof acted);
   n_acts = 0;
   dt_ddp_begin(&d);
-  for (int k = NG - 1; k >= 0; k--) {
-    final_lo = groups[k];
-    dt_ddp_ready(&d, groups[k], groups[k + 1]);
-  }
+  report_all(&d);
   dt_status_t st = dt_ddp_finish(&d);
   cr_assert_eq(n_calls, 0, "no all-reduce with an action");
   cr_assert_eq(n_acts, n, "hold [%zu, %zu): %d action calls, want %d", hold_lo, hold_hi, n_acts, n);
@@ -323,20 +328,14 @@ Test(ddp, a_failed_wait_is_the_result) {
   reset(g);
   fail_lo = 0;
   dt_ddp_begin(&d);
-  for (int k = NG - 1; k >= 0; k--) {
-    final_lo = groups[k];
-    dt_ddp_ready(&d, groups[k], groups[k + 1]);
-  }
+  report_all(&d);
   cr_assert_eq(dt_ddp_finish(&d), DT_ERR_MPI, "finish reports the failed wait");
   cr_assert_eq(in_flight, 0, "every request completed");
   fail_lo = (size_t)-1;
   /* the next step starts clean: begin forgets the failure */
   reset(g);
   dt_ddp_begin(&d);
-  for (int k = NG - 1; k >= 0; k--) {
-    final_lo = groups[k];
-    dt_ddp_ready(&d, groups[k], groups[k + 1]);
-  }
+  report_all(&d);
   cr_assert_eq(dt_ddp_finish(&d), DT_OK, "the step after a failed one");
   for (int i = 0; i < N; i++)
     cr_assert_eq(times_reduced[i], 1, "after a failure: element %d reduced %d times", i, times_reduced[i]);
@@ -357,10 +356,7 @@ Test(ddp, wait_time_counts_every_wait) {
     reset(g);
     double t0 = dt_time_now();
     dt_ddp_begin(&d);
-    for (int k = NG - 1; k >= 0; k--) {
-      final_lo = groups[k];
-      dt_ddp_ready(&d, groups[k], groups[k + 1]);
-    }
+    report_all(&d);
     cr_assert_eq(dt_ddp_finish(&d), DT_OK);
     double wall = dt_time_now() - t0;
     cr_assert_geq(d.t_comm_wait, 6 * 2e-3, "step %d: %g s waiting, 6 waits of 2 ms", step, d.t_comm_wait);
@@ -381,10 +377,7 @@ Test(ddp, one_bucket_is_completed_by_finish) {
   eager = 0;
   reset(g);
   dt_ddp_begin(&d);
-  for (int k = NG - 1; k >= 0; k--) {
-    final_lo = groups[k];
-    dt_ddp_ready(&d, groups[k], groups[k + 1]);
-  }
+  report_all(&d);
   cr_assert_eq(n_calls, 1, "started by the report of group 0");
   cr_assert_eq(dt_ddp_finish(&d), DT_OK);
   cr_assert_eq(in_flight, 0, "finish completed it");

@@ -71,6 +71,22 @@ start_slurm_cluster() {
   export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_mpi_yield_when_idle=1
 }
 
+# The start of a test of a whole suite on a throw-away Slurm cluster (validation.sh, reframe.sh):
+# the launch variables of an enclosing job cleared, so the test's own srun and salloc see only its
+# cluster; errors checked by the caller from here on (set +e); the data made; the cluster started
+# (start_slurm_cluster PREFIX, its DIR removed on exit). Returns 1 when the cluster did not start.
+begin_slurm_test() {
+  local v
+  for v in $(env | sed -n 's/^\(SLURM_[A-Za-z0-9_]*\|PMIX_[A-Za-z0-9_]*\|OMPI_COMM_WORLD_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
+  unset CUDA_VISIBLE_DEVICES RANK WORLD_SIZE LOCAL_RANK DTRAIN_FAULT
+  export PATH=$PATH:/usr/sbin
+  set +e
+  ensure_data
+  DIR=
+  trap 'if [ -n "$DIR" ]; then "$CLUSTER" stop "$DIR" 2>/dev/null; rm -rf "$DIR"; fi' EXIT
+  start_slurm_cluster "$1"
+}
+
 tmpdir() {
   local d
   d=$(mktemp -d "${TMPDIR:-/tmp}/dtrain-test.XXXXXX")

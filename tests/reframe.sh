@@ -14,18 +14,9 @@ set -u
 : "${top_srcdir:?}" "${top_builddir:?}"
 RF=${REFRAME:-/opt/dtrain-test-venv/bin/reframe}
 [ -x "$RF" ] || { echo "SKIP: no ReFrame at $RF (scripts/install-deps.sh --test installs it)"; exit 77; }
-for v in $(env | sed -n 's/^\(SLURM_[A-Za-z0-9_]*\|PMIX_[A-Za-z0-9_]*\|OMPI_COMM_WORLD_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
-unset CUDA_VISIBLE_DEVICES RANK WORLD_SIZE LOCAL_RANK DTRAIN_FAULT
-export PATH=$PATH:/usr/sbin
 source "$top_srcdir/tests/lib.sh"
-set +e
-ensure_data
-
-DIR=
-cleanup() { [ -n "$DIR" ] && { "$CLUSTER" stop "$DIR" 2>/dev/null; rm -rf "$DIR"; }; }
-trap cleanup EXIT
 fail() { echo "FAIL: $*"; exit 1; }
-start_slurm_cluster dtrain-reframe || fail "the cluster did not start"
+begin_slurm_test dtrain-reframe || fail "the cluster did not start"
 export DTRAIN="$top_builddir/dtrain" DTRAIN_DATA="$top_builddir/data" DTRAIN_VALIDATION_RETRY_STARTUP=1
 export DTRAIN_SYSTEM=ci DTRAIN_CHECKS=environment,collectives,numerics,bandwidth
 cd "$DIR"

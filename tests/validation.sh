@@ -19,17 +19,8 @@
 #     here (the save took 0.2-0.66 s); --timeout 400 lets a save of up to 4 s (~10 MB/s) stall.
 set -u
 : "${top_srcdir:?}" "${top_builddir:?}"
-for v in $(env | sed -n 's/^\(SLURM_[A-Za-z0-9_]*\|PMIX_[A-Za-z0-9_]*\|OMPI_COMM_WORLD_[A-Z_]*\)=.*/\1/p'); do unset "$v"; done
-unset CUDA_VISIBLE_DEVICES RANK WORLD_SIZE LOCAL_RANK DTRAIN_FAULT
-export PATH=$PATH:/usr/sbin
 source "$top_srcdir/tests/lib.sh"
-set +e
-ensure_data
-
-DIR=
-cleanup() { [ -n "$DIR" ] && { "$CLUSTER" stop "$DIR" 2>/dev/null; rm -rf "$DIR"; }; }
-trap cleanup EXIT
-start_slurm_cluster dtrain-valid || { echo "FAIL: the cluster did not start"; exit 1; }
+begin_slurm_test dtrain-valid || { echo "FAIL: the cluster did not start"; exit 1; }
 export DTRAIN="$top_builddir/dtrain"
 # Open MPI's start-up race on this one-host cluster (tests/lib.sh srun_once_more): one more launch
 export DTRAIN_VALIDATION_RETRY_STARTUP=1

@@ -24,7 +24,7 @@ say() { echo "gpu-bundle: $*" >&2; }
 BASE='^(linux-vdso\.so\.1|ld-linux-x86-64\.so\.2|libc\.so\.6|libm\.so\.6|libdl\.so\.2|libpthread\.so\.0|librt\.so\.1|libresolv\.so\.2|libutil\.so\.1|libgcc_s\.so\.1|libstdc\+\+\.so\.6)$'
 CUDA='^(libcuda\.so\.1|libcudart\.so\.[0-9]+|libcublas\.so\.[0-9]+|libcublasLt\.so\.[0-9]+|libnccl\.so\.[0-9]+|libcudnn[a-z_]*\.so\.[0-9]+)$'
 # Open MPI plugins for fabrics a one-GPU machine does not have (their libraries are not bundled)
-SKIP_PLUGIN='(fabric|efa|ibverbs|rdmacm|psm|infinipath|libuc[pmst]|common_ucx|common_ofi|common_verbs|oshmem|libnl-)'
+SKIP_PLUGIN='^(libfabric|libefa|libibverbs|librdmacm|libpsm|libinfinipath|libuc[pmst]|libmca_common_(ucx|ofi|verbs)|liboshmem|libnl-)'
 
 # ---- build -------------------------------------------------------------------------------
 if [ ! -f Makefile ]; then
@@ -50,9 +50,14 @@ done
 objs=("$out"/bin/*)
 for p in "$ompi_plugins"/*.so; do
   deps=$(ldd "$p" 2>&1) || die "ldd $p failed: $deps"
-  if grep -Eq "$SKIP_PLUGIN|not found" <<< "$deps"; then continue; fi
+  # names only: the load addresses are random hex and once in a while spell "efa"
+  if grep -q 'not found' <<< "$deps" || awk '{print $1}' <<< "$deps" | grep -Eq "$SKIP_PLUGIN"; then continue; fi
   cp "$p" "$out/lib/openmpi3/"
   objs+=("$out/lib/openmpi3/$(basename "$p")")
+done
+# what a singleton rank and its checkpoints cannot do without (a missing one fails only at run time)
+for need in state_app ess_singleton io_ompio fs_ufs fbtl_posix fcoll_vulcan sharedfp_lockedfile; do
+  [ -f "$out/lib/openmpi3/mca_$need.so" ] || die "Open MPI plugin mca_$need.so was not bundled"
 done
 if [ -n "$pmix_plugins" ]; then
   cp "$pmix_plugins"/*.so "$out/lib/pmix/"

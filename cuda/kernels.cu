@@ -375,6 +375,14 @@ dt_status_t dt_cu_round_copy(float *dst, const float *src, size_t n, int prec, c
   return DT_OK;
 }
 
+__global__ static void divide_k(float *x, size_t n, float d) { DT_CUDA_FOR_N(i, n) x[i] /= d; }
+
+dt_status_t dt_cu_divide(float *x, size_t n, float d, cudaStream_t s) {
+  if (n == 0) return DT_OK;
+  DT_LAUNCH(divide_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, x, n, d);
+  return DT_OK;
+}
+
 dt_status_t dt_cu_residual_forward(float *out, const float *a, const float *b, size_t n, cudaStream_t s) {
   DT_LAUNCH(residual_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, a, b, n);
   return DT_OK;

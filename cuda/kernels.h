@@ -73,6 +73,8 @@ dt_status_t dt_cu_xent_finish(float *lse, float *losses, const double *sum, int 
  * place is a no-op). Mixed precision stores nothing in 16 bits on the GPU yet: this emulates the
  * storage rounding exactly as the CPU backend does (parity on an H200: docs/gpu-runs.md). */
 dt_status_t dt_cu_round_copy(float *dst, const float *src, size_t n, int prec, cudaStream_t s);
+/* x (n) = x / d */
+dt_status_t dt_cu_divide(float *x, size_t n, float d, cudaStream_t s);
 /* one AdamW step over n elements (kmath.h dt_adamw_update) */
 dt_status_t dt_cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
                         float eps, float wd, float bc1, float bc2, float gscale, cudaStream_t s);

@@ -104,6 +104,23 @@ static void backend_case(dt_dims_t d, int B, int T, int prec, const tols_t *tol,
   float fsc = (float)sc, fsg = (float)sg;
   gp_compare("backend grad_sumsq", shape, prec, &fsg, &fsc, 1, tol->sumsq);
 
+  /* ZeRO's kernels on those gradients: the second quarter divided by 3, the third cleared */
+  size_t q = np / 4;
+  both(cpu.k->divide(&cpu, cpu.grads + q, q, 3.0f), gpu.k->divide(&gpu, gpu.grads + q, q, 3.0f), "divide");
+  both(cpu.k->clear(&cpu, cpu.grads + 2 * q, q), gpu.k->clear(&gpu, gpu.grads + 2 * q, q), "clear");
+  float *hd = (float *)gp_host(np * sizeof(float));
+  both(DT_OK, gpu.ops->copy_to_host(&gpu, DT_BUF_GRADS, 0, np, hd), "copy_to_host");
+  int bad = 0;
+  for (size_t i = 0; i < np; i++) /* a true division (bitwise), zeros, the rest untouched */
+    bad += hd[i] != (i < q || i >= 3 * q ? hg[i] : i < 2 * q ? hg[i] / 3.0f : 0.0f);
+  g_cases++;
+  g_fail += bad != 0;
+  printf("%-28s %-26s %-5s %10d %9s  %s\n", "backend divide + clear", shape, dt_precision_name((dt_precision_t)prec), bad,
+         "0", bad ? "FAIL" : "PASS");
+  both(cpu.ops->copy_to_host(&cpu, DT_BUF_GRADS, 0, np, hc), DT_OK, "copy_to_host");
+  compare_arena("backend divide + clear", shape, prec, &lay, hd, hc, tol->grads);
+  free(hd);
+
   /* AdamW from preset moments (step 10): the update is smooth in the gradients */
   float *m = gp_rand(r, np, 1e-3f, DT_PREC_FP32), *v = gp_rand(r, np, 1e-5f, DT_PREC_FP32);
   for (size_t i = 0; i < np; i++) v[i] = fabsf(v[i]) + 1e-6f;

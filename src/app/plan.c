@@ -218,9 +218,12 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
       r.work_cpu = ints + (pp > 1 ? 2 * 4 * bt * C : 0);
       r.work_gpu = CUDA_CONTEXT_BYTES;
       double state = r.params + r.wparams + r.grads + r.m + r.v + r.gather + r.comm;
+      /* the device keeps whole parameter and gradient arenas under ZeRO-2/3 (zero.h: its drops
+       * clear, they free nothing; the gathered blocks land in the whole arena) */
+      double state_gpu = 4 * P + (mixed ? 4 * P : 0) + 4 * P + r.m + r.v + r.comm;
       r.total_cpu = state + r.act_cpu + r.work_cpu;
-      r.total_gpu = state + r.act_gpu + r.work_gpu;
-      r.total_gpu_rc = state + r.act_gpu_rc + r.work_gpu;
+      r.total_gpu = state_gpu + r.act_gpu + r.work_gpu;
+      r.total_gpu_rc = state_gpu + r.act_gpu_rc + r.work_gpu;
       r.host_gpu = r.params + ints; /* host arena's params part, inputs + targets */
       r.host_gpu_ckpt = r.host_gpu + r.m + r.v;
       if (r.total_gpu > best.total_gpu) best = r;
@@ -407,6 +410,8 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   pl(o, prefix, "plan: host memory with the CUDA backend (not in the device totals): a copy of the parameters %.3f GB "
      "(initial weights, checkpoint staging), + m, v %.3f GB once a checkpoint is written or read", 4 * n / GB,
      8 * n / GB);
+  pl(o, prefix, "plan: the CUDA backend runs ZeRO-2 and -3 over whole parameter and gradient arenas (the same "
+     "updates and communication, not yet their memory saving): its device rows count them whole");
   if (in->zero >= 0)
     pl(o, prefix, "plan: configured parallel.zero = %d", in->zero);
   else

@@ -116,9 +116,6 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   tr->be.ops = ops;
   tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
   tr->be.tf32 = cfg->tf32;
-  if (cuda && cfg->zero > 1) /* stages 2 and 3 give pages of host arenas back (zero.h) */
-    return DT_ERR(DT_ERR_UNSUPPORTED, "%s: parallel.zero = %d is implemented on the cpu backend only (the cuda backend "
-                  "has ZeRO-1)", cfg_name, cfg->zero);
   DT_TRY(dt_sync_init(&tr->sync, cfg->zero, tr->mesh.dp_comm, tr->mesh.dp, tr->mesh.dp_idx, tr->accum, &tr->lay,
                       &tr->be, (size_t)cfg->bucket_mb << 20));
   tr->sync.probe_every = cfg->ddp_probe;

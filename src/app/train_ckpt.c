@@ -144,13 +144,19 @@ static void resume_scaler(dt_trainer_t *tr, const dt_ckpt_state_t *st) {
 static dt_status_t initial_weights(dt_trainer_t *tr) {
   /* The CPU backend's parameter arena is host memory: initialise and broadcast in place (a
    * separate host buffer set every rank's peak RSS one arena higher than training needs). */
-  int cpu = tr->be.ops->host_memory;
-  if (tr->sync.ops->params_sharded) /* each rank makes its own shard (the values of the full initialisation) */
-    dt_model_init_params_range(&tr->lay, tr->be.params, tr->cfg.seed, tr->sync.zero.lo, tr->sync.zero.hi);
+  int cpu = tr->be.ops->host_memory, z3 = tr->sync.ops->params_sharded;
   float *host = cpu ? tr->be.params : malloc(sizeof(float) * tr->lay.n_params);
   if (!host) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
-  dt_status_t st = tr->sync.ops->params_sharded ? DT_OK : init_weights(tr, host);
-  if (tr->sync.ops->params_sharded) dt_zero3_release(&tr->sync.zero, 0, tr->lay.n_params); /* tp init wrote its whole shard */
+  dt_status_t st = DT_OK;
+  if (z3) { /* each rank makes its own shard (the values of the full initialisation) */
+    size_t lo = tr->sync.zero.lo, hi = tr->sync.zero.hi;
+    dt_model_init_params_range(&tr->lay, host, tr->cfg.seed, lo, hi);
+    if (tr->lay.tp > 1) lo = 0, hi = tr->lay.n_params; /* the range written (model.h) */
+    if (!cpu) st = tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, lo, hi - lo, host + lo);
+    if (st == DT_OK) st = dt_zero3_release(&tr->sync.zero, 0, tr->lay.n_params); /* tp init wrote its whole shard */
+  } else {
+    st = init_weights(tr, host);
+  }
   if (!cpu) free(host);
   return st;
 }

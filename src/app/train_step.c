@@ -217,7 +217,7 @@ dt_status_t dt_trainer_eval(dt_trainer_t *tr, dt_data_t *d, int batches, double 
     sum[0] += l;
     sum[1] += 1;
   }
-  sy->ops->end_eval(sy);
+  DT_TRY(sy->ops->end_eval(sy));
   if (pp > 1) DT_TRY(tr->mesh.pp_comm->ops->allreduce(tr->mesh.pp_comm, sum, sum, 2, DT_F64, DT_SUM, NULL, NULL));
   if (tr->mesh.dp > 1)
     DT_TRY(tr->mesh.dp_comm->ops->allreduce(tr->mesh.dp_comm, sum, sum, 2, DT_F64, DT_SUM, NULL, NULL));

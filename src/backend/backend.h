@@ -109,6 +109,12 @@ typedef struct {
   dt_status_t (*round_copy)(dt_backend_t *be, float *dst, const float *src, size_t n);
   /* *out_host = sum of x[i]^2 over (n) (float64 accumulation) */
   dt_status_t (*sumsq)(dt_backend_t *be, const float *x, size_t n, double *out_host);
+  /* x (n) = 0 (ZeRO-2/3 on device arenas: what lies outside the rank's shard after a reduction
+   * or a use; host arenas give their pages back instead, zero.h) */
+  dt_status_t (*clear)(dt_backend_t *be, float *x, size_t n);
+  /* x (n) = x / d elementwise, a true division as DT_AVG's (ZeRO-2: the shard's sum over the dp
+   * ranks made their mean) */
+  dt_status_t (*divide)(dt_backend_t *be, float *x, size_t n, float d);
 } dt_kernels_t;
 
 typedef struct {

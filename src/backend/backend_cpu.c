@@ -383,6 +383,19 @@ static dt_status_t cpu_zero_grad(dt_backend_t *be) {
   return DT_OK;
 }
 
+static dt_status_t k_clear(dt_backend_t *be, float *x, size_t n) {
+  (void)be;
+  zero_floats(x, n);
+  return DT_OK;
+}
+
+DT_CPU_VEC static dt_status_t k_divide(dt_backend_t *be, float *restrict x, size_t n, float d) {
+  (void)be;
+#pragma omp parallel for simd schedule(static)
+  for (long i = 0; i < (long)n; i++) x[i] /= d;
+  return DT_OK;
+}
+
 DT_CPU_VEC static double sumsq(const float *restrict g, long n) {
   double s = 0.0;
 #pragma omp parallel for simd schedule(static) reduction(+ : s)
@@ -492,6 +505,8 @@ static const dt_kernels_t cpu_kernels = {
     .round = k_round,
     .round_copy = k_round_copy,
     .sumsq = k_sumsq,
+    .clear = k_clear,
+    .divide = k_divide,
 };
 
 const dt_backend_ops_t dt_backend_cpu = {

@@ -11,7 +11,6 @@ static dt_status_t nothing(dt_sync_t *s) {
   (void)s;
   return DT_OK;
 }
-static void nothing_void(dt_sync_t *s) { (void)s; }
 static dt_grad_ready_fn no_hook(dt_sync_t *s, int mb, int m) {
   (void)s, (void)mb, (void)m;
   return NULL;
@@ -132,12 +131,12 @@ static void ddp_report(const dt_sync_t *s, int steps, FILE *o) {
 static const dt_sync_ops_t sync_local = {
     .name = "local", .begin_step = zero_grads, .backward_begin = no_hook, .backward_end = nothing,
     .after_backward = tied_sum, .reduce_norm = no_reduce, .after_update = no_gather, .begin_eval = nothing,
-    .end_eval = nothing_void, .start = no_start, .report = no_report};
+    .end_eval = nothing, .start = no_start, .report = no_report};
 
 static const dt_sync_ops_t sync_ddp = {
     .name = "ddp", .begin_step = ddp_begin_step, .backward_begin = ddp_hook, .backward_end = nothing,
     .after_backward = ddp_after_backward, .reduce_norm = no_reduce, .after_update = no_gather,
-    .begin_eval = nothing, .end_eval = nothing_void, .start = no_start, .report = ddp_report};
+    .begin_eval = nothing, .end_eval = nothing, .start = no_start, .report = ddp_report};
 
 /* ---- ZeRO-1 ---- */
 
@@ -148,22 +147,21 @@ static dt_status_t zero1_after_backward(dt_sync_t *s) {
   return dt_zero_reduce_grads(&s->zero, s->be->grads);
 }
 
-/* Device arenas (gradients over NCCL): the reduce-scatter and all-gather in place on the compute stream. */
+/* Device arenas (gradients over NCCL): ZeRO's collectives in place on the compute stream. */
 static dt_status_t zero1_start(dt_sync_t *s, dt_comm_t *grad_comm) {
-  return grad_comm == s->dp_comm ? DT_OK : dt_zero_use_device_comm(&s->zero, grad_comm, s->be->stream);
+  return grad_comm == s->dp_comm ? DT_OK : dt_zero_use_device_comm(&s->zero, grad_comm);
 }
 
 static const dt_sync_ops_t sync_zero1 = {
     .name = "zero1", .optim_sharded = 1, .begin_step = zero_grads, .backward_begin = no_hook,
     .backward_end = nothing, .after_backward = zero1_after_backward, .reduce_norm = shard_norm,
-    .after_update = gather_params, .begin_eval = nothing, .end_eval = nothing_void, .start = zero1_start,
+    .after_update = gather_params, .begin_eval = nothing, .end_eval = nothing, .start = zero1_start,
     .report = no_report};
 
 /* ---- ZeRO-2 ---- */
 
 static dt_status_t drop_grads(dt_sync_t *s) {
-  dt_zero_drop(s->be->grads, 0, s->lay->n_params); /* zero, and the pages back */
-  return DT_OK;
+  return dt_zero_clear(&s->zero, s->be->grads, 0, s->lay->n_params); /* zero, and host pages back */
 }
 
 /* Every micro-batch's buckets go to their owners as backward finishes them. */
@@ -180,14 +178,13 @@ static dt_status_t zero2_after_backward(dt_sync_t *s) {
   DT_TRY(tied_sum(s));
   if (s->ddp.hold_hi > s->ddp.hold_lo)
     DT_TRY(dt_zero_reduce_bucket(&s->zero, s->be->grads, s->ddp.hold_lo, s->ddp.hold_hi));
-  dt_zero_average_shard(&s->zero, s->be->grads);
-  return DT_OK;
+  return dt_zero_average_shard(&s->zero, s->be->grads);
 }
 
 /* The buckets go to their owners as backward finishes them; the tied wte (pp > 1) is held back: it
  * is summed between the stages first (after_backward). */
 static dt_status_t owners_start(dt_sync_t *s, dt_comm_t *grad_comm) {
-  (void)grad_comm;
+  DT_TRY(zero1_start(s, grad_comm));
   s->ddp.action = dt_zero_reduce_bucket;
   s->ddp.action_ctx = &s->zero;
   const dt_tensor_t *w = &s->lay->tensors[0];
@@ -201,7 +198,7 @@ static dt_status_t owners_start(dt_sync_t *s, dt_comm_t *grad_comm) {
 static const dt_sync_ops_t sync_zero2 = {
     .name = "zero2", .optim_sharded = 1, .begin_step = drop_grads, .backward_begin = zero2_hook,
     .backward_end = zero2_backward_end, .after_backward = zero2_after_backward, .reduce_norm = shard_norm,
-    .after_update = gather_params, .begin_eval = nothing, .end_eval = nothing_void, .start = owners_start,
+    .after_update = gather_params, .begin_eval = nothing, .end_eval = nothing, .start = owners_start,
     .report = no_report};
 
 /* ---- ZeRO-3 ---- */
@@ -215,11 +212,11 @@ static dt_status_t pinned_gather(dt_sync_t *s) {
   return dt_zero3_gather(&s->zero, g[L + 1], g[L + 2]);
 }
 
-static void pinned_release(dt_sync_t *s) {
+static dt_status_t pinned_release(dt_sync_t *s) {
   const size_t *g = s->lay->layer_begin;
   int L = s->lay->d.L;
-  dt_zero3_release(&s->zero, g[0], g[1]);
-  dt_zero3_release(&s->zero, g[L + 1], g[L + 2]);
+  DT_TRY(dt_zero3_release(&s->zero, g[0], g[1]));
+  return dt_zero3_release(&s->zero, g[L + 1], g[L + 2]);
 }
 
 static dt_status_t zero3_begin_step(dt_sync_t *s) {
@@ -230,8 +227,7 @@ static dt_status_t zero3_begin_step(dt_sync_t *s) {
 /* Each rank updated its own shard (or nobody did): only the pinned tensors are whole, drop them. */
 static dt_status_t zero3_after_update(dt_sync_t *s, int skip) {
   (void)skip;
-  pinned_release(s);
-  return DT_OK;
+  return pinned_release(s);
 }
 
 static void zero3_report(const dt_sync_t *s, int steps, FILE *o) {
@@ -251,7 +247,7 @@ static dt_status_t zero3_start(dt_sync_t *s, dt_comm_t *grad_comm) {
   double t0 = dt_time_now();
   for (int l = 0; l < lay->d.L; l++) {
     DT_TRY(dt_zero3_gather(&s->zero, lay->layer_begin[l + 1], lay->layer_begin[l + 2]));
-    dt_zero3_release(&s->zero, lay->layer_begin[l + 1], lay->layer_begin[l + 2]);
+    DT_TRY(dt_zero3_release(&s->zero, lay->layer_begin[l + 1], lay->layer_begin[l + 2]));
   }
   s->t_full = dt_time_now() - t0;
   s->zero.t_wait = 0;
@@ -282,6 +278,7 @@ dt_status_t dt_sync_init(dt_sync_t *s, int stage, dt_comm_t *dp_comm, int dp, in
 }
 
 dt_status_t dt_sync_attach(dt_sync_t *s, dt_gpt2_t *model) {
+  if (s->zero.stage > 0 && !s->be->ops->host_memory) dt_zero_set_device(&s->zero, s->be);
   if (!s->ops->params_sharded) return DT_OK;
   DT_TRY(dt_zero3_attach(&s->zero, s->be->params, s->lay->layer_begin, s->lay->d.L));
   model->layer_hook = dt_zero3_hook;

@@ -47,7 +47,7 @@ typedef struct {
   dt_status_t (*after_update)(dt_sync_t *s, int skip);
   /* around an evaluation; collective_forward: every rank must run every round of it */
   dt_status_t (*begin_eval)(dt_sync_t *s);
-  void (*end_eval)(dt_sync_t *s);
+  dt_status_t (*end_eval)(dt_sync_t *s);
   int collective_forward;
   /* once, when the buckets exist (dt_sync_start): what the strategy sets up on them, and the
    * blocking reference its report compares with */
@@ -81,7 +81,8 @@ struct dt_sync {
  * group boundary grow) and be->opt_lo/opt_hi become this rank's shard. */
 dt_status_t dt_sync_init(dt_sync_t *s, int stage, dt_comm_t *dp_comm, int dp, int dp_idx, int accum,
                          dt_layout_t *lay, dt_backend_t *be, size_t bucket_bytes);
-/* After the backend and model exist: ZeRO-3 hooks its gathers into the model's blocks. */
+/* After the backend and model exist: ZeRO on device arenas uses the backend's kernels and stream;
+ * ZeRO-3 hooks its gathers into the model's blocks. */
 dt_status_t dt_sync_attach(dt_sync_t *s, dt_gpt2_t *model);
 /* Before the first step (after weights are in place): the buckets over grad_comm (NCCL for device
  * arenas, else dp_comm), the tied group (NULL if none) and the reference timings of the report. */

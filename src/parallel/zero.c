@@ -1,4 +1,4 @@
-/* ZeRO stages 1 and 2: shard arithmetic and the collectives of a sharded step (zero.h). */
+/* ZeRO stages 1, 2 and 3: shard arithmetic and the collectives of a sharded step (zero.h). */
 #include "zero.h"
 
 #include "timer.h"
@@ -49,16 +49,30 @@ void dt_zero_free(dt_zero_t *z) {
 /* Round j: floats [j*piece, j*piece + k) of every shard, packed block r = shard r. */
 static size_t round_len(const dt_zero_t *z, size_t off) { return z->shard - off < z->piece ? z->shard - off : z->piece; }
 
-dt_status_t dt_zero_use_device_comm(dt_zero_t *z, dt_comm_t *comm, void *stream) {
-  if (z->stage != 1)
-    return DT_ERR(DT_ERR_UNSUPPORTED, "parallel.zero = %d is implemented on the cpu backend only (ZeRO-1 on cuda)",
-                  z->stage);
+void dt_zero_set_device(dt_zero_t *z, dt_backend_t *be) {
+  z->dev = be;
+  z->stream = be->stream;
+}
+
+dt_status_t dt_zero_use_device_comm(dt_zero_t *z, dt_comm_t *comm) {
   if (comm->size != z->comm->size) return DT_ERR(DT_ERR_INTERNAL, "zero: a device communicator of another group");
   z->comm = comm;
-  z->stream = stream;
   free(z->stage_buf); /* NCCL's in-place collectives need no staging */
   z->stage_buf = NULL;
   return DT_OK;
+}
+
+dt_status_t dt_zero_clear(dt_zero_t *z, float *x, size_t lo, size_t hi) {
+  if (lo >= hi) return DT_OK;
+  if (z->dev) return z->dev->k->clear(z->dev, x + lo, hi - lo);
+  dt_zero_drop(x, lo, hi);
+  return DT_OK;
+}
+
+/* x[lo, hi) outside this rank's shard cleared */
+static dt_status_t clear_outside(dt_zero_t *z, float *x, size_t lo, size_t hi) {
+  DT_TRY(dt_zero_clear(z, x, lo, hi < z->lo ? hi : z->lo)); /* below this rank's shard */
+  return dt_zero_clear(z, x, lo > z->hi ? lo : z->hi, hi); /* above it */
 }
 
 dt_status_t dt_zero_reduce_grads(dt_zero_t *z, float *grads) {
@@ -108,22 +122,23 @@ void dt_zero_drop(float *grads, size_t lo, size_t hi) {
 dt_status_t dt_zero_reduce_bucket(void *ctx, float *grads, size_t lo, size_t hi) {
   dt_zero_t *z = ctx;
   int p = z->comm->size;
+  if (p == 1) return DT_OK; /* the shard is the arena */
   for (int r = 0; r < p; r++) { /* the parts of [lo, hi) in each rank's shard, summed at that rank */
     size_t a = (size_t)r * z->shard, e = a + z->shard;
     if (a < lo) a = lo;
     if (e > hi) e = hi;
     if (a < e)
-      DT_TRY(z->comm->ops->reduce(z->comm, grads + a, grads + a, e - a, DT_F32, DT_SUM, r, NULL, NULL));
+      DT_TRY(z->comm->ops->reduce(z->comm, grads + a, grads + a, e - a, DT_F32, DT_SUM, r, z->stream, NULL));
   }
-  dt_zero_drop(grads, lo, hi < z->lo ? hi : z->lo);   /* below this rank's shard */
-  dt_zero_drop(grads, lo > z->hi ? lo : z->hi, hi);   /* above it */
-  return DT_OK;
+  return clear_outside(z, grads, lo, hi);
 }
 
-void dt_zero_average_shard(dt_zero_t *z, float *grads) {
+dt_status_t dt_zero_average_shard(dt_zero_t *z, float *grads) {
   const float n = (float)z->comm->size; /* divided like the all-reduce's DT_AVG */
   float *g = grads + z->lo;
+  if (z->dev) return z->dev->k->divide(z->dev, g, z->shard, n);
   for (size_t i = 0; i < z->shard; i++) g[i] /= n;
+  return DT_OK;
 }
 
 /* ---- stage 3 ------------------------------------------------------------------------------ */
@@ -141,11 +156,13 @@ dt_status_t dt_zero3_attach(dt_zero_t *z, float *params, const size_t *layer_beg
 
 /* Start the broadcasts that bring [lo, hi) from its owners (reqs: one per owner; NULL = blocking). */
 static dt_status_t gather_start(dt_zero_t *z, size_t lo, size_t hi, dt_comm_req_t **req) {
+  if (z->comm->size == 1) return DT_OK; /* the shard is the arena */
   for (int r = 0; r < z->comm->size; r++) {
     size_t a = (size_t)r * z->shard, e = a + z->shard;
     if (a < lo) a = lo;
     if (e > hi) e = hi;
-    if (a < e) DT_TRY(z->comm->ops->broadcast(z->comm, z->params + a, e - a, DT_F32, r, NULL, req ? &req[r] : NULL));
+    if (a < e)
+      DT_TRY(z->comm->ops->broadcast(z->comm, z->params + a, e - a, DT_F32, r, z->stream, req ? &req[r] : NULL));
   }
   return DT_OK;
 }
@@ -164,10 +181,7 @@ static dt_status_t gather_wait(dt_zero_t *z) {
 
 dt_status_t dt_zero3_gather(dt_zero_t *z, size_t lo, size_t hi) { return gather_start(z, lo, hi, NULL); }
 
-void dt_zero3_release(dt_zero_t *z, size_t lo, size_t hi) {
-  dt_zero_drop(z->params, lo, hi < z->lo ? hi : z->lo);
-  dt_zero_drop(z->params, lo > z->hi ? lo : z->hi, hi);
-}
+dt_status_t dt_zero3_release(dt_zero_t *z, size_t lo, size_t hi) { return clear_outside(z, z->params, lo, hi); }
 
 static dt_status_t block_start(dt_zero_t *z, int l) {
   z->have = l;
@@ -176,10 +190,7 @@ static dt_status_t block_start(dt_zero_t *z, int l) {
 
 dt_status_t dt_zero3_hook(void *ctx, int l, dt_hook_phase_t phase) {
   dt_zero_t *z = ctx;
-  if (phase == DT_HOOK_FWD_DONE || phase == DT_HOOK_BWD_DONE) {
-    dt_zero3_release(z, z->group[l + 1], z->group[l + 2]);
-    return DT_OK;
-  }
+  if (phase == DT_HOOK_FWD_DONE || phase == DT_HOOK_BWD_DONE) return dt_zero3_release(z, z->group[l + 1], z->group[l + 2]);
   double t0 = dt_time_now();
   if (z->have != l) { /* nothing prefetched for l (the first block of a pass): bring it now */
     DT_TRY(gather_wait(z));

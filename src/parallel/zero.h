@@ -1,4 +1,4 @@
-/* ZeRO stages 1 and 2 over the data-parallel group: the flat parameter arena is cut into dp
+/* ZeRO stages 1, 2 and 3 over the data-parallel group: the flat parameter arena is cut into dp
  * equal, contiguous shards; each rank keeps AdamW's m and v for its shard only.
  *   stage 1: after the last backward of a step the gradients are reduce-scattered (averaged) so
  *            each rank holds its shard's mean gradient (PyTorch's ZeroRedundancyOptimizer);
@@ -8,6 +8,11 @@
  *            its shard of the gradients plus the buckets backward has not finished yet; after the
  *            last micro-step the shard is divided by dp.
  * Then each rank updates its shard of the parameters and the parameters are all-gathered.
+ * Stage 3 (below) keeps only the shard of the parameters between their uses.
+ * Device arenas (dt_zero_use_device_comm): the same collectives over NCCL on the backend's compute
+ * stream, and "dropped" means cleared by the backend's clear kernel: the arenas stay allocated at
+ * full size, so on a GPU stages 2 and 3 make the same updates with the same communication but do
+ * not yet lower the device memory (their saving is stage 1's: m and v of the shard only).
  * Clipping uses the global norm (shard sums of squares all-reduced) and weight decay follows
  * each tensor's flag, so the update is the one plain data parallelism makes. */
 #ifndef DT_ZERO_H
@@ -36,6 +41,7 @@ typedef struct {
   size_t lo, hi;        /* this rank's shard [lo, hi) = [dp_idx * shard, (dp_idx + 1) * shard) */
   size_t piece;         /* floats per rank per collective: the arena moves in bucket-sized rounds */
   void *stream;         /* device arenas (dt_zero_use_device_comm): comm is NCCL on this stream */
+  dt_backend_t *dev;    /* and this backend's clear and divide kernels do the drops and the mean */
   float *stage_buf;     /* dp * piece floats: round j packs piece j of every shard here */
 } dt_zero_t;
 
@@ -56,8 +62,10 @@ dt_status_t dt_zero_reduce_bucket(void *ctx, float *grads, size_t lo, size_t hi)
 /* Zero grads[lo, hi) by giving its whole pages back (madvise DONTNEED on an anonymous mapping)
  * and clearing the partial pages at its ends. */
 void dt_zero_drop(float *grads, size_t lo, size_t hi);
+/* x[lo, hi) = 0: dt_zero_drop on host arenas, the backend's clear kernel on device ones. */
+dt_status_t dt_zero_clear(dt_zero_t *z, float *x, size_t lo, size_t hi);
 /* Stage 2, after the last micro-step: the shard holds the sum over ranks; make it the mean. */
-void dt_zero_average_shard(dt_zero_t *z, float *grads);
+dt_status_t dt_zero_average_shard(dt_zero_t *z, float *grads);
 
 /* Stage 3 (FSDP): each rank keeps only its shard of the parameters between uses. Set up with
  * the backend's parameter arena and the layout's group offsets (layer_begin, L). */
@@ -65,15 +73,17 @@ dt_status_t dt_zero3_attach(dt_zero_t *z, float *params, const size_t *layer_beg
 /* Parameters [lo, hi) from their owners (blocking), or dropped again outside this rank's shard:
  * the trainer brackets a step or an evaluation with the embeddings and ln_f groups this way. */
 dt_status_t dt_zero3_gather(dt_zero_t *z, size_t lo, size_t hi);
-void dt_zero3_release(dt_zero_t *z, size_t lo, size_t hi);
+dt_status_t dt_zero3_release(dt_zero_t *z, size_t lo, size_t hi);
 /* The backend's layer hook (ctx = dt_zero_t): before block l runs, its gather (started ahead
  * when possible) is completed and the next block's is started (l + 1 forward, l - 1 backward);
  * after it ran, its parameters outside this rank's shard are dropped. */
 dt_status_t dt_zero3_hook(void *ctx, int l, dt_hook_phase_t phase);
-/* Stage 1 on a device backend: the collectives on the device arenas go through `comm` (NCCL over
- * the same dp group) on `stream`, in place, in one call each (no host staging). Stages 2 and 3
- * need host arenas (their page drops): an error. */
-dt_status_t dt_zero_use_device_comm(dt_zero_t *z, dt_comm_t *comm, void *stream);
+/* A device backend's arenas (after its init): collectives on be's compute stream, stages 2 and 3
+ * clear and average with be's kernels (the note at the top). */
+void dt_zero_set_device(dt_zero_t *z, dt_backend_t *be);
+/* ... and through `comm` (NCCL over the same dp group), in place, in one call each (no host
+ * staging). */
+dt_status_t dt_zero_use_device_comm(dt_zero_t *z, dt_comm_t *comm);
 /* Average the gradient arena over the group into this rank's shard (in place, other shards'
  * contents are left unspecified). */
 dt_status_t dt_zero_reduce_grads(dt_zero_t *z, float *grads);

@@ -2,7 +2,9 @@
  * with staging pieces much smaller than a shard (many rounds, a short last one), which the test
  * models never reach (they fit one 25 MiB piece): stage 1's averaged reduce-scatter and the
  * parameter all-gather, stage 2's bucket reduction to the owners, page dropping and shard average,
- * and stage 3's gathers, releases and the layer hook's prefetch order. Rank r's gradient i is
+ * and stage 3's gathers, releases and the layer hook's prefetch order; then stages 1-3 again on
+ * the device paths (dt_zero_set_device, with the CPU backend's kernels standing in for a GPU's).
+ * Rank r's gradient i is
  * val(r, i) = 3(r + 1) + i % 5, so sums and means over ranks are exact; a parameter owned by rank
  * o is 1000 o + i. Exits 1 if any check failed on any rank. */
 #include <mpi.h>
@@ -16,6 +18,7 @@
 #include "zero.h"
 
 static int me, n_checks, n_fail;
+static dt_backend_t *g_dev; /* set: the device paths (main) */
 
 #define CHECK(cond, ...)                                                          \
   do {                                                                            \
@@ -29,6 +32,14 @@ static int me, n_checks, n_fail;
 
 static float val(int r, size_t i) { return (float)(3 * (r + 1) + (int)(i % 5)); }
 static float mean(int p, size_t i) { return (float)(1.5 * (p + 1) + (double)(i % 5)); }
+
+/* After dt_zero_init: with g_dev set, the device paths as the CUDA backend takes them. */
+static void device_mode(dt_zero_t *z, dt_comm_t *w) {
+  if (!g_dev) return;
+  dt_zero_set_device(z, g_dev);
+  CHECK(dt_zero_use_device_comm(z, w) == DT_OK, "use_device_comm");
+  CHECK(z->stage_buf == NULL, "a device communicator needs no staging buffer");
+}
 
 /* An anonymous mapping, as the CPU backend's arenas are (dt_zero_drop gives pages back). */
 static float *arena(size_t n) {
@@ -46,6 +57,7 @@ static void stage1(dt_comm_t *w, size_t n, size_t piece_floats) {
   int p = w->size;
   dt_zero_t z;
   CHECK(dt_zero_init(&z, 1, w, me, n, piece_floats * (size_t)p * sizeof(float)) == DT_OK, "init");
+  device_mode(&z, w);
   float *g = arena(n), *x = arena(n);
   for (size_t i = 0; i < n; i++) g[i] = val(me, i), x[i] = i >= z.lo && i < z.hi ? 1000.0f * me + (float)i : -1.0f;
   CHECK(dt_zero_reduce_grads(&z, g) == DT_OK, "reduce_grads");
@@ -97,6 +109,7 @@ static void stage2(dt_comm_t *w, size_t n) {
   int p = w->size;
   dt_zero_t z;
   CHECK(dt_zero_init(&z, 2, w, me, n, 64 * sizeof(float)) == DT_OK, "init");
+  device_mode(&z, w);
   float *g = arena(n);
   for (size_t i = 0; i < n; i++) g[i] = val(me, i);
   size_t hi = n, step = n / 7 + 13;
@@ -105,7 +118,7 @@ static void stage2(dt_comm_t *w, size_t n) {
     CHECK(dt_zero_reduce_bucket(&z, g, lo, hi) == DT_OK, "reduce_bucket");
     hi = lo;
   }
-  dt_zero_average_shard(&z, g);
+  CHECK(dt_zero_average_shard(&z, g) == DT_OK, "average_shard");
   int bad = 0;
   for (size_t i = 0; i < n; i++) bad += g[i] != (i >= z.lo && i < z.hi ? mean(p, i) : 0.0f);
   CHECK(!bad, "%d gradients wrong (the shard: the mean; elsewhere: 0)", bad);
@@ -130,6 +143,7 @@ static void stage3(dt_comm_t *w, size_t n) {
   enum { L = 3 };
   dt_zero_t z;
   CHECK(dt_zero_init(&z, 3, w, me, n, 1 << 20) == DT_OK, "init");
+  device_mode(&z, w);
   const size_t grp[L + 3] = {0, 300, 1100, 1900, 2700, n};
   float *x = arena(n);
   for (size_t i = 0; i < n; i++) x[i] = i >= z.lo && i < z.hi ? 1000.0f * me + (float)i : 0.0f;
@@ -138,7 +152,7 @@ static void stage3(dt_comm_t *w, size_t n) {
   int bad = 0;
   for (size_t i = grp[0]; i < grp[1]; i++) bad += x[i] != 1000.0f * (float)(i / z.shard) + (float)i;
   CHECK(!bad, "gather: %d embedding parameters are not their owner's", bad);
-  dt_zero3_release(&z, grp[0], grp[1]);
+  CHECK(dt_zero3_release(&z, grp[0], grp[1]) == DT_OK, "release");
   CHECK(released(x, 0, n, &z), "release: only this rank's shard is left");
   for (int pass = 0; pass < 2; pass++) { /* forward 0, 1, 2 then backward 2, 1, 0 */
     for (int k = 0; k < L; k++) {
@@ -171,6 +185,15 @@ int main(int argc, char **argv) {
   stage1(w, n, 7);      /* many rounds, a short last one */
   stage1(w, n, n);      /* one round: the piece is clipped to the shard */
   drop(n);
+  stage2(w, n);
+  stage3(w, n);
+  /* The device paths (one in-place collective each on the stream, clears and the mean by the
+   * backend's kernels) on the CPU backend's kernels and host memory: the MPI communicator takes
+   * the in-place forms NCCL does and ignores the stream. */
+  static int fake_stream;
+  dt_backend_t dev = {.ops = &dt_backend_cpu, .k = dt_backend_cpu.kernels, .stream = &fake_stream};
+  g_dev = &dev;
+  stage1(w, n, n);
   stage2(w, n);
   stage3(w, n);
   w->ops->free(w);

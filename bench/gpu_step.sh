@@ -5,8 +5,9 @@
 # cores: dtrain system.tf32=true, torch allow_tf32) and bf16; median ms/step over the steps after
 # the first two, tokens/s, MFU against the GPU's dense peak (H100/H200: 989 TFLOP/s bf16, 495 tf32,
 # 67 fp32; datasheet leads), and device memory (dtrain: cudaMemGetInfo in use vs `dtrain plan`'s prediction;
-# PyTorch: max_memory_allocated). A precision written PREC+rc runs dtrain with train.recompute=true
-# (no PyTorch row). Prints one table at the end; logs go to OUT.
+# PyTorch: max_memory_allocated). A precision written PREC+rc runs dtrain with train.recompute=true,
+# PREC+flash with system.attention=flash (both: PREC+rc+flash; no PyTorch row for either). Prints one
+# table at the end; logs go to OUT.
 #
 #   bench/gpu_step.sh [--steps N] [--batch B] [--prec fp32,tf32,bf16] [--compile] [--out DIR]
 # env: DTRAIN (default: dtrain on PATH, else ./dtrain), DATA (token shards, default
@@ -38,10 +39,12 @@ table=()
 
 for prec in ${precs//,/ }; do
   log="$out/dtrain_$prec"
-  p=${prec%+rc} tf=false rc=false
-  [ "$p" != "$prec" ] && rc=true
+  p=${prec%%+*} tf=false rc=false att=matmul
+  [[ "$prec" == *+rc* ]] && rc=true
+  [[ "$prec" == *+flash* ]] && att=flash
   [ "$p" = tf32 ] && p=fp32 tf=true
   cmd=("$DTRAIN" "$here/inputs/gpt2.ini" system.backend=cuda train.precision="$p" system.tf32=$tf train.recompute=$rc
+       system.attention=$att
        train.micro_batch="$batch"
        train.global_batch="$batch" model.seq_len=$T train.steps="$steps" train.warmup=2 train.eval_every=0
        "data.train=$DATA" data.val= log.every=1 log.metrics="$log.jsonl" checkpoint.dir="$out/ckpt_$prec"
@@ -52,7 +55,7 @@ for prec in ${precs//,/ }; do
   tail -n 4 "$log.out"
   rm -rf "$out/ckpt_$prec"
   if [ $rc -ne 0 ]; then
-    table+=("$(printf '%-22s %-7s %10s %12s %7s %22s' "dtrain" "$prec" "exit $rc" "-" "-" "-")")
+    table+=("$(printf '%-22s %-10s %10s %12s %7s %22s' "dtrain" "$prec" "exit $rc" "-" "-" "-")")
     continue
   fi
   row=$("$PYTHON" - "$log.jsonl" "$log.out" "$prec" "$batch" <<'PY'
@@ -62,17 +65,17 @@ out, prec, B = open(sys.argv[2]).read(), sys.argv[3], int(sys.argv[4])
 ms = statistics.median(r["ms"] for r in rows[2:]) if len(rows) > 2 else float("nan")
 L, C, T, Vp = 12, 768, 1024, 50304
 tok_s = B * T / (ms / 1e3)
-peak = {"bf16": 989.0, "tf32": 495.0}.get(prec.replace("+rc", ""), 67.0)  # H100/H200 dense, datasheet
+peak = {"bf16": 989.0, "tf32": 495.0}.get(prec.split("+")[0], 67.0)  # H100/H200 dense, datasheet
 mfu = (6 * (12 * L * C * C + C * Vp) + 12 * L * T * C) * tok_s / 1e12 / peak
 m = re.search(r"device memory in use ([0-9.]+) MiB.*planned device total .* ([0-9.]+) MiB \(([-+0-9.]+)%\)", out)
 mem = f"{float(m.group(1)):.0f} (plan {float(m.group(2)):.0f}, {m.group(3)}%)" if m else "-"
-print(f"{'dtrain':<22} {prec:<7} {ms:10.1f} {tok_s:12.0f} {mfu:7.3f} {mem:>22}")
+print(f"{'dtrain':<22} {prec:<10} {ms:10.1f} {tok_s:12.0f} {mfu:7.3f} {mem:>22}")
 PY
 )
   table+=("$row")
 done
 
-tprecs=$(echo "$precs" | tr ',' '\n' | grep -v '+rc$' | paste -sd, -)
+tprecs=$(echo "$precs" | tr ',' '\n' | grep -v '+' | paste -sd, -)
 echo "+ $PYTHON $here/bench/torch_gpt2_gpu.py --batch $batch --seq $T --steps $steps --warmup 3 --prec $tprecs $compile"
 "$PYTHON" "$here/bench/torch_gpt2_gpu.py" --batch "$batch" --seq $T --steps "$steps" --warmup 3 --prec "$tprecs" \
   $compile | tee "$out/torch.out"
@@ -81,11 +84,11 @@ while read -r line; do
     torch\ mode=*)
       set -- $line
       mode=${2#mode=}; prec=${3#prec=}; ms=${6#step_ms=}; tok=${7#tok_s=}; mfu=${8#mfu=}; mib=${9#peak_mib=}
-      table+=("$(printf '%-22s %-7s %10s %12s %7s %22s' "torch $mode" "$prec" "$ms" "$tok" "$mfu" "$mib")") ;;
+      table+=("$(printf '%-22s %-10s %10s %12s %7s %22s' "torch $mode" "$prec" "$ms" "$tok" "$mfu" "$mib")") ;;
   esac
 done < "$out/torch.out"
 
 echo
 echo "# GPT-2 124M, B=$batch, T=$T, median over steps 3..$steps ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
-printf '%-22s %-7s %10s %12s %7s %22s\n' "run" "prec" "ms/step" "tokens/s" "MFU" "device MiB"
+printf '%-22s %-10s %10s %12s %7s %22s\n' "run" "prec" "ms/step" "tokens/s" "MFU" "device MiB"
 printf '%s\n' "${table[@]}"

@@ -222,9 +222,9 @@ static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
 }
 
 /* be->device (set by the caller before init; < 0 = device 0) chooses the GPU, be->tf32 the math
- * mode of every matmul. */
+ * mode of every matmul, be->flash the attention kernels. */
 static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads) {
-  int device = be->device < 0 ? 0 : be->device, tf32 = be->tf32;
+  int device = be->device < 0 ? 0 : be->device, tf32 = be->tf32, flash = be->flash;
   size_t opt_lo = be->opt_lo, opt_hi = be->opt_hi; /* ZeRO: m, v of this shard only */
   if (opt_hi > lay->n_params || opt_lo > opt_hi)
     return DT_ERR(DT_ERR_ARG, "cuda backend: optimizer range [%zu, %zu) outside the arena of %zu", opt_lo, opt_hi,
@@ -238,6 +238,7 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
   be->threads = threads;
   be->device = device;
   be->tf32 = tf32;
+  be->flash = flash;
   be->opt_lo = opt_lo;
   be->opt_hi = opt_hi;
   if (B < 1 || T < 1 || T > lay->d.T)
@@ -384,8 +385,7 @@ static dt_status_t k_grads_ready(dt_backend_t *be, int g) {
   return DT_OK;
 }
 static void k_attention_floats(const dt_backend_t *be, int B, int T, int NH, size_t *state, size_t *scratch) {
-  (void)be;
-  dt_cuda_attention_floats(B, T, NH, state, scratch);
+  dt_cuda_attention_floats(B, T, NH, be->flash, state, scratch);
 }
 
 static dt_status_t k_encoder_forward(dt_backend_t *be, float *out, const int *inp, const float *wte, const float *wpe,
@@ -441,14 +441,17 @@ static dt_status_t k_linear_backward(dt_backend_t *be, float *dinp, float *dweig
                                      const float *inp, const float *w, int w_in_out, int N, int C, int OC) {
   return linear_backward(impl(be), dinp, dweight, dbias, dout, inp, w, w_in_out != 0, N, C, OC);
 }
-/* state: this block's probabilities (B,NH,T,T); scratch: their gradient (backward only) */
+/* state: this block's probabilities (B,NH,T,T), with flash its rows' log-sum-exp (B,NH,T); scratch: their
+ * gradient, with flash the rows' <dout, out> (backward only) */
 static dt_status_t k_attention_forward(dt_backend_t *be, float *out, float *state, float *scratch, const float *qkv,
                                        int B, int T, int C, int NH) {
   (void)scratch;
+  if (be->flash) return dt_cu_flash_forward(out, state, qkv, B, T, C, NH, S(be));
   return attention_forward(impl(be), out, state, qkv, B, T, C, NH);
 }
 static dt_status_t k_attention_backward(dt_backend_t *be, float *dqkv, float *scratch, const float *dout,
                                         const float *qkv, const float *state, int B, int T, int C, int NH) {
+  if (be->flash) return dt_cu_flash_backward(dqkv, scratch, dout, qkv, state, B, T, C, NH, S(be));
   return attention_backward(impl(be), dqkv, scratch, dout, qkv, state, B, T, C, NH);
 }
 static dt_status_t k_attention_decode(dt_backend_t *be, float *out, float *kc, float *vc, const float *qkv, int B,
@@ -596,7 +599,10 @@ static dt_status_t cu_synchronize(dt_backend_t *be) {
   return DT_OK;
 }
 
-static const char *cu_engine(const dt_backend_t *be) { return be->tf32 ? "cuBLAS, TF32 tensor cores" : "cuBLAS"; }
+static const char *cu_engine(const dt_backend_t *be) {
+  if (be->flash) return be->tf32 ? "cuBLAS, TF32 tensor cores; attention: flash kernels" : "cuBLAS; attention: flash kernels";
+  return be->tf32 ? "cuBLAS, TF32 tensor cores" : "cuBLAS";
+}
 
 /* Positional (C++17 has no designated initializers): the order of backend.h's dt_kernels_t. */
 static const dt_kernels_t cuda_kernels = {

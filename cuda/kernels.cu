@@ -9,14 +9,8 @@
 #include "cuda_launch.h"
 #include "kmath.h"
 #include "precision.h"
+#include "warp.h"
 
-#define FULL_MASK 0xffffffffu
-
-
-__device__ static inline float warp_sum(float v) {
-  for (int o = DT_CUDA_WARP / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
-  return v;
-}
 
 __device__ static inline void warp_merge_softmax(float *mx, float *sum) {
   for (int o = DT_CUDA_WARP / 2; o > 0; o >>= 1) {
@@ -25,11 +19,6 @@ __device__ static inline void warp_merge_softmax(float *mx, float *sum) {
   }
 }
 
-/* Warp-per-row launches: every warp loops over rows warp, warp + warps, ... (a capped grid still
- * covers them all). The loop bound is the same for the 32 lanes of a warp, so shuffles are safe. */
-#define FOR_WARP_ROWS(row, rows)                                                              \
-  DT_CUDA_FOR_ROWS(row, rows, ((size_t)blockIdx.x * blockDim.x + threadIdx.x) / DT_CUDA_WARP, \
-                   (size_t)gridDim.x * blockDim.x / DT_CUDA_WARP)
 
 /* ---- encoder ------------------------------------------------------------------------------ */
 
@@ -279,66 +268,6 @@ dt_status_t dt_cu_softmax_causal(float *att, int rows, int T, cudaStream_t s) {
 dt_status_t dt_cu_softmax_causal_backward(float *d, const float *att, int rows, int T, cudaStream_t s) {
   DT_LAUNCH(softmax_causal_backward_k, dt_cuda_warp_rows_grid(rows, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, d, att, rows,
             T);
-  return DT_OK;
-}
-
-/* ---- attention with a key/value cache (decoding) ------------------------------------------ */
-
-__global__ static void kv_append_k(float *kc, float *vc, const float *qkv, int pos, int n, int Tmax, int C, size_t total) {
-  DT_CUDA_FOR_N(i, total) { /* i over (b, t, c) of the n new positions */
-    size_t bt = i / C;
-    int c = (int)(i % C), t = (int)(bt % n), b = (int)(bt / n);
-    const float *src = qkv + bt * 3 * C;
-    size_t dst = ((size_t)b * Tmax + pos + t) * C + c;
-    kc[dst] = src[C + c];
-    vc[dst] = src[2 * C + c];
-  }
-}
-
-#define DECODE_LANE_DIMS (DT_CU_DECODE_HS_MAX / DT_CUDA_WARP)
-
-/* A warp per (b, h, i): the scores of query pos + i against keys 0..pos+i one after the other
- * (the dot product over the lanes' dims, warp-summed), an online softmax (the running max and
- * sum, the same in every lane) and the weighted values accumulated per lane. */
-__global__ static void attention_decode_k(float *out, const float *kc, const float *vc, const float *qkv, int pos,
-                                          int n, int Tmax, int C, int NH, float scale, size_t rows) {
-  const int lane = threadIdx.x % DT_CUDA_WARP, hs = C / NH;
-  FOR_WARP_ROWS(r, rows) {
-    const int i = (int)(r % n), h = (int)(r / n % NH), b = (int)(r / n / NH), t = pos + i;
-    const float *q = qkv + ((size_t)b * n + i) * 3 * C + h * hs;
-    const float *k = kc + (size_t)b * Tmax * C + h * hs, *v = vc + (size_t)b * Tmax * C + h * hs;
-    float acc[DECODE_LANE_DIMS], mx = -INFINITY, sum = 0.0f;
-    for (int a = 0; a < DECODE_LANE_DIMS; a++) acc[a] = 0.0f;
-    for (int j = 0; j <= t; j++) {
-      const float *kj = k + (size_t)j * C, *vj = v + (size_t)j * C;
-      float dot = 0.0f;
-      for (int d = lane; d < hs; d += DT_CUDA_WARP) dot += q[d] * kj[d];
-      const float sc = warp_sum(dot) * scale, m2 = fmaxf(mx, sc);
-      const float corr = expf(mx - m2), p = expf(sc - m2); /* corr = 0 at the first key */
-      sum = sum * corr + p;
-      for (int a = 0; a < DECODE_LANE_DIMS; a++) {
-        const int d = lane + a * DT_CUDA_WARP;
-        if (d < hs) acc[a] = acc[a] * corr + p * vj[d];
-      }
-      mx = m2;
-    }
-    float *o = out + ((size_t)b * n + i) * C + h * hs;
-    for (int a = 0; a < DECODE_LANE_DIMS; a++) {
-      const int d = lane + a * DT_CUDA_WARP;
-      if (d < hs) o[d] = acc[a] / sum;
-    }
-  }
-}
-
-dt_status_t dt_cu_attention_decode(float *out, float *kc, float *vc, const float *qkv, int B, int pos, int n, int Tmax,
-                                   int C, int NH, cudaStream_t s) {
-  const int hs = C / NH;
-  if (hs > DT_CU_DECODE_HS_MAX)
-    return DT_ERR(DT_ERR_UNSUPPORTED, "cuda attention decode: head size %d above %d", hs, DT_CU_DECODE_HS_MAX);
-  const size_t total = (size_t)B * n * C, rows = (size_t)B * NH * n;
-  DT_LAUNCH(kv_append_k, dt_cuda_grid(total, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, kc, vc, qkv, pos, n, Tmax, C, total);
-  DT_LAUNCH(attention_decode_k, dt_cuda_warp_rows_grid(rows, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, kc, vc, qkv,
-            pos, n, Tmax, C, NH, 1.0f / sqrtf((float)hs), rows);
   return DT_OK;
 }
 

@@ -39,11 +39,18 @@ static inline size_t dt_cu_col_scratch_floats(size_t cols) { return (size_t)DT_C
 dt_status_t dt_cu_softmax_causal(float *att, int rows, int T, cudaStream_t s);
 /* d (rows of T) = att * (d - <att, d>) on j <= t, 0 above the diagonal */
 dt_status_t dt_cu_softmax_causal_backward(float *d, const float *att, int rows, int T, cudaStream_t s);
-/* decoding with a key/value cache (ops_cpu.h dt_attention_decode): k and v of the n new positions
+/* attention.cu: attention that keeps no (T,T) matrix; a warp per row, the head's dims over its
+ * lanes (head size at most DT_CU_ATT_HS_MAX).
+ * Training (ops_cpu.h dt_attention_forward/backward; system.attention = flash): out (B,T,C) and
+ * the row log-sum-exp lse (B,NH,T) from qkv (B,T,3C); backward writes dqkv from dout, qkv and lse,
+ * with dsum (B,NH,T) as scratch (the rows' <dout, out>). */
+#define DT_CU_ATT_HS_MAX 256
+dt_status_t dt_cu_flash_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, cudaStream_t s);
+dt_status_t dt_cu_flash_backward(float *dqkv, float *dsum, const float *dout, const float *qkv, const float *lse, int B,
+                                 int T, int C, int NH, cudaStream_t s);
+/* Decoding with a key/value cache (ops_cpu.h dt_attention_decode): k and v of the n new positions
  * of qkv (B,n,3C) into kc, vc (B,Tmax,C) at [pos, pos + n), then out (B,n,C): one warp per (b, h,
- * query) with an online softmax over the cached keys, the head's dims over the lanes (head size
- * at most DT_CU_DECODE_HS_MAX) */
-#define DT_CU_DECODE_HS_MAX 256
+ * query) with an online softmax over the cached keys. */
 dt_status_t dt_cu_attention_decode(float *out, float *kc, float *vc, const float *qkv, int B, int pos, int n, int Tmax,
                                    int C, int NH, cudaStream_t s);
 dt_status_t dt_cu_gelu_forward(float *out, const float *inp, size_t n, cudaStream_t s);

@@ -15,6 +15,9 @@
 #   4. system.tf32 = true (the emulated cuBLAS rounds every matmul's operands to TF32): losses
 #      within 1e-3 relative of the fp32 cuda run but not all bitwise equal (the switch reaches the
 #      matmuls), and the start line names the TF32 engine.
+#   5. system.attention = flash (cuda/attention.cu: no (T,T) matrix, backward from the row
+#      log-sum-exp), without and with train.recompute: losses within 1e-6 and grad norms within
+#      1e-4 of the cpu run, final parameters within 1e-5, and the start line names the kernels.
 source "$top_srcdir/tests/lib.sh"
 begin_test
 EMU="$top_builddir/dtrain_emu"
@@ -33,6 +36,13 @@ mpi 1 "$EMU" "$cfg" system.backend=cuda checkpoint.resume=auto log.metrics="$t/y
 grep '^# resume' "$t/x2.out" "$t/y2.out"
 mpi 1 "$EMU" "$cfg" system.backend=cuda system.tf32=true log.metrics="$t/tf32.jsonl" checkpoint.dir="$t/tf32" > "$t/tf32.out"
 grep -q '^# backend: cuda.*matmul: cuBLAS, TF32 tensor cores' "$t/tf32.out" || { echo "FAIL: no TF32 engine line"; exit 1; }
+mpi 1 "$EMU" "$cfg" system.backend=cuda system.attention=flash log.metrics="$t/flash.jsonl" checkpoint.dir="$t/flash" \
+  > "$t/flash.out"
+mpi 1 "$EMU" "$cfg" system.backend=cuda system.attention=flash train.recompute=true log.metrics="$t/flash_rc.jsonl" \
+  checkpoint.dir="$t/flash_rc" > "$t/flash_rc.out"
+for f in flash flash_rc; do
+  grep -q '^# backend: cuda.*attention: flash kernels' "$t/$f.out" || { echo "FAIL: $f: no flash attention line"; exit 1; }
+done
 "$PY" - "$t" "$top_srcdir/tests/ref" <<'PY'
 import json, sys
 d = sys.argv[1]
@@ -68,5 +78,14 @@ wt = max(rel(b["loss"], a["loss"]) for a, b in zip(cuda, tf))
 same = sum(a["loss"] == b["loss"] for a, b in zip(cuda, tf))
 print(f"system.tf32 = true vs fp32 on cuda: losses within {wt:.2e} (limit 1e-3), {same} of 20 bitwise equal (must be < 20)")
 assert wt <= 1e-3 and same < 20, "tf32 drifted or did nothing"
+for n in ("flash", "flash_rc"):
+    f = load(n)
+    assert [r["step"] for r in f] == list(range(1, 21)), n
+    wl = max(rel(b["loss"], a["loss"]) for a, b in zip(cpu, f))
+    wg = max(rel(b["grad_norm"], a["grad_norm"]) for a, b in zip(cpu, f))
+    w, name = tensors_worst(f"{d}/cpu/ckpt_00000020.h5", f"{d}/{n}/ckpt_00000020.h5")
+    print(f"system.attention = flash{' + recompute' if n == 'flash_rc' else ''} vs cpu: loss {wl:.2e} (limit 1e-6), "
+          f"grad norm {wg:.2e} (limit 1e-4), final parameters {w:.2e} ({name}, limit 1e-5)")
+    assert wl <= 1e-6 and wg <= 1e-4 and w <= 1e-5, f"{n} drifted"
 PY
 echo "emu_train: OK"

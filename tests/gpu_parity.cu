@@ -358,6 +358,11 @@ int main(int argc, char **argv) {
   gp_attention_decode(1, 12, 64, 0, 17, 40, &r); /* a prompt (GPT-2's head size) */
   gp_attention_decode(1, 2, 256, 30, 1, 64, &r); /* one step, the largest head size */
   gp_attention_decode(3, 4, 40, 63, 1, 64, &r);  /* the last position of the cache */
+  gp_attention_flash(2, 3, 16, 13, &r);          /* odd T */
+  gp_attention_flash(1, 2, 64, 40, &r);          /* GPT-2's head size */
+  gp_attention_flash(1, 1, 256, 9, &r);          /* the largest head size */
+  gp_attention_flash(2, 5, 40, 33, &r);          /* a head size that is no multiple of the warp */
+  if (!small) gp_attention_flash(1, 8201, 16, 64, &r); /* 524,864 rows: past the capped grid */
   if (huge) gp_crossentropy_huge(&r);
   if (backend) gp_backend_all(small);
   printf("gpu_parity: %d of %d cases pass%s\n", g_cases - g_fail, g_cases, g_fail ? "; FAILED" : "");

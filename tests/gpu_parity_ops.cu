@@ -217,3 +217,34 @@ void gp_attention_decode(int B, int NH, int hs, int pos, int n, int Tmax, dt_rng
   for (float *p : {qkv, kc, vc, out, scr}) free(p);
   for (float *p : {d_qkv, d_kc, d_vc, d_out}) cudaFree(p);
 }
+
+/* The fused training attention (system.attention = flash) against the CPU twin (also flash-style:
+ * the same lse): out, lse, and dqkv from random dout. */
+void gp_attention_flash(int B, int NH, int hs, int T, dt_rng_t *r) {
+  char shape[64];
+  const int C = NH * hs;
+  snprintf(shape, sizeof shape, "B=%d NH=%d hs=%d T=%d", B, NH, hs, T);
+  const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
+  float *qkv = gp_rand(r, nq, 2.0f, DT_PREC_FP32), *dout = gp_rand(r, no, 1.0f, DT_PREC_FP32);
+  float *out = (float *)gp_host(no * sizeof(float)), *lse = (float *)gp_host(nl * sizeof(float));
+  float *dqkv = (float *)gp_host(nq * sizeof(float));
+  float *scr = (float *)gp_host(dt_attention_scratch_floats(T, 1) * sizeof(float));
+  float *d_qkv = gp_up(qkv, nq), *d_dout = gp_up(dout, no), *d_out = (float *)gp_dev(no * sizeof(float));
+  float *d_lse = (float *)gp_dev(nl * sizeof(float)), *d_dsum = (float *)gp_dev(nl * sizeof(float));
+  float *d_dqkv = (float *)gp_dev(nq * sizeof(float));
+  GP_TRY(dt_cu_flash_forward(d_out, d_lse, d_qkv, B, T, C, NH, 0));
+  GP_TRY(dt_cu_flash_backward(d_dqkv, d_dsum, d_dout, d_qkv, d_lse, B, T, C, NH, 0));
+  dt_attention_forward(out, lse, scr, qkv, B, T, C, NH, 1);
+  dt_attention_backward(dqkv, scr, dout, qkv, lse, B, T, C, NH, 1);
+  float *g = gp_down(d_out, no);
+  gp_compare("attention flash forward", shape, DT_PREC_FP32, g, out, no, 2e-6);
+  free(g);
+  g = gp_down(d_lse, nl);
+  gp_compare("attention flash lse", shape, DT_PREC_FP32, g, lse, nl, 2e-6);
+  free(g);
+  g = gp_down(d_dqkv, nq);
+  gp_compare("attention flash backward", shape, DT_PREC_FP32, g, dqkv, nq, 1e-5);
+  free(g);
+  for (float *p : {qkv, dout, out, lse, dqkv, scr}) free(p);
+  for (float *p : {d_qkv, d_dout, d_out, d_lse, d_dsum, d_dqkv}) cudaFree(p);
+}

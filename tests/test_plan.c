@@ -70,15 +70,19 @@ Test(plan, zero_stages_divide_exactly) {
   cr_assert_eq(P.group_emb, (50304.0 + 1024) * 1600);
   cr_assert_float_eq(P.z[3].gather, 4 * (P.group_emb + P.group_head + 2 * P.group_blk) * (1 - 1.0 / 8), 1);
   cr_assert_eq(P.z[2].gather, 0);
-  /* totals: sum of the rows; activations do not depend on the stage */
+  /* totals: sum of the rows; activations do not depend on the stage. The device keeps whole
+   * parameter (+ working copy) and gradient arenas at every stage (zero.h): only m, v shrink */
   for (int z = 0; z < 4; z++) {
     const dt_plan_zero_t *r = &P.z[z];
     double state = r->params + r->wparams + r->grads + r->m + r->v + r->gather + r->comm;
-    cr_assert_float_eq(r->total_gpu, state + r->act_gpu + r->work_gpu, 1);
+    double state_gpu = 3 * 4 * n + r->m + r->v + r->comm;
+    cr_assert_float_eq(r->total_gpu, state_gpu + r->act_gpu + r->work_gpu, 1);
     cr_assert_float_eq(r->total_cpu, state + r->act_cpu + r->work_cpu, 1);
     cr_assert_eq(r->act_gpu, P.z[0].act_gpu);
-    if (z > 0) cr_assert(r->total_gpu < P.z[z - 1].total_gpu, "zero%d must need less than zero%d", z, z - 1);
+    if (z > 0) cr_assert(r->total_cpu < P.z[z - 1].total_cpu, "zero%d must need less than zero%d", z, z - 1);
   }
+  cr_assert(P.z[1].total_gpu < P.z[0].total_gpu);
+  cr_assert_float_eq(P.z[3].total_gpu, P.z[1].total_gpu, 1); /* ZeRO-2/3 save nothing more on the device yet */
 }
 
 Test(plan, gpt2_124m_count) {
@@ -107,7 +111,7 @@ Test(plan, cpu_activations_match_the_tensor_list) {
   cr_assert_eq(P.z[0].act_cpu, 4.0 * (L * per + once) + 2 * bt * sizeof(int));
   /* the CUDA attention keeps (B,NH,T,T) probabilities per layer and their gradient once */
   size_t att = B * d.NH * T * T;
-  cr_assert_eq(dt_plan_gpu_activation_floats(&d, (int)B, (int)T, 0),
+  cr_assert_eq(dt_plan_gpu_activation_floats(&d, (int)B, (int)T, 0, 0),
                L * (per - B * d.NH * T + att) + once - dt_attention_scratch_floats((int)T, (int)nthr) + att);
 }
 
@@ -121,13 +125,15 @@ Test(plan, gpu_activations_match_the_cuda_backend) {
   for (int i = 0; i < 2; i++)
     for (int j = 0; j < 2; j++) {
       int B = bts[j][0], T = bts[j][1] < ds[i].T ? bts[j][1] : ds[i].T;
-      size_t state = 0, scratch = 0;
-      dt_cuda_attention_floats(B, T, ds[i].NH, &state, &scratch);
-      cr_assert_eq(state, (size_t)B * ds[i].NH * T * T);
-      for (int rc = 0; rc < 2; rc++)
-        cr_assert_eq(dt_plan_gpu_activation_floats(&ds[i], B, T, rc),
-                     dt_gpt2_activation_floats(&ds[i], 1, ds[i].L, 1, 1, B, T, rc, state, scratch),
-                     "dims %d, B=%d T=%d, recompute %d", i, B, T, rc);
+      for (int flash = 0; flash < 2; flash++) {
+        size_t state = 0, scratch = 0;
+        dt_cuda_attention_floats(B, T, ds[i].NH, flash, &state, &scratch);
+        cr_assert_eq(state, (size_t)B * ds[i].NH * T * (flash ? 1 : T));
+        for (int rc = 0; rc < 2; rc++)
+          cr_assert_eq(dt_plan_gpu_activation_floats(&ds[i], B, T, rc, flash),
+                       dt_gpt2_activation_floats(&ds[i], 1, ds[i].L, 1, 1, B, T, rc, state, scratch),
+                       "dims %d, B=%d T=%d, recompute %d, flash %d", i, B, T, rc, flash);
+      }
     }
 #else
   cr_skip_test("built without CUDA");

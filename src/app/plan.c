@@ -56,9 +56,9 @@ static size_t cpu_activation_floats(const dt_dims_t *d, int tp, int nl, int last
   return dt_gpt2_activation_floats(d, tp, nl, last, slots, B, T, recompute, state, scratch);
 }
 
-size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T, int recompute) {
+size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T, int recompute, int flash) {
   size_t state = 0, scratch = 0;
-  dt_cuda_attention_floats(B, T, d->NH, &state, &scratch);
+  dt_cuda_attention_floats(B, T, d->NH, flash, &state, &scratch);
   return dt_gpt2_activation_floats(d, 1, d->L, 1, 1, B, T, recompute, state, scratch);
 }
 
@@ -95,6 +95,7 @@ dt_status_t dt_plan_input(dt_plan_in_t *in, const dt_config_t *cfg, const char *
   in->zero = configured_zero(cfg);
   in->pp_balance = (int)dt_pp_balance_of(cfg);
   in->recompute = cfg->recompute;
+  in->flash = !strcmp(cfg->attention, "flash");
   in->device_mem = device_mem;
   return DT_OK;
 }
@@ -156,11 +157,12 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
   d1.L = 1;
   const double c_fix = (double)cpu_activation_floats(&d0, 1, 0, 1, 1, in->B, in->T, in->threads, 0);
   const double c_per = (double)cpu_activation_floats(&d1, 1, 1, 1, 1, in->B, in->T, in->threads, 0) - c_fix;
-  const double g_fix = (double)dt_plan_gpu_activation_floats(&d0, in->B, in->T, 0);
-  const double g_per = (double)dt_plan_gpu_activation_floats(&d1, in->B, in->T, 0) - g_fix;
+  const double g_fix = (double)dt_plan_gpu_activation_floats(&d0, in->B, in->T, 0, in->flash);
+  const double g_per = (double)dt_plan_gpu_activation_floats(&d1, in->B, in->T, 0, in->flash) - g_fix;
   const double shard = 1.0 - 1.0 / tp, logits_sh = bt * d->Vp * shard; /* vocab-parallel logits */
   const double c_per_tp = c_per - bt * (12 * C + d->NH) * shard;
-  const double g_per_tp = g_per - (bt * 12 * C + (double)in->B * d->NH * in->T * in->T) * shard;
+  const double att_rows = (double)in->B * d->NH * in->T * (in->flash ? 1 : in->T); /* a block's attention state */
+  const double g_per_tp = g_per - (bt * 12 * C + att_rows) * shard;
   const int mixed = in->precision != DT_PREC_FP32;
   const double ints = 2 * bt * sizeof(int); /* inputs + targets */
 
@@ -201,8 +203,8 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
        * block's output (B,T,C) and one block's activations */
       double gkeep, grc;
       if (tp == 1 && pp == 1) {
-        gkeep = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T, 0);
-        grc = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T, 1);
+        gkeep = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T, 0, in->flash);
+        grc = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T, 1, in->flash);
       } else {
         gkeep = 4 * (g_fix - logits_sh + inflight * n_l * g_per_tp); /* logits (dlogits in place) */
         grc = gkeep - 4 * inflight * n_l * g_per_tp + 4 * (inflight * n_l * bt * C + g_per_tp);
@@ -366,7 +368,8 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   ROW("zero3 gathered params (emb+ln_f+2 blocks)", gather);
   ROW("comm buffers (MPI temporaries, ZeRO staging)", comm);
   ROW("activations, CPU backend", act_cpu);
-  ROW("activations, CUDA backend (keeps B*NH*T*T)", act_gpu);
+  ROW(in->flash ? "activations, CUDA backend (flash attention)" : "activations, CUDA backend (keeps B*NH*T*T)",
+      act_gpu);
   ROW("workspace CPU (token batch)", work_cpu);
   ROW("workspace GPU (context+cuBLAS, assumed)", work_gpu);
   ROW("total host RSS, CPU backend", total_cpu);

@@ -26,6 +26,7 @@ typedef struct {
   int zero;           /* configured parallel.zero, or -1 when this build has no such key */
   int pp_balance;     /* dt_pp_balance_t: what the pipeline stages balance */
   int recompute;      /* train.recompute: activations recomputed in backward */
+  int flash;          /* system.attention = flash: the CUDA attention keeps (B,NH,T), not (B,NH,T,T) */
   double device_mem;  /* bytes per device for the fit verdict */
 } dt_plan_in_t;
 
@@ -90,7 +91,7 @@ typedef struct {
 
 /* GPU backend activation floats for (B, T): what the model (gpt2.c) allocates on the CUDA
  * backend, whose attention keeps the (B, NH, T, T) probabilities and their gradient. */
-size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T, int recompute);
+size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T, int recompute, int flash);
 
 /* The planner's input for a loaded config and a world size (0: dp*tp*pp with dp=0 read as 1).
  * Errors (DT_ERR_CONFIG) name the key. */

@@ -21,8 +21,8 @@ const dt_backend_ops_t *dt_backend_find(const char *name) {
   return NULL;
 }
 
-void dt_cuda_attention_floats(int B, int T, int NH, size_t *state, size_t *scratch) {
-  *state = *scratch = (size_t)B * NH * T * T;
+void dt_cuda_attention_floats(int B, int T, int NH, int flash, size_t *state, size_t *scratch) {
+  *state = *scratch = (size_t)B * NH * T * (flash ? 1 : T);
 }
 
 float *dt_backend_buf(dt_backend_t *be, dt_buf_t buf) {

@@ -166,6 +166,8 @@ struct dt_backend {
   void *impl;                    /* backend-private state */
   int device;                    /* CUDA: device ordinal, set by the caller before init (CPU: unused) */
   int tf32;                      /* CUDA: matmuls on TF32 tensor cores (system.tf32), set before init */
+  int flash;                     /* CUDA: attention by the fused kernels (system.attention = flash),
+                                    set before init */
   size_t opt_lo, opt_hi;         /* the arena range whose AdamW state this rank holds, set by the
                                     caller before init on a zeroed struct (ZeRO shards; 0, 0 = the
                                     whole arena; dt_backend_t be = {0} for plain use): m and v
@@ -182,9 +184,10 @@ extern const dt_backend_ops_t dt_backend_cpu;
  * scratch shared by the blocks (per thread, for nthr OpenMP threads), for NH local heads: what
  * its attention_floats kernel reports, and what `dtrain plan` (plan.c) counts. */
 void dt_cpu_attention_floats(int B, int T, int NH, int nthr, size_t *state, size_t *scratch);
-/* The same for the CUDA attention: the probabilities (B, NH, T, T) and their gradient (backend.c,
- * built without CUDA too: `dtrain plan` counts them everywhere). */
-void dt_cuda_attention_floats(int B, int T, int NH, size_t *state, size_t *scratch);
+/* The same for the CUDA attention (backend.c, built without CUDA too: `dtrain plan` counts them
+ * everywhere): the probabilities (B, NH, T, T) and their gradient, or with flash the row
+ * log-sum-exp and the rows' <dout, out> (B, NH, T) each. */
+void dt_cuda_attention_floats(int B, int T, int NH, int flash, size_t *state, size_t *scratch);
 #ifdef DT_HAVE_CUDA
 extern const dt_backend_ops_t dt_backend_cuda;
 #endif

@@ -66,6 +66,7 @@ typedef struct {
   char resume[DT_PATH_MAX]; /* auto | never | PATH */
   /* [system] */
   char backend[DT_NAME_MAX]; /* auto | cpu | cuda */
+  char attention[DT_NAME_MAX]; /* system.attention: matmul | flash (the CUDA backend's attention) */
   double comm_timeout;       /* hang watchdog: seconds one wait for other ranks may take; 0 = off */
   double comm_timeout_start; /* the same for the first collective of the job; 0 = comm_timeout */
 

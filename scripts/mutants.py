@@ -5,7 +5,7 @@ notice ("survived") marks a hole in the tests, or is equivalent to the original 
 reason in tests/mutants/equivalent.txt).
 
   mutants.py list  [-m MODULE ...]                         every mutant: id, module, file:line, edit
-  mutants.py run   [-m MODULE ...] [-n N | --all] [--seed S] [--results FILE] [--work DIR]
+  mutants.py run   [-m MODULE ...] [-n N | --all | --ids ID,...] [--seed S] [--results FILE] [--work DIR]
   mutants.py check [--work DIR]                            the fixed sample (make check-mutants)
   mutants.py report FILE...                                per-module table of results files
 
@@ -60,6 +60,7 @@ T_TPEQ = ("sh", "tests/tp_equiv.sh", ["dtrain"])
 T_SCALER = ("sh", "tests/precision_scaler.sh", ["dtrain"])
 T_PTRAIN = ("sh", "tests/precision_train.sh", ["dtrain"])
 T_CKPT = ("sh", "tests/ckpt_mpi.sh", ["tests/test_ckpt"])
+T_CKLEAK = ("sh", "tests/ckpt_leaks.sh", ["tests/test_ckpt_asan"])
 T_RESUME = ("sh", "tests/resume_exact.sh", ["dtrain"])
 T_LAYOUT = ("sh", "tests/resume_layout.sh", ["dtrain"])
 T_FAULTS = ("sh", "tests/ckpt_faults.sh", ["dtrain"])
@@ -71,7 +72,7 @@ MODULES = {
     "pipeline": (["src/parallel/pipeline.c"], [T_PIPE, T_PPEQ]),
     "precision": (["src/core/precision.c"], [T_PREC, T_SCALER, T_PTRAIN]),
     "checkpoint": (["src/ckpt/ckpt.c", "src/ckpt/ckpt_write.c", "src/ckpt/ckpt_read.c", "src/ckpt/ckpt_dir.c"],
-                   [T_RESUME, T_LAYOUT, T_FAULTS, T_TRAINER, T_CKPT]),
+                   [T_RESUME, T_LAYOUT, T_FAULTS, T_TRAINER, T_CKPT, T_CKLEAK]),
 }
 CHECK_SEED, CHECK_PER_MODULE = 28, 5
 TIME_LIMIT = {"crit": 120, "sh": 600}  # seconds per test; far above a healthy run on 2 busy cores
@@ -475,6 +476,7 @@ def main():
     ap.add_argument("--all", action="store_true", help="every mutant of the modules (run)")
     ap.add_argument("--seed", type=int, default=1, help="sample seed (run)")
     ap.add_argument("--survivors", help="run: instead of a sample, the survivors (not equivalent) of this results file")
+    ap.add_argument("--ids", help="run: instead of a sample, these mutants (comma-separated ids, listed ones too)")
     ap.add_argument("--work", default="build-mutants", help="scratch directory (default ./build-mutants)")
     ap.add_argument("--results", help="results file (default WORK/results.jsonl; check: WORK/check.jsonl)")
     ap.add_argument("--data", default=os.path.join(os.getcwd(), "data"),
@@ -502,6 +504,9 @@ def main():
         args.results = args.results or os.path.join(os.path.abspath(args.work), "check.jsonl")
         if os.path.exists(args.results):
             os.remove(args.results)  # the check always runs its whole sample
+    elif args.ids:
+        want = set(args.ids.split(","))
+        chosen = {mod: [m for m in ms if m["id"] in want] for mod, ms in gen.items()}
     elif args.survivors:
         again = {r["id"] for r in map(json.loads, open(args.survivors)) if r["status"] == "survived" and r["id"] not in eq}
         chosen = {mod: [m for m in ms if m["id"] in again] for mod, ms in gen.items()}

@@ -61,6 +61,7 @@ T_SCALER = ("sh", "tests/precision_scaler.sh", ["dtrain"])
 T_PTRAIN = ("sh", "tests/precision_train.sh", ["dtrain"])
 T_CKPT = ("sh", "tests/ckpt_mpi.sh", ["tests/test_ckpt"])
 T_CKLEAK = ("sh", "tests/ckpt_leaks.sh", ["tests/test_ckpt_asan"])
+T_TPRS = ("sh", "tests/tp_reshard.sh", ["dtrain"])
 T_RESUME = ("sh", "tests/resume_exact.sh", ["dtrain"])
 T_LAYOUT = ("sh", "tests/resume_layout.sh", ["dtrain"])
 T_FAULTS = ("sh", "tests/ckpt_faults.sh", ["dtrain"])
@@ -71,8 +72,9 @@ MODULES = {
     "zero": (["src/parallel/zero.c"], [T_ZERO, T_ZMPI, T_ZEQ]),
     "pipeline": (["src/parallel/pipeline.c"], [T_PIPE, T_PPEQ]),
     "precision": (["src/core/precision.c"], [T_PREC, T_SCALER, T_PTRAIN]),
-    "checkpoint": (["src/ckpt/ckpt.c", "src/ckpt/ckpt_write.c", "src/ckpt/ckpt_read.c", "src/ckpt/ckpt_dir.c"],
-                   [T_RESUME, T_LAYOUT, T_FAULTS, T_TRAINER, T_CKPT, T_CKLEAK]),
+    "checkpoint": (["src/ckpt/ckpt.c", "src/ckpt/ckpt_write.c", "src/ckpt/ckpt_read.c", "src/ckpt/ckpt_meta.c",
+                    "src/ckpt/ckpt_dir.c"],
+                   [T_RESUME, T_LAYOUT, T_FAULTS, T_TRAINER, T_CKPT, T_CKLEAK, T_TPRS]),
 }
 CHECK_SEED, CHECK_PER_MODULE = 28, 5
 TIME_LIMIT = {"crit": 120, "sh": 600}  # seconds per test; far above a healthy run on 2 busy cores

@@ -5,7 +5,7 @@
 #   fuzz_shard   the token-shard reader, dt_data_read_shard and dt_data_open + batches (src/data/data.c)
 #   fuzz_bpe     GPT-2 BPE: any bytes encode, tokens in the vocabulary, decode(encode(x)) == x, the
 #                two merge loops agree (src/bpe*.c; vocabulary from data/gpt2)
-#   fuzz_ckpt    the checkpoint reader (src/ckpt/ckpt_read.c): a valid checkpoint edited through HDF5
+#   fuzz_ckpt    the checkpoint reader (src/ckpt/ckpt_read.c, ckpt_meta.c): a valid checkpoint edited through HDF5
 #                (shapes, types, missing or extra datasets and attributes, values, truncation), then
 #                dt_ckpt_load and dt_ckpt_find_latest (MPI and HDF5 as dtrain is built: the
 #                HDF5_CFLAGS / HDF5_LIBS that configure found)
@@ -32,7 +32,7 @@ build fuzz_config "$S/core/config.c"
 build fuzz_shard "$S/data/data.c"
 build fuzz_bpe "$S/data/bpe.c" "$S/data/bpe_vocab.c" "$S/data/bpe_pretok.c"
 # shellcheck disable=SC2086 # the flags are word lists
-build fuzz_ckpt "$S/ckpt/ckpt.c" "$S/ckpt/ckpt_read.c" "$S/ckpt/ckpt_write.c" "$S/ckpt/ckpt_dir.c" "$S/core/crc32c.c" "$S/model/model.c" \
+build fuzz_ckpt "$S/ckpt/ckpt.c" "$S/ckpt/ckpt_read.c" "$S/ckpt/ckpt_meta.c" "$S/ckpt/ckpt_write.c" "$S/ckpt/ckpt_dir.c" "$S/core/crc32c.c" "$S/model/model.c" \
   "$S/core/config.c" "$S/comm/watchdog.c" "$S/comm/watchdog_mpi.c" "$S/core/fault.c" "$S/comm/mpi_check.c" ${HDF5_CFLAGS:-} ${HDF5_LIBS:-} -lpthread
 export DTRAIN_FUZZ_VOCAB="$DATA/gpt2"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1

@@ -3,6 +3,7 @@
  * and their file boxes (the arenas' layout is the Hugging Face file's, so the mapping is 1:1). */
 #include "ckpt.h"
 
+#include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
 #include <limits.h>
@@ -13,6 +14,7 @@
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "ckpt_int.h"
 #include "timer.h"
@@ -88,6 +90,68 @@ size_t dt_ckpt__dio_align(int fd) {
     return sx.stx_dio_mem_align > sx.stx_dio_offset_align ? sx.stx_dio_mem_align : sx.stx_dio_offset_align;
 #endif
   return DT_CKPT_ALIGN; /* the kernel does not say: a page works wherever O_DIRECT does */
+}
+
+/* Read up to n bytes at off; returns the bytes read (fewer only at end of file), -1 on error. */
+ssize_t dt_ckpt__pread_full(int fd, void *buf, size_t n, uint64_t off) {
+  char *b = buf;
+  size_t got = 0;
+  while (got < n) {
+    ssize_t r = pread(fd, b + got, n - got, (off_t)(off + got));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) return -1;
+    if (r == 0) break;
+    got += (size_t)r;
+  }
+  return (ssize_t)got;
+}
+
+/* len bytes of the file at off into dst: O_DIRECT reads of the page-aligned cover of each chunk
+ * into the aligned bounce buffer (the extra bytes at the edges are dropped), or, when O_DIRECT is
+ * unavailable or refuses, a plain read. 0 or -1 (errno). */
+static int read_bounce(int fd_direct, int fd_buf, char *bounce, uint64_t off, size_t len, char *dst) {
+  while (len > 0) {
+    size_t n = len < DT_CKPT_CHUNK - 2 * DT_CKPT_ALIGN ? len : DT_CKPT_CHUNK - 2 * DT_CKPT_ALIGN;
+    uint64_t a0 = off / DT_CKPT_ALIGN * DT_CKPT_ALIGN;
+    size_t pre = (size_t)(off - a0), span = (pre + n + DT_CKPT_ALIGN - 1) / DT_CKPT_ALIGN * DT_CKPT_ALIGN;
+    if (span > DT_CKPT_CHUNK) { /* the bounce buffer's size: never, by n's bound above */
+      errno = EOVERFLOW;
+      return -1;
+    }
+    ssize_t got = fd_direct >= 0 ? dt_ckpt__pread_full(fd_direct, bounce, span, a0) : -1;
+    if (got >= (ssize_t)(pre + n)) {
+      memcpy(dst, bounce + pre, n);
+    } else if ((errno = 0, dt_ckpt__pread_full(fd_buf, dst, n, off)) != (ssize_t)n) {
+      if (errno == 0) errno = EIO; /* a short read: the file ends early */
+      return -1;
+    }
+    off += n, dst += n, len -= n;
+  }
+  return 0;
+}
+
+/* The same, but where the file offset and dst agree modulo the file's direct-I/O alignment `al`
+ * (dt_ckpt__dio_align; GPT-2's tensors all do), the aligned middle goes from the device straight
+ * into dst: no bounce copy. Only the unaligned edges, and all of it when the kernel refuses a
+ * request (*al is then set to 0 for the rest of the load), take the bounce buffer. */
+int dt_ckpt__read_own(int fd_direct, int fd_buf, char *bounce, uint64_t off, size_t len, char *dst, size_t *al) {
+  size_t a = *al;
+  if (fd_direct < 0 || a == 0 || ((uintptr_t)dst - off) % a != 0 || len < 2 * a)
+    return read_bounce(fd_direct, fd_buf, bounce, off, len, dst);
+  size_t head = (size_t)((a - off % a) % a), mid = (len - head) / a * a;
+  if (head && read_bounce(fd_direct, fd_buf, bounce, off, head, dst) < 0) return -1;
+  for (size_t i = head; i < head + mid;) {
+    size_t n = head + mid - i < DT_CKPT_CHUNK ? head + mid - i : DT_CKPT_CHUNK;
+    ssize_t got = dt_ckpt__pread_full(fd_direct, dst + i, n, off + i);
+    if (got == (ssize_t)n) {
+      i += n;
+      continue;
+    }
+    if (got < 0 && errno != EINVAL) return -1;
+    *al = 0; /* refused (or short): the rest through the bounce buffer */
+    return read_bounce(fd_direct, fd_buf, bounce, off + i, len - i, dst + i);
+  }
+  return read_bounce(fd_direct, fd_buf, bounce, off + head + mid, len - head - mid, dst + head + mid);
 }
 
 /* ---- node leaders ------------------------------------------------------------------------- */

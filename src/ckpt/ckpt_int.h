@@ -59,6 +59,13 @@ size_t dt_ckpt__dio_align(int fd);
 /* An O_DIRECT descriptor of path (flags: O_RDONLY or O_WRONLY), or -1 when the file system refuses
  * it, the OS has none, or DTRAIN_CKPT_DIRECT=buffered asks for plain descriptors. */
 int dt_ckpt__open_direct(const char *path, int flags);
+/* Up to n bytes at off; the bytes read (fewer only at end of file), -1 on error (EINTR retried). */
+ssize_t dt_ckpt__pread_full(int fd, void *buf, size_t n, uint64_t off);
+/* len bytes of the file at off into dst: where file offset and dst agree modulo the direct-I/O
+ * alignment *al, the aligned middle straight from fd_direct into dst, the rest through the
+ * DT_CKPT_CHUNK bounce buffer (O_DIRECT reads of aligned covers, or plain reads from fd_buf when
+ * O_DIRECT is unavailable or refuses: *al = 0 from then on). 0, or -1 with errno. */
+int dt_ckpt__read_own(int fd_direct, int fd_buf, char *bounce, uint64_t off, size_t len, char *dst, size_t *al);
 #include <hdf5.h>
 
 #include "ckpt.h"
@@ -110,6 +117,12 @@ herr_t dt_ckpt__attr_get(hid_t loc, const char *name, hid_t mtype, void *val);
 herr_t dt_ckpt__attr_put_str(hid_t loc, const char *name, const char *s);
 herr_t dt_ckpt__attr_get_str(hid_t loc, const char *name, char *buf, size_t n);
 dt_status_t dt_ckpt__dsets_init(dsets_t *D, const dt_layout_t *lay, int groups);
+/* ckpt_meta.c, a load's metadata: the completion marker, format and shapes against lay (and the
+ * state's scalars into s); the datasets opened with their stored CRCs; the state's datasets (RNG,
+ * effective ini). Every rank calls them; errors name the file and the object. */
+dt_status_t dt_ckpt__check_header(hid_t file, const dt_layout_t *lay, dt_ckpt_state_t *s, const char *path);
+dt_status_t dt_ckpt__open_dsets(hid_t file, const dt_layout_t *lay, dsets_t *D, uint32_t *stored, const char *path);
+dt_status_t dt_ckpt__read_state_data(hid_t file, dt_ckpt_state_t *s, hid_t dxpl, const char *path);
 void dt_ckpt__dsets_free(dsets_t *D);
 
 #endif

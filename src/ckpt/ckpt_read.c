@@ -1,7 +1,8 @@
-/* Checkpoint read: collective open, marker/format/shape checks, then the datasets in pieces of
- * rows through a window of shared memory per node: each rank reads its share of a piece (a reader
- * thread, O_DIRECT), node leaders exchange their nodes' shares, every rank copies its boxes out
- * (the file's layout is the arena's), and the CRC32C of every share is combined and verified. */
+/* Checkpoint read: collective open and the metadata checks (ckpt_meta.c), then the datasets in
+ * pieces of rows through a window of shared memory per node: each rank reads its share of a piece
+ * (a reader thread, O_DIRECT), node leaders exchange their nodes' shares, every rank copies its
+ * boxes out (the file's layout is the arena's), and the CRC32C of every share is combined and
+ * verified. dt_ckpt_load runs the phases: load_plan, load_open, load_pieces, load_verify. */
 #include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
@@ -25,207 +26,6 @@
 #if defined(__x86_64__) || defined(__SSE2__)
 #include <emmintrin.h>
 #endif
-
-/* ---- read --------------------------------------------------------------------------------- */
-
-void dt_ckpt_state_free(dt_ckpt_state_t *st) {
-  free((char *)st->ini);
-  st->ini = NULL;
-}
-
-/* Read a small dataset on every rank into buf (cap bytes) and check its CRC. */
-static dt_status_t get_small(hid_t loc, const char *name, hid_t mtype, void *buf, size_t elem, size_t cap,
-                             size_t *n_out, hid_t dxpl, const char *path) {
-  char obj[64];
-  snprintf(obj, sizeof obj, "/state/%s", name);
-  hid_t d = H5Dopen2(loc, name, H5P_DEFAULT);
-  if (d < 0) return dt_ckpt__h5err(path, obj, "missing dataset");
-  hid_t sp = H5Dget_space(d);
-  hssize_t n = H5Sget_simple_extent_npoints(sp);
-  uint32_t stored = 0;
-  dt_status_t st = DT_OK;
-  if (n < 0 || (size_t)n * elem > cap) st = DT_ERR(DT_ERR_CKPT, "%s: %s: %lld elements do not fit (max %zu)", path, obj, (long long)n, cap / elem);
-  else if (n > 0 && H5Dread(d, mtype, H5S_ALL, H5S_ALL, dxpl, buf) < 0) st = dt_ckpt__h5err(path, obj, "cannot read");
-  else if (dt_ckpt__attr_get(d, "crc32c", H5T_NATIVE_UINT32, &stored) < 0) st = dt_ckpt__h5err(path, obj, "no crc32c attribute");
-  else if (dt_crc32c(0, buf, (size_t)n * elem) != stored)
-    st = DT_ERR(DT_ERR_CKPT, "%s: %s: CRC32C mismatch: stored 0x%08x, data 0x%08x (corrupt file)", path, obj, stored,
-                dt_crc32c(0, buf, (size_t)n * elem));
-  if (n_out) *n_out = n < 0 ? 0 : (size_t)n;
-  H5Sclose(sp);
-  H5Dclose(d);
-  return st;
-}
-
-static dt_status_t read_state(hid_t file, dt_ckpt_state_t *s, const char *path) {
-  hid_t g = H5Gopen2(file, "/state", H5P_DEFAULT);
-  if (g < 0) return dt_ckpt__h5err(path, "/state", "missing group");
-  struct { const char *k; void *v; hid_t mt; } at[] = {
-      {"step", &s->step, H5T_NATIVE_INT64},         {"tokens", &s->tokens, H5T_NATIVE_INT64},
-      {"data_pos", &s->data_pos, H5T_NATIVE_INT64}, {"epoch", &s->epoch, H5T_NATIVE_INT64},
-      {"seed", &s->seed, H5T_NATIVE_UINT64},        {"loss_scale", &s->loss_scale, H5T_NATIVE_DOUBLE},
-      {"loss_scale_growth", &s->loss_scale_growth, H5T_NATIVE_INT64},
-      {"dp", &s->dp, H5T_NATIVE_INT},               {"tp", &s->tp, H5T_NATIVE_INT},
-      {"pp", &s->pp, H5T_NATIVE_INT},               {"world", &s->world, H5T_NATIVE_INT},
-      {"n_layer", &s->dims.L, H5T_NATIVE_INT},      {"n_head", &s->dims.NH, H5T_NATIVE_INT},
-      {"n_embd", &s->dims.C, H5T_NATIVE_INT},       {"vocab_size", &s->dims.V, H5T_NATIVE_INT},
-      {"seq_len", &s->dims.T, H5T_NATIVE_INT},
-  };
-  dt_status_t st = DT_OK;
-  for (size_t i = 0; i < sizeof at / sizeof at[0] && st == DT_OK; i++)
-    if (dt_ckpt__attr_get(g, at[i].k, at[i].mt, at[i].v) < 0) st = dt_ckpt__h5err(path, "/state", at[i].k);
-  s->skipped_steps = 0; /* optional: files before mixed precision do not have it */
-  if (st == DT_OK && H5Aexists(g, "skipped_steps") > 0 &&
-      dt_ckpt__attr_get(g, "skipped_steps", H5T_NATIVE_INT64, &s->skipped_steps) < 0)
-    st = dt_ckpt__h5err(path, "/state", "skipped_steps");
-  H5Gclose(g);
-  return st;
-}
-
-static dt_status_t read_state_data(hid_t file, dt_ckpt_state_t *s, hid_t dxpl, const char *path) {
-  hid_t g = H5Gopen2(file, "/state", H5P_DEFAULT);
-  if (g < 0) return dt_ckpt__h5err(path, "/state", "missing group");
-  size_t n = 0;
-  dt_status_t st = get_small(g, "rng", H5T_NATIVE_UINT64, s->rng, sizeof(uint64_t), sizeof s->rng, &n, dxpl, path);
-  s->n_rng = (int)n;
-  hid_t d = st == DT_OK ? H5Dopen2(g, "config_ini", H5P_DEFAULT) : -1;
-  if (st == DT_OK && d < 0) st = dt_ckpt__h5err(path, "/state/config_ini", "missing dataset");
-  if (st == DT_OK) {
-    hid_t ft = H5Dget_type(d);
-    size_t len = H5Tget_size(ft);
-    H5Tclose(ft);
-    H5Dclose(d);
-    char *ini = calloc(len + 1, 1);
-    hid_t mt = H5Tcopy(H5T_C_S1);
-    H5Tset_size(mt, len);
-    H5Tset_strpad(mt, H5T_STR_NULLTERM);
-    st = ini ? get_small(g, "config_ini", mt, ini, len, len, NULL, dxpl, path) : DT_ERR(DT_ERR_NOMEM, "out of memory");
-    H5Tclose(mt);
-    if (st == DT_OK) s->ini = ini;
-    else free(ini);
-  }
-  H5Gclose(g);
-  return st;
-}
-
-static dt_status_t check_header(hid_t file, const dt_layout_t *lay, dt_ckpt_state_t *s, const char *path) {
-  char fmt[64] = "";
-  int ver = 0, complete = 0;
-  if (dt_ckpt__attr_get_str(file, "format", fmt, sizeof fmt) < 0 || strcmp(fmt, "dtrain-checkpoint") != 0)
-    return DT_ERR(DT_ERR_CKPT, "%s: not a dtrain checkpoint (no /format = \"dtrain-checkpoint\")", path);
-  if (dt_ckpt__attr_get(file, "format_version", H5T_NATIVE_INT, &ver) < 0 || ver != DT_CKPT_FORMAT_VERSION)
-    return DT_ERR(DT_ERR_CKPT, "%s: format_version %d, this dtrain reads %d", path, ver, DT_CKPT_FORMAT_VERSION);
-  if (!H5Aexists(file, "complete") || dt_ckpt__attr_get(file, "complete", H5T_NATIVE_INT, &complete) < 0 || complete != 1) {
-    H5Eclear2(H5E_DEFAULT);
-    return DT_ERR(DT_ERR_CKPT, "%s: no completion marker /complete = 1 (the save did not finish)", path);
-  }
-  dt_ckpt__attr_get_str(file, "dtrain_version", s->version, sizeof s->version);
-  DT_TRY(read_state(file, s, path));
-  const dt_dims_t *m = &lay->d, *f = &s->dims;
-  if (m->L != f->L || m->NH != f->NH || m->C != f->C || m->V != f->V || m->T != f->T)
-    return DT_ERR(DT_ERR_CONFIG,
-                  "%s: checkpoint model n_layer=%d n_head=%d n_embd=%d vocab_size=%d seq_len=%d does not match the "
-                  "configured n_layer=%d n_head=%d n_embd=%d vocab_size=%d seq_len=%d",
-                  path, f->L, f->NH, f->C, f->V, f->T, m->L, m->NH, m->C, m->V, m->T);
-  return DT_OK;
-}
-
-static dt_status_t open_dsets(hid_t file, const dt_layout_t *lay, dsets_t *D, uint32_t *stored, const char *path) {
-  H5G_info_t gi;
-  hid_t g = H5Gopen2(file, "/model", H5P_DEFAULT);
-  if (g < 0) return dt_ckpt__h5err(path, "/model", "missing group");
-  herr_t e = H5Gget_info(g, &gi);
-  H5Gclose(g);
-  if (e < 0 || gi.nlinks != (hsize_t)lay->n_tensors)
-    return DT_ERR(DT_ERR_CONFIG, "%s: /model holds %llu tensors, the model has %d", path,
-                  (unsigned long long)gi.nlinks, lay->n_tensors);
-  if (D->n_ds > lay->n_tensors && H5Lexists(file, "/optim", H5P_DEFAULT) <= 0)
-    return DT_ERR(DT_ERR_CKPT, "%s: no optimizer state (/optim) in this checkpoint", path);
-  for (int d = 0; d < D->n_ds; d++) {
-    fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[d % lay->n_tensors]);
-    if ((D->ds[d] = H5Dopen2(file, D->names[d], H5P_DEFAULT)) < 0) return dt_ckpt__h5err(path, D->names[d], "missing dataset");
-    hid_t sp = H5Dget_space(D->ds[d]), ty = H5Dget_type(D->ds[d]);
-    hsize_t dims[2] = {0, 0};
-    int nd = H5Sget_simple_extent_dims(sp, dims, NULL);
-    int okt = H5Tget_class(ty) == H5T_FLOAT && H5Tget_size(ty) == 4;
-    H5Sclose(sp);
-    H5Tclose(ty);
-    if (nd != f.ndim || dims[0] != f.dims[0] || (nd == 2 && dims[1] != f.dims[1])) {
-      char ex[48], fo[48];
-      snprintf(ex, sizeof ex, f.ndim == 2 ? "(%llu, %llu)" : "(%llu)", (unsigned long long)f.dims[0], (unsigned long long)f.dims[1]);
-      if (nd == 2) snprintf(fo, sizeof fo, "(%llu, %llu)", (unsigned long long)dims[0], (unsigned long long)dims[1]);
-      else if (nd == 1) snprintf(fo, sizeof fo, "(%llu)", (unsigned long long)dims[0]);
-      else snprintf(fo, sizeof fo, "rank %d", nd);
-      return DT_ERR(DT_ERR_CONFIG, "%s: %s: shape %s in the file, the model expects %s", path, D->names[d], fo, ex);
-    }
-    if (!okt) return DT_ERR(DT_ERR_CKPT, "%s: %s: not float32", path, D->names[d]);
-    if (dt_ckpt__attr_get(D->ds[d], "crc32c", H5T_NATIVE_UINT32, &stored[d]) < 0) return dt_ckpt__h5err(path, D->names[d], "no crc32c attribute");
-  }
-  return DT_OK;
-}
-
-/* ---- own-descriptor reads (ckpt_int.h) ------------------------------------------------------ */
-
-/* Read up to n bytes at off; returns the bytes read (fewer only at end of file), -1 on error. */
-static ssize_t pread_full(int fd, void *buf, size_t n, uint64_t off) {
-  char *b = buf;
-  size_t got = 0;
-  while (got < n) {
-    ssize_t r = pread(fd, b + got, n - got, (off_t)(off + got));
-    if (r < 0 && errno == EINTR) continue;
-    if (r < 0) return -1;
-    if (r == 0) break;
-    got += (size_t)r;
-  }
-  return (ssize_t)got;
-}
-
-/* len bytes of the file at off into dst: O_DIRECT reads of the page-aligned cover of each chunk
- * into the aligned bounce buffer (the extra bytes at the edges are dropped), or, when O_DIRECT is
- * unavailable or refuses, a plain read. 0 or -1 (errno). */
-static int read_bounce(int fd_direct, int fd_buf, char *bounce, uint64_t off, size_t len, char *dst) {
-  while (len > 0) {
-    size_t n = len < DT_CKPT_CHUNK - 2 * DT_CKPT_ALIGN ? len : DT_CKPT_CHUNK - 2 * DT_CKPT_ALIGN;
-    uint64_t a0 = off / DT_CKPT_ALIGN * DT_CKPT_ALIGN;
-    size_t pre = (size_t)(off - a0), span = (pre + n + DT_CKPT_ALIGN - 1) / DT_CKPT_ALIGN * DT_CKPT_ALIGN;
-    if (span > DT_CKPT_CHUNK) { /* the bounce buffer's size: never, by n's bound above */
-      errno = EOVERFLOW;
-      return -1;
-    }
-    ssize_t got = fd_direct >= 0 ? pread_full(fd_direct, bounce, span, a0) : -1;
-    if (got >= (ssize_t)(pre + n)) {
-      memcpy(dst, bounce + pre, n);
-    } else if ((errno = 0, pread_full(fd_buf, dst, n, off)) != (ssize_t)n) {
-      if (errno == 0) errno = EIO; /* a short read: the file ends early */
-      return -1;
-    }
-    off += n, dst += n, len -= n;
-  }
-  return 0;
-}
-
-/* The same, but where the file offset and dst agree modulo the file's direct-I/O alignment `al`
- * (dt_ckpt__dio_align; GPT-2's tensors all do), the aligned middle goes from the device straight
- * into dst: no bounce copy. Only the unaligned edges, and all of it when the kernel refuses a
- * request (*al is then set to 0 for the rest of the load), take the bounce buffer. */
-static int read_own(int fd_direct, int fd_buf, char *bounce, uint64_t off, size_t len, char *dst, size_t *al) {
-  size_t a = *al;
-  if (fd_direct < 0 || a == 0 || ((uintptr_t)dst - off) % a != 0 || len < 2 * a)
-    return read_bounce(fd_direct, fd_buf, bounce, off, len, dst);
-  size_t head = (size_t)((a - off % a) % a), mid = (len - head) / a * a;
-  if (head && read_bounce(fd_direct, fd_buf, bounce, off, head, dst) < 0) return -1;
-  for (size_t i = head; i < head + mid;) {
-    size_t n = head + mid - i < DT_CKPT_CHUNK ? head + mid - i : DT_CKPT_CHUNK;
-    ssize_t got = pread_full(fd_direct, dst + i, n, off + i);
-    if (got == (ssize_t)n) {
-      i += n;
-      continue;
-    }
-    if (got < 0 && errno != EINVAL) return -1;
-    *al = 0; /* refused (or short): the rest through the bounce buffer */
-    return read_bounce(fd_direct, fd_buf, bounce, off + i, len - i, dst + i);
-  }
-  return read_bounce(fd_direct, fd_buf, bounce, off + head + mid, len - head - mid, dst + head + mid);
-}
 
 /* ---- the data phase ------------------------------------------------------------------------ */
 
@@ -490,8 +290,8 @@ static void read_piece(reader_t *R, int i) {
     errno = 0;
     int e = 0;
     if (R->D->bytes[pc->d] < DT_CKPT_OWN_MIN) { /* small: from the page cache (WILLNEED'd) */
-      if (n && pread_full(R->fd_buf, dst, n, off) != (ssize_t)n) e = errno ? errno : EIO;
-    } else if (n && read_own(R->fd_direct, R->fd_buf, R->bounce, off, n, (char *)dst, &R->dio_align) < 0) {
+      if (n && dt_ckpt__pread_full(R->fd_buf, dst, n, off) != (ssize_t)n) e = errno ? errno : EIO;
+    } else if (n && dt_ckpt__read_own(R->fd_direct, R->fd_buf, R->bounce, off, n, (char *)dst, &R->dio_align) < 0) {
       e = errno ? errno : EIO;
     }
     if (e) R->err = e, R->err_piece = i;
@@ -505,249 +305,289 @@ static void *reader_thread(void *p) {
   return NULL;
 }
 
-dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout_t *lay, const dt_ckpt_arenas_t *a,
-                         dt_ckpt_state_t *st_out) {
-  MPI_Comm comm = dt_ckpt__comm(mpi_comm);
+/* One load's state (dt_ckpt_load): what phase 1 plans, phase 2 opens, phase 3 reads. */
+typedef struct {
+  MPI_Comm comm;
   int rank, size;
-  DT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  DT_MPI_CHECK(MPI_Comm_size(comm, &size));
-  dt_ckpt__h5_quiet();
+  const char *path;
+  const dt_layout_t *lay;
+  const dt_ckpt_arenas_t *a;
   dt_ckpt_state_t s;
-  memset(&s, 0, sizeof s);
-  dt_ckpt_ranges_t rg[2];
-  memset(rg, 0, sizeof rg);
+  dt_ckpt_ranges_t rg[2]; /* this rank's boxes of the model and of m, v */
   dsets_t D;
-  memset(&D, 0, sizeof D);
-  hid_t fapl = -1, dxpl = -1, file = -1;
-  uint32_t *stored = NULL, *crcs = NULL, *mine = NULL; /* crcs: (size, n_pc) CRCs of every rank's shares */
-  int *cnt = NULL, *dsp = NULL, n_pc = 0;
-  fbox_t *bx = NULL;
-  int fd_buf = -1, fd_direct = -1;
-  uint64_t *foff = NULL;
-  hsize_t *unit = NULL;
-  char *bounce = NULL;
-  piece_t *pc = NULL;
+  hid_t fapl, dxpl, file;
+  uint32_t *stored, *crcs, *mine; /* crcs: (size, n_pc) CRCs of every rank's shares */
+  int *cnt, *dsp, n_pc;
+  fbox_t *bx;
+  int own_ok, fd_buf, fd_direct;
+  uint64_t *foff;         /* each dataset's file offset (own descriptors) */
+  hsize_t *unit;          /* floats per row of each dataset */
+  char *bounce;
+  piece_t *pc;
+  size_t max_row, max_ds; /* bytes of the longest row (a slot holds one) and dataset */
   window_t W;
-  memset(&W, 0, sizeof W);
-  W.node = W.lead = MPI_COMM_NULL;
   reader_t R;
-  memset(&R, 0, sizeof R);
   pthread_t rth;
-  int reading = 0; /* the reader thread runs (join it) */
+  int reading;            /* the reader thread runs (join it) */
+  double t_rd, t_crc, t_ag, t_un;
+} load_t;
 
-  double t0 = dt_time_now(), cpu0 = dt_ckpt__cpu(), t_rd = 0, t_crc = 0, t_ag = 0, t_un = 0, tp;
-  /* Phase 1 (local). */
-  dt_status_t st = DT_OK;
-  int optim = a->m != NULL;
-  if ((a->m == NULL) != (a->v == NULL)) st = DT_ERR(DT_ERR_ARG, "%s: m and v must both be given", path);
-  if (st == DT_OK) st = dt_ckpt__ranges_resolve(lay, &a->model, 0, rank, size, &rg[0]);
-  if (st == DT_OK && optim) st = dt_ckpt__ranges_resolve(lay, &a->optim, 0, rank, size, &rg[1]);
-  if (st == DT_OK) st = dt_ckpt__dsets_init(&D, lay, optim ? 3 : 1);
-  size_t max_row = 1, max_ds = 1; /* bytes of the longest row (a slot holds one) and dataset */
-  if (st == DT_OK) {
-    stored = calloc((size_t)D.n_ds, sizeof *stored);
-    foff = calloc((size_t)D.n_ds, sizeof *foff);
-    unit = calloc((size_t)D.n_ds, sizeof *unit);
-    bx = malloc((size_t)(rg[0].n > rg[1].n ? rg[0].n : rg[1].n) * sizeof(fbox_t) + 1);
-    cnt = calloc((size_t)size, sizeof *cnt);
-    dsp = calloc((size_t)size, sizeof *dsp);
-    for (int d = 0; unit && d < D.n_ds; d++) { /* the pieces */
-      fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[d % lay->n_tensors]);
-      unit[d] = f.ndim == 2 ? f.dims[1] : 1;
-      const hsize_t per = rows_per_piece(unit[d]);
-      n_pc += (int)((f.dims[0] + per - 1) / per);
-      if (unit[d] * sizeof(float) > max_row) max_row = unit[d] * sizeof(float);
-      if (f.dims[0] * unit[d] * sizeof(float) > max_ds) max_ds = f.dims[0] * unit[d] * sizeof(float);
-    }
-    pc = malloc((size_t)(n_pc ? n_pc : 1) * sizeof *pc);
-    for (int d = 0, i = 0; pc && d < D.n_ds; d++) {
-      fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[d % lay->n_tensors]);
-      const hsize_t per = rows_per_piece(unit[d]);
-      for (hsize_t r = 0; r < f.dims[0]; r += per) pc[i++] = (piece_t){d, r, r + per < f.dims[0] ? r + per : f.dims[0]};
-    }
-    mine = calloc((size_t)(n_pc ? n_pc : 1), sizeof *mine);
-    crcs = calloc((size_t)size * (size_t)(n_pc ? n_pc : 1), sizeof *crcs);
-    if (!stored || !foff || !unit || !bx || !cnt || !dsp || !pc || !mine || !crcs)
-      st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
+/* Phase 1 (local): the rank's boxes, the datasets' names, the pieces. */
+static dt_status_t load_plan(load_t *L) {
+  const dt_layout_t *lay = L->lay;
+  const int optim = L->a->m != NULL;
+  if ((L->a->m == NULL) != (L->a->v == NULL)) return DT_ERR(DT_ERR_ARG, "%s: m and v must both be given", L->path);
+  DT_TRY(dt_ckpt__ranges_resolve(lay, &L->a->model, 0, L->rank, L->size, &L->rg[0]));
+  if (optim) DT_TRY(dt_ckpt__ranges_resolve(lay, &L->a->optim, 0, L->rank, L->size, &L->rg[1]));
+  DT_TRY(dt_ckpt__dsets_init(&L->D, lay, optim ? 3 : 1));
+  const int n_ds = L->D.n_ds;
+  L->max_row = L->max_ds = 1;
+  L->stored = calloc((size_t)n_ds, sizeof *L->stored);
+  L->foff = calloc((size_t)n_ds, sizeof *L->foff);
+  L->unit = calloc((size_t)n_ds, sizeof *L->unit);
+  L->bx = malloc((size_t)(L->rg[0].n > L->rg[1].n ? L->rg[0].n : L->rg[1].n) * sizeof(fbox_t) + 1);
+  L->cnt = calloc((size_t)L->size, sizeof *L->cnt);
+  L->dsp = calloc((size_t)L->size, sizeof *L->dsp);
+  for (int d = 0; L->unit && d < n_ds; d++) { /* the pieces */
+    fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[d % lay->n_tensors]);
+    L->unit[d] = f.ndim == 2 ? f.dims[1] : 1;
+    const hsize_t per = rows_per_piece(L->unit[d]), row = L->unit[d] * sizeof(float);
+    L->n_pc += (int)((f.dims[0] + per - 1) / per);
+    if (row > L->max_row) L->max_row = row;
+    if (f.dims[0] * row > L->max_ds) L->max_ds = f.dims[0] * row;
   }
-  FILE *probe = st == DT_OK ? fopen(path, "rb") : NULL;
-  if (st == DT_OK && !probe) st = DT_ERR(DT_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
-  if (probe) fclose(probe);
-  if (st == DT_OK && dt_ckpt__faulty(comm, "open")) st = DT_ERR(DT_ERR_IO, "%s: simulated open failure (test hook)", path);
-  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
+  const size_t n_pc = (size_t)(L->n_pc ? L->n_pc : 1);
+  L->pc = malloc(n_pc * sizeof *L->pc);
+  for (int d = 0, i = 0; L->pc && d < n_ds; d++) {
+    fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[d % lay->n_tensors]);
+    const hsize_t per = rows_per_piece(L->unit[d]);
+    for (hsize_t r = 0; r < f.dims[0]; r += per) L->pc[i++] = (piece_t){d, r, r + per < f.dims[0] ? r + per : f.dims[0]};
+  }
+  L->mine = calloc(n_pc, sizeof *L->mine);
+  L->crcs = calloc((size_t)L->size * n_pc, sizeof *L->crcs);
+  if (!L->stored || !L->foff || !L->unit || !L->bx || !L->cnt || !L->dsp || !L->pc || !L->mine || !L->crcs)
+    return DT_ERR(DT_ERR_NOMEM, "%s: out of memory", L->path);
+  FILE *probe = fopen(L->path, "rb");
+  if (!probe) return DT_ERR(DT_ERR_IO, "%s: cannot open: %s", L->path, strerror(errno));
+  fclose(probe);
+  if (dt_ckpt__faulty(L->comm, "open")) return DT_ERR(DT_ERR_IO, "%s: simulated open failure (test hook)", L->path);
+  return DT_OK;
+}
 
-  /* Phase 2: collective open, header, shapes, stored checksums. */
-  fapl = H5Pcreate(H5P_FILE_ACCESS);
-  H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
-  dxpl = H5Pcreate(H5P_DATASET_XFER);
-  H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
+/* Phase 2 (collective): open, header, shapes, stored checksums; own descriptors or H5Dread (the
+ * same choice on every rank); the node's window. Returns the agreed status. */
+static dt_status_t load_open(load_t *L) {
+  const char *path = L->path;
+  dt_status_t st = DT_OK;
+  L->fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_fapl_mpio(L->fapl, L->comm, MPI_INFO_NULL);
+  L->dxpl = H5Pcreate(H5P_DATASET_XFER);
+  H5Pset_dxpl_mpio(L->dxpl, H5FD_MPIO_COLLECTIVE);
   /* Collective HDF5 calls, independent MPI-IO underneath: every rank's part of a dataset is one
    * contiguous run of MBs, which two-phase buffering only reshuffles (measured: 4 ranks on 2
    * cores 2.3 s instead of 4-5 s in H5Dwrite). DTRAIN_CKPT_TWO_PHASE=1 restores two-phase I/O. */
-  if (!getenv("DTRAIN_CKPT_TWO_PHASE")) H5Pset_dxpl_mpio_collective_opt(dxpl, H5FD_MPIO_INDIVIDUAL_IO);
-  file = H5Fopen(path, H5F_ACC_RDONLY, fapl);
-  if (file < 0) st = dt_ckpt__h5err(path, "/", "cannot open as HDF5 (truncated or not HDF5?)");
-  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
-  st = check_header(file, lay, &s, path);
-  if (st == DT_OK) st = open_dsets(file, lay, &D, stored, path);
-  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
+  if (!getenv("DTRAIN_CKPT_TWO_PHASE")) H5Pset_dxpl_mpio_collective_opt(L->dxpl, H5FD_MPIO_INDIVIDUAL_IO);
+  L->file = H5Fopen(path, H5F_ACC_RDONLY, L->fapl);
+  if (L->file < 0) st = dt_ckpt__h5err(path, "/", "cannot open as HDF5 (truncated or not HDF5?)");
+  DT_TRY(dt_ckpt__agree(L->comm, st));
+  st = dt_ckpt__check_header(L->file, L->lay, &L->s, path);
+  if (st == DT_OK) st = dt_ckpt__open_dsets(L->file, L->lay, &L->D, L->stored, path);
+  DT_TRY(dt_ckpt__agree(L->comm, st));
   /* All datasets through our own descriptors at their file offsets (contiguous datasets, as ours
    * are), or, when that is switched off or some dataset has no offset, all through H5Dread (the
    * same choice on every rank: H5Dread is collective). O_DIRECT is each rank's own business. */
   int own_ok = dt_ckpt__own_io(), all = 0;
-  for (int d = 0; own_ok && d < D.n_ds; d++) {
-    haddr_t o = H5Dget_offset(D.ds[d]);
-    own_ok = o != HADDR_UNDEF, foff[d] = (uint64_t)o;
+  for (int d = 0; own_ok && d < L->D.n_ds; d++) {
+    haddr_t o = H5Dget_offset(L->D.ds[d]);
+    own_ok = o != HADDR_UNDEF, L->foff[d] = (uint64_t)o;
   }
   if (own_ok) {
-    fd_buf = open(path, O_RDONLY | O_CLOEXEC);
-    fd_direct = dt_ckpt__open_direct(path, O_RDONLY);
-    bounce = dt_ckpt__io_buf(DT_CKPT_CHUNK);
-    own_ok = fd_buf >= 0 && bounce;
+    L->fd_buf = open(path, O_RDONLY | O_CLOEXEC);
+    L->fd_direct = dt_ckpt__open_direct(path, O_RDONLY);
+    L->bounce = dt_ckpt__io_buf(DT_CKPT_CHUNK);
+    own_ok = L->fd_buf >= 0 && L->bounce;
   }
-  DT_MPI_KEEP(st, dt_wd_allreduce(&own_ok, &all, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint load)"));
-  own_ok = all;
+  DT_MPI_KEEP(st, dt_wd_allreduce(&own_ok, &all, 1, MPI_INT, MPI_MIN, L->comm, "allreduce (checkpoint load)"));
+  L->own_ok = all;
   /* The small datasets (biases, layernorms): ask for them all at once, so their reads overlap
    * instead of costing a round trip each (GPT-2 124M: 294 of them). */
-  for (int d = 0; own_ok && d < D.n_ds; d++)
-    if (D.bytes[d] < DT_CKPT_OWN_MIN) (void)posix_fadvise(fd_buf, (off_t)foff[d], (off_t)D.bytes[d], POSIX_FADV_WILLNEED);
+  for (int d = 0; L->own_ok && d < L->D.n_ds; d++)
+    if (L->D.bytes[d] < DT_CKPT_OWN_MIN) (void)posix_fadvise(L->fd_buf, (off_t)L->foff[d], (off_t)L->D.bytes[d], POSIX_FADV_WILLNEED);
   /* a slot: a piece (no more than the largest dataset: small models get a small window) */
-  size_t piece = max_ds < PIECE ? max_ds : PIECE;
-  dt_status_t sw = window_open(comm, (piece > max_row ? piece : max_row) + 2 * DT_CKPT_ALIGN, &W, path);
-  if ((st = dt_ckpt__agree(comm, st != DT_OK ? st : sw)) != DT_OK) goto out;
+  size_t piece = L->max_ds < PIECE ? L->max_ds : PIECE;
+  dt_status_t sw = window_open(L->comm, (piece > L->max_row ? piece : L->max_row) + 2 * DT_CKPT_ALIGN, &L->W, path);
+  return dt_ckpt__agree(L->comm, st != DT_OK ? st : sw);
+}
 
-  /* Phase 3: per piece: this rank's share read (reader thread) and checksummed, the node's shares
-   * read, the leaders' exchange between nodes, this rank's boxes copied out. A failure is
-   * recorded and the loop goes on (every rank must keep raising its counters), then agreed on. */
-  if (own_ok) {
-    R.W = &W, R.pc = pc, R.D = &D, R.foff = foff, R.unit = unit, R.n_pc = n_pc;
-    R.fd_direct = fd_direct, R.fd_buf = fd_buf, R.bounce = bounce;
+/* Piece i through H5Dread (collective: every rank calls it for every piece, once the slot is free). */
+static void load_h5_piece(load_t *L, int i, float *rows, hsize_t lo, hsize_t hi, dt_status_t *st3) {
+  const piece_t *p = &L->pc[i];
+  const int d = p->d;
+  const hsize_t u = L->unit[d];
+  wait_node(&L->W, L->W.copied, i - NW + 1);
+  hid_t fsp = H5Dget_space(L->D.ds[d]);
+  hsize_t mc = hi > lo ? (hi - lo) * u : 1;
+  hid_t msp = H5Screate_simple(1, &mc, NULL);
+  hsize_t start[2] = {lo, 0}, count[2] = {hi - lo, u};
+  if (hi > lo) H5Sselect_hyperslab(fsp, H5S_SELECT_SET, start, NULL, count, NULL);
+  else H5Sselect_none(fsp), H5Sselect_none(msp);
+  if (H5Dread(L->D.ds[d], H5T_NATIVE_FLOAT, msp, fsp, L->dxpl, rows + (lo - p->r0) * u) < 0 && *st3 == DT_OK)
+    *st3 = dt_ckpt__h5err(L->path, L->D.names[d], "cannot read");
+  H5Sclose(msp);
+  H5Sclose(fsp);
+  raise_to(&L->W.read_done[L->W.j], i + 1);
+}
+
+/* Piece i: this rank's share read (or waited for from the reader thread) and checksummed, the
+ * node's shares waited for, the leaders' exchange between nodes, this rank's boxes copied out. A
+ * failure goes to *st3 and the piece still completes (every rank must keep raising its counters). */
+static void load_piece(load_t *L, int i, int *zeroed, dt_status_t *st3) {
+  const dt_layout_t *lay = L->lay;
+  window_t *W = &L->W;
+  const piece_t *p = &L->pc[i];
+  const int d = p->d, ti = d % lay->n_tensors, gi = d / lay->n_tensors;
+  const fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[ti]);
+  const hsize_t u = L->unit[d];
+  float *rows = slot_rows(W, i, L->foff[d] + (uint64_t)p->r0 * u * sizeof(float));
+  hsize_t lo, hi;
+  share_of(W, p, W->g, W->j, &lo, &hi);
+  double tp = dt_time_now();
+  if (!L->own_ok) load_h5_piece(L, i, rows, lo, hi, st3);
+  else if (!L->reading) read_piece(&L->R, i);
+  wait_at_least(&W->read_done[W->j], i + 1);
+  L->t_rd += dt_time_now() - tp, tp = dt_time_now();
+  L->mine[i] = dt_crc32c(0, rows + (lo - p->r0) * u, (size_t)(hi - lo) * u * sizeof(float)); /* verified after the loop */
+  L->t_crc += dt_time_now() - tp, tp = dt_time_now();
+  if (*st3 == DT_OK && dt_ckpt__faulty(L->comm, "read"))
+    *st3 = DT_ERR(DT_ERR_IO, "%s: %s: simulated read failure (test hook)", L->path, L->D.names[d]);
+  wait_node(W, W->read_done, i + 1); /* the node's shares are in the slot */
+  if (W->G > 1) { /* the node leaders exchange their nodes' shares; the node waits for its leader */
+    if (W->lead != MPI_COMM_NULL) {
+      for (int g = 0; g < W->G; g++) {
+        hsize_t ga, gz;
+        split_rows(p->r0, p->r1, g, W->G, &ga, &gz);
+        L->cnt[g] = (int)((gz - ga) * u), L->dsp[g] = (int)((ga - p->r0) * u);
+      }
+      DT_MPI_KEEP(*st3, dt_wd_allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, rows, L->cnt, L->dsp, MPI_FLOAT, W->lead,
+                                         "allgatherv (checkpoint load)"));
+      raise_to(W->exch_done, i + 1);
+    }
+    wait_at_least(W->exch_done, i + 1);
+  }
+  L->t_ag += dt_time_now() - tp, tp = dt_time_now();
+  int nb = dt_ckpt__boxes_of(&L->rg[gi ? 1 : 0], ti, L->bx);
+  float *local = gi == 0 ? L->a->params : gi == 1 ? L->a->m : L->a->v;
+  unpack_rows(&f, rows, p->r0, p->r1, L->bx, nb, local);
+  const dt_tensor_t *t = &lay->tensors[ti];
+  if (*zeroed != d && (gi ? L->a->optim : L->a->model).full && dt_ckpt__is_wte(t) && t->rows > lay->d.V) { /* padded vocab */
+    memset(local + t->offset + (size_t)lay->d.V * (size_t)t->cols, 0, (size_t)(t->rows - lay->d.V) * (size_t)t->cols * sizeof(float));
+    *zeroed = d;
+  }
+  raise_to(&W->copied[W->j], i + 1);
+  L->t_un += dt_time_now() - tp;
+}
+
+/* Phase 3: every piece (the reader thread reads ahead when own descriptors are used); the
+ * agreed status. */
+static dt_status_t load_pieces(load_t *L) {
+  if (L->own_ok) {
+    reader_t *R = &L->R;
+    R->W = &L->W, R->pc = L->pc, R->D = &L->D, R->foff = L->foff, R->unit = L->unit, R->n_pc = L->n_pc;
+    R->fd_direct = L->fd_direct, R->fd_buf = L->fd_buf, R->bounce = L->bounce;
     /* straight into the slot, also a shared one (measured: shm pages made smaller device
      * requests than the huge-page bounce buffer, but saving its copy won: 4 ranks 1.6-1.9 s
      * instead of 2.3-2.4, 2 ranks 1.1-1.3 instead of 1.4-1.5) */
-    R.dio_align = dt_ckpt__dio_align(fd_direct);
-    reading = pthread_create(&rth, NULL, reader_thread, &R) == 0; /* else the main thread reads */
+    R->dio_align = dt_ckpt__dio_align(L->fd_direct);
+    L->reading = pthread_create(&L->rth, NULL, reader_thread, R) == 0; /* else the main thread reads */
   }
   dt_status_t st3 = DT_OK; /* the first failure of phase 3 on this rank */
-  for (int i = 0, zeroed = -1; i < n_pc; i++) {
-    const piece_t *p = &pc[i];
-    const int d = p->d, ti = d % lay->n_tensors, gi = d / lay->n_tensors;
-    const fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[ti]);
-    const hsize_t u = unit[d];
-    float *rows = slot_rows(&W, i, foff[d] + (uint64_t)p->r0 * u * sizeof(float));
-    hsize_t lo, hi;
-    share_of(&W, p, W.g, W.j, &lo, &hi);
-    tp = dt_time_now();
-    if (!own_ok) { /* collective: every rank calls it for every piece (once the slot is free) */
-      wait_node(&W, W.copied, i - NW + 1);
-      hid_t fsp = H5Dget_space(D.ds[d]);
-      hsize_t mc = hi > lo ? (hi - lo) * u : 1;
-      hid_t msp = H5Screate_simple(1, &mc, NULL);
-      hsize_t start[2] = {lo, 0}, count[2] = {hi - lo, u};
-      if (hi > lo) H5Sselect_hyperslab(fsp, H5S_SELECT_SET, start, NULL, count, NULL);
-      else H5Sselect_none(fsp), H5Sselect_none(msp);
-      if (H5Dread(D.ds[d], H5T_NATIVE_FLOAT, msp, fsp, dxpl, rows + (lo - p->r0) * u) < 0 && st3 == DT_OK)
-        st3 = dt_ckpt__h5err(path, D.names[d], "cannot read");
-      H5Sclose(msp);
-      H5Sclose(fsp);
-      raise_to(&W.read_done[W.j], i + 1);
-    } else if (!reading) {
-      read_piece(&R, i);
-    }
-    wait_at_least(&W.read_done[W.j], i + 1);
-    t_rd += dt_time_now() - tp, tp = dt_time_now();
-    mine[i] = dt_crc32c(0, rows + (lo - p->r0) * u, (size_t)(hi - lo) * u * sizeof(float)); /* verified after the loop */
-    t_crc += dt_time_now() - tp, tp = dt_time_now();
-    if (st3 == DT_OK && dt_ckpt__faulty(comm, "read"))
-      st3 = DT_ERR(DT_ERR_IO, "%s: %s: simulated read failure (test hook)", path, D.names[d]);
-    wait_node(&W, W.read_done, i + 1); /* the node's shares are in the slot */
-    if (W.G > 1) { /* the node leaders exchange their nodes' shares; the node waits for its leader */
-      if (W.lead != MPI_COMM_NULL) {
-        for (int g = 0; g < W.G; g++) {
-          hsize_t ga, gz;
-          split_rows(p->r0, p->r1, g, W.G, &ga, &gz);
-          cnt[g] = (int)((gz - ga) * u), dsp[g] = (int)((ga - p->r0) * u);
-        }
-        DT_MPI_KEEP(st3, dt_wd_allgatherv(MPI_IN_PLACE, 0, MPI_FLOAT, rows, cnt, dsp, MPI_FLOAT, W.lead,
-                                          "allgatherv (checkpoint load)"));
-        raise_to(W.exch_done, i + 1);
-      }
-      wait_at_least(W.exch_done, i + 1);
-    }
-    t_ag += dt_time_now() - tp, tp = dt_time_now();
-    int nb = dt_ckpt__boxes_of(&rg[gi ? 1 : 0], ti, bx);
-    float *local = gi == 0 ? a->params : gi == 1 ? a->m : a->v;
-    unpack_rows(&f, rows, p->r0, p->r1, bx, nb, local);
-    const dt_tensor_t *t = &lay->tensors[ti];
-    if (zeroed != d && (gi ? a->optim : a->model).full && dt_ckpt__is_wte(t) && t->rows > lay->d.V) { /* padded vocab */
-      memset(local + t->offset + (size_t)lay->d.V * (size_t)t->cols, 0, (size_t)(t->rows - lay->d.V) * (size_t)t->cols * sizeof(float));
-      zeroed = d;
-    }
-    raise_to(&W.copied[W.j], i + 1);
-    t_un += dt_time_now() - tp;
-  }
-  if (reading) pthread_join(rth, NULL);
-  reading = 0;
-  if (R.err && st3 == DT_OK)
-    st3 = DT_ERR(DT_ERR_IO, "%s: %s: read failed: %s", path, D.names[pc[R.err_piece].d], strerror(R.err));
-  if ((st = dt_ckpt__agree(comm, st3)) != DT_OK) goto out;
-  /* Checksums: every rank's CRC of its share of every piece in one allgather, combined in file
-   * order (pieces; nodes; members); the same verdict on every rank (on a mismatch the arenas hold
-   * unspecified data). */
-  DT_MPI_KEEP(st, dt_wd_allgather(mine, n_pc, MPI_UINT32_T, crcs, n_pc, MPI_UINT32_T, comm, "allgather (checkpoint load)"));
-  if (st != DT_OK) goto out;
+  for (int i = 0, zeroed = -1; i < L->n_pc; i++) load_piece(L, i, &zeroed, &st3);
+  if (L->reading) pthread_join(L->rth, NULL);
+  L->reading = 0;
+  if (L->R.err && st3 == DT_OK)
+    st3 = DT_ERR(DT_ERR_IO, "%s: %s: read failed: %s", L->path, L->D.names[L->pc[L->R.err_piece].d], strerror(L->R.err));
+  return dt_ckpt__agree(L->comm, st3);
+}
+
+/* Checksums: every rank's CRC of its share of every piece in one allgather, combined in file order
+ * (pieces; nodes; members); the same verdict on every rank (on a mismatch the arenas hold
+ * unspecified data). */
+static dt_status_t load_verify(load_t *L) {
+  const window_t *W = &L->W;
+  const int n_pc = L->n_pc;
+  dt_status_t st = DT_OK;
+  DT_MPI_KEEP(st, dt_wd_allgather(L->mine, n_pc, MPI_UINT32_T, L->crcs, n_pc, MPI_UINT32_T, L->comm,
+                                  "allgather (checkpoint load)"));
+  DT_TRY(st);
   uint32_t crc = 0; /* of dataset d so far */
   for (int i = 0, d = -1; i <= n_pc; i++) {
-    if (i == n_pc || pc[i].d != d) { /* dataset d complete */
-      if (d >= 0 && crc != stored[d]) {
-        st = DT_ERR(DT_ERR_CKPT, "%s: %s: CRC32C mismatch: stored 0x%08x, data 0x%08x (corrupt file)", path, D.names[d], stored[d], crc);
-        goto out;
-      }
+    if (i == n_pc || L->pc[i].d != d) { /* dataset d complete */
+      if (d >= 0 && crc != L->stored[d])
+        return DT_ERR(DT_ERR_CKPT, "%s: %s: CRC32C mismatch: stored 0x%08x, data 0x%08x (corrupt file)", L->path,
+                      L->D.names[d], L->stored[d], crc);
       if (i == n_pc) break;
-      d = pc[i].d, crc = 0;
+      d = L->pc[i].d, crc = 0;
     }
-    for (int g = 0; g < W.G; g++)
-      for (int j = 0; j < W.kof[g]; j++) {
+    for (int g = 0; g < W->G; g++)
+      for (int j = 0; j < W->kof[g]; j++) {
         hsize_t lo, hi;
-        share_of(&W, &pc[i], g, j, &lo, &hi);
-        crc = dt_crc32c_combine(crc, crcs[(size_t)W.who[W.first[g] + j] * (size_t)n_pc + (size_t)i], (uint64_t)(hi - lo) * unit[d] * sizeof(float));
+        share_of(W, &L->pc[i], g, j, &lo, &hi);
+        crc = dt_crc32c_combine(crc, L->crcs[(size_t)W->who[W->first[g] + j] * (size_t)n_pc + (size_t)i],
+                                (uint64_t)(hi - lo) * L->unit[d] * sizeof(float));
       }
   }
-  dt_ckpt__time(comm, "read: tensors", t0);
-  dt_ckpt__time(comm, own_ok ? (fd_direct >= 0 ? "  read wait (own, O_DIRECT)" : "  read wait (own, buffered)") : "  H5Dread",
-                dt_time_now() - t_rd);
-  dt_ckpt__time(comm, "  crc", dt_time_now() - t_crc);
-  dt_ckpt__time(comm, "  exchange", dt_time_now() - t_ag);
-  dt_ckpt__time(comm, "  copy out", dt_time_now() - t_un);
-  dt_ckpt__time(comm, "  cpu (rank 0)", dt_time_now() - (dt_ckpt__cpu() - cpu0));
+  return DT_OK;
+}
 
-  /* Phase 4: the rest of the state. */
-  st = read_state_data(file, &s, dxpl, path);
-  st = dt_ckpt__agree(comm, st);
-
-out:
-  if (reading) pthread_join(rth, NULL); /* (it ends: phase 3 is never left early) */
-  dt_status_t sc = window_close(&W);
+/* Everything a load holds, whichever phase it stopped in; a close failure of the window is the
+ * status if there was none before. */
+static dt_status_t load_free(load_t *L, dt_status_t st) {
+  if (L->reading) pthread_join(L->rth, NULL); /* (it ends: phase 3 is never left early) */
+  dt_status_t sc = window_close(&L->W);
   if (st == DT_OK) st = sc;
-  if (fd_buf >= 0) close(fd_buf);
-  if (fd_direct >= 0) close(fd_direct);
-  dt_ckpt__io_buf_free(bounce, DT_CKPT_CHUNK);
-  free(foff);
-  free(unit);
-  free(pc);
-  dt_ckpt__dsets_free(&D);
-  if (file >= 0) H5Fclose(file);
-  if (fapl >= 0) H5Pclose(fapl);
-  if (dxpl >= 0) H5Pclose(dxpl);
-  dt_ckpt_ranges_free(&rg[0]);
-  dt_ckpt_ranges_free(&rg[1]);
-  free(bx);
-  free(stored);
-  free(crcs);
-  free(mine);
-  free(cnt);
-  free(dsp);
-  if (st == DT_OK && st_out) *st_out = s;
-  else dt_ckpt_state_free(&s);
+  if (L->fd_buf >= 0) close(L->fd_buf);
+  if (L->fd_direct >= 0) close(L->fd_direct);
+  dt_ckpt__io_buf_free(L->bounce, DT_CKPT_CHUNK);
+  dt_ckpt__dsets_free(&L->D);
+  if (L->file >= 0) H5Fclose(L->file);
+  if (L->fapl >= 0) H5Pclose(L->fapl);
+  if (L->dxpl >= 0) H5Pclose(L->dxpl);
+  dt_ckpt_ranges_free(&L->rg[0]);
+  dt_ckpt_ranges_free(&L->rg[1]);
+  void *bufs[] = {L->foff, L->unit, L->pc, L->bx, L->stored, L->crcs, L->mine, L->cnt, L->dsp};
+  for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) free(bufs[k]);
+  return st;
+}
+
+dt_status_t dt_ckpt_load(const void *mpi_comm, const char *path, const dt_layout_t *lay, const dt_ckpt_arenas_t *a,
+                         dt_ckpt_state_t *st_out) {
+  load_t L;
+  memset(&L, 0, sizeof L);
+  L.comm = dt_ckpt__comm(mpi_comm), L.path = path, L.lay = lay, L.a = a;
+  L.fapl = L.dxpl = L.file = -1;
+  L.fd_buf = L.fd_direct = -1;
+  L.W.node = L.W.lead = MPI_COMM_NULL;
+  DT_MPI_CHECK(MPI_Comm_rank(L.comm, &L.rank));
+  DT_MPI_CHECK(MPI_Comm_size(L.comm, &L.size));
+  dt_ckpt__h5_quiet();
+  double t0 = dt_time_now(), cpu0 = dt_ckpt__cpu();
+  dt_status_t st = dt_ckpt__agree(L.comm, load_plan(&L));
+  if (st == DT_OK) st = load_open(&L);
+  if (st == DT_OK) st = load_pieces(&L);
+  if (st == DT_OK) st = load_verify(&L);
+  if (st == DT_OK) {
+    dt_ckpt__time(L.comm, "read: tensors", t0);
+    dt_ckpt__time(L.comm, L.own_ok ? (L.fd_direct >= 0 ? "  read wait (own, O_DIRECT)" : "  read wait (own, buffered)")
+                                   : "  H5Dread", dt_time_now() - L.t_rd);
+    dt_ckpt__time(L.comm, "  crc", dt_time_now() - L.t_crc);
+    dt_ckpt__time(L.comm, "  exchange", dt_time_now() - L.t_ag);
+    dt_ckpt__time(L.comm, "  copy out", dt_time_now() - L.t_un);
+    dt_ckpt__time(L.comm, "  cpu (rank 0)", dt_time_now() - (dt_ckpt__cpu() - cpu0));
+    /* Phase 4: the rest of the state. */
+    st = dt_ckpt__agree(L.comm, dt_ckpt__read_state_data(L.file, &L.s, L.dxpl, path));
+  }
+  st = load_free(&L, st);
+  if (st == DT_OK && st_out) *st_out = L.s;
+  else dt_ckpt_state_free(&L.s);
   return st;
 }

@@ -231,6 +231,19 @@ static int count_fds(void) {
   return n;
 }
 
+/* This process's shared-memory read windows still named in /dev/shm (a load unlinks its window's
+ * name as soon as every rank of the node has it mapped). */
+static int shm_left(void) {
+  char prefix[64];
+  snprintf(prefix, sizeof prefix, "dtrain-ckpt-%ld-", (long)getpid());
+  DIR *d = opendir("/dev/shm");
+  if (!d) return 0;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));) n += strncmp(e->d_name, prefix, strlen(prefix)) == 0;
+  closedir(d);
+  return n;
+}
+
 /* Open HDF5 identifiers of each kind (files, groups, datasets, dataspaces, datatypes, attributes,
  * property lists): a leak check around repeated calls. Heap leaks: tests/ckpt_leaks.sh. */
 enum { N_ID_KINDS = 7 };
@@ -259,6 +272,8 @@ static void test_roundtrip(const char *dir, const dt_layout_t *lay) {
   }
   open_ids(ids1);
   CHECK(count_fds() == fds, "4 more saves and loads left %d file descriptors open on rank %d", count_fds() - fds, rank);
+  CHECK(shm_left() == 0, "%d shared-memory read windows of rank %d (/dev/shm/dtrain-ckpt-%ld-*) outlived their loads",
+        shm_left(), rank, (long)getpid());
   for (int k = 0; k < N_ID_KINDS; k++)
     CHECK(ids1[k] == ids0[k], "4 more saves and loads left %lld more HDF5 identifiers of kind %d open on rank %d",
           (long long)ids1[k] - (long long)ids0[k], k, rank);

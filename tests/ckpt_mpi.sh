@@ -60,6 +60,17 @@ if [ -w /dev/shm ] && grep -q "no shared memory" "$W/load4.err"; then
   exit 1
 fi
 
+echo "# a state dataset larger than its place (1000 RNG words; the reader's buffer holds a few) is refused"
+cp "$W/x/ckpt_00000012.h5" "$W/bigrng.h5"
+run "$PY" - "$W/bigrng.h5" <<'PY'
+import sys, h5py, numpy as np
+with h5py.File(sys.argv[1], "r+") as f:
+    crc = f["state/rng"].attrs["crc32c"]
+    del f["state/rng"]
+    f.create_dataset("state/rng", data=np.arange(1000, dtype="<u8")).attrs["crc32c"] = crc
+PY
+for n in 1 2; do mpi $n refuse "$W/bigrng.h5" "elements do not fit"; done
+
 echo "# independent check with h5py (names, shapes, values, CRC32C in python)"
 run "$PY" "$S/tests/ckpt_check.py" "$W/x/ckpt_00000012.h5" 12
 run "$PY" "$S/tests/ckpt_check.py" "$W/all4/sharded/ckpt_00000007.h5" 7

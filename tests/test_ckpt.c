@@ -526,7 +526,7 @@ int main(int argc, char **argv) {
   MPI_Comm_size(MPI_COMM_WORLD, &size);
   if (argc < 3) {
     if (rank == 0)
-      fprintf(stderr, "usage: test_ckpt all|save|load DIR [STEP] | bench DIR L C V T | corrupt FILE L C V T DATASET\n");
+      fprintf(stderr, "usage: test_ckpt all|save|load DIR [STEP] | bench DIR L C V T | corrupt FILE L C V T DATASET | refuse FILE WHY\n");
     MPI_Finalize();
     return 2;
   }
@@ -586,6 +586,18 @@ int main(int argc, char **argv) {
           "corrupt %s: %s", argv[7], dt_err_msg());
     if (rank == 0) printf("ok flipped bit in %s detected with %d ranks: %s\n", argv[7], size, dt_err_msg());
     free(b.p), free(b.m), free(b.v), free(big.tensors);
+  } else if (strcmp(mode, "refuse") == 0 && argc > 3) { /* refuse FILE WHY: load must fail, naming WHY */
+    bufs_t b = bufs(&lay);
+    dt_ckpt_arenas_t a = dt_ckpt_arenas_full(b.p, b.m, b.v);
+    dt_ckpt_state_t s;
+    memset(&s, 0, sizeof s);
+    MPI_Comm w = MPI_COMM_WORLD;
+    dt_status_t st = dt_ckpt_load(&w, dir, &lay, &a, &s);
+    CHECK(all_agree(st, DT_ERR_CKPT) && strstr(dt_err_msg(), argv[3]), "refuse %s: %s: %s", dir, dt_status_str(st),
+          dt_err_msg());
+    if (rank == 0 && st != DT_OK) printf("ok %s refused with %d ranks: %s\n", dir, size, dt_err_msg());
+    if (st == DT_OK) dt_ckpt_state_free(&s);
+    free(b.p), free(b.m), free(b.v);
   } else if (strcmp(mode, "load") == 0) {
     load_expect(dir, &lay, step, "cross-layout");
   } else { /* a typo must not run nothing and print PASSED */

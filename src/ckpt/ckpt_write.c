@@ -364,236 +364,291 @@ static dt_status_t combine(seg_t *all, size_t n, const uint64_t *bytes, const ch
   return DT_OK;
 }
 
+/* One save's state (write_file): what phase 1 plans, phase 2 creates, phase 4 writes. */
+typedef struct {
+  MPI_Comm comm;
+  int world, rank, size, optim;
+  const char *path;
+  const dt_layout_t *lay;
+  const dt_ckpt_arenas_t *a;
+  dt_ckpt_state_t s; /* rank 0's, on every rank */
+  char *ini;
+  dt_ckpt_ranges_t rg[2];
+  dsets_t D;
+  hid_t fapl, dxpl, file;
+  int full_all[2]; /* every rank passes whole (replicated) model / moment arenas */
+  int own_ok;      /* large datasets of replicated arenas go through our own descriptors */
+  int wb_fd;       /* our own descriptor of the file: start_writeback, and the own-descriptor writes */
+  int dio_fd;      /* the same with O_DIRECT, -1 if the file system refuses it */
+  int *own;        /* per dataset: written through our own descriptors (write_own), not H5Dwrite */
+  uint64_t *foff, n_direct;
+  uint64_t unsynced; /* bytes this rank wrote since the last start_writeback */
+  fbox_t *bx[2];     /* the boxes of the tensor being written and of the one being packed */
+  float *stg[2];     /* their stage buffers (each the size of the largest tensor that needs staging) */
+  job_t job[2];
+  segs_t segs;
+  seg_t *all; /* rank 0: every rank's CRC runs */
+  uint32_t *crc;
+  double t0, t_pack, t_h5, t_wb, t_cr;
+} save_t;
+
+/* Phase 1 (local): state from rank 0, ranges, dataset names. The agreed status. */
+static dt_status_t save_plan(save_t *S, const dt_ckpt_state_t *st_in) {
+  const dt_ckpt_arenas_t *a = S->a;
+  dt_status_t st = state_bcast(S->comm, S->rank, st_in, &S->s, &S->ini);
+  int omin, omax;
+  S->optim = a->m != NULL;
+  DT_MPI_KEEP(st, dt_wd_allreduce(&S->optim, &omin, 1, MPI_INT, MPI_MIN, S->comm, "allreduce (checkpoint save)"));
+  DT_MPI_KEEP(st, dt_wd_allreduce(&S->optim, &omax, 1, MPI_INT, MPI_MAX, S->comm, "allreduce (checkpoint save)"));
+  if (st == DT_OK && omin != omax) st = DT_ERR(DT_ERR_ARG, "%s: some ranks pass AdamW moments, others not", S->path);
+  if (st == DT_OK && (a->m == NULL) != (a->v == NULL)) st = DT_ERR(DT_ERR_ARG, "%s: m and v must both be given", S->path);
+  if (st == DT_OK) st = dt_ckpt__ranges_resolve(S->lay, &a->model, 1, S->rank, S->size, &S->rg[0]);
+  if (st == DT_OK && S->optim) st = dt_ckpt__ranges_resolve(S->lay, &a->optim, 1, S->rank, S->size, &S->rg[1]);
+  if (st == DT_OK) st = check_disjoint(S->lay, &S->rg[0], "model");
+  if (st == DT_OK && S->optim) st = check_disjoint(S->lay, &S->rg[1], "optim");
+  if (st == DT_OK) st = dt_ckpt__dsets_init(&S->D, S->lay, S->optim ? 3 : 1);
+  if (st == DT_OK && dt_ckpt__faulty(S->comm, "open")) st = DT_ERR(DT_ERR_IO, "%s: simulated open failure (test hook)", S->path);
+  return dt_ckpt__agree(S->comm, st);
+}
+
+/* Phase 2: the collective create, our own descriptors, which datasets take them. The agreed status. */
+static dt_status_t save_create(save_t *S) {
+  const char *path = S->path;
+  dt_status_t st = DT_OK;
+  S->fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_fapl_mpio(S->fapl, S->comm, MPI_INFO_NULL);
+  S->dxpl = H5Pcreate(H5P_DATASET_XFER);
+  H5Pset_dxpl_mpio(S->dxpl, H5FD_MPIO_COLLECTIVE);
+  /* Collective HDF5 calls, independent MPI-IO underneath: every rank's part of a dataset is one
+   * contiguous run of MBs, which two-phase buffering only reshuffles (measured: 4 ranks on 2
+   * cores 2.3 s instead of 4-5 s in H5Dwrite). DTRAIN_CKPT_TWO_PHASE=1 restores two-phase I/O. */
+  if (!getenv("DTRAIN_CKPT_TWO_PHASE")) H5Pset_dxpl_mpio_collective_opt(S->dxpl, H5FD_MPIO_INDIVIDUAL_IO);
+  /* Replicated arenas on every rank: large datasets are written through our own descriptors
+   * (write_own), so their raw data must start on page boundaries. */
+  S->full_all[0] = S->a->model.full, S->full_all[1] = !S->optim || S->a->optim.full;
+  DT_MPI_KEEP(st, dt_wd_allreduce(MPI_IN_PLACE, S->full_all, 2, MPI_INT, MPI_MIN, S->comm, "allreduce (checkpoint save)"));
+  S->own_ok = dt_ckpt__own_io() && (S->full_all[0] || S->full_all[1]);
+  if (S->own_ok) H5Pset_alignment(S->fapl, DT_CKPT_OWN_MIN, DT_CKPT_ALIGN);
+  S->file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, S->fapl);
+  if (S->file < 0) st = dt_ckpt__h5err(path, "/", "cannot create file");
+  DT_TRY(dt_ckpt__agree(S->comm, st));
+  S->wb_fd = open(path, O_WRONLY | O_CLOEXEC);
+  if (S->own_ok) {
+    S->dio_fd = dt_ckpt__open_direct(path, O_WRONLY); /* -1: plain writes */
+    int have = S->wb_fd >= 0, all = 0; /* every rank needs a descriptor, else nobody takes the path */
+    DT_MPI_KEEP(st, dt_wd_allreduce(&have, &all, 1, MPI_INT, MPI_MIN, S->comm, "allreduce (checkpoint save)"));
+    S->own_ok = all;
+  }
+  S->own = calloc((size_t)S->D.n_ds, sizeof *S->own);
+  S->foff = calloc((size_t)S->D.n_ds, sizeof *S->foff);
+  if (!S->own || !S->foff) st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
+  for (int d = 0; S->own && d < S->D.n_ds; d++)
+    S->own[d] = S->own_ok && S->full_all[d >= S->lay->n_tensors] && S->D.bytes[d] >= DT_CKPT_OWN_MIN;
+  return dt_ckpt__agree(S->comm, st);
+}
+
+/* Phase 3: groups, root attributes. The agreed status. */
+static dt_status_t save_groups(save_t *S) {
+  const char *grps[] = {"/model", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"};
+  const int fmt = DT_CKPT_FORMAT_VERSION;
+  dt_status_t st = DT_OK;
+  for (int i = 0; i < (S->optim ? 4 : 1) && st == DT_OK; i++) {
+    hid_t g = H5Gcreate2(S->file, grps[i], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+    if (g < 0) st = dt_ckpt__h5err(S->path, grps[i], "cannot create group");
+    else H5Gclose(g);
+  }
+  if (st == DT_OK && (dt_ckpt__attr_put_str(S->file, "format", "dtrain-checkpoint") < 0 ||
+                      dt_ckpt__attr_put(S->file, "format_version", H5T_STD_I32LE, H5T_NATIVE_INT, &fmt) < 0 ||
+                      dt_ckpt__attr_put_str(S->file, "dtrain_version", PACKAGE_VERSION) < 0))
+    st = dt_ckpt__h5err(S->path, "/", "cannot write attributes");
+  return dt_ckpt__agree(S->comm, st);
+}
+
+/* The boxes and the two stage buffers of phase 4. The agreed status. */
+static dt_status_t save_stage(save_t *S) {
+  int nbx = S->rg[0].n > S->rg[1].n ? S->rg[0].n : S->rg[1].n;
+  S->bx[0] = malloc((size_t)nbx * sizeof(fbox_t) + 1), S->bx[1] = malloc((size_t)nbx * sizeof(fbox_t) + 1);
+  size_t need = 1;
+  for (int d = 0; S->bx[0] && d < S->D.n_ds; d++) {
+    job_init(&S->job[0], S->lay, S->a, S->rg, d, S->bx[0], NULL, NULL, S->own);
+    size_t n = 0;
+    for (int b = 0; b < S->job[0].nb; b++) n += (size_t)((S->bx[0][b].r1 - S->bx[0][b].r0) * (S->bx[0][b].c1 - S->bx[0][b].c0));
+    if (!direct(&S->job[0]) && n > need) need = n;
+  }
+  S->stg[0] = malloc(need * sizeof(float)), S->stg[1] = malloc(need * sizeof(float));
+  dt_status_t st = DT_OK;
+  if (!S->bx[0] || !S->bx[1] || !S->stg[0] || !S->stg[1]) st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory for the staging buffers", S->path);
+  return dt_ckpt__agree(S->comm, st);
+}
+
+/* Tensor d (packed already, in job[d & 1]): created, its boxes selected, written collectively
+ * (H5Dwrite unless it goes through our own descriptors later) while tensor d + 1 is packed on a
+ * helper thread. The agreed status. */
+static dt_status_t save_tensor(save_t *S, int d, hid_t dcpl) {
+  const char *path = S->path;
+  dsets_t *D = &S->D;
+  job_t *J = &S->job[d & 1], *N = &S->job[(d + 1) & 1];
+  pthread_t th;
+  int running = 0;
+  dt_status_t st = DT_OK;
+  if (d + 1 < D->n_ds) { /* start packing the next tensor */
+    job_init(N, S->lay, S->a, S->rg, d + 1, S->bx[(d + 1) & 1], S->stg[(d + 1) & 1], &S->segs, S->own);
+    running = pthread_create(&th, NULL, pack_thread, N) == 0;
+    if (!running) pack_thread(N); /* no thread: pack it here, in order */
+  }
+  hid_t fsp = H5Screate_simple(J->f.ndim, J->f.dims, NULL), msp = -1;
+  double tc = dt_time_now();
+  D->ds[d] = H5Dcreate2(S->file, D->names[d], H5T_IEEE_F32LE, fsp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
+  S->t_cr += dt_time_now() - tc;
+  if (D->ds[d] < 0) st = dt_ckpt__h5err(path, D->names[d], "cannot create dataset");
+  else if (S->own[d] && (S->foff[d] = (uint64_t)H5Dget_offset(D->ds[d])) == (uint64_t)HADDR_UNDEF)
+    st = dt_ckpt__h5err(path, D->names[d], "no file offset for the raw data");
+  if (st == DT_OK && J->failed) st = DT_ERR(DT_ERR_NOMEM, "%s: %s: out of memory (checksum runs)", path, D->names[d]);
+  for (int b = 0; st == DT_OK && b < J->nb; b++)
+    if (dt_ckpt__select_box(fsp, &J->f, &J->bx[b], b == 0 ? H5S_SELECT_SET : H5S_SELECT_OR) < 0)
+      st = dt_ckpt__h5err(path, D->names[d], "cannot select hyperslab");
+  if (st == DT_OK) { /* local problems are agreed on before the collective write */
+    hsize_t mc = J->count ? J->count : 1;
+    msp = H5Screate_simple(1, &mc, NULL);
+    if (!J->count) H5Sselect_none(msp), H5Sselect_none(fsp);
+  }
+  st = dt_ckpt__agree(S->comm, st);
+  double tp = dt_time_now();
+  if (st == DT_OK && !S->own[d] && H5Dwrite(D->ds[d], H5T_NATIVE_FLOAT, msp, fsp, S->dxpl, J->buf) < 0)
+    st = dt_ckpt__h5err(path, D->names[d], "cannot write dataset");
+  S->t_h5 += dt_time_now() - tp;
+  tp = dt_time_now();
+  if ((S->unsynced += J->count * sizeof(float)) >= (32u << 20)) start_writeback(S->wb_fd), S->unsynced = 0;
+  S->t_wb += dt_time_now() - tp;
+  if (st == DT_OK && dt_ckpt__faulty(S->comm, "write")) st = DT_ERR(DT_ERR_IO, "%s: %s: simulated write failure (test hook)", path, D->names[d]);
+  if (d == D->n_ds / 2 && dt_fault("ckpt_kill", dt_err_rank(), -1)) /* test-only, fault.h */
+    dt_fault_kill("rank %d: ckpt_kill: SIGKILL after writing dataset %d of %d of %s", dt_err_rank(), d + 1, D->n_ds,
+                  path);
+  if (msp >= 0) H5Sclose(msp);
+  H5Sclose(fsp);
+  tp = dt_time_now();
+  if (running) pthread_join(th, NULL);
+  S->t_pack += dt_time_now() - tp; /* waiting for the packer */
+  return dt_ckpt__agree(S->comm, st);
+}
+
+/* Phase 4: tensors, one collective write each; tensor d + 1 is packed on a helper thread while d
+ * is written (two stage buffers the size of the largest tensor that needs staging); then the
+ * large ones of replicated arenas through our own descriptors. The agreed status. */
+static dt_status_t save_tensors(save_t *S) {
+  dt_status_t st = save_stage(S);
+  if (st == DT_OK) {
+    hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
+    H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
+    H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
+    job_init(&S->job[0], S->lay, S->a, S->rg, 0, S->bx[0], S->stg[0], &S->segs, S->own);
+    double tp = dt_time_now();
+    pack_thread(&S->job[0]);
+    S->t_pack += dt_time_now() - tp;
+    for (int d = 0; d < S->D.n_ds && st == DT_OK; d++) st = save_tensor(S, d, dcpl);
+    H5Pclose(dcpl);
+  }
+  free(S->bx[0]), free(S->bx[1]), free(S->stg[1]); /* stg[0] stays until the end, as it always did */
+  S->bx[0] = S->bx[1] = NULL, S->stg[1] = NULL;
+  DT_TRY(st);
+  double tp = dt_time_now();
+  if (S->own_ok)
+    st = write_own(S->lay, S->a, &S->D, S->own, S->foff, S->rank, S->size, S->dio_fd, S->wb_fd, &S->segs, &S->n_direct,
+                   S->path);
+  double t_own = dt_time_now() - tp;
+  DT_TRY(dt_ckpt__agree(S->comm, st));
+  dt_ckpt__time(S->comm, "write: tensors", S->t0);
+  dt_ckpt__time(S->comm, "  pack+crc wait", dt_time_now() - S->t_pack);
+  dt_ckpt__time(S->comm, "  H5Dwrite", dt_time_now() - S->t_h5);
+  dt_ckpt__time(S->comm, "  H5Dcreate", dt_time_now() - S->t_cr);
+  dt_ckpt__time(S->comm, "  writeback", dt_time_now() - S->t_wb);
+  dt_ckpt__time(S->comm, S->own_ok ? (S->dio_fd >= 0 ? "  own writes, O_DIRECT" : "  own writes, buffered") : "  (no own writes)",
+                dt_time_now() - t_own);
+  return DT_OK;
+}
+
+/* Phase 5: CRC runs to rank 0, tiling check and combination. The agreed status. */
+static dt_status_t save_crcs(save_t *S) {
+  const int rank = S->rank, size = S->size, n_ds = S->D.n_ds;
+  dt_status_t st = DT_OK;
+  int mine = (int)(S->segs.n * sizeof(seg_t)), *cnt = NULL, *dsp = NULL, total = 0;
+  if (rank == 0) cnt = calloc((size_t)size, sizeof *cnt), dsp = calloc((size_t)size, sizeof *dsp);
+  DT_MPI_KEEP(st, dt_wd_gather(&mine, 1, MPI_INT, cnt, 1, MPI_INT, 0, S->comm, "gather (checkpoint save)"));
+  for (int r = 0; rank == 0 && r < size; r++) dsp[r] = total, total += cnt[r];
+  if (rank == 0) S->all = malloc((size_t)total + 1);
+  DT_MPI_KEEP(st, dt_wd_gatherv(S->segs.s, mine, MPI_BYTE, S->all, cnt, dsp, MPI_BYTE, 0, S->comm, "gatherv (checkpoint save)"));
+  free(cnt);
+  free(dsp);
+  S->crc = calloc((size_t)n_ds, sizeof *S->crc);
+  if (!S->crc) st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory", S->path);
+  if (st == DT_OK && rank == 0) {
+    const char **nm = malloc((size_t)n_ds * sizeof *nm);
+    for (int d = 0; nm && d < n_ds; d++) nm[d] = S->D.names[d];
+    st = nm ? combine(S->all, (size_t)total / sizeof(seg_t), S->D.bytes, nm, n_ds, S->crc, S->path)
+            : DT_ERR(DT_ERR_NOMEM, "%s: out of memory", S->path);
+    free(nm);
+  }
+  return dt_ckpt__agree(S->comm, st);
+}
+
+/* Phases 6 and 7: the CRCs from rank 0 to all, written with the training state, everything
+ * flushed, then the completion marker. The agreed status. */
+static dt_status_t save_finish(save_t *S) {
+  const char *path = S->path;
+  dt_status_t st = DT_OK;
+  DT_MPI_KEEP(st, dt_wd_bcast(S->crc, S->D.n_ds, MPI_UINT32_T, 0, S->comm, "bcast (checkpoint save)"));
+  for (int d = 0; d < S->D.n_ds && st == DT_OK; d++)
+    if (dt_ckpt__attr_put(S->D.ds[d], "crc32c", H5T_STD_U32LE, H5T_NATIVE_UINT32, &S->crc[d]) < 0)
+      st = dt_ckpt__h5err(path, S->D.names[d], "cannot write crc32c attribute");
+  if (st == DT_OK) st = write_state(S->file, &S->s, S->ini, S->world, S->rank, S->lay, S->dxpl, path);
+  DT_TRY(dt_ckpt__agree(S->comm, st));
+  dt_ckpt__time(S->comm, "write: crc+state", S->t0);
+  int one = 1;
+  if (H5Fflush(S->file, H5F_SCOPE_GLOBAL) < 0) st = dt_ckpt__h5err(path, "/", "cannot flush");
+  else if (!dt_fault("ckpt_noflush", 0, (int)S->s.step) && /* test-only, fault.h; same verdict on all ranks */
+           dt_ckpt__attr_put(S->file, "complete", H5T_STD_I32LE, H5T_NATIVE_INT, &one) < 0)
+    st = dt_ckpt__h5err(path, "/", "cannot write the completion marker");
+  return dt_ckpt__agree(S->comm, st);
+}
+
+/* Everything a save holds, whichever phase it stopped in; closing the file is agreed on too. */
+static dt_status_t save_free(save_t *S, dt_status_t st) {
+  dt_ckpt__dsets_free(&S->D);
+  if (S->wb_fd >= 0) close(S->wb_fd);
+  if (S->dio_fd >= 0) close(S->dio_fd);
+  if (S->file >= 0 && H5Fclose(S->file) < 0 && st == DT_OK) st = dt_ckpt__h5err(S->path, "/", "cannot close file");
+  if (S->file >= 0) st = dt_ckpt__agree(S->comm, st);
+  dt_ckpt__time(S->comm, "write: closed", S->t0);
+  if (S->fapl >= 0) H5Pclose(S->fapl);
+  if (S->dxpl >= 0) H5Pclose(S->dxpl);
+  dt_ckpt_ranges_free(&S->rg[0]);
+  dt_ckpt_ranges_free(&S->rg[1]);
+  void *bufs[] = {S->own, S->foff, S->bx[0], S->bx[1], S->stg[0], S->stg[1], S->segs.s, S->all, S->crc, S->ini};
+  for (size_t k = 0; k < sizeof bufs / sizeof bufs[0]; k++) free(bufs[k]);
+  return st;
+}
+
 /* The file, written collectively by the ranks of comm (all ranks, or the node leaders); world =
  * the number of ranks of the job (the /state attribute). */
 static dt_status_t write_file(MPI_Comm comm, int world, const char *path, const dt_layout_t *lay,
                               const dt_ckpt_arenas_t *a, const dt_ckpt_state_t *st_in) {
-  int rank, size;
-  DT_MPI_CHECK(MPI_Comm_rank(comm, &rank));
-  DT_MPI_CHECK(MPI_Comm_size(comm, &size));
+  save_t S;
+  memset(&S, 0, sizeof S);
+  S.comm = comm, S.world = world, S.path = path, S.lay = lay, S.a = a;
+  S.fapl = S.dxpl = S.file = -1;
+  S.wb_fd = S.dio_fd = -1;
+  DT_MPI_CHECK(MPI_Comm_rank(comm, &S.rank));
+  DT_MPI_CHECK(MPI_Comm_size(comm, &S.size));
   dt_ckpt__h5_quiet();
-  dt_ckpt_state_t s;
-  char *ini = NULL;
-  dt_ckpt_ranges_t rg[2];
-  memset(rg, 0, sizeof rg);
-  dsets_t D;
-  memset(&D, 0, sizeof D);
-  hid_t fapl = -1, dxpl = -1, file = -1, g = -1;
-  int wb_fd = -1;          /* our own descriptor of the file: start_writeback, and the own-descriptor writes */
-  int dio_fd = -1;         /* the same with O_DIRECT, -1 if the file system refuses it */
-  int *own = NULL;         /* per dataset: written through our own descriptors (write_own), not H5Dwrite */
-  uint64_t *foff = NULL, n_direct = 0;
-  uint64_t unsynced = 0;   /* bytes this rank wrote since the last start_writeback */
-  float *stage = NULL;
-  segs_t segs = {0};
-  seg_t *all = NULL;
-  uint32_t *crc = NULL;
-
-  double t0 = dt_time_now(), t_pack = 0, t_h5 = 0, t_wb = 0, t_cr = 0;
-  /* Phase 1 (local): state from rank 0, ranges, buffers. */
-  dt_status_t st = state_bcast(comm, rank, st_in, &s, &ini);
-  int optim = a->m != NULL, omin, omax;
-  DT_MPI_KEEP(st, dt_wd_allreduce(&optim, &omin, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint save)"));
-  DT_MPI_KEEP(st, dt_wd_allreduce(&optim, &omax, 1, MPI_INT, MPI_MAX, comm, "allreduce (checkpoint save)"));
-  if (st == DT_OK && omin != omax) st = DT_ERR(DT_ERR_ARG, "%s: some ranks pass AdamW moments, others not", path);
-  if (st == DT_OK && (a->m == NULL) != (a->v == NULL)) st = DT_ERR(DT_ERR_ARG, "%s: m and v must both be given", path);
-  if (st == DT_OK) st = dt_ckpt__ranges_resolve(lay, &a->model, 1, rank, size, &rg[0]);
-  if (st == DT_OK && optim) st = dt_ckpt__ranges_resolve(lay, &a->optim, 1, rank, size, &rg[1]);
-  if (st == DT_OK) st = check_disjoint(lay, &rg[0], "model");
-  if (st == DT_OK && optim) st = check_disjoint(lay, &rg[1], "optim");
-  if (st == DT_OK) st = dt_ckpt__dsets_init(&D, lay, optim ? 3 : 1);
-  if (st == DT_OK && dt_ckpt__faulty(comm, "open")) st = DT_ERR(DT_ERR_IO, "%s: simulated open failure (test hook)", path);
-  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
-
-  /* Phase 2: collective create. */
-  fapl = H5Pcreate(H5P_FILE_ACCESS);
-  H5Pset_fapl_mpio(fapl, comm, MPI_INFO_NULL);
-  dxpl = H5Pcreate(H5P_DATASET_XFER);
-  H5Pset_dxpl_mpio(dxpl, H5FD_MPIO_COLLECTIVE);
-  /* Collective HDF5 calls, independent MPI-IO underneath: every rank's part of a dataset is one
-   * contiguous run of MBs, which two-phase buffering only reshuffles (measured: 4 ranks on 2
-   * cores 2.3 s instead of 4-5 s in H5Dwrite). DTRAIN_CKPT_TWO_PHASE=1 restores two-phase I/O. */
-  if (!getenv("DTRAIN_CKPT_TWO_PHASE")) H5Pset_dxpl_mpio_collective_opt(dxpl, H5FD_MPIO_INDIVIDUAL_IO);
-  /* Replicated arenas on every rank: large datasets are written through our own descriptors
-   * (write_own), so their raw data must start on page boundaries. */
-  int full_all[2] = {a->model.full, !optim || a->optim.full};
-  DT_MPI_KEEP(st, dt_wd_allreduce(MPI_IN_PLACE, full_all, 2, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint save)"));
-  int own_ok = dt_ckpt__own_io() && (full_all[0] || full_all[1]);
-  if (own_ok) H5Pset_alignment(fapl, DT_CKPT_OWN_MIN, DT_CKPT_ALIGN);
-  file = H5Fcreate(path, H5F_ACC_TRUNC, H5P_DEFAULT, fapl);
-  if (file < 0) st = dt_ckpt__h5err(path, "/", "cannot create file");
-  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
-  wb_fd = open(path, O_WRONLY | O_CLOEXEC);
-  if (own_ok) {
-    dio_fd = dt_ckpt__open_direct(path, O_WRONLY); /* -1: plain writes */
-    int have = wb_fd >= 0, all = 0; /* every rank needs a descriptor, else nobody takes the path */
-    DT_MPI_KEEP(st, dt_wd_allreduce(&have, &all, 1, MPI_INT, MPI_MIN, comm, "allreduce (checkpoint save)"));
-    own_ok = all;
-  }
-  own = calloc((size_t)D.n_ds, sizeof *own);
-  foff = calloc((size_t)D.n_ds, sizeof *foff);
-  if (!own || !foff) st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
-  for (int d = 0; own && d < D.n_ds; d++) own[d] = own_ok && full_all[d >= lay->n_tensors] && D.bytes[d] >= DT_CKPT_OWN_MIN;
-  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
-
-  /* Phase 3: groups, root attributes. */
-  const char *grps[] = {"/model", "/optim", "/optim/exp_avg", "/optim/exp_avg_sq"};
-  int fmt = DT_CKPT_FORMAT_VERSION;
-  for (int i = 0; i < (optim ? 4 : 1) && st == DT_OK; i++) {
-    if ((g = H5Gcreate2(file, grps[i], H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT)) < 0) st = dt_ckpt__h5err(path, grps[i], "cannot create group");
-    else H5Gclose(g);
-  }
-  if (st == DT_OK && (dt_ckpt__attr_put_str(file, "format", "dtrain-checkpoint") < 0 ||
-                      dt_ckpt__attr_put(file, "format_version", H5T_STD_I32LE, H5T_NATIVE_INT, &fmt) < 0 ||
-                      dt_ckpt__attr_put_str(file, "dtrain_version", PACKAGE_VERSION) < 0))
-    st = dt_ckpt__h5err(path, "/", "cannot write attributes");
-  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
-
-  /* Phase 4: tensors, one collective write each; tensor d + 1 is packed on a helper thread while
-   * d is written (two stage buffers the size of the largest tensor that needs staging). */
-  int nbx = rg[0].n > rg[1].n ? rg[0].n : rg[1].n;
-  fbox_t *bx[2] = {malloc((size_t)nbx * sizeof(fbox_t) + 1), malloc((size_t)nbx * sizeof(fbox_t) + 1)};
-  job_t job[2];
-  size_t need = 1;
-  for (int d = 0; bx[0] && d < D.n_ds; d++) {
-    job_init(&job[0], lay, a, rg, d, bx[0], NULL, NULL, own);
-    size_t n = 0;
-    for (int b = 0; b < job[0].nb; b++) n += (size_t)((bx[0][b].r1 - bx[0][b].r0) * (bx[0][b].c1 - bx[0][b].c0));
-    if (!direct(&job[0]) && n > need) need = n;
-  }
-  float *stg[2] = {malloc(need * sizeof(float)), malloc(need * sizeof(float))};
-  stage = stg[0];
-  if (!bx[0] || !bx[1] || !stg[0] || !stg[1]) st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory for the staging buffers", path);
-  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) {
-    free(bx[0]), free(bx[1]), free(stg[1]);
-    goto out;
-  }
-  hid_t dcpl = H5Pcreate(H5P_DATASET_CREATE);
-  H5Pset_fill_time(dcpl, H5D_FILL_TIME_NEVER);
-  H5Pset_alloc_time(dcpl, H5D_ALLOC_TIME_EARLY);
-  job_init(&job[0], lay, a, rg, 0, bx[0], stg[0], &segs, own);
-  double tp = dt_time_now();
-  pack_thread(&job[0]);
-  t_pack += dt_time_now() - tp;
-  for (int d = 0; d < D.n_ds; d++) {
-    job_t *J = &job[d & 1], *N = &job[(d + 1) & 1];
-    pthread_t th;
-    int running = 0;
-    if (d + 1 < D.n_ds) { /* start packing the next tensor */
-      job_init(N, lay, a, rg, d + 1, bx[(d + 1) & 1], stg[(d + 1) & 1], &segs, own);
-      running = pthread_create(&th, NULL, pack_thread, N) == 0;
-      if (!running) pack_thread(N); /* no thread: pack it here, in order */
-    }
-    hid_t fsp = H5Screate_simple(J->f.ndim, J->f.dims, NULL), msp = -1;
-    double tc = dt_time_now();
-    D.ds[d] = H5Dcreate2(file, D.names[d], H5T_IEEE_F32LE, fsp, H5P_DEFAULT, dcpl, H5P_DEFAULT);
-    t_cr += dt_time_now() - tc;
-    if (D.ds[d] < 0) st = dt_ckpt__h5err(path, D.names[d], "cannot create dataset");
-    else if (own[d] && (foff[d] = (uint64_t)H5Dget_offset(D.ds[d])) == (uint64_t)HADDR_UNDEF)
-      st = dt_ckpt__h5err(path, D.names[d], "no file offset for the raw data");
-    if (st == DT_OK && J->failed) st = DT_ERR(DT_ERR_NOMEM, "%s: %s: out of memory (checksum runs)", path, D.names[d]);
-    for (int b = 0; st == DT_OK && b < J->nb; b++)
-      if (dt_ckpt__select_box(fsp, &J->f, &J->bx[b], b == 0 ? H5S_SELECT_SET : H5S_SELECT_OR) < 0)
-        st = dt_ckpt__h5err(path, D.names[d], "cannot select hyperslab");
-    if (st == DT_OK) { /* local problems are agreed on before the collective write */
-      hsize_t mc = J->count ? J->count : 1;
-      msp = H5Screate_simple(1, &mc, NULL);
-      if (!J->count) H5Sselect_none(msp), H5Sselect_none(fsp);
-    }
-    st = dt_ckpt__agree(comm, st);
-    tp = dt_time_now();
-    if (st == DT_OK && !own[d] && H5Dwrite(D.ds[d], H5T_NATIVE_FLOAT, msp, fsp, dxpl, J->buf) < 0)
-      st = dt_ckpt__h5err(path, D.names[d], "cannot write dataset");
-    t_h5 += dt_time_now() - tp;
-    tp = dt_time_now();
-    if ((unsynced += J->count * sizeof(float)) >= (32u << 20)) start_writeback(wb_fd), unsynced = 0;
-    t_wb += dt_time_now() - tp;
-    if (st == DT_OK && dt_ckpt__faulty(comm, "write")) st = DT_ERR(DT_ERR_IO, "%s: %s: simulated write failure (test hook)", path, D.names[d]);
-    if (d == D.n_ds / 2 && dt_fault("ckpt_kill", dt_err_rank(), -1)) /* test-only, fault.h */
-      dt_fault_kill("rank %d: ckpt_kill: SIGKILL after writing dataset %d of %d of %s", dt_err_rank(), d + 1, D.n_ds,
-                    path);
-    if (msp >= 0) H5Sclose(msp);
-    H5Sclose(fsp);
-    tp = dt_time_now();
-    if (running) pthread_join(th, NULL);
-    t_pack += dt_time_now() - tp; /* waiting for the packer */
-    if ((st = dt_ckpt__agree(comm, st)) != DT_OK) break;
-  }
-  H5Pclose(dcpl);
-  free(bx[0]);
-  free(bx[1]);
-  free(stg[1]);
-  if (st != DT_OK) goto out;
-  tp = dt_time_now();
-  if (own_ok) st = write_own(lay, a, &D, own, foff, rank, size, dio_fd, wb_fd, &segs, &n_direct, path);
-  double t_own = dt_time_now() - tp;
-  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
-
-  dt_ckpt__time(comm, "write: tensors", t0);
-  dt_ckpt__time(comm, "  pack+crc wait", dt_time_now() - t_pack);
-  dt_ckpt__time(comm, "  H5Dwrite", dt_time_now() - t_h5);
-  dt_ckpt__time(comm, "  H5Dcreate", dt_time_now() - t_cr);
-  dt_ckpt__time(comm, "  writeback", dt_time_now() - t_wb);
-  dt_ckpt__time(comm, own_ok ? (dio_fd >= 0 ? "  own writes, O_DIRECT" : "  own writes, buffered") : "  (no own writes)",
-                dt_time_now() - t_own);
-  /* Phase 5: CRC runs to rank 0, tiling check and combination, CRCs back to all. */
-  int mine = (int)(segs.n * sizeof(seg_t)), *cnt = NULL, *dsp = NULL, total = 0;
-  if (rank == 0) cnt = calloc((size_t)size, sizeof *cnt), dsp = calloc((size_t)size, sizeof *dsp);
-  DT_MPI_KEEP(st, dt_wd_gather(&mine, 1, MPI_INT, cnt, 1, MPI_INT, 0, comm, "gather (checkpoint save)"));
-  for (int r = 0; rank == 0 && r < size; r++) dsp[r] = total, total += cnt[r];
-  if (rank == 0) all = malloc((size_t)total + 1);
-  DT_MPI_KEEP(st, dt_wd_gatherv(segs.s, mine, MPI_BYTE, all, cnt, dsp, MPI_BYTE, 0, comm, "gatherv (checkpoint save)"));
-  free(cnt);
-  free(dsp);
-  crc = calloc((size_t)D.n_ds, sizeof *crc);
-  if (!crc) st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
-  if (st == DT_OK && rank == 0) {
-    const char **nm = malloc((size_t)D.n_ds * sizeof *nm);
-    for (int d = 0; nm && d < D.n_ds; d++) nm[d] = D.names[d];
-    st = nm ? combine(all, (size_t)total / sizeof(seg_t), D.bytes, nm, D.n_ds, crc, path)
-            : DT_ERR(DT_ERR_NOMEM, "%s: out of memory", path);
-    free(nm);
-  }
-  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
-  DT_MPI_KEEP(st, dt_wd_bcast(crc, D.n_ds, MPI_UINT32_T, 0, comm, "bcast (checkpoint save)"));
-
-  /* Phase 6: checksums, training state. */
-  for (int d = 0; d < D.n_ds && st == DT_OK; d++)
-    if (dt_ckpt__attr_put(D.ds[d], "crc32c", H5T_STD_U32LE, H5T_NATIVE_UINT32, &crc[d]) < 0)
-      st = dt_ckpt__h5err(path, D.names[d], "cannot write crc32c attribute");
-  if (st == DT_OK) st = write_state(file, &s, ini, world, rank, lay, dxpl, path);
-  if ((st = dt_ckpt__agree(comm, st)) != DT_OK) goto out;
-
-  dt_ckpt__time(comm, "write: crc+state", t0);
-  /* Phase 7: everything flushed, then the completion marker. */
-  int one = 1;
-  if (H5Fflush(file, H5F_SCOPE_GLOBAL) < 0) st = dt_ckpt__h5err(path, "/", "cannot flush");
-  else if (!dt_fault("ckpt_noflush", 0, (int)s.step) && /* test-only, fault.h; same verdict on all ranks */
-           dt_ckpt__attr_put(file, "complete", H5T_STD_I32LE, H5T_NATIVE_INT, &one) < 0)
-    st = dt_ckpt__h5err(path, "/", "cannot write the completion marker");
-  st = dt_ckpt__agree(comm, st);
-
-out:
-  dt_ckpt__dsets_free(&D);
-  if (wb_fd >= 0) close(wb_fd);
-  if (dio_fd >= 0) close(dio_fd);
-  free(own);
-  free(foff);
-  if (file >= 0 && H5Fclose(file) < 0 && st == DT_OK) st = dt_ckpt__h5err(path, "/", "cannot close file");
-  if (file >= 0) st = dt_ckpt__agree(comm, st);
-  dt_ckpt__time(comm, "write: closed", t0);
-  if (fapl >= 0) H5Pclose(fapl);
-  if (dxpl >= 0) H5Pclose(dxpl);
-  dt_ckpt_ranges_free(&rg[0]);
-  dt_ckpt_ranges_free(&rg[1]);
-  free(stage);
-  free(segs.s);
-  free(all);
-  free(crc);
-  free(ini);
-  return st;
+  S.t0 = dt_time_now();
+  dt_status_t st = save_plan(&S, st_in);
+  if (st == DT_OK) st = save_create(&S);
+  if (st == DT_OK) st = save_groups(&S);
+  if (st == DT_OK) st = save_tensors(&S);
+  if (st == DT_OK) st = save_crcs(&S);
+  if (st == DT_OK) st = save_finish(&S);
+  return save_free(&S, st);
 }
-
 
 dt_status_t dt_ckpt_write(const void *mpi_comm, const char *path, const dt_layout_t *lay,
                           const dt_ckpt_arenas_t *a, const dt_ckpt_state_t *st_in) {

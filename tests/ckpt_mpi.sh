@@ -13,7 +13,7 @@ PY=${REF_PYTHON:-/usr/bin/python3}
 W=$(mktemp -d /tmp/dtrain-ckpt.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 run() { echo "+ $*"; "$@"; }
-mpi() { n=$1; shift; run timeout 300 $MPIRUN --allow-run-as-root --oversubscribe -n "$n" ${DTRAIN_CKPT_WRITERS:+-x DTRAIN_CKPT_WRITERS} ${DTRAIN_CKPT_DIRECT:+-x DTRAIN_CKPT_DIRECT} "$B/tests/test_ckpt" "$@"; }
+mpi() { n=$1; shift; run timeout 300 $MPIRUN --allow-run-as-root --oversubscribe -n "$n" ${DTRAIN_CKPT_WRITERS:+-x DTRAIN_CKPT_WRITERS} ${DTRAIN_CKPT_DIRECT:+-x DTRAIN_CKPT_DIRECT} ${DTRAIN_CKPT_TIMES:+-x DTRAIN_CKPT_TIMES} "$B/tests/test_ckpt" "$@"; }
 
 for n in 1 2 4; do mpi $n all "$W/all$n"; done
 # Replicated (full) arenas are written by one rank per node (the default, above: 1 node); also by
@@ -34,6 +34,20 @@ DTRAIN_CKPT_WRITERS=all mpi 4 bench "$W/bigall" $big
 DTRAIN_CKPT_WRITERS=2 mpi 4 bench "$W/bigpairs" $big
 DTRAIN_CKPT_DIRECT=0 mpi 2 bench "$W/bigoff" $big
 DTRAIN_CKPT_DIRECT=buffered mpi 2 bench "$W/bigbuf" $big
+# where the file system takes O_DIRECT (probed here), the large tensors go through it both ways
+# (the ckpt-time lines say which path each took); with DTRAIN_CKPT_DIRECT=buffered through plain
+# descriptors
+if "$PY" -c 'import os, sys; os.close(os.open(sys.argv[1], os.O_CREAT | os.O_WRONLY | os.O_DIRECT))' "$W/dio.probe" 2>/dev/null; then
+  DTRAIN_CKPT_TIMES=1 mpi 2 bench "$W/bigtimes" $big 2> "$W/times.err"
+  DTRAIN_CKPT_TIMES=1 DTRAIN_CKPT_DIRECT=buffered mpi 2 bench "$W/bigtimesb" $big 2> "$W/timesb.err"
+  grep 'own writes\|read wait' "$W/times.err" "$W/timesb.err"
+  for want in "times.err:own writes, O_DIRECT" "times.err:read wait (own, O_DIRECT)" "timesb.err:own writes, buffered" \
+              "timesb.err:read wait (own, buffered)"; do
+    grep -qF "${want#*:}" "$W/${want%%:*}" || { echo "FAIL: no '${want#*:}' line in ${want%%:*}"; exit 1; }
+  done
+else
+  echo "# this file system refuses O_DIRECT: the O_DIRECT path is not checked here"
+fi
 run "$PY" "$S/tests/ckpt_check.py" "$W/bigbuf/ckpt_00000001.h5" 1 $big
 run "$PY" "$S/tests/ckpt_check.py" "$W/bigall/ckpt_00000001.h5" 1 $big
 run "$PY" "$S/tests/ckpt_check.py" "$W/big2/ckpt_00000001.h5" 1 $big

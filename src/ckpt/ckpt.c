@@ -255,6 +255,17 @@ const char *dt_ckpt__h5msg(char *buf, size_t n) {
 
 void dt_ckpt__h5_quiet(void) { H5Eset_auto2(H5E_DEFAULT, NULL, NULL); }
 
+void dt_ckpt__mpio_plists(MPI_Comm comm, hid_t *fapl, hid_t *dxpl) {
+  *fapl = H5Pcreate(H5P_FILE_ACCESS);
+  H5Pset_fapl_mpio(*fapl, comm, MPI_INFO_NULL);
+  *dxpl = H5Pcreate(H5P_DATASET_XFER);
+  H5Pset_dxpl_mpio(*dxpl, H5FD_MPIO_COLLECTIVE);
+  /* Collective HDF5 calls, independent MPI-IO underneath: every rank's part of a dataset is one
+   * contiguous run of MBs, which two-phase buffering only reshuffles (measured: 4 ranks on 2
+   * cores 2.3 s instead of 4-5 s in H5Dwrite). DTRAIN_CKPT_TWO_PHASE=1 restores two-phase I/O. */
+  if (!getenv("DTRAIN_CKPT_TWO_PHASE")) H5Pset_dxpl_mpio_collective_opt(*dxpl, H5FD_MPIO_INDIVIDUAL_IO);
+}
+
 /* Record an HDF5 failure about object `obj` of file `path`. */
 dt_status_t dt_ckpt__h5err(const char *path, const char *obj, const char *what) {
   char m[600];

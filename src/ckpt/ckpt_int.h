@@ -71,6 +71,10 @@ int dt_ckpt__read_own(int fd_direct, int fd_buf, char *bounce, uint64_t off, siz
 #include "ckpt.h"
 #include "mpi_check.h"
 
+/* The file access list of the MPI-IO driver over comm and a collective transfer list (independent
+ * MPI-IO underneath unless DTRAIN_CKPT_TWO_PHASE=1): what a save and a load open the file with. */
+void dt_ckpt__mpio_plists(MPI_Comm comm, hid_t *fapl, hid_t *dxpl);
+
 #define DT_CKPT_GROUPS 3 /* /model, /optim/exp_avg, /optim/exp_avg_sq */
 
 /* A box in file coordinates (the arena's too): rows [r0, r1) x cols [c0, c1) of a tensor. */

@@ -379,14 +379,7 @@ static dt_status_t load_plan(load_t *L) {
 static dt_status_t load_open(load_t *L) {
   const char *path = L->path;
   dt_status_t st = DT_OK;
-  L->fapl = H5Pcreate(H5P_FILE_ACCESS);
-  H5Pset_fapl_mpio(L->fapl, L->comm, MPI_INFO_NULL);
-  L->dxpl = H5Pcreate(H5P_DATASET_XFER);
-  H5Pset_dxpl_mpio(L->dxpl, H5FD_MPIO_COLLECTIVE);
-  /* Collective HDF5 calls, independent MPI-IO underneath: every rank's part of a dataset is one
-   * contiguous run of MBs, which two-phase buffering only reshuffles (measured: 4 ranks on 2
-   * cores 2.3 s instead of 4-5 s in H5Dwrite). DTRAIN_CKPT_TWO_PHASE=1 restores two-phase I/O. */
-  if (!getenv("DTRAIN_CKPT_TWO_PHASE")) H5Pset_dxpl_mpio_collective_opt(L->dxpl, H5FD_MPIO_INDIVIDUAL_IO);
+  dt_ckpt__mpio_plists(L->comm, &L->fapl, &L->dxpl);
   L->file = H5Fopen(path, H5F_ACC_RDONLY, L->fapl);
   if (L->file < 0) st = dt_ckpt__h5err(path, "/", "cannot open as HDF5 (truncated or not HDF5?)");
   DT_TRY(dt_ckpt__agree(L->comm, st));

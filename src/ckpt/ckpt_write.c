@@ -415,14 +415,7 @@ static dt_status_t save_plan(save_t *S, const dt_ckpt_state_t *st_in) {
 static dt_status_t save_create(save_t *S) {
   const char *path = S->path;
   dt_status_t st = DT_OK;
-  S->fapl = H5Pcreate(H5P_FILE_ACCESS);
-  H5Pset_fapl_mpio(S->fapl, S->comm, MPI_INFO_NULL);
-  S->dxpl = H5Pcreate(H5P_DATASET_XFER);
-  H5Pset_dxpl_mpio(S->dxpl, H5FD_MPIO_COLLECTIVE);
-  /* Collective HDF5 calls, independent MPI-IO underneath: every rank's part of a dataset is one
-   * contiguous run of MBs, which two-phase buffering only reshuffles (measured: 4 ranks on 2
-   * cores 2.3 s instead of 4-5 s in H5Dwrite). DTRAIN_CKPT_TWO_PHASE=1 restores two-phase I/O. */
-  if (!getenv("DTRAIN_CKPT_TWO_PHASE")) H5Pset_dxpl_mpio_collective_opt(S->dxpl, H5FD_MPIO_INDIVIDUAL_IO);
+  dt_ckpt__mpio_plists(S->comm, &S->fapl, &S->dxpl);
   /* Replicated arenas on every rank: large datasets are written through our own descriptors
    * (write_own), so their raw data must start on page boundaries. */
   S->full_all[0] = S->a->model.full, S->full_all[1] = !S->optim || S->a->optim.full;

@@ -27,18 +27,15 @@ ensure_data
 TIMEOUT=3
 LIMIT=$((TIMEOUT + 30))
 
-DIR=$(mktemp -d /tmp/dtrain-slurm.XXXXXX)
+DIR=
 cleanup() {
   [ -n "${job:-}" ] && scancel "$job" 2>/dev/null
   [ -n "${victim:-}" ] && kill -9 "$victim" 2>/dev/null
-  "$CLUSTER" stop "$DIR" 2>/dev/null
-  rm -rf "$DIR"
+  if [ -n "$DIR" ]; then "$CLUSTER" stop "$DIR" 2>/dev/null; rm -rf "$DIR"; fi
 }
 trap cleanup EXIT
-echo "\$ $CLUSTER start $DIR 2"
-env_line=$("$CLUSTER" start "$DIR" 2) || { echo "FAIL: the cluster did not start"; exit 1; }
-eval "$env_line"
-export OMPI_MCA_btl=self,tcp OMPI_MCA_btl_tcp_if_include=lo OMPI_MCA_mpi_yield_when_idle=1
+# (tests/lib.sh: a second try on fresh ports when the first finds its port taken)
+start_slurm_cluster dtrain-slurm || { echo "FAIL: the cluster did not start"; exit 1; }
 cd "$top_builddir"
 cfg="$top_srcdir/tests/small.ini"
 fail() { echo "FAIL: $*"; exit 1; }

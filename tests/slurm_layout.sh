@@ -25,8 +25,15 @@ trap cleanup EXIT
 mknod "$DIR/probe" c 1 3 2>/dev/null || { echo "SKIP: cannot create device nodes in $DIR (fake GPUs need mknod)"; exit 77; }
 rm -f "$DIR/probe"
 trap 'exit 1' INT TERM
-echo "\$ $CLUSTER start $DIR 2"
-env_line=$("$CLUSTER" start "$DIR" 2) || { echo "FAIL: the cluster did not start"; exit 1; }
+start_cluster() { echo "\$ $CLUSTER start $DIR 2"; env_line=$("$CLUSTER" start "$DIR" 2); }
+if ! start_cluster; then # a second try on fresh ports (derived from DIR) when the first found its port taken
+  "$CLUSTER" stop "$DIR" 2>/dev/null
+  rm -rf "$DIR"
+  DIR=$(mktemp -d /tmp/dtrain-slurm.XXXXXX)
+  out=$DIR/out
+  sleep 2
+  start_cluster || { echo "FAIL: the cluster did not start"; exit 1; }
+fi
 eval "$env_line"
 echo "$env_line"
 # several virtual nodes on one host: Open MPI's shared-memory transport must stay off

@@ -40,7 +40,7 @@ typedef struct {
   size_t shard;         /* n / dp */
   size_t lo, hi;        /* this rank's shard [lo, hi) = [dp_idx * shard, (dp_idx + 1) * shard) */
   size_t piece;         /* floats per rank per collective: the arena moves in bucket-sized rounds */
-  void *stream;         /* device arenas (dt_zero_use_device_comm): comm is NCCL on this stream */
+  void *stream;         /* device arenas (dt_zero_set_device): be->stream, the collectives' stream (NULL: host) */
   dt_backend_t *dev;    /* and this backend's clear and divide kernels do the drops and the mean */
   float *stage_buf;     /* dp * piece floats: round j packs piece j of every shard here */
 } dt_zero_t;

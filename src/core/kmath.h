@@ -82,6 +82,18 @@ DT_HD static inline float dt_adamw_update(float p, float g, float *m, float *v, 
   return p - (lr / bc1) * mm / denom;
 }
 
+/* SGD with momentum and weight decay for one element, torch.optim.SGD's arithmetic (dampening 0):
+ * d = g + wd p; buf = momentum buf + d (buf starts at 0, so the first step sets buf = d as
+ * PyTorch's clone does); the step is buf, or d + momentum buf with Nesterov. Returns the new
+ * parameter. */
+DT_HD static inline float dt_sgd_update(float p, float g, float *buf, float lr, float momentum, float wd,
+                                        int nesterov) {
+  float d = g + wd * p;
+  float b = momentum * (*buf) + d;
+  *buf = b;
+  return p - lr * (nesterov ? d + momentum * b : b);
+}
+
 /* LayerNorm: 1 / sqrt(var + 1e-5) from the biased variance over C (PyTorch's eps). */
 DT_HD static inline float dt_ln_rstd(float var) { return 1.0f / sqrtf(var + 1e-5f); /* DT_LN_EPS */ }
 

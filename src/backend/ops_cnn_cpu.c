@@ -1,0 +1,338 @@
+/* Convolutional-network layer kernels on the CPU (shapes and formulas: ops_cnn_cpu.h).
+ * Convolution is im2col + dt_cpu_sgemm per image, images split over the OpenMP threads (CNN
+ * images are small: one image's product is too small to split well, a batch of them is not).
+ * Everything else is a loop over channels or planes, each owned by one thread (no atomics). */
+#include "dt_build.h"
+
+#include <math.h>
+#include <omp.h>
+#include <string.h>
+
+#include "ops_cnn_cpu.h"
+#include "ops_cpu.h"
+
+/* ---- conv2d ------------------------------------------------------------------------------ */
+
+typedef struct {
+  int C, H, W, KH, KW, stride, pad, OH, OW;
+} conv_geom_t;
+
+static int is_pointwise(const conv_geom_t *g) { return g->KH == 1 && g->KW == 1 && g->stride == 1 && g->pad == 0; }
+
+size_t dt_conv2d_scratch_floats(int C, int KH, int KW, int OC, int OH, int OW, int nthr) {
+  size_t ckk = (size_t)C * KH * KW;
+  return (size_t)nthr * (ckk * OH * OW + (size_t)OC * ckk + OC);
+}
+
+/* col (C*KH*KW, OH*OW): row (c*KH + i)*KW + j holds image channel c shifted by (i, j). */
+static void im2col(float *restrict col, const float *restrict img, const conv_geom_t *g) {
+  const int P = g->OH * g->OW;
+  for (int c = 0; c < g->C; c++)
+    for (int i = 0; i < g->KH; i++)
+      for (int j = 0; j < g->KW; j++) {
+        float *restrict row = col + ((size_t)(c * g->KH + i) * g->KW + j) * P;
+        const float *restrict plane = img + (size_t)c * g->H * g->W;
+        for (int y = 0; y < g->OH; y++) {
+          int iy = y * g->stride - g->pad + i;
+          float *restrict r = row + (size_t)y * g->OW;
+          if (iy < 0 || iy >= g->H) {
+            memset(r, 0, (size_t)g->OW * sizeof *r);
+            continue;
+          }
+          const float *restrict src = plane + (size_t)iy * g->W;
+          for (int x = 0; x < g->OW; x++) {
+            int ix = x * g->stride - g->pad + j;
+            r[x] = ix >= 0 && ix < g->W ? src[ix] : 0.0f;
+          }
+        }
+      }
+}
+
+/* img (C,H,W) = the sum of col's entries over the positions they were taken from (written). */
+static void col2im(float *restrict img, const float *restrict col, const conv_geom_t *g) {
+  const int P = g->OH * g->OW;
+  memset(img, 0, (size_t)g->C * g->H * g->W * sizeof *img);
+  for (int c = 0; c < g->C; c++)
+    for (int i = 0; i < g->KH; i++)
+      for (int j = 0; j < g->KW; j++) {
+        const float *restrict row = col + ((size_t)(c * g->KH + i) * g->KW + j) * P;
+        float *restrict plane = img + (size_t)c * g->H * g->W;
+        for (int y = 0; y < g->OH; y++) {
+          int iy = y * g->stride - g->pad + i;
+          if (iy < 0 || iy >= g->H) continue;
+          float *restrict dst = plane + (size_t)iy * g->W;
+          const float *restrict r = row + (size_t)y * g->OW;
+          for (int x = 0; x < g->OW; x++) {
+            int ix = x * g->stride - g->pad + j;
+            if (ix >= 0 && ix < g->W) dst[ix] += r[x];
+          }
+        }
+      }
+}
+
+void dt_conv2d_forward(float *out, float *scratch, const float *inp, const float *weight, const float *bias, int B,
+                       int C, int H, int W, int OC, int KH, int KW, int stride, int pad, int nthr) {
+  const conv_geom_t g = {C, H, W, KH, KW, stride, pad, dt_conv_out(H, KH, stride, pad), dt_conv_out(W, KW, stride, pad)};
+  const int P = g.OH * g.OW, ckk = C * KH * KW;
+  const size_t per = dt_conv2d_scratch_floats(C, KH, KW, OC, g.OH, g.OW, 1);
+#pragma omp parallel for schedule(static) num_threads(nthr)
+  for (int b = 0; b < B; b++) {
+    const float *img = inp + (size_t)b * C * H * W, *col = img;
+    float *o = out + (size_t)b * OC * P;
+    if (!is_pointwise(&g)) {
+      float *buf = scratch + per * (size_t)omp_get_thread_num();
+      im2col(buf, img, &g);
+      col = buf;
+    }
+    for (int oc = 0; oc < OC; oc++) {
+      float v = bias ? bias[oc] : 0.0f;
+      for (int p = 0; p < P; p++) o[(size_t)oc * P + p] = v;
+    }
+    dt_cpu_sgemm(0, 0, OC, P, ckk, 1.0f, weight, ckk, col, P, 1.0f, o, P);
+  }
+}
+
+void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, float *scratch, const float *dout,
+                        const float *inp, const float *weight, int B, int C, int H, int W, int OC, int KH, int KW,
+                        int stride, int pad, int nthr) {
+  const conv_geom_t g = {C, H, W, KH, KW, stride, pad, dt_conv_out(H, KH, stride, pad), dt_conv_out(W, KW, stride, pad)};
+  const int P = g.OH * g.OW, ckk = C * KH * KW;
+  const size_t per = dt_conv2d_scratch_floats(C, KH, KW, OC, g.OH, g.OW, 1), colsz = (size_t)ckk * P;
+  int used = nthr;
+#pragma omp parallel num_threads(nthr)
+  {
+    int t = omp_get_thread_num();
+    float *col = scratch + per * (size_t)t, *dw = col + colsz, *db = dw + (size_t)OC * ckk;
+    memset(dw, 0, ((size_t)OC * ckk + OC) * sizeof *dw);
+#pragma omp single
+    used = omp_get_num_threads();
+#pragma omp for schedule(static)
+    for (int b = 0; b < B; b++) {
+      const float *img = inp + (size_t)b * C * H * W, *d = dout + (size_t)b * OC * P, *cl = img;
+      if (!is_pointwise(&g)) {
+        im2col(col, img, &g);
+        cl = col;
+      }
+      dt_cpu_sgemm(0, 1, OC, ckk, P, 1.0f, d, P, cl, P, 1.0f, dw, ckk);
+      for (int oc = 0; oc < OC; oc++) {
+        float s = 0.0f;
+        for (int p = 0; p < P; p++) s += d[(size_t)oc * P + p];
+        db[oc] += s;
+      }
+      if (!dinp) continue;
+      float *di = dinp + (size_t)b * C * H * W;
+      if (is_pointwise(&g)) { /* dinp_b = W^T dout_b directly */
+        dt_cpu_sgemm(1, 0, ckk, P, OC, 1.0f, weight, ckk, d, P, 0.0f, di, P);
+        continue;
+      }
+      dt_cpu_sgemm(1, 0, ckk, P, OC, 1.0f, weight, ckk, d, P, 0.0f, col, P); /* col no longer needed */
+      col2im(di, col, &g);
+    }
+  }
+  /* partial sums in thread order */
+  const size_t nw = (size_t)OC * ckk;
+#pragma omp parallel for schedule(static) num_threads(nthr)
+  for (size_t i = 0; i < nw + (size_t)OC; i++) {
+    float s = 0.0f;
+    for (int t = 0; t < used; t++) s += scratch[per * (size_t)t + colsz + i];
+    if (i < nw) dweight[i] += s;
+    else if (dbias) dbias[i - nw] += s;
+  }
+}
+
+/* ---- batch normalisation ------------------------------------------------------------------- */
+
+void dt_batchnorm_stats(float *mean, float *var, const float *inp, int B, int C, int HW) {
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < C; c++) {
+    double s = 0.0, s2 = 0.0, n = (double)B * HW;
+    for (int b = 0; b < B; b++) {
+      const float *x = inp + ((size_t)b * C + c) * HW;
+      for (int i = 0; i < HW; i++) s += x[i];
+    }
+    double m = s / n;
+    for (int b = 0; b < B; b++) {
+      const float *x = inp + ((size_t)b * C + c) * HW;
+      for (int i = 0; i < HW; i++) s2 += (x[i] - m) * (x[i] - m);
+    }
+    mean[c] = (float)m;
+    var[c] = (float)(s2 / n);
+  }
+}
+
+void dt_batchnorm_running(float *running_mean, float *running_var, const float *mean, const float *var, int C,
+                          float momentum, double n) {
+  double unbias = n > 1 ? n / (n - 1) : 1.0;
+  for (int c = 0; c < C; c++) {
+    running_mean[c] = (1.0f - momentum) * running_mean[c] + momentum * mean[c];
+    running_var[c] = (1.0f - momentum) * running_var[c] + momentum * (float)(var[c] * unbias);
+  }
+}
+
+DT_CPU_VEC void dt_batchnorm_forward(float *out, float *rstd, const float *inp, const float *mean, const float *var,
+                                     const float *weight, const float *bias, float eps, int B, int C, int HW) {
+#pragma omp parallel for schedule(static)
+  for (int bc = 0; bc < B * C; bc++) {
+    int c = bc % C;
+    float r = 1.0f / sqrtf(var[c] + eps), m = mean[c], a = r * weight[c], sh = bias[c];
+    if (rstd && bc < C) rstd[c] = r;
+    const float *restrict x = inp + (size_t)bc * HW;
+    float *restrict o = out + (size_t)bc * HW;
+#pragma omp simd
+    for (int i = 0; i < HW; i++) o[i] = (x[i] - m) * a + sh;
+  }
+}
+
+void dt_batchnorm_backward_reduce(float *sdy, float *sdyx, float *dweight, float *dbias, const float *dout,
+                                  const float *inp, const float *mean, const float *rstd, int B, int C, int HW) {
+#pragma omp parallel for schedule(static)
+  for (int c = 0; c < C; c++) {
+    double s = 0.0, sx = 0.0;
+    for (int b = 0; b < B; b++) {
+      const float *x = inp + ((size_t)b * C + c) * HW, *d = dout + ((size_t)b * C + c) * HW;
+      for (int i = 0; i < HW; i++) {
+        s += d[i];
+        sx += d[i] * ((x[i] - mean[c]) * rstd[c]);
+      }
+    }
+    sdy[c] = (float)s;
+    sdyx[c] = (float)sx;
+    dweight[c] += (float)sx;
+    dbias[c] += (float)s;
+  }
+}
+
+DT_CPU_VEC void dt_batchnorm_backward(float *dinp, const float *dout, const float *inp, const float *mean,
+                                      const float *rstd, const float *weight, const float *sdy, const float *sdyx,
+                                      double count, int B, int C, int HW) {
+#pragma omp parallel for schedule(static)
+  for (int bc = 0; bc < B * C; bc++) {
+    int c = bc % C;
+    float a = weight[c] * rstd[c], m = mean[c], r = rstd[c];
+    float gm = sdy ? (float)(sdy[c] / count) : 0.0f, gxm = sdyx ? (float)(sdyx[c] / count) : 0.0f;
+    const float *restrict x = inp + (size_t)bc * HW, *restrict d = dout + (size_t)bc * HW;
+    float *restrict o = dinp + (size_t)bc * HW;
+#pragma omp simd
+    for (int i = 0; i < HW; i++) o[i] = a * (d[i] - gm - (x[i] - m) * r * gxm);
+  }
+}
+
+/* ---- ReLU ---------------------------------------------------------------------------------- */
+
+DT_CPU_VEC void dt_relu_forward(float *out, const float *inp, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
+}
+
+DT_CPU_VEC void dt_relu_backward(float *dinp, const float *dout, const float *out, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; i++) dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;
+}
+
+/* ---- pooling ------------------------------------------------------------------------------- */
+
+void dt_maxpool_forward(float *out, int *idx, const float *inp, int B, int C, int H, int W, int K, int stride,
+                        int pad) {
+  const int OH = dt_conv_out(H, K, stride, pad), OW = dt_conv_out(W, K, stride, pad);
+#pragma omp parallel for schedule(static)
+  for (int bc = 0; bc < B * C; bc++) {
+    const float *plane = inp + (size_t)bc * H * W;
+    for (int y = 0; y < OH; y++)
+      for (int x = 0; x < OW; x++) {
+        float best = -INFINITY;
+        int at = -1;
+        for (int i = 0; i < K; i++) {
+          int iy = y * stride - pad + i;
+          if (iy < 0 || iy >= H) continue;
+          for (int j = 0; j < K; j++) {
+            int ix = x * stride - pad + j;
+            if (ix < 0 || ix >= W) continue;
+            float v = plane[iy * W + ix];
+            if (at < 0 || v > best || isnan(v)) { /* first maximum wins; NaN propagates */
+              best = v;
+              at = iy * W + ix;
+              if (isnan(v)) goto done;
+            }
+          }
+        }
+      done:
+        out[((size_t)bc * OH + y) * OW + x] = best;
+        idx[((size_t)bc * OH + y) * OW + x] = at;
+      }
+  }
+}
+
+void dt_maxpool_backward(float *dinp, const float *dout, const int *idx, int B, int C, int H, int W, int OH, int OW) {
+#pragma omp parallel for schedule(static)
+  for (int bc = 0; bc < B * C; bc++) {
+    float *plane = dinp + (size_t)bc * H * W;
+    memset(plane, 0, (size_t)H * W * sizeof *plane);
+    const float *d = dout + (size_t)bc * OH * OW;
+    const int *ix = idx + (size_t)bc * OH * OW;
+    for (int p = 0; p < OH * OW; p++)
+      if (ix[p] >= 0) plane[ix[p]] += d[p];
+  }
+}
+
+void dt_avgpool_forward(float *out, const float *inp, int B, int C, int H, int W, int K, int stride, int pad) {
+  const int OH = dt_conv_out(H, K, stride, pad), OW = dt_conv_out(W, K, stride, pad);
+  const float inv = 1.0f / (float)(K * K);
+#pragma omp parallel for schedule(static)
+  for (int bc = 0; bc < B * C; bc++) {
+    const float *plane = inp + (size_t)bc * H * W;
+    for (int y = 0; y < OH; y++)
+      for (int x = 0; x < OW; x++) {
+        float s = 0.0f;
+        for (int i = 0; i < K; i++) {
+          int iy = y * stride - pad + i;
+          if (iy < 0 || iy >= H) continue;
+          for (int j = 0; j < K; j++) {
+            int ix = x * stride - pad + j;
+            if (ix >= 0 && ix < W) s += plane[iy * W + ix];
+          }
+        }
+        out[((size_t)bc * OH + y) * OW + x] = s * inv;
+      }
+  }
+}
+
+void dt_avgpool_backward(float *dinp, const float *dout, int B, int C, int H, int W, int K, int stride, int pad) {
+  const int OH = dt_conv_out(H, K, stride, pad), OW = dt_conv_out(W, K, stride, pad);
+  const float inv = 1.0f / (float)(K * K);
+#pragma omp parallel for schedule(static)
+  for (int bc = 0; bc < B * C; bc++) {
+    float *plane = dinp + (size_t)bc * H * W;
+    memset(plane, 0, (size_t)H * W * sizeof *plane);
+    const float *d = dout + (size_t)bc * OH * OW;
+    for (int y = 0; y < OH; y++)
+      for (int x = 0; x < OW; x++) {
+        float g = d[y * OW + x] * inv;
+        for (int i = 0; i < K; i++) {
+          int iy = y * stride - pad + i;
+          if (iy < 0 || iy >= H) continue;
+          for (int j = 0; j < K; j++) {
+            int ix = x * stride - pad + j;
+            if (ix >= 0 && ix < W) plane[iy * W + ix] += g;
+          }
+        }
+      }
+  }
+}
+
+void dt_global_avgpool_forward(float *out, const float *inp, int B, int C, int HW) {
+#pragma omp parallel for schedule(static)
+  for (int bc = 0; bc < B * C; bc++) {
+    const float *x = inp + (size_t)bc * HW;
+    float s = 0.0f;
+    for (int i = 0; i < HW; i++) s += x[i];
+    out[bc] = s / (float)HW;
+  }
+}
+
+void dt_global_avgpool_backward(float *dinp, const float *dout, int B, int C, int HW) {
+#pragma omp parallel for schedule(static)
+  for (int bc = 0; bc < B * C; bc++) {
+    float g = dout[bc] / (float)HW, *d = dinp + (size_t)bc * HW;
+    for (int i = 0; i < HW; i++) d[i] = g;
+  }
+}

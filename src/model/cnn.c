@@ -1,0 +1,186 @@
+/* The CNN models' memory, forward and backward over host memory (cnn.h): each operation reads
+ * its input slots and writes its own; backward walks the operations in reverse, writing each
+ * input slot's gradient the first time and adding to it after (a residual block's input feeds
+ * both its convolutions and its shortcut). */
+#include <stdlib.h>
+#include <string.h>
+
+#include "cnn.h"
+#include "ops_cnn_cpu.h"
+#include "ops_cpu.h"
+
+#define BN_MOMENTUM 0.1f
+#define BN_EPS 1e-5f
+
+static size_t slot_floats(const dt_cnn_slot_t *s) { return (size_t)s->C * s->H * s->W; }
+
+void dt_cnn_free(dt_cnn_t *m) {
+  free(m->ops), free(m->slots), free(m->acts), free(m->dacts), free(m->tmp), free(m->scratch);
+  free(m->mean), free(m->var), free(m->rstd), free(m->sdy), free(m->sdyx), free(m->losses), free(m->lse);
+  free(m->idx), free(m->labels), free(m->written);
+  dt_layout_free(&m->lay);
+  dt_layout_free(&m->bufs);
+  memset(m, 0, sizeof *m);
+}
+
+dt_status_t dt_cnn_alloc(dt_cnn_t *m, int B, int nthr) {
+  size_t off = 0, maxs = 0, scr = 0, nidx = 0;
+  for (int i = 0; i < m->n_slots; i++) {
+    size_t n = (size_t)B * slot_floats(&m->slots[i]);
+    m->slots[i].off = off;
+    off += n;
+    if (n > maxs) maxs = n;
+  }
+  for (int i = 0; i < m->n_ops; i++) {
+    dt_cnn_op_t *o = &m->ops[i];
+    const dt_cnn_slot_t *y = &m->slots[i + 1];
+    if (o->kind == DT_OP_CONV) {
+      size_t s = dt_conv2d_scratch_floats(o->C, o->K, o->K, o->OC, y->H, y->W, nthr);
+      if (s > scr) scr = s;
+    } else if (o->kind == DT_OP_MAXPOOL) {
+      o->aux = nidx;
+      nidx += (size_t)B * slot_floats(y);
+    }
+  }
+  m->B = B, m->nthr = nthr, m->n_acts = off, m->n_tmp = maxs, m->n_idx = nidx;
+  size_t ns = m->n_stat ? m->n_stat : 1;
+  m->acts = malloc(off * sizeof(float)), m->dacts = malloc(off * sizeof(float));
+  m->tmp = malloc(maxs * sizeof(float)), m->scratch = malloc((scr ? scr : 1) * sizeof(float));
+  m->mean = malloc(ns * sizeof(float)), m->var = malloc(ns * sizeof(float)), m->rstd = malloc(ns * sizeof(float));
+  m->sdy = malloc(ns * sizeof(float)), m->sdyx = malloc(ns * sizeof(float));
+  m->losses = malloc((size_t)B * sizeof(float)), m->lse = malloc((size_t)B * sizeof(float));
+  m->idx = malloc((nidx ? nidx : 1) * sizeof(int)), m->labels = malloc((size_t)B * sizeof(int));
+  m->written = malloc((size_t)m->n_slots);
+  if (!m->acts || !m->dacts || !m->tmp || !m->scratch || !m->mean || !m->var || !m->rstd || !m->sdy || !m->sdyx ||
+      !m->losses || !m->lse || !m->idx || !m->labels || !m->written)
+    return DT_ERR(DT_ERR_NOMEM, "model: cannot allocate %.1f MiB of activations for a batch of %d images",
+                  2.0 * (double)off * sizeof(float) / (1 << 20), B);
+  return DT_OK;
+}
+
+static void bn_forward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *params, float *bufs, const float *x, float *y,
+                       int training) {
+  const int B = m->B, HW = o->H * o->W;
+  const float *w = params + m->lay.tensors[o->w].offset, *b = params + m->lay.tensors[o->b].offset;
+  float *rm = bufs + m->bufs.tensors[o->rm].offset, *rv = bufs + m->bufs.tensors[o->rv].offset;
+  if (!training) {
+    dt_batchnorm_forward(y, NULL, x, rm, rv, w, b, BN_EPS, B, o->C, HW);
+    return;
+  }
+  float *mean = m->mean + o->aux, *var = m->var + o->aux;
+  dt_batchnorm_stats(mean, var, x, B, o->C, HW);
+  dt_batchnorm_running(rm, rv, mean, var, o->C, BN_MOMENTUM, (double)B * HW);
+  dt_batchnorm_forward(y, m->rstd + o->aux, x, mean, var, w, b, BN_EPS, B, o->C, HW);
+}
+
+double dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const float *x, const int *y, int training,
+                      int *correct) {
+  const int B = m->B;
+  memcpy(m->acts, x, (size_t)B * slot_floats(&m->slots[0]) * sizeof(float));
+  for (int i = 0; i < m->n_ops; i++) {
+    const dt_cnn_op_t *o = &m->ops[i];
+    const float *in = m->acts + m->slots[o->in].off;
+    float *out = m->acts + m->slots[i + 1].off;
+    const float *w = o->w >= 0 ? params + m->lay.tensors[o->w].offset : NULL;
+    const float *b = o->b >= 0 ? params + m->lay.tensors[o->b].offset : NULL;
+    size_t n = (size_t)B * slot_floats(&m->slots[o->in]);
+    switch (o->kind) {
+      case DT_OP_CONV:
+        dt_conv2d_forward(out, m->scratch, in, w, b, B, o->C, o->H, o->W, o->OC, o->K, o->K, o->stride, o->pad,
+                          m->nthr);
+        break;
+      case DT_OP_BN: bn_forward(m, o, params, bufs, in, out, training); break;
+      case DT_OP_RELU: dt_relu_forward(out, in, n); break;
+      case DT_OP_MAXPOOL:
+        dt_maxpool_forward(out, m->idx + o->aux, in, B, o->C, o->H, o->W, o->K, o->stride, o->pad);
+        break;
+      case DT_OP_GAP: dt_global_avgpool_forward(out, in, B, o->C, o->H * o->W); break;
+      case DT_OP_LINEAR: dt_matmul_forward(out, in, w, b, B, o->C, o->OC); break;
+      case DT_OP_ADD: dt_residual_forward(out, in, m->acts + m->slots[o->in2].off, n); break;
+    }
+  }
+  const int K = m->cfg.classes;
+  const float *logits = m->acts + m->slots[m->n_slots - 1].off;
+  memcpy(m->labels, y, (size_t)B * sizeof(int));
+  double loss = dt_crossentropy_forward(m->losses, m->lse, logits, y, B, K, K);
+  if (correct) {
+    int c = 0;
+    for (int i = 0; i < B; i++) {
+      int best = 0;
+      for (int k = 1; k < K; k++)
+        if (logits[(size_t)i * K + k] > logits[(size_t)i * K + best]) best = k;
+      c += best == y[i];
+    }
+    *correct = c;
+  }
+  return loss;
+}
+
+/* Where an operation writes the gradient of its input slot s: the slot's own gradient the first
+ * time, else m->tmp, added by grad_done. Slot 0 (the images) has none: NULL. */
+static float *grad_dst(dt_cnn_t *m, int s) {
+  if (s == 0) return NULL;
+  return m->written[s] ? m->tmp : m->dacts + m->slots[s].off;
+}
+
+static void grad_done(dt_cnn_t *m, int s) {
+  if (s == 0) return;
+  if (m->written[s]) {
+    float *d = m->dacts + m->slots[s].off;
+    size_t n = (size_t)m->B * slot_floats(&m->slots[s]);
+    dt_residual_forward(d, d, m->tmp, n);
+  }
+  m->written[s] = 1;
+}
+
+static void op_backward(dt_cnn_t *m, const dt_cnn_op_t *o, int i, const float *params, float *grads) {
+  const int B = m->B, HW = o->H * o->W;
+  const float *in = m->acts + m->slots[o->in].off, *out = m->acts + m->slots[i + 1].off;
+  const float *dout = m->dacts + m->slots[i + 1].off;
+  const float *w = o->w >= 0 ? params + m->lay.tensors[o->w].offset : NULL;
+  float *dw = o->w >= 0 ? grads + m->lay.tensors[o->w].offset : NULL;
+  float *db = o->b >= 0 ? grads + m->lay.tensors[o->b].offset : NULL;
+  float *dx = grad_dst(m, o->in);
+  size_t n = (size_t)B * o->C * HW;
+  switch (o->kind) {
+    case DT_OP_CONV:
+      dt_conv2d_backward(dx, dw, db, m->scratch, dout, in, w, B, o->C, o->H, o->W, o->OC, o->K, o->K, o->stride,
+                         o->pad, m->nthr);
+      break;
+    case DT_OP_BN:
+      dt_batchnorm_backward_reduce(m->sdy + o->aux, m->sdyx + o->aux, dw, db, dout, in, m->mean + o->aux,
+                                   m->rstd + o->aux, B, o->C, HW);
+      if (dx)
+        dt_batchnorm_backward(dx, dout, in, m->mean + o->aux, m->rstd + o->aux, w, m->sdy + o->aux, m->sdyx + o->aux,
+                              (double)B * HW, B, o->C, HW);
+      break;
+    case DT_OP_RELU:
+      if (dx) dt_relu_backward(dx, dout, out, n);
+      break;
+    case DT_OP_MAXPOOL:
+      if (dx)
+        dt_maxpool_backward(dx, dout, m->idx + o->aux, B, o->C, o->H, o->W, m->slots[i + 1].H, m->slots[i + 1].W);
+      break;
+    case DT_OP_GAP:
+      if (dx) dt_global_avgpool_backward(dx, dout, B, o->C, HW);
+      break;
+    case DT_OP_LINEAR: dt_matmul_backward(dx, dw, db, dout, in, w, B, o->C, o->OC); break;
+    case DT_OP_ADD:
+      if (dx) memcpy(dx, dout, n * sizeof *dx);
+      grad_done(m, o->in);
+      if ((dx = grad_dst(m, o->in2))) memcpy(dx, dout, n * sizeof *dx);
+      grad_done(m, o->in2);
+      return;
+  }
+  grad_done(m, o->in);
+}
+
+void dt_cnn_backward(dt_cnn_t *m, const float *params, float *grads, float dloss) {
+  const int K = m->cfg.classes, last = m->n_slots - 1;
+  memset(m->written, 0, (size_t)m->n_slots);
+  dt_crossentropy_backward(m->dacts + m->slots[last].off, m->acts + m->slots[last].off, m->lse, m->labels, dloss,
+                           m->B, K, K);
+  m->written[last] = 1;
+  for (int i = m->n_ops - 1; i >= 0; i--)
+    if (m->written[i + 1]) op_backward(m, &m->ops[i], i, params, grads);
+}

@@ -1,0 +1,97 @@
+/* Convolutional image classifiers (issue #25): a small configurable CNN (the seed's SimpleCNN,
+ * with batch norm), ResNet-18 and ResNet-50 with the CIFAR stem (a 3x3 convolution, stride 1, no
+ * max pooling: 32x32 inputs). The network is a list of operations over activation slots (slot 0
+ * is the input batch, operation i writes slot i + 1), built once from the configuration
+ * (cnn_build.c) and run forward and backward over host memory with the CPU kernels of
+ * src/backend/ops_cnn_cpu.h (cnn.c).
+ *
+ * Parameters live in one arena like GPT-2's (dt_layout_t, built field by field, tp = pp = 1),
+ * named and shaped as torchvision's state_dict ("layer2.0.downsample.0.weight": conv weights (OC,
+ * C, KH, KW) stored as rows = OC, cols = C*KH*KW, ndim = 4); batch norm's running statistics
+ * ("bn1.running_mean", "bn1.running_var") are buffers in a second arena of the same kind: saved
+ * with the model, never optimised.
+ *
+ * Status: the layers, the models, training steps and evaluation are checked against PyTorch
+ * (tests/ref_cnn.sh, tests/ref_cnn_model.sh). Not yet in the trainer: no `[model] arch` key, no
+ * image data sets, no checkpoints, no data parallelism, no CUDA kernels. */
+#ifndef DT_CNN_H
+#define DT_CNN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "model.h"
+#include "status.h"
+
+typedef enum { DT_CNN_SIMPLE = 0, DT_CNN_RESNET18, DT_CNN_RESNET50 } dt_cnn_arch_t;
+
+typedef struct {
+  dt_cnn_arch_t arch;
+  int C, H, W;  /* input image: channels, height, width */
+  int classes;
+  int width;    /* simple: channels of the first convolution (the second has 2 x width);
+                   resnet: channels of the stem and of layer1 (64 in torchvision) */
+  int hidden;   /* simple: units of the hidden linear layer */
+  int zero_init_residual; /* resnet: the last batch norm of every residual branch starts at weight 0
+                             (torchvision's zero_init_residual: each block starts as the identity) */
+} dt_cnn_config_t;
+
+typedef enum { DT_OP_CONV, DT_OP_BN, DT_OP_RELU, DT_OP_MAXPOOL, DT_OP_GAP, DT_OP_LINEAR, DT_OP_ADD } dt_cnn_op_kind_t;
+
+typedef struct {
+  dt_cnn_op_kind_t kind;
+  int in, in2;        /* input slots (in2: the add's second operand, else -1) */
+  int w, b;           /* parameter tensors (index into lay.tensors, -1 none) */
+  int rm, rv;         /* batch norm: buffer tensors of the running mean and variance */
+  int C, H, W;        /* input shape per image (linear: C = input features, H = W = 1) */
+  int OC, K, stride, pad;  /* conv (OC output channels), maxpool (OC = C), linear (OC outputs) */
+  size_t aux;         /* batch norm: offset of its C floats in each statistics array; maxpool: of its
+                         output's B*C*OH*OW argmax indices */
+} dt_cnn_op_t;
+
+typedef struct {
+  int C, H, W;        /* shape per image */
+  size_t off;         /* offset into the activation arena, floats (B images) */
+} dt_cnn_slot_t;
+
+typedef struct {
+  dt_cnn_config_t cfg;
+  dt_layout_t lay;    /* parameters */
+  dt_layout_t bufs;   /* batch norm running statistics */
+  int n_ops, n_slots;
+  dt_cnn_op_t *ops;
+  dt_cnn_slot_t *slots;
+  size_t n_stat;      /* floats of each batch-norm statistics array (sum of the BN ops' C) */
+  /* memory for a batch of B images (dt_cnn_alloc) */
+  int B, nthr;
+  float *acts, *dacts, *tmp, *scratch, *mean, *var, *rstd, *sdy, *sdyx, *losses, *lse;
+  int *idx, *labels;
+  size_t n_acts, n_tmp, n_idx;
+  unsigned char *written; /* backward: slot gradient written yet */
+} dt_cnn_t;
+
+/* Parse "cnn" | "resnet18" | "resnet50". DT_ERR_CONFIG naming model.arch otherwise. */
+dt_status_t dt_cnn_arch_parse(const char *s, dt_cnn_arch_t *arch);
+/* Build the operation list, the slots and both layouts. DT_ERR_CONFIG for shapes the network
+ * cannot take (e.g. an image too small for its poolings), naming the key. */
+dt_status_t dt_cnn_build(dt_cnn_t *m, const dt_cnn_config_t *c);
+/* Activation and scratch memory for batches of B images on nthr OpenMP threads. */
+dt_status_t dt_cnn_alloc(dt_cnn_t *m, int B, int nthr);
+void dt_cnn_free(dt_cnn_t *m);
+
+/* torchvision's initialisation, deterministic in seed: convolutions kaiming normal (fan_out,
+ * ReLU gain: std sqrt(2 / (OC KH KW))), biases of convolutions 0, batch norm weight 1 and bias 0,
+ * running mean 0 and variance 1, linear layers uniform(-1/sqrt(in), 1/sqrt(in)) (weight and bias);
+ * with zero_init_residual the weight of each residual branch's last batch norm is 0. */
+void dt_cnn_init_params(const dt_cnn_t *m, float *params, float *bufs, uint64_t seed);
+
+/* Forward over B images x (B, C, H, W) with labels y (B): returns the mean cross-entropy, and the
+ * number of correct top-1 predictions in *correct (when not NULL). training: batch norm uses the
+ * batch's statistics and updates the running ones in bufs (momentum 0.1); else the running ones. */
+double dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const float *x, const int *y, int training,
+                      int *correct);
+/* Backward of the last training forward: grads += d(dloss * sum of the B losses) / d params
+ * (dloss = 1/B for the batch mean; 1/(B accum) over accum micro-batches). */
+void dt_cnn_backward(dt_cnn_t *m, const float *params, float *grads, float dloss);
+
+#endif

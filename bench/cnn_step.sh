@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue #25's CNN step comparison, one invocation: bench/cnn_step (dtrain's CNN kernels) and
+# bench/torch_cnn.py (PyTorch 1.13 with oneDNN) on the same model, batch and SGD, alternating for
+# ROUNDS rounds (default 2), then the medians of each side's step medians and their ratio (goal:
+# dtrain's step at most 0.8x PyTorch's). Run from the build tree. A benchmark, not a test.
+#   usage: bench/cnn_step.sh [ARCH [BATCH [C,H,W [WIDTH]]]]     e.g. bench/cnn_step.sh resnet50 32 3,32,32 64
+#          bench/cnn_step.sh cnn 64 1,28,28 32                  (the Fashion-MNIST SimpleCNN)
+set -euo pipefail
+arch=${1:-resnet50} batch=${2:-32} img=${3:-3,32,32} width=${4:-64}
+steps=${STEPS:-5} warmup=${WARMUP:-2} threads=${THREADS:-$(nproc)} rounds=${ROUNDS:-2}
+dir=$(cd "$(dirname "$0")/.." && pwd)
+STEP=${STEP:-./bench/cnn_step}
+PY=${REF_PYTHON:-/usr/bin/python3}
+ours=() theirs=()
+for r in $(seq "$rounds"); do
+  echo "# ===== round $r"
+  out=$("$STEP" --arch "$arch" --batch "$batch" --image "$img" --width "$width" --steps "$steps" --warmup "$warmup" \
+    --threads "$threads")
+  echo "$out"
+  ours+=("$(sed -n 's/^RESULT dtrain .*step_ms=\([0-9.]*\).*/\1/p' <<< "$out")")
+  out=$("$PY" "$dir/bench/torch_cnn.py" "$arch" "$batch" "$img" "$width" 10 128 "$steps" "$warmup" "$threads")
+  grep -v '^# torch step' <<< "$out"
+  theirs+=("$(sed -n 's/^RESULT torch .*step_ms=\([0-9.]*\).*/\1/p' <<< "$out")")
+done
+"$PY" - "${ours[*]}" "${theirs[*]}" "$arch" "$batch" <<'PY'
+import statistics, sys
+a, b = [float(v) for v in sys.argv[1].split()], [float(v) for v in sys.argv[2].split()]
+ma, mb = statistics.median(a), statistics.median(b)
+print(f"# summary {sys.argv[3]} batch {sys.argv[4]}: dtrain {ma:.1f} ms/step (rounds {a}), PyTorch {mb:.1f} ms/step "
+      f"(rounds {b}); dtrain/PyTorch step time {ma / mb:.2f} (goal <= 0.80)")
+PY

@@ -172,6 +172,10 @@ int main(int argc, char **argv) {
   conv_case("conv_1x1", 2, 6, 5, 5, 7, 1, 1, 0, 1);
   conv_case("conv_1x1_s2", 3, 4, 8, 8, 6, 1, 2, 0, 0);
   conv_case("conv_5x5_mnist", 4, 1, 28, 28, 8, 5, 1, 0, 1);
+  /* small feature maps: several images side by side in one product (ops_cnn_cpu.c's chunks) */
+  conv_case("conv_3x3_4x4", 5, 16, 4, 4, 12, 3, 1, 1, 1);
+  conv_case("conv_3x3_s2_8x8", 5, 8, 8, 8, 16, 3, 2, 1, 0);
+  conv_case("conv_1x1_4x4", 5, 16, 4, 4, 24, 1, 1, 0, 1);
   bn_case("bn_4x3", 4, 3, 30);
   bn_case("bn_1x1", 8, 5, 1);
   pool_case("maxpool_3s2p1", 0, 2, 3, 9, 9, 3, 2, 1, 0);

@@ -1,10 +1,10 @@
 /* Dump a few training steps of a CNN model (src/model/cnn.h) for the PyTorch reference
- * (tests/ref/ref_cnn_model.py): the initial parameters and running statistics, the gradients of
- * the first step, each step's batch (random images and labels) and loss, the parameters and
- * running statistics after STEPS updates (SGD with momentum 0.9 and weight decay 5e-4, lr 0.05, or
- * AdamW lr 1e-3, weight decay 0.01), and the evaluation-mode loss and accuracy on the first batch.
- * Records { char name[64]; int64 n; float32 data[n] } (tests/ref_dump.c's format).
- * ARCH resnet50z is resnet50 with zero_init_residual.
+ * (tests/ref/ref_cnn_model.py): for every step s its batch (random images and labels), the
+ * parameters q{s}/ and running statistics c{s}/ it starts from, its loss and gradients g{s}/, then
+ * the parameters and running statistics after the last step (q{STEPS}/, c{STEPS}/) and the
+ * evaluation-mode loss and accuracy there on the first batch. The update is SGD with momentum 0.9
+ * and weight decay 5e-4, lr 0.05, or AdamW lr 1e-3, weight decay 0.01. ARCH resnet50z is resnet50
+ * with zero_init_residual. Records { char name[64]; int64 n; float32 data[n] } (tests/ref_dump.c's).
  * Usage: cnn_model_dump OUT.bin ARCH C H W CLASSES WIDTH HIDDEN B STEPS sgd|adamw */
 #include <math.h>
 #include <stdint.h>
@@ -73,26 +73,25 @@ int main(int argc, char **argv) {
   float meta[] = {(float)c.arch, (float)c.C, (float)c.H, (float)c.W, (float)c.classes, (float)c.width,
                   (float)c.hidden, (float)B, (float)steps, (float)adamw, (float)m.lay.n_params_true, (float)c.zero_init_residual};
   rec("meta", "", meta, sizeof meta / sizeof meta[0]);
-  rec_arena(&m.lay, "p0/", p);
-  rec_arena(&m.bufs, "b0/", bufs);
   dt_rng_t r;
   dt_rng_seed(&r, 7);
-  for (int s = 0; s < steps; s++) {
+  char nm[16];
+  for (int s = 0; s <= steps; s++) {
+    snprintf(nm, sizeof nm, "q%d/", s), rec_arena(&m.lay, nm, p);
+    snprintf(nm, sizeof nm, "c%d/", s), rec_arena(&m.bufs, nm, bufs);
+    if (s == steps) break;
     for (size_t i = 0; i < nx; i++) x[i] = (float)dt_rng_normal(&r);
     for (int i = 0; i < B; i++) y[i] = (int)(dt_rng_next(&r) % (uint64_t)c.classes), yf[i] = (float)y[i];
     if (s == 0) memcpy(x0, x, nx * sizeof *x), memcpy(y0, y, (size_t)B * sizeof *y);
-    char nm[16];
     snprintf(nm, sizeof nm, "x%d", s), rec(nm, "", x, nx);
     snprintf(nm, sizeof nm, "y%d", s), rec(nm, "", yf, (size_t)B);
     memset(g, 0, np * sizeof *g);
     losses[s] = (float)dt_cnn_forward(&m, p, bufs, x, y, 1, NULL);
     dt_cnn_backward(&m, p, g, 1.0f / (float)B);
-    if (s == 0) rec_arena(&m.lay, "g0/", g);
+    snprintf(nm, sizeof nm, "g%d/", s), rec_arena(&m.lay, nm, g);
     update(&m.lay, p, g, mo, v, adamw, s + 1);
   }
   rec("losses", "", losses, (size_t)steps);
-  rec_arena(&m.lay, "p/", p);
-  rec_arena(&m.bufs, "b/", bufs);
   int correct = 0;
   float ev[2] = {(float)dt_cnn_forward(&m, p, bufs, x0, y0, 0, &correct), 0.0f};
   ev[1] = (float)correct;

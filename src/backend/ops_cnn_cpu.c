@@ -1,6 +1,7 @@
 /* Convolutional-network layer kernels on the CPU (shapes and formulas: ops_cnn_cpu.h).
- * Convolution is im2col + dt_cpu_sgemm per image, images split over the OpenMP threads (CNN
- * images are small: one image's product is too small to split well, a batch of them is not).
+ * Convolution is im2col + dt_cpu_sgemm over chunks of images (enough images side by side that the
+ * product is wide), chunks split over the OpenMP threads (CNN images are small: one image's
+ * product is too small to split well, a batch of them is not).
  * Everything else is a loop over channels or planes, each owned by one thread (no atomics). */
 #include "dt_build.h"
 
@@ -13,24 +14,44 @@
 
 /* ---- conv2d ------------------------------------------------------------------------------ */
 
+/* A convolution's product per chunk of G images: col (C*KH*KW, G*P) holds the G images' im2col
+ * matrices side by side (P = OH*OW), so a layer with small feature maps (ResNet's last stage: 4x4)
+ * still multiplies matrices at least CONV_MIN_N wide; each thread takes whole chunks. */
+#define CONV_MIN_N 256
+
 typedef struct {
   int C, H, W, KH, KW, stride, pad, OH, OW;
 } conv_geom_t;
 
 static int is_pointwise(const conv_geom_t *g) { return g->KH == 1 && g->KW == 1 && g->stride == 1 && g->pad == 0; }
 
-size_t dt_conv2d_scratch_floats(int C, int KH, int KW, int OC, int OH, int OW, int nthr) {
-  size_t ckk = (size_t)C * KH * KW;
-  return (size_t)nthr * (ckk * OH * OW + (size_t)OC * ckk + OC);
+/* Images per chunk for a batch of B over nthr threads: wide enough products, every thread busy. */
+static int conv_chunk(int B, int P, int nthr) {
+  int g = (CONV_MIN_N + P - 1) / P, per = (B + nthr - 1) / nthr;
+  if (g > per) g = per;
+  return g < 1 ? 1 : g;
 }
 
-/* col (C*KH*KW, OH*OW): row (c*KH + i)*KW + j holds image channel c shifted by (i, j). */
-static void im2col(float *restrict col, const float *restrict img, const conv_geom_t *g) {
-  const int P = g->OH * g->OW;
+/* A thread's slice of the scratch: col (ckk, Gmax*P) at 0, the chunk's output or its gradient
+ * (OC, Gmax*P) at *y, the partial dweight (OC, ckk) and dbias (OC) at *part; returns its floats. */
+static size_t conv_slice(size_t ckk, size_t OC, size_t P, size_t *y, size_t *part) {
+  size_t gp = (CONV_MIN_N + P - 1) / P * P;
+  *y = ckk * gp;
+  *part = *y + OC * gp;
+  return *part + OC * ckk + OC;
+}
+
+size_t dt_conv2d_scratch_floats(int C, int KH, int KW, int OC, int OH, int OW, int nthr) {
+  size_t y, part;
+  return (size_t)nthr * conv_slice((size_t)C * KH * KW, (size_t)OC, (size_t)OH * OW, &y, &part);
+}
+
+/* col rows of length ld (>= OH*OW): row (c*KH + i)*KW + j holds image channel c shifted by (i, j). */
+static void im2col(float *restrict col, size_t ld, const float *restrict img, const conv_geom_t *g) {
   for (int c = 0; c < g->C; c++)
     for (int i = 0; i < g->KH; i++)
       for (int j = 0; j < g->KW; j++) {
-        float *restrict row = col + ((size_t)(c * g->KH + i) * g->KW + j) * P;
+        float *restrict row = col + ((size_t)(c * g->KH + i) * g->KW + j) * ld;
         const float *restrict plane = img + (size_t)c * g->H * g->W;
         for (int y = 0; y < g->OH; y++) {
           int iy = y * g->stride - g->pad + i;
@@ -40,6 +61,10 @@ static void im2col(float *restrict col, const float *restrict img, const conv_ge
             continue;
           }
           const float *restrict src = plane + (size_t)iy * g->W;
+          if (g->stride == 1 && j - g->pad >= 0 && g->OW - 1 + j - g->pad < g->W) { /* whole row inside */
+            memcpy(r, src + j - g->pad, (size_t)g->OW * sizeof *r);
+            continue;
+          }
           for (int x = 0; x < g->OW; x++) {
             int ix = x * g->stride - g->pad + j;
             r[x] = ix >= 0 && ix < g->W ? src[ix] : 0.0f;
@@ -49,13 +74,12 @@ static void im2col(float *restrict col, const float *restrict img, const conv_ge
 }
 
 /* img (C,H,W) = the sum of col's entries over the positions they were taken from (written). */
-static void col2im(float *restrict img, const float *restrict col, const conv_geom_t *g) {
-  const int P = g->OH * g->OW;
+static void col2im(float *restrict img, const float *restrict col, size_t ld, const conv_geom_t *g) {
   memset(img, 0, (size_t)g->C * g->H * g->W * sizeof *img);
   for (int c = 0; c < g->C; c++)
     for (int i = 0; i < g->KH; i++)
       for (int j = 0; j < g->KW; j++) {
-        const float *restrict row = col + ((size_t)(c * g->KH + i) * g->KW + j) * P;
+        const float *restrict row = col + ((size_t)(c * g->KH + i) * g->KW + j) * ld;
         float *restrict plane = img + (size_t)c * g->H * g->W;
         for (int y = 0; y < g->OH; y++) {
           int iy = y * g->stride - g->pad + i;
@@ -70,63 +94,87 @@ static void col2im(float *restrict img, const float *restrict col, const conv_ge
       }
 }
 
+/* The chunk's im2col matrix: images [b0, b0+n) of inp side by side, or the image itself (one
+ * image, a 1x1 convolution with stride 1). Returns the matrix. */
+static const float *chunk_col(float *col, const float *inp, int b0, int n, const conv_geom_t *g) {
+  const size_t P = (size_t)g->OH * g->OW, img = (size_t)g->C * g->H * g->W;
+  if (n == 1 && is_pointwise(g)) return inp + (size_t)b0 * img;
+  for (int i = 0; i < n; i++) im2col(col + i * P, n * P, inp + (size_t)(b0 + i) * img, g);
+  return col;
+}
+
 void dt_conv2d_forward(float *out, float *scratch, const float *inp, const float *weight, const float *bias, int B,
                        int C, int H, int W, int OC, int KH, int KW, int stride, int pad, int nthr) {
   const conv_geom_t g = {C, H, W, KH, KW, stride, pad, dt_conv_out(H, KH, stride, pad), dt_conv_out(W, KW, stride, pad)};
-  const int P = g.OH * g.OW, ckk = C * KH * KW;
-  const size_t per = dt_conv2d_scratch_floats(C, KH, KW, OC, g.OH, g.OW, 1);
+  const int P = g.OH * g.OW, ckk = C * KH * KW, G = conv_chunk(B, P, nthr), nch = (B + G - 1) / G;
+  size_t yoff, part, per = conv_slice((size_t)ckk, (size_t)OC, (size_t)P, &yoff, &part);
 #pragma omp parallel for schedule(static) num_threads(nthr)
-  for (int b = 0; b < B; b++) {
-    const float *img = inp + (size_t)b * C * H * W, *col = img;
-    float *o = out + (size_t)b * OC * P;
-    if (!is_pointwise(&g)) {
-      float *buf = scratch + per * (size_t)omp_get_thread_num();
-      im2col(buf, img, &g);
-      col = buf;
+  for (int k = 0; k < nch; k++) {
+    int b0 = k * G, n = b0 + G <= B ? G : B - b0;
+    float *col = scratch + per * (size_t)omp_get_thread_num(), *y = col + yoff;
+    const float *cl = chunk_col(col, inp, b0, n, &g);
+    if (n == 1) { /* straight into the image's output */
+      float *o = out + (size_t)b0 * OC * P;
+      for (int oc = 0; oc < OC; oc++)
+        for (int p = 0; p < P; p++) o[(size_t)oc * P + p] = bias ? bias[oc] : 0.0f;
+      dt_cpu_sgemm(0, 0, OC, P, ckk, 1.0f, weight, ckk, cl, P, 1.0f, o, P);
+      continue;
     }
-    for (int oc = 0; oc < OC; oc++) {
-      float v = bias ? bias[oc] : 0.0f;
-      for (int p = 0; p < P; p++) o[(size_t)oc * P + p] = v;
-    }
-    dt_cpu_sgemm(0, 0, OC, P, ckk, 1.0f, weight, ckk, col, P, 1.0f, o, P);
+    dt_cpu_sgemm(0, 0, OC, n * P, ckk, 1.0f, weight, ckk, cl, n * P, 0.0f, y, n * P);
+    for (int i = 0; i < n; i++) /* (OC, n*P) -> images (OC, P) */
+      for (int oc = 0; oc < OC; oc++) {
+        float *o = out + ((size_t)(b0 + i) * OC + oc) * P, bv = bias ? bias[oc] : 0.0f;
+        const float *src = y + (size_t)oc * n * P + (size_t)i * P;
+        for (int p = 0; p < P; p++) o[p] = src[p] + bv;
+      }
   }
+}
+
+/* One chunk's backward: partial dweight (dw) and dbias (db) of this thread, and dinp. */
+static void conv_chunk_backward(float *dinp, float *dw, float *db, float *col, float *y, const float *dout,
+                                const float *inp, const float *weight, int b0, int n, int OC, const conv_geom_t *g) {
+  const int P = g->OH * g->OW, ckk = g->C * g->KH * g->KW;
+  const size_t img = (size_t)g->C * g->H * g->W, ld = (size_t)n * P;
+  const float *cl = chunk_col(col, inp, b0, n, g), *d = dout + (size_t)b0 * OC * P;
+  if (n > 1) { /* the chunk's gradient side by side like its columns: (OC, n*P) */
+    for (int i = 0; i < n; i++)
+      for (int oc = 0; oc < OC; oc++)
+        memcpy(y + (size_t)oc * ld + (size_t)i * P, dout + ((size_t)(b0 + i) * OC + oc) * P, (size_t)P * sizeof *y);
+    d = y;
+  }
+  dt_cpu_sgemm(0, 1, OC, ckk, (int)ld, 1.0f, d, (int)ld, cl, (int)ld, 1.0f, dw, ckk);
+  for (int oc = 0; oc < OC; oc++) {
+    float s = 0.0f;
+    for (size_t p = 0; p < ld; p++) s += d[(size_t)oc * ld + p];
+    db[oc] += s;
+  }
+  if (!dinp) return;
+  if (n == 1 && is_pointwise(g)) { /* dinp_b = W^T dout_b directly */
+    dt_cpu_sgemm(1, 0, ckk, P, OC, 1.0f, weight, ckk, d, P, 0.0f, dinp + (size_t)b0 * img, P);
+    return;
+  }
+  dt_cpu_sgemm(1, 0, ckk, (int)ld, OC, 1.0f, weight, ckk, d, (int)ld, 0.0f, col, (int)ld); /* col no longer needed */
+  for (int i = 0; i < n; i++) col2im(dinp + (size_t)(b0 + i) * img, col + (size_t)i * P, ld, g);
 }
 
 void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, float *scratch, const float *dout,
                         const float *inp, const float *weight, int B, int C, int H, int W, int OC, int KH, int KW,
                         int stride, int pad, int nthr) {
   const conv_geom_t g = {C, H, W, KH, KW, stride, pad, dt_conv_out(H, KH, stride, pad), dt_conv_out(W, KW, stride, pad)};
-  const int P = g.OH * g.OW, ckk = C * KH * KW;
-  const size_t per = dt_conv2d_scratch_floats(C, KH, KW, OC, g.OH, g.OW, 1), colsz = (size_t)ckk * P;
+  const int P = g.OH * g.OW, ckk = C * KH * KW, G = conv_chunk(B, P, nthr), nch = (B + G - 1) / G;
+  size_t yoff, part, per = conv_slice((size_t)ckk, (size_t)OC, (size_t)P, &yoff, &part);
   int used = nthr;
 #pragma omp parallel num_threads(nthr)
   {
     int t = omp_get_thread_num();
-    float *col = scratch + per * (size_t)t, *dw = col + colsz, *db = dw + (size_t)OC * ckk;
+    float *col = scratch + per * (size_t)t, *y = col + yoff, *dw = col + part, *db = dw + (size_t)OC * ckk;
     memset(dw, 0, ((size_t)OC * ckk + OC) * sizeof *dw);
 #pragma omp single
     used = omp_get_num_threads();
 #pragma omp for schedule(static)
-    for (int b = 0; b < B; b++) {
-      const float *img = inp + (size_t)b * C * H * W, *d = dout + (size_t)b * OC * P, *cl = img;
-      if (!is_pointwise(&g)) {
-        im2col(col, img, &g);
-        cl = col;
-      }
-      dt_cpu_sgemm(0, 1, OC, ckk, P, 1.0f, d, P, cl, P, 1.0f, dw, ckk);
-      for (int oc = 0; oc < OC; oc++) {
-        float s = 0.0f;
-        for (int p = 0; p < P; p++) s += d[(size_t)oc * P + p];
-        db[oc] += s;
-      }
-      if (!dinp) continue;
-      float *di = dinp + (size_t)b * C * H * W;
-      if (is_pointwise(&g)) { /* dinp_b = W^T dout_b directly */
-        dt_cpu_sgemm(1, 0, ckk, P, OC, 1.0f, weight, ckk, d, P, 0.0f, di, P);
-        continue;
-      }
-      dt_cpu_sgemm(1, 0, ckk, P, OC, 1.0f, weight, ckk, d, P, 0.0f, col, P); /* col no longer needed */
-      col2im(di, col, &g);
+    for (int k = 0; k < nch; k++) {
+      int b0 = k * G, n = b0 + G <= B ? G : B - b0;
+      conv_chunk_backward(dinp, dw, db, col, y, dout, inp, weight, b0, n, OC, &g);
     }
   }
   /* partial sums in thread order */
@@ -134,7 +182,7 @@ void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, float *scratc
 #pragma omp parallel for schedule(static) num_threads(nthr)
   for (size_t i = 0; i < nw + (size_t)OC; i++) {
     float s = 0.0f;
-    for (int t = 0; t < used; t++) s += scratch[per * (size_t)t + colsz + i];
+    for (int t = 0; t < used; t++) s += scratch[per * (size_t)t + part + i];
     if (i < nw) dweight[i] += s;
     else if (dbias) dbias[i - nw] += s;
   }

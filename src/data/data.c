@@ -2,6 +2,7 @@
  * Shards are validated once at open and mmap'd read-only; a batch is a copy of B windows of T+1
  * uint16 tokens into int32 inputs/targets. The current epoch's permutation is cached. */
 #include "data.h"
+#include "sampler.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -38,58 +39,8 @@ struct dt_data {
   uint64_t seed;
   uint64_t n_samples; /* N */
   uint64_t n_tokens;
-  /* Cached permutation of 0..N-1 for epoch perm_epoch (allocated at open when shuffling). */
-  uint32_t *perm32; /* when N <= UINT32_MAX (halves the memory) */
-  uint64_t *perm64; /* otherwise */
-  uint64_t perm_epoch;
-  int perm_valid;
+  dt_sampler_t sampler; /* the epochs' permutations (sampler.h) */
 };
-
-/* ---- RNG: splitmix64 (Steele, Lea, Flood 2014), the reference constants ---------------- */
-
-static uint64_t splitmix64_next(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
-/* Uniform in [0, bound), bound >= 1, without modulo bias (reject the short top range). */
-static uint64_t rand_below(uint64_t *state, uint64_t bound) {
-  uint64_t threshold = (0 - bound) % bound; /* = 2^64 mod bound */
-  for (;;) {
-    uint64_t r = splitmix64_next(state);
-    if (r >= threshold) return r % bound;
-  }
-}
-
-/* Fill the cache with epoch e's permutation: identity, then Fisher-Yates from the top with
- * state = splitmix64 output of (seed) xor splitmix64 output of (epoch), so nearby seeds and
- * epochs give unrelated streams. */
-static void perm_compute(dt_data_t *d, uint64_t epoch) {
-  uint64_t N = d->n_samples;
-  uint64_t a = d->seed, b = epoch;
-  uint64_t state = splitmix64_next(&a) ^ splitmix64_next(&b);
-  if (d->perm32) {
-    for (uint64_t i = 0; i < N; i++) d->perm32[i] = (uint32_t)i;
-    for (uint64_t i = N - 1; i > 0; i--) {
-      uint64_t j = rand_below(&state, i + 1);
-      uint32_t t = d->perm32[i];
-      d->perm32[i] = d->perm32[j];
-      d->perm32[j] = t;
-    }
-  } else {
-    for (uint64_t i = 0; i < N; i++) d->perm64[i] = i;
-    for (uint64_t i = N - 1; i > 0; i--) {
-      uint64_t j = rand_below(&state, i + 1);
-      uint64_t t = d->perm64[i];
-      d->perm64[i] = d->perm64[j];
-      d->perm64[j] = t;
-    }
-  }
-  d->perm_epoch = epoch;
-  d->perm_valid = 1;
-}
 
 /* ---- opening and validation ----------------------------------------------------------- */
 
@@ -248,15 +199,7 @@ dt_status_t dt_data_open(dt_data_t **out, const char *glob_pattern, int vocab_si
                   "%s: too few tokens: %llu in %d shards, largest %llu; one sample needs T+1 = %d tokens in one shard",
                   glob_pattern, (unsigned long long)d->n_tokens, d->n_shards, (unsigned long long)largest, T + 1);
   }
-  if (st == DT_OK && d->shuffle) {
-    if (d->n_samples <= UINT32_MAX)
-      d->perm32 = malloc(d->n_samples * sizeof *d->perm32);
-    else
-      d->perm64 = malloc(d->n_samples * sizeof *d->perm64);
-    if (!d->perm32 && !d->perm64)
-      st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory for the permutation of %llu samples", glob_pattern,
-                  (unsigned long long)d->n_samples);
-  }
+  if (st == DT_OK) st = dt_sampler_init(&d->sampler, d->n_samples, d->shuffle, d->seed, glob_pattern);
   if (st != DT_OK) {
     dt_data_close(d);
     return st;
@@ -272,8 +215,7 @@ void dt_data_close(dt_data_t *d) {
     free(d->shards[i].path);
   }
   free(d->shards);
-  free(d->perm32);
-  free(d->perm64);
+  dt_sampler_free(&d->sampler);
   free(d);
 }
 
@@ -289,12 +231,7 @@ uint64_t dt_data_num_sequential_batches(const dt_data_t *d, int B) {
 
 /* ---- sampling ------------------------------------------------------------------------- */
 
-uint64_t dt_data_sample_at(dt_data_t *d, uint64_t g) {
-  uint64_t epoch = g / d->n_samples, pos = g % d->n_samples;
-  if (!d->shuffle) return pos;
-  if (!d->perm_valid || d->perm_epoch != epoch) perm_compute(d, epoch);
-  return d->perm32 ? d->perm32[pos] : d->perm64[pos];
-}
+uint64_t dt_data_sample_at(dt_data_t *d, uint64_t g) { return dt_sampler_at(&d->sampler, g); }
 
 /* First token of sample s (0 <= s < N): the last shard whose first_sample <= s holds it (a shard
  * with no samples shares first_sample with its successor, so it is never the last one). */

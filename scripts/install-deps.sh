@@ -8,7 +8,8 @@
 #                            references), tiktoken + regex from PyPI, Slurm + munge + PMIx (a
 #                            throw-away local cluster), Lmod and man-db (tests/install.sh), clang
 #                            (tests/fuzz.sh), ReFrame from PyPI in its own virtual environment
-#                            /opt/dtrain-test-venv (tests/reframe.sh). `make check` runs this first (a no-op once done) and
+#                            /opt/dtrain-test-venv (tests/reframe.sh), the real Fashion-MNIST
+#                            (dataset-fashion-mnist: tests/images.sh). `make check` runs this first (a no-op once done) and
 #                            .ci/run calls it.
 # The CUDA toolkit is optional and not installed here. Not root and something missing: the list
 # of what to install, exit 1.
@@ -16,13 +17,14 @@ set -euo pipefail
 build=(
   build-essential autoconf automake libtool pkg-config
   libopenmpi-dev openmpi-bin libhdf5-openmpi-dev hdf5-tools
-  libopenblas-dev libcriterion-dev
+  libopenblas-dev libcriterion-dev zlib1g-dev
   r-cran-janeaustenr python3-pip
 )
 test=(
   python3-torch python3-h5py python3-numpy
   slurm-wlm slurm-client munge libpmix-dev
   lmod man-db clang python3-venv
+  dataset-fashion-mnist
 )
 pkgs=("${build[@]}")
 [ "${1:-}" = --test ] && pkgs+=("${test[@]}")

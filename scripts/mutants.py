@@ -72,7 +72,7 @@ MODULES = {
     "zero": (["src/parallel/zero.c"], [T_ZERO, T_ZMPI, T_ZEQ]),
     "pipeline": (["src/parallel/pipeline.c"], [T_PIPE, T_PPEQ]),
     "precision": (["src/core/precision.c"], [T_PREC, T_SCALER, T_PTRAIN]),
-    "checkpoint": (["src/ckpt/ckpt.c", "src/ckpt/ckpt_write.c", "src/ckpt/ckpt_read.c", "src/ckpt/ckpt_meta.c",
+    "checkpoint": (["src/ckpt/ckpt.c", "src/ckpt/ckpt_write.c", "src/ckpt/ckpt_own.c", "src/ckpt/ckpt_read.c", "src/ckpt/ckpt_meta.c",
                     "src/ckpt/ckpt_dir.c"],
                    [T_RESUME, T_LAYOUT, T_FAULTS, T_TRAINER, T_CKPT, T_CKLEAK, T_TPRS]),
 }

@@ -95,6 +95,27 @@ typedef struct {
   uint64_t *bytes;
 } dsets_t;
 
+/* A save's CRC32C runs: contiguous byte ranges of a dataset this rank wrote, each with its CRC;
+ * rank 0 checks that they tile every dataset and combines them (ckpt_write.c). */
+typedef struct { uint64_t ds, off, len; uint32_t crc, pad; } seg_t;
+
+typedef struct {
+  seg_t *s;
+  size_t n, cap;
+} segs_t;
+
+/* Add bytes [off, off+len) of dataset ds (data) to the runs, extending the last run when it
+ * continues it. Runs on packing threads: no DT_ERR here (one global message buffer); -1 = out
+ * of memory. */
+int dt_ckpt__segs_add(segs_t *g, uint64_t ds, uint64_t off, const void *data, uint64_t len);
+/* This rank's byte range of every dataset in `own` (part rank of size, split at DT_CKPT_ALIGN),
+ * written at its file offset foff[d] through fd_direct (O_DIRECT, -1 none) or fd_buf, packed on
+ * a helper thread one chunk ahead of the writes, CRC runs into segs (ckpt_own.c). *n_direct
+ * counts O_DIRECT bytes. */
+dt_status_t dt_ckpt__write_own(const dt_layout_t *lay, const dt_ckpt_arenas_t *a, const dsets_t *D, const int *own,
+                               const uint64_t *foff, int rank, int size, int fd_direct, int fd_buf, segs_t *segs,
+                               uint64_t *n_direct, const char *path);
+
 /* Record an HDF5 failure about object `obj` of file `path` (DT_ERR_HDF5). */
 dt_status_t dt_ckpt__h5err(const char *path, const char *obj, const char *what);
 int dt_ckpt__is_wte(const dt_tensor_t *t);

@@ -2,7 +2,6 @@
  * the file's, Hugging Face's) and joins one collective H5Dwrite per dataset; the per-rank CRC32C
  * runs are tiled and combined on rank 0 into each dataset's checksum; state and the completion
  * marker come last. */
-#include <errno.h>
 #include <fcntl.h>
 #include <hdf5.h>
 #include <limits.h>
@@ -20,15 +19,7 @@
 #include "timer.h"
 #include "watchdog.h"
 
-typedef struct { uint64_t ds, off, len; uint32_t crc, pad; } seg_t;
-
-typedef struct {
-  seg_t *s;
-  size_t n, cap;
-} segs_t;
-
-/* Runs on the packing thread: no DT_ERR here (one global message buffer); -1 = out of memory. */
-static int segs_add(segs_t *g, uint64_t ds, uint64_t off, const void *data, uint64_t len) {
+int dt_ckpt__segs_add(segs_t *g, uint64_t ds, uint64_t off, const void *data, uint64_t len) {
   if (g->n && g->s[g->n - 1].ds == ds && g->s[g->n - 1].off + g->s[g->n - 1].len == off) {
     seg_t *l = &g->s[g->n - 1]; /* continues the previous run: extend its CRC */
     l->crc = dt_crc32c(l->crc, data, len);
@@ -184,7 +175,7 @@ static int pack(job_t *j) {
     for (hsize_t q = 0; q < nr; q++) {
       const float *row = src + q * ld;
       if (j->buf == stage) row = memcpy(stage + q * w, row, w * sizeof(float));
-      if (segs_add(j->segs, j->ds, ((x->r0 + q) * f->FC + x->c0) * sizeof(float), row, w * sizeof(float)) < 0) return -1;
+      if (dt_ckpt__segs_add(j->segs, j->ds, ((x->r0 + q) * f->FC + x->c0) * sizeof(float), row, w * sizeof(float)) < 0) return -1;
     }
     return 0;
   }
@@ -199,7 +190,7 @@ static int pack(job_t *j) {
       float *dst = stage + k;
       memcpy(dst, j->local + dt_ckpt__local_index(x, i, x->c0), (x->c1 - x->c0) * sizeof(float));
       k += x->c1 - x->c0;
-      if (segs_add(j->segs, j->ds, (i * f->FC + x->c0) * sizeof(float), dst, (x->c1 - x->c0) * sizeof(float)) < 0) return -1;
+      if (dt_ckpt__segs_add(j->segs, j->ds, (i * f->FC + x->c0) * sizeof(float), dst, (x->c1 - x->c0) * sizeof(float)) < 0) return -1;
     }
   j->count = k;
   return 0;
@@ -230,114 +221,6 @@ static void start_writeback(int fd) {
 #else
   (void)fd;
 #endif
-}
-
-/* ---- own-descriptor writes of large replicated tensors ---------------------------------------
- * With replicated (full) arenas every rank (node leader) holds every tensor, so the bytes of a
- * large dataset can be split at page boundaries instead of rows: each writer packs its byte range
- * in file order, in chunks, and writes them at the dataset's file offset (H5Dget_offset; HDF5 never
- * writes those raw bytes itself) with O_DIRECT when the file system takes it. That skips the page
- * cache: no 1.5 GB of fresh cache pages to allocate and copy into (which on this VM costs more
- * than the disk: buffered writes slow down 2-3x while other memory is resident, dd as much as we),
- * and the checkpoint does not push the training data out of the cache. The tail of a dataset
- * that does not fill its last page, and every write O_DIRECT refuses, go through a normal
- * descriptor. DTRAIN_CKPT_DIRECT=0 turns the path off (every dataset through H5Dwrite). */
-
-typedef struct { /* one chunk: bytes [lo, hi) of dataset d, at file offset foff + lo */
-  const dt_tensor_t *t;
-  const float *arena;
-  int d;
-  uint64_t foff, lo, hi;
-  float *buf;
-  segs_t *segs;
-  int failed;
-} chunk_t;
-
-static void *pack_chunk(void *p) {
-  chunk_t *c = p;
-  /* the file's row-major order is the arena's (wte: its first V rows) */
-  memcpy(c->buf, (const char *)(c->arena + c->t->offset) + c->lo, c->hi - c->lo);
-  c->failed = segs_add(c->segs, (uint64_t)c->d, c->lo, c->buf, c->hi - c->lo) < 0;
-  return NULL;
-}
-
-static int pwrite_all(int fd, const void *buf, size_t n, uint64_t off) {
-  const char *b = buf;
-  while (n > 0) {
-    ssize_t w = pwrite(fd, b, n, (off_t)off);
-    if (w < 0 && errno == EINTR) continue;
-    if (w <= 0) return -1;
-    b += w, n -= (size_t)w, off += (uint64_t)w;
-  }
-  return 0;
-}
-
-/* This rank's byte range of every dataset in `own` (part rank of size, split at DT_CKPT_ALIGN),
- * packed on a helper thread one chunk ahead of the writes. *n_direct counts O_DIRECT bytes. */
-static dt_status_t write_own(const dt_layout_t *lay, const dt_ckpt_arenas_t *a, const dsets_t *D, const int *own,
-                             const uint64_t *foff, int rank, int size, int fd_direct, int fd_buf, segs_t *segs,
-                             uint64_t *n_direct, const char *path) {
-  float *buf[2] = {NULL, NULL};
-  for (int k = 0; k < 2; k++) buf[k] = dt_ckpt__io_buf(DT_CKPT_CHUNK);
-  if (!buf[0] || !buf[1]) {
-    dt_ckpt__io_buf_free(buf[0], DT_CKPT_CHUNK), dt_ckpt__io_buf_free(buf[1], DT_CKPT_CHUNK);
-    return DT_ERR(DT_ERR_NOMEM, "%s: out of memory for the write buffers", path);
-  }
-  chunk_t c[2];
-  int have = 0, cur = 0, running = 0;
-  pthread_t th;
-  dt_status_t st = DT_OK;
-  /* the chunks in order: (dataset, range) */
-  int d = 0;
-  uint64_t lo = 0, hi = 0, end = 0;
-  int started = 0;
-  for (;;) {
-    /* next chunk into c[!cur] */
-    chunk_t *n = &c[have ? !cur : cur];
-    int got = 0;
-    while (!got && d < D->n_ds) {
-      if (!own[d]) { d++, started = 0; continue; }
-      if (!started) {
-        uint64_t nb = D->bytes[d];
-        lo = nb * (uint64_t)rank / (uint64_t)size / DT_CKPT_ALIGN * DT_CKPT_ALIGN;
-        end = rank == size - 1 ? nb : nb * (uint64_t)(rank + 1) / (uint64_t)size / DT_CKPT_ALIGN * DT_CKPT_ALIGN;
-        started = 1;
-      }
-      if (lo >= end) { d++, started = 0; continue; }
-      hi = end - lo > DT_CKPT_CHUNK ? lo + DT_CKPT_CHUNK : end;
-      int ti = d % lay->n_tensors, gi = d / lay->n_tensors;
-      *n = (chunk_t){&lay->tensors[ti], gi == 0 ? a->params : gi == 1 ? a->m : a->v,
-                     d, foff[d], lo, hi, buf[have ? !cur : cur], segs, 0};
-      lo = hi;
-      got = 1;
-    }
-    if (!have) { /* the first chunk: pack it here */
-      if (!got) break;
-      pack_chunk(n);
-      have = 1;
-      continue;
-    }
-    if (got) { /* pack the next chunk while this one is written */
-      running = pthread_create(&th, NULL, pack_chunk, n) == 0;
-      if (!running) pack_chunk(n);
-    }
-    chunk_t *w = &c[cur];
-    if (w->failed && st == DT_OK) st = DT_ERR(DT_ERR_NOMEM, "%s: out of memory (checksum runs)", path);
-    uint64_t len = w->hi - w->lo, al = fd_direct >= 0 && w->foff % DT_CKPT_ALIGN == 0 ? len / DT_CKPT_ALIGN * DT_CKPT_ALIGN : 0;
-    if (st == DT_OK && al > 0 && pwrite_all(fd_direct, w->buf, al, w->foff + w->lo) < 0) al = 0; /* refused: buffered */
-    *n_direct += al;
-    if (st == DT_OK && pwrite_all(fd_buf, (const char *)w->buf + al, len - al, w->foff + w->lo + al) < 0)
-      st = DT_ERR(DT_ERR_IO, "%s: %s: write failed: %s", path, D->names[w->d], strerror(errno));
-    if (running) pthread_join(th, NULL);
-    running = 0;
-    if (!got) break;
-    cur = !cur;
-  }
-  if (st == DT_OK && ((fd_direct >= 0 && fdatasync(fd_direct) != 0) || fdatasync(fd_buf) != 0))
-    st = DT_ERR(DT_ERR_IO, "%s: fdatasync: %s", path, strerror(errno));
-  dt_ckpt__io_buf_free(buf[0], DT_CKPT_CHUNK);
-  dt_ckpt__io_buf_free(buf[1], DT_CKPT_CHUNK);
-  return st;
 }
 
 /* Rank 0: check that the runs of each dataset tile it exactly, and combine their CRCs. */
@@ -380,7 +263,7 @@ typedef struct {
   int own_ok;      /* large datasets of replicated arenas go through our own descriptors */
   int wb_fd;       /* our own descriptor of the file: start_writeback, and the own-descriptor writes */
   int dio_fd;      /* the same with O_DIRECT, -1 if the file system refuses it */
-  int *own;        /* per dataset: written through our own descriptors (write_own), not H5Dwrite */
+  int *own;        /* per dataset: written through our own descriptors (ckpt_own.c), not H5Dwrite */
   uint64_t *foff, n_direct;
   uint64_t unsynced; /* bytes this rank wrote since the last start_writeback */
   fbox_t *bx[2];     /* the boxes of the tensor being written and of the one being packed */
@@ -417,7 +300,7 @@ static dt_status_t save_create(save_t *S) {
   dt_status_t st = DT_OK;
   dt_ckpt__mpio_plists(S->comm, &S->fapl, &S->dxpl);
   /* Replicated arenas on every rank: large datasets are written through our own descriptors
-   * (write_own), so their raw data must start on page boundaries. */
+   * (dt_ckpt__write_own, ckpt_own.c), so their raw data must start on page boundaries. */
   S->full_all[0] = S->a->model.full, S->full_all[1] = !S->optim || S->a->optim.full;
   DT_MPI_KEEP(st, dt_wd_allreduce(MPI_IN_PLACE, S->full_all, 2, MPI_INT, MPI_MIN, S->comm, "allreduce (checkpoint save)"));
   S->own_ok = dt_ckpt__own_io() && (S->full_all[0] || S->full_all[1]);
@@ -546,7 +429,7 @@ static dt_status_t save_tensors(save_t *S) {
   DT_TRY(st);
   double tp = dt_time_now();
   if (S->own_ok)
-    st = write_own(S->lay, S->a, &S->D, S->own, S->foff, S->rank, S->size, S->dio_fd, S->wb_fd, &S->segs, &S->n_direct,
+    st = dt_ckpt__write_own(S->lay, S->a, &S->D, S->own, S->foff, S->rank, S->size, S->dio_fd, S->wb_fd, &S->segs, &S->n_direct,
                    S->path);
   double t_own = dt_time_now() - tp;
   DT_TRY(dt_ckpt__agree(S->comm, st));

@@ -72,7 +72,16 @@ static dt_status_t f_test(dt_comm_t *c, dt_comm_req_t *req, int *done) {
   return DT_OK;
 }
 
-static const dt_comm_ops_t fake_ops = {.name = "fake", .allreduce = f_allreduce, .wait = f_wait, .test = f_test};
+/* The probe's barrier (a deferred step): how many, and how many all-reduces had started before the first. */
+static int n_barriers, calls_before_barrier = -1;
+static dt_status_t f_barrier(dt_comm_t *c) {
+  (void)c;
+  if (n_barriers++ == 0) calls_before_barrier = n_calls;
+  return DT_OK;
+}
+
+static const dt_comm_ops_t fake_ops = {
+    .name = "fake", .allreduce = f_allreduce, .wait = f_wait, .test = f_test, .barrier = f_barrier};
 
 /* Group starts (like a layout's layer_begin): 50 | 10 | 10 | 10 | 10 | 30 floats; buckets of 20. */
 static const size_t groups[] = {0, 50, 60, 70, 80, 90, N};
@@ -396,8 +405,10 @@ Test(ddp, finish_alone_reduces_everything) {
   reset(g);
   final_lo = 0;
   dt_ddp_begin(&d);
+  n_barriers = 0;
   cr_assert_eq(dt_ddp_finish(&d), DT_OK);
   cr_assert_eq(n_calls, d.n_buckets);
+  cr_assert_eq(n_barriers, 0, "only the probe's deferred finish waits at a barrier");
   for (int i = 0; i < N; i++) cr_assert_eq(times_reduced[i], 1, "element %d reduced %d times", i, times_reduced[i]);
   dt_ddp_free(&d);
   cr_assert_null(d.buckets);
@@ -421,8 +432,12 @@ Test(ddp, a_deferred_step_starts_everything_in_finish) {
     cr_assert_eq(n_calls, 0, "group %d final: %d all-reduces started in a deferred step", k, n_calls);
   }
   cr_assert_eq(d.ready_lo, 0, "the reports were not recorded");
+  n_barriers = 0;
   cr_assert_eq(dt_ddp_finish(&d), DT_OK);
   cr_assert_eq(n_calls, d.n_buckets);
+  cr_assert(n_barriers == 1 && calls_before_barrier == 0,
+            "a deferred finish: %d barriers, the first after %d all-reduces (want 1, before any)", n_barriers,
+            calls_before_barrier);
   for (int i = 0; i < N; i++) {
     cr_assert_eq(times_reduced[i], 1, "element %d reduced %d times", i, times_reduced[i]);
     cr_assert_float_eq(g[i], (i + 1 + 1000 + 3 * i) / 2.0f, 0, "element %d is %g, not the average", i, g[i]);

@@ -26,6 +26,8 @@ typedef struct {
   size_t n;             /* arena size */
   dt_status_t err;      /* first failure inside the backward hook */
   double t_comm_wait;   /* seconds spent waiting in dt_ddp_finish (communication not hidden) */
+  double t_skew;        /* probe steps (defer): seconds in the barrier before the all-reduces,
+                           i.e. waiting for the slowest rank's backward, kept out of t_comm_wait */
   int defer;            /* this step: the hook only records what is ready; dt_ddp_finish starts
                            every all-reduce (sync.c's overlap probe) */
   /* Instead of the all-reduce: a blocking action on each bucket when it is final (ZeRO-2's

@@ -69,11 +69,12 @@ struct dt_sync {
   double t_full;        /* zero3's reference at start: gathers of every block, blocking */
   /* ddp's overlap measurement (sync.c): every probe_every-th step (0 = none; set after init)
    * starts the all-reduces after backward; the windows from the last backward's start until the
-   * gradients are averaged, of the last DT_SYNC_SAMPLES probe and other steps, and the probes'
-   * all-reduce times */
+   * gradients are averaged, of the last DT_SYNC_SAMPLES probe and other steps, the probes'
+   * all-reduce times and their barrier waits before it (rank skew) */
   int probe_every, n_steps, n_probe, n_run;
   double t_bwd0, t_wait_sum;
-  double probe_win[DT_SYNC_SAMPLES], probe_comm[DT_SYNC_SAMPLES], run_win[DT_SYNC_SAMPLES];
+  double probe_win[DT_SYNC_SAMPLES], probe_comm[DT_SYNC_SAMPLES], probe_skew[DT_SYNC_SAMPLES];
+  double run_win[DT_SYNC_SAMPLES];
 };
 
 /* Pick the strategy for `stage` over a dp group of `dp` ranks (before the backend allocates): with

@@ -20,7 +20,8 @@ import sys
 
 DDP = (r"^# ddp: \d+ buckets; backward \+ gradient all-reduce ([\d.]+) ms/step overlapped \(median of (\d+) steps\) "
        r"vs ([\d.]+) ms with the all-reduce after backward \(median of (\d+) probe steps, parallel.ddp_probe = (\d+)\), "
-       r"the all-reduce alone ([\d.]+) ms: (\d+)% of the all-reduce hidden")
+       r"the all-reduce alone ([\d.]+) ms: (\d+)% of the all-reduce hidden behind backward \(the probes' barrier before "
+       r"it, waiting for the slowest rank, ([\d.]+) ms\)")
 ZERO3 = r"^# zero3: waiting for block gathers ([\d.]+) ms/step .* vs ([\d.]+) ms .*: (\d+)% of the gathers hidden"
 
 
@@ -29,10 +30,12 @@ def check_ddp(out, text, rows):
     assert m, f"{out}: no '# ddp:' overlap line"
     o, n, p, k, every, a, h = (float(m.group(1)), int(m.group(2)), float(m.group(3)), int(m.group(4)),
                                int(m.group(5)), float(m.group(6)), int(m.group(7)))
+    skew = float(m.group(8))
     slowest, steps = max(r["ms"] for r in rows), max(r["step"] for r in rows)
     for name, v in (("overlapped", o), ("probe", p)):
         assert 0 < v <= slowest + 0.1, f"{out}: {name} window {v} ms outside (0, slowest step {slowest:.1f}]"
     assert 0 <= a <= p + 0.1, f"{out}: all-reduce alone {a} ms outside [0, the probe window {p}]"
+    assert 0 <= skew <= p + 0.1, f"{out}: barrier wait {skew} ms outside [0, the probe window {p}]"
     want_k = len([s for s in range(2, steps + 1) if (s - 2) % every == 0])
     assert (k, n) == (min(want_k, 64), min(steps - 1 - want_k, 64)), \
         f"{out}: {k} probe and {n} other steps, want {want_k} and {steps - 1 - want_k} of steps 2..{steps} (every {every})"
@@ -40,7 +43,8 @@ def check_ddp(out, text, rows):
     r = [hid(o + i, p + j, max(a + l, 1e-9)) for i in (-0.05, 0.05) for j in (-0.05, 0.05) for l in (-0.05, 0.05)]
     lo, hi = min(r), max(r)
     assert lo - 1 <= h <= hi + 1, f"{out}: {h}% hidden, its own numbers give {lo:.0f}..{hi:.0f}%"
-    print(f"{out.split('/')[-1]}: ddp overlapped {o} ms, probe {p} ms (all-reduce {a} ms), {k} probes every {every}, "
+    print(f"{out.split('/')[-1]}: ddp overlapped {o} ms, probe {p} ms (all-reduce {a} ms, barrier {skew} ms), "
+          f"{k} probes every {every}, "
           f"{h}% hidden: consistent")
 
 

@@ -3,13 +3,14 @@
  * (its shape numbers), its inputs and its outputs. Parameter gradients start at 0.25 (the kernels
  * must add to them), activation gradients at NaN (they must be written). Convolutions run with 1
  * thread and with 2, both dumped. File format: records of { char name[64]; int64 n; float32
- * data[n] } (tests/ref_dump.c's). Usage: cnn_dump OUT.bin */
+ * data[n] } (tests/dump.h). Usage: cnn_dump OUT.bin */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dump.h"
 #include "kmath.h"
 #include "ops_cnn_cpu.h"
 #include "model.h"
@@ -18,12 +19,9 @@ static FILE *out;
 static dt_rng_t rng;
 
 static void rec(const char *c, const char *what, const float *x, size_t n) {
-  char nm[64] = {0};
+  char nm[64];
   snprintf(nm, sizeof nm, "%s/%s", c, what);
-  int64_t n64 = (int64_t)n;
-  fwrite(nm, 1, sizeof nm, out);
-  fwrite(&n64, sizeof n64, 1, out);
-  fwrite(x, sizeof(float), n, out);
+  dump_rec(out, nm, x, n);
 }
 
 static void meta(const char *c, int n, const int *v) {

@@ -4,7 +4,7 @@
  * the parameters and running statistics after the last step (q{STEPS}/, c{STEPS}/) and the
  * evaluation-mode loss and accuracy there on the first batch. The update is SGD with momentum 0.9
  * and weight decay 5e-4, lr 0.05, or AdamW lr 1e-3, weight decay 0.01. ARCH resnet50z is resnet50
- * with zero_init_residual. Records { char name[64]; int64 n; float32 data[n] } (tests/ref_dump.c's).
+ * with zero_init_residual. Records { char name[64]; int64 n; float32 data[n] } (tests/dump.h).
  * Usage: cnn_model_dump OUT.bin ARCH C H W CLASSES WIDTH HIDDEN B STEPS sgd|adamw */
 #include <math.h>
 #include <stdint.h>
@@ -13,17 +13,15 @@
 #include <string.h>
 
 #include "cnn.h"
+#include "dump.h"
 #include "kmath.h"
 
 static FILE *out;
 
 static void rec(const char *a, const char *b, const float *x, size_t n) {
-  char nm[64] = {0};
+  char nm[64];
   snprintf(nm, sizeof nm, "%s%s", a, b);
-  int64_t n64 = (int64_t)n;
-  fwrite(nm, 1, sizeof nm, out);
-  fwrite(&n64, sizeof n64, 1, out);
-  fwrite(x, sizeof(float), n, out);
+  dump_rec(out, nm, x, n);
 }
 
 static void rec_arena(const dt_layout_t *lay, const char *prefix, const float *arena) {

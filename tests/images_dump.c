@@ -2,25 +2,19 @@
  * per-channel mean and standard deviation, the sample ids of global indices 0 .. 2N-1 (two
  * epochs of the shuffled order), one augmented batch at G0 (images, labels, ids, crop offsets and
  * flips) and the first B images in order without augmentation. Records { char name[64]; int64 n;
- * float32 data[n] } (tests/ref_dump.c's format). On an error: its message, exit 1.
+ * float32 data[n] } (tests/dump.h). On an error: its message, exit 1.
  * Usage: images_dump OUT.bin (idx IMAGES LABELS | cifar GLOB) SEED CROP_PAD FLIP G0 B */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dump.h"
 #include "images.h"
 
 static FILE *out;
 
-static void rec(const char *name, const float *x, size_t n) {
-  char nm[64] = {0};
-  snprintf(nm, sizeof nm, "%s", name);
-  int64_t n64 = (int64_t)n;
-  fwrite(nm, 1, sizeof nm, out);
-  fwrite(&n64, sizeof n64, 1, out);
-  fwrite(x, sizeof(float), n, out);
-}
+static void rec(const char *name, const float *x, size_t n) { dump_rec(out, name, x, n); }
 
 int main(int argc, char **argv) {
   int idx = argc == 10 && !strcmp(argv[2], "idx"), cifar = argc == 9 && !strcmp(argv[2], "cifar");

@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "dump.h"
 #include "gpt2.h"
 #include "optim.h"
 
@@ -18,14 +19,7 @@ enum { L = 2, NH = 4, C = 64, V = 97, T = 16, B = 3, STEPS = 10 };
 
 static FILE *out;
 
-static void rec(const char *name, const float *x, size_t n) {
-  char nm[64] = {0};
-  snprintf(nm, sizeof nm, "%s", name);
-  int64_t n64 = (int64_t)n;
-  fwrite(nm, 1, sizeof nm, out);
-  fwrite(&n64, sizeof n64, 1, out);
-  fwrite(x, sizeof(float), n, out);
-}
+static void rec(const char *name, const float *x, size_t n) { dump_rec(out, name, x, n); }
 
 static void rec_ints(const char *name, const int *x, size_t n) {
   float *f = malloc(n * sizeof *f);

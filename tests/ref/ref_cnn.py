@@ -12,7 +12,7 @@ gradients at NaN (the kernels write them).
 Error: max|a - b| / max(max|b|, 1e-30) per tensor (b = torch), limit TOL = 1e-5.
 Usage: ref_cnn.py DUMP.bin
 """
-import struct
+import os
 import sys
 
 try:
@@ -23,27 +23,18 @@ except ImportError as e:
     print(f"ref_cnn.py: FAIL: {sys.executable} lacks torch/numpy ({e}); set REF_PYTHON", file=sys.stderr)
     sys.exit(1)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dump import err, read_dump  # noqa: E402
+
 TOL = 1e-5
 fails = []
 
 
-def read_dump(path):
-    recs = {}
-    with open(path, "rb") as f:
-        while hdr := f.read(64):
-            name = hdr.split(b"\0", 1)[0].decode()
-            (n,) = struct.unpack("<q", f.read(8))
-            recs[name] = np.frombuffer(f.read(4 * n), dtype=np.float32).astype(np.float64)
-    return recs
-
-
 def check(case, what, got, want):
     want = want.detach().numpy().ravel() if torch.is_tensor(want) else np.asarray(want).ravel()
-    got = np.asarray(got).ravel()
-    assert got.shape == want.shape, (case, what, got.shape, want.shape)
-    err = np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30) if got.size else 0.0
-    ok = err <= TOL and not np.isnan(got).any()
-    print(f"{'ok  ' if ok else 'FAIL'} {case:18s} {what:8s} {err:.2e}")
+    e = err(got, want)
+    ok = e <= TOL and not np.isnan(np.asarray(got)).any()
+    print(f"{'ok  ' if ok else 'FAIL'} {case:18s} {what:8s} {e:.2e}")
     if not ok:
         fails.append(f"{case}/{what}")
 

@@ -20,7 +20,7 @@ side (seen: ResNet-18, B=4, a 5% gradient difference at step 3 between two corre
 Error per tensor: max|a - b| / max(max|b|, 1e-30). Every check within TOL = 1e-5.
 Usage: ref_cnn_model.py DUMP.bin
 """
-import struct
+import os
 import sys
 
 try:
@@ -32,18 +32,11 @@ except ImportError as e:
     print(f"ref_cnn_model.py: FAIL: {sys.executable} lacks torch/numpy ({e}); set REF_PYTHON", file=sys.stderr)
     sys.exit(1)
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dump import err, read_dump  # noqa: E402
+
 TOL = 1e-5
 ARCHS = {0: "cnn", 1: "resnet18", 2: "resnet50"}
-
-
-def read_dump(path):
-    recs = {}
-    with open(path, "rb") as f:
-        while hdr := f.read(64):
-            name = hdr.split(b"\0", 1)[0].decode()
-            (n,) = struct.unpack("<q", f.read(8))
-            recs[name] = np.frombuffer(f.read(4 * n), dtype=np.float32).astype(np.float64)
-    return recs
 
 
 class SimpleCNN(nn.Module):
@@ -123,12 +116,6 @@ def build(meta):
     if ARCHS[arch] == "resnet18":
         return ResNet(BasicBlock, [2, 2, 2, 2], C, classes, width)
     return ResNet(Bottleneck, [3, 4, 6, 3], C, classes, width)
-
-
-def err(got, want):
-    got, want = np.asarray(got).ravel(), np.asarray(want).ravel()
-    assert got.shape == want.shape, (got.shape, want.shape)
-    return np.max(np.abs(got - want)) / max(np.max(np.abs(want)), 1e-30)
 
 
 def load(model, r, s):

@@ -16,22 +16,16 @@ same files with numpy's own parser (gzip or plain IDX; CIFAR-10 records), then c
 Usage: ref_images.py DUMP.bin (idx IMAGES LABELS | cifar FILE...) PAD FLIP G0
 """
 import gzip
+import os
 import struct
 import sys
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from dump import read_dump  # noqa: E402
+
 fails = []
-
-
-def read_dump(path):
-    recs = {}
-    with open(path, "rb") as f:
-        while hdr := f.read(64):
-            name = hdr.split(b"\0", 1)[0].decode()
-            (n,) = struct.unpack("<q", f.read(8))
-            recs[name] = np.frombuffer(f.read(4 * n), dtype=np.float32).astype(np.float64)
-    return recs
 
 
 def raw(path):

@@ -29,10 +29,10 @@ build() { # build NAME SOURCES...
     fail "building $name"
 }
 build fuzz_config "$S/core/config.c"
-build fuzz_shard "$S/data/data.c"
+build fuzz_shard "$S/data/data.c" "$S/data/sampler.c"
 build fuzz_bpe "$S/data/bpe.c" "$S/data/bpe_vocab.c" "$S/data/bpe_pretok.c"
 # shellcheck disable=SC2086 # the flags are word lists
-build fuzz_ckpt "$S/ckpt/ckpt.c" "$S/ckpt/ckpt_read.c" "$S/ckpt/ckpt_meta.c" "$S/ckpt/ckpt_write.c" "$S/ckpt/ckpt_dir.c" "$S/core/crc32c.c" "$S/model/model.c" \
+build fuzz_ckpt "$S/ckpt/ckpt.c" "$S/ckpt/ckpt_read.c" "$S/ckpt/ckpt_meta.c" "$S/ckpt/ckpt_write.c" "$S/ckpt/ckpt_own.c" "$S/ckpt/ckpt_dir.c" "$S/core/crc32c.c" "$S/model/model.c" \
   "$S/core/config.c" "$S/comm/watchdog.c" "$S/comm/watchdog_mpi.c" "$S/core/fault.c" "$S/comm/mpi_check.c" ${HDF5_CFLAGS:-} ${HDF5_LIBS:-} -lpthread
 export DTRAIN_FUZZ_VOCAB="$DATA/gpt2"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1

@@ -3,7 +3,8 @@
  * parameters q{s}/ and running statistics c{s}/ it starts from, its loss and gradients g{s}/, then
  * the parameters and running statistics after the last step (q{STEPS}/, c{STEPS}/) and the
  * evaluation-mode loss and accuracy there on the first batch. The update is SGD with momentum 0.9
- * and weight decay 5e-4, lr 0.05, or AdamW lr 1e-3, weight decay 0.01. ARCH resnet50z is resnet50
+ * and weight decay 5e-4, lr 0.05, or AdamW lr 1e-3, weight decay 0.01; the histogram of the
+ * evaluation's predictions over the classes. ARCH resnet50z is resnet50
  * with zero_init_residual. Records { char name[64]; int64 n; float32 data[n] } (tests/dump.h).
  * Usage: cnn_model_dump OUT.bin ARCH C H W CLASSES WIDTH HIDDEN B STEPS sgd|adamw */
 #include <math.h>
@@ -94,6 +95,16 @@ int main(int argc, char **argv) {
   float ev[2] = {(float)dt_cnn_forward(&m, p, bufs, x0, y0, 0, &correct), 0.0f};
   ev[1] = (float)correct;
   rec("eval", "", ev, 2);
+  /* the predictions' histogram: with every label set to class k, "correct" counts the images
+   * predicted as k */
+  float *hist = malloc((size_t)c.classes * sizeof *hist);
+  for (int k = 0; k < c.classes; k++) {
+    for (int i = 0; i < B; i++) y0[i] = k;
+    dt_cnn_forward(&m, p, bufs, x0, y0, 0, &correct);
+    hist[k] = (float)correct;
+  }
+  rec("pred_hist", "", hist, (size_t)c.classes);
+  free(hist);
   dt_cnn_free(&m);
   free(p), free(g), free(mo), free(v), free(bufs), free(x), free(x0), free(yf), free(losses), free(y), free(y0);
   if (fclose(out)) {

@@ -12,7 +12,8 @@ reshaped to (OC, C, KH, KW)), batch norm in training mode (momentum 0.1) on the 
   - the update: torch.optim.SGD (momentum 0.9, weight decay 5e-4, lr 0.05) or torch.optim.AdamW
     (lr 1e-3, weight decay 0.01), one parameter group, fed dtrain's gradients from q0/, must give
     dtrain's parameters q{s+1}/ after every step;
-  - evaluation mode after the last step on the first batch: loss and accuracy;
+  - evaluation mode after the last step on the first batch: loss, accuracy and how many images
+    are predicted as each class;
   - the dump's parameter count equals the torch model's.
 Teacher forcing, not a free replay: ReLU networks are not smooth, and two float32 runs that differ
 in summation order leave each other for good when a pre-activation near 0 lands on the other
@@ -177,13 +178,16 @@ def main():
         y0 = torch.tensor(r["y0"]).long()
         logits = model(x0)
         ev = (F.cross_entropy(logits, y0).item(), int((logits.argmax(1) == y0).sum()))
+        hist = torch.bincount(logits.argmax(1), minlength=logits.shape[1]).tolist()
     worst["eval"] = (abs(r["eval"][0] - ev[0]) / abs(ev[0]), f"loss {r['eval'][0]:.7f} vs {ev[0]:.7f}")
     for k, (e, where) in worst.items():
         print(f"{what}: {k:8s} worst {e:.2e} ({where}), limit {TOL}")
         if e > TOL:
             fails.append(k)
     print(f"{what}: evaluation mode: correct {int(r['eval'][1])} of {B} vs torch's {ev[1]}")
-    if int(r["eval"][1]) != ev[1]:
+    got_hist = [int(v) for v in r["pred_hist"]]
+    print(f"{what}: predictions per class {got_hist} vs torch's {hist}")
+    if int(r["eval"][1]) != ev[1] or got_hist != hist:
         fails.append("accuracy")
     if fails:
         print(f"ref_cnn_model: FAIL: {what}: {', '.join(fails)}")

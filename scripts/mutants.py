@@ -68,6 +68,7 @@ T_FAULTS = ("sh", "tests/ckpt_faults.sh", ["dtrain"])
 T_DATAU = ("crit", "tests/test_data", ["tests/test_data"])
 T_REFCNN = ("sh", "tests/ref_cnn.sh", ["tests/cnn_dump", "tests/cnn_model_dump"])
 T_IMAGES = ("sh", "tests/images.sh", ["tests/images_dump"])
+T_CNNTRAIN = ("sh", "tests/cnn_train.sh", ["dtrain"])
 MODULES = {
     "model": (["src/model/model.c"], [T_MODEL, T_PIPE, T_TRAINER, T_TPEQ, T_PPEQ]),
     "optimizer": (["src/model/optim.c"], [T_OPTIM, T_TRAINER]),
@@ -80,7 +81,7 @@ MODULES = {
                    [T_RESUME, T_CKPT, T_CKLEAK, T_FAULTS, T_LAYOUT, T_TRAINER, T_TPRS]),  # quick killers first
     # issue #25's CNN layers, models and image sets (campaigns only: not yet in check's sample)
     "cnn": (["src/backend/ops_cnn_cpu.c", "src/model/cnn.c", "src/model/cnn_build.c", "src/data/images.c",
-             "src/data/sampler.c"], [T_DATAU, T_REFCNN, T_IMAGES]),
+             "src/data/sampler.c", "src/app/train_cnn.c"], [T_DATAU, T_REFCNN, T_IMAGES, T_CNNTRAIN]),
 }
 # `check` (make check-mutants, CI) samples the seven modules of issue #28's goal
 CHECK_MODULES = ["model", "optimizer", "ddp", "zero", "pipeline", "precision", "checkpoint"]

@@ -21,6 +21,7 @@
 #include "plan.h"
 #include "plot.h"
 #include "train.h"
+#include "train_cnn.h"
 #include "watchdog.h"
 
 #define DT_STR_(x) #x
@@ -166,6 +167,27 @@ static int fail(dt_status_t st, int mpi_up) {
   return code;
 }
 
+/* model.arch = cnn | resnet18 | resnet50 (train_cnn.h): the cpu backend only, for now. */
+static int train_cnn(int rank, const dt_config_t *cfg, const char *name) {
+  if (!strcmp(cfg->backend, "cuda")) {
+    if (rank == 0)
+      fprintf(stderr, "dtrain: %s: system.backend = cuda: model.arch = %s has no CUDA kernels yet (cpu or auto)\n", name,
+              cfg->arch);
+    MPI_Finalize();
+    return 2;
+  }
+  dt_train_install_signals();
+  static dt_cnn_trainer_t tr;
+  dt_status_t st = dt_cnn_trainer_init(&tr, cfg, name);
+  if (st == DT_OK) st = dt_cnn_trainer_run(&tr);
+  if (st != DT_OK) return fail(st, 1);
+  int code = tr.stopped_by_signal ? 1 : 0; /* not 75: there is no checkpoint to requeue from */
+  dt_cnn_trainer_free(&tr);
+  dt_wd_stop();
+  MPI_Finalize();
+  return code;
+}
+
 static int train_main(int argc, char **argv) {
   int rank = 0;
   dt_mpi_init(&argc, &argv, &rank);
@@ -177,6 +199,7 @@ static int train_main(int argc, char **argv) {
   /* the hang watchdog's first collective: a rank that never arrives ends the job */
   if (st == DT_OK && dt_fault("stall_start", rank, -1)) raise(SIGSTOP); /* test-only (fault.h) */
   if (st == DT_OK) st = dt_wd_start(cfg.comm_timeout, cfg.comm_timeout_start);
+  if (st == DT_OK && dt_cnn_trainer_wanted(&cfg)) return train_cnn(rank, &cfg, argv[1]);
   const dt_backend_ops_t *ops = NULL;
   int devices = 0;
   if (st == DT_OK) st = dt_train_pick_backend(&cfg, argv[1], &ops, &devices); /* collective, same verdict */

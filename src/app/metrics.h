@@ -17,6 +17,7 @@ typedef struct {
   double tok_per_s;  /* global tokens / step time */
   double gflops;     /* achieved GFLOP/s over all ranks (model FLOPs formula) */
   double val_loss;   /* < 0: not evaluated this step */
+  double val_acc;    /* image classifiers: top-1 accuracy of that evaluation (< 0: none) */
   unsigned long long sample0; /* global sample indices consumed: [sample0, sample0 + samples) */
   int samples;
   unsigned long long tokens; /* tokens consumed through this step: (sample0 + samples) x T */
@@ -30,6 +31,7 @@ typedef struct {
 typedef struct {
   FILE *out;         /* stdout, or NULL (ranks other than 0) */
   FILE *jsonl;       /* or NULL */
+  int images;        /* image classifiers: images/s instead of tokens/s, a val_acc column */
 } dt_metrics_t;
 
 dt_status_t dt_metrics_open(dt_metrics_t *m, const char *jsonl_path);

@@ -19,6 +19,11 @@ const dt_config_key_t dt_config_keys[] = {
   {"model", "n_embd",     DT_KEY_INT,   OFF(n_embd),     "128",  1, 65536, NULL, "embedding width (C)"},
   {"model", "vocab_size", DT_KEY_INT,   OFF(vocab_size), "256",  2, 1 << 24, NULL, "vocabulary size V (padded to a multiple of 128 internally)"},
   {"model", "seq_len",    DT_KEY_INT,   OFF(seq_len),    "64",   1, 1 << 20, NULL, "sequence length T (also the position table size)"},
+  {"model", "arch",       DT_KEY_ENUM,  OFF(arch),       "gpt2", 0, 0, "gpt2|cnn|resnet18|resnet50", "the network: GPT-2 (the keys above), or an image classifier trained on data.format = idx|cifar10: cnn (2 x conv-BN-ReLU-maxpool, 2 linear layers), resnet18 / resnet50 (torchvision's, CIFAR stem); the classifiers train on the cpu backend with data parallelism only (no tp, pp, ZeRO, mixed precision or checkpoints yet: README, Status)"},
+  {"model", "classes",    DT_KEY_INT,   OFF(classes),    "10", 2, 1 << 20, NULL, "image classifiers: classes (labels must be below it)"},
+  {"model", "width",      DT_KEY_INT,   OFF(width),      "0", 0, 1 << 16, NULL, "image classifiers: channels of cnn's first convolution (the second has twice as many) or of a resnet's stem and first stage; 0 = 32 for cnn, 64 for the resnets (torchvision's)"},
+  {"model", "hidden",     DT_KEY_INT,   OFF(hidden),     "128", 1, 1 << 20, NULL, "cnn: units of the hidden linear layer"},
+  {"model", "zero_init_residual", DT_KEY_BOOL, OFF(zero_init_residual), "false", 0, 0, NULL, "resnets: every residual branch's last batch norm starts at weight 0 (torchvision's zero_init_residual)"},
 
   {"train", "micro_batch",  DT_KEY_INT,   OFF(micro_batch),  "8",   1, 1 << 20, NULL, "sequences per rank per micro-step (B)"},
   {"train", "global_batch", DT_KEY_INT,   OFF(global_batch), "0",   0, 1 << 30, NULL, "sequences per optimizer step over all ranks; 0 = micro_batch*grad_accum*dp"},
@@ -42,10 +47,18 @@ const dt_config_key_t dt_config_keys[] = {
   {"train", "precision",    DT_KEY_ENUM,  OFF(precision),    "fp32", 0, 0, "fp32|bf16|fp16", "storage precision of working weights, activations and activation gradients (fp32 master weights, AdamW state and gradient accumulation in every mode); fp16 adds dynamic loss scaling (README: Mixed precision)"},
   {"train", "loss_scale_init",   DT_KEY_FLOAT, OFF(loss_scale_init),   "65536", 1, 1e30, NULL, "fp16 only: initial loss scale, a power of two (GradScaler init_scale)"},
   {"train", "loss_scale_window", DT_KEY_INT,   OFF(loss_scale_window), "2000", 1, 1 << 30, NULL, "fp16 only: double the loss scale after this many consecutive steps without inf/NaN gradients (GradScaler growth_interval); a step with inf/NaN on any rank is skipped and halves it"},
+  {"train", "optimizer",    DT_KEY_ENUM,  OFF(optimizer),    "adamw", 0, 0, "adamw|sgd", "image classifiers: AdamW (beta1, beta2, eps) or SGD with momentum (torch.optim.SGD); both decay every parameter by weight_decay (SGD: added to the gradient, AdamW: decoupled); GPT-2 trains with AdamW"},
+  {"train", "momentum",     DT_KEY_FLOAT, OFF(momentum),     "0", 0, 0.999999, NULL, "sgd: momentum (torch.optim.SGD's; 0 = plain SGD)"},
+  {"train", "nesterov",     DT_KEY_BOOL,  OFF(nesterov),     "false", 0, 0, NULL, "sgd: Nesterov momentum"},
 
   {"data", "train",   DT_KEY_STR,  OFF(train),   "data/austen_train_*.bin", 0, 0, NULL, "glob of training token shards (llm.c format)"},
   {"data", "val",     DT_KEY_STR,  OFF(val),     "", 0, 0, NULL, "glob of validation token shards; empty = none"},
   {"data", "shuffle", DT_KEY_BOOL, OFF(shuffle), "true", 0, 0, NULL, "shuffle training samples each epoch (seeded)"},
+  {"data", "format",  DT_KEY_ENUM, OFF(format),  "tokens", 0, 0, "tokens|idx|cifar10", "tokens: llm.c token shards (GPT-2); idx: MNIST / Fashion-MNIST IDX images (gzip or plain) in train / val with their labels in train_labels / val_labels; cifar10: CIFAR-10 binary batch files (a glob each) in train / val; image sets are normalised per channel with the training set's mean and standard deviation"},
+  {"data", "train_labels", DT_KEY_STR, OFF(train_labels), "", 0, 0, NULL, "idx: the training labels file"},
+  {"data", "val_labels",   DT_KEY_STR, OFF(val_labels),   "", 0, 0, NULL, "idx: the validation labels file"},
+  {"data", "crop_pad", DT_KEY_INT,  OFF(crop_pad), "0", 0, 64, NULL, "images: random crop of each training image padded by this many zero pixels each side (torchvision RandomCrop(size, padding)); 0 = off"},
+  {"data", "flip",     DT_KEY_BOOL, OFF(flip),     "false", 0, 0, NULL, "images: random horizontal flip of each training image (p = 1/2)"},
 
   {"log", "metrics", DT_KEY_STR, OFF(metrics),   "", 0, 0, NULL, "JSONL metrics file written by rank 0; with {rank} in the name every rank writes its own; empty = none"},
   {"log", "every",   DT_KEY_INT, OFF(log_every), "1", 1, 1 << 30, NULL, "print a step row every N steps"},
@@ -324,8 +337,39 @@ static void where(const dt_config_t *cfg, const char *name, const char *section,
     snprintf(out, n, "%s: %s.%s (default)", name, section, key);
 }
 
+/* The image classifiers (model.arch != gpt2): their data formats, and what they do not have yet. */
+static dt_status_t validate_images(const dt_config_t *cfg, const char *name, char *w, size_t wn) {
+  const int gpt2 = !strcmp(cfg->arch, "gpt2"), tokens = !strcmp(cfg->format, "tokens");
+  if (gpt2 != tokens) {
+    where(cfg, name, "data", "format", w, wn);
+    return DT_ERR(DT_ERR_CONFIG, "%s: %s data for model.arch = %s (gpt2 reads tokens; cnn, resnet18, resnet50 read idx "
+                  "or cifar10)", w, cfg->format, cfg->arch);
+  }
+  if (gpt2) return DT_OK;
+  if (!strcmp(cfg->format, "idx") && (!cfg->train_labels[0] || (cfg->val[0] && !cfg->val_labels[0]))) {
+    where(cfg, name, "data", cfg->train_labels[0] ? "val_labels" : "train_labels", w, wn);
+    return DT_ERR(DT_ERR_CONFIG, "%s: data.format = idx needs the labels file of each image file", w);
+  }
+  struct { const char *section, *key; int bad; const char *what; } no[] = {
+    {"parallel", "tp", cfg->tp > 1, "tensor parallelism is"},
+    {"parallel", "pp", cfg->pp > 1, "pipeline parallelism is"},
+    {"parallel", "zero", cfg->zero > 0, "ZeRO is"},
+    {"train", "precision", strcmp(cfg->precision, "fp32") != 0, "mixed precision is"},
+    {"train", "recompute", cfg->recompute, "recomputation is"},
+    {"checkpoint", "every", cfg->ckpt_every > 0, "checkpoints are"},
+  };
+  for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
+    if (no[i].bad) {
+      where(cfg, name, no[i].section, no[i].key, w, wn);
+      return DT_ERR(DT_ERR_CONFIG, "%s: %s not implemented for the image classifiers yet (model.arch = %s trains "
+                    "with data parallelism in fp32 on the cpu backend, without checkpoints)", w, no[i].what, cfg->arch);
+    }
+  return DT_OK;
+}
+
 dt_status_t dt_config_validate(const dt_config_t *cfg, const char *name) {
   char w[DT_PATH_MAX + 128];
+  DT_TRY(validate_images(cfg, name, w, sizeof w));
   if (cfg->n_embd % cfg->n_head != 0) {
     where(cfg, name, "model", "n_embd", w, sizeof w);
     return DT_ERR(DT_ERR_CONFIG, "%s: n_embd %d is not divisible by n_head %d", w, cfg->n_embd, cfg->n_head);

@@ -11,7 +11,7 @@
 
 #define DT_PATH_MAX 1024
 #define DT_NAME_MAX 32
-#define DT_CONFIG_MAX_KEYS 64
+#define DT_CONFIG_MAX_KEYS 96
 
 typedef struct {
   /* [model] */
@@ -20,6 +20,11 @@ typedef struct {
   int n_embd;        /* C */
   int vocab_size;    /* V (true vocabulary; padded internally to Vp, a multiple of 128) */
   int seq_len;       /* T (maximum context; also the training sequence length) */
+  char arch[DT_NAME_MAX]; /* gpt2 | cnn | resnet18 | resnet50 (the image classifiers: cnn.h) */
+  int classes;       /* image classes (the CNNs) */
+  int width;         /* CNNs: channels of the first convolution / stage; 0 = the arch's default */
+  int hidden;        /* cnn: units of the hidden linear layer */
+  int zero_init_residual; /* resnets: each residual branch's last batch norm starts at weight 0 */
   /* [train] */
   int micro_batch;   /* B: sequences per rank per micro-step */
   int global_batch;  /* sequences per optimizer step over all ranks; 0 = micro_batch*grad_accum*dp */
@@ -42,10 +47,17 @@ typedef struct {
   char precision[DT_NAME_MAX]; /* fp32 | bf16 | fp16 (precision.h) */
   double loss_scale_init;      /* fp16: initial dynamic loss scale (a power of two) */
   int loss_scale_window;       /* fp16: grow the scale after this many consecutive unskipped steps */
+  char optimizer[DT_NAME_MAX]; /* adamw | sgd (the CNNs only) */
+  double momentum;   /* sgd */
+  int nesterov;      /* sgd */
   /* [data] */
   char train[DT_PATH_MAX]; /* glob of token shards */
   char val[DT_PATH_MAX];   /* glob of token shards, "" = none */
   int shuffle;             /* shuffle samples per epoch */
+  char format[DT_NAME_MAX]; /* tokens | idx | cifar10 */
+  char train_labels[DT_PATH_MAX], val_labels[DT_PATH_MAX]; /* idx: the labels files */
+  int crop_pad;            /* images: random crop of the image padded by this many pixels; 0 = off */
+  int flip;                /* images: random horizontal flips */
   /* [log] */
   char metrics[DT_PATH_MAX]; /* JSONL metrics file, "" = none */
   int log_every;

@@ -17,14 +17,14 @@ static size_t slot_floats(const dt_cnn_slot_t *s) { return (size_t)s->C * s->H *
 void dt_cnn_free(dt_cnn_t *m) {
   free(m->ops), free(m->slots), free(m->acts), free(m->dacts), free(m->tmp), free(m->scratch);
   free(m->mean), free(m->var), free(m->rstd), free(m->sdy), free(m->sdyx), free(m->losses), free(m->lse);
-  free(m->idx), free(m->labels), free(m->written);
+  free(m->idx), free(m->labels), free(m->written), free(m->sync_buf);
   dt_layout_free(&m->lay);
   dt_layout_free(&m->bufs);
   memset(m, 0, sizeof *m);
 }
 
 dt_status_t dt_cnn_alloc(dt_cnn_t *m, int B, int nthr) {
-  size_t off = 0, maxs = 0, scr = 0, nidx = 0;
+  size_t off = 0, maxs = 0, scr = 0, nidx = 0, maxc = 1;
   for (int i = 0; i < m->n_slots; i++) {
     size_t n = (size_t)B * slot_floats(&m->slots[i]);
     m->slots[i].off = off;
@@ -40,6 +40,8 @@ dt_status_t dt_cnn_alloc(dt_cnn_t *m, int B, int nthr) {
     } else if (o->kind == DT_OP_MAXPOOL) {
       o->aux = nidx;
       nidx += (size_t)B * slot_floats(y);
+    } else if (o->kind == DT_OP_BN && (size_t)o->C > maxc) {
+      maxc = (size_t)o->C;
     }
   }
   m->B = B, m->nthr = nthr, m->n_acts = off, m->n_tmp = maxs, m->n_idx = nidx;
@@ -51,11 +53,26 @@ dt_status_t dt_cnn_alloc(dt_cnn_t *m, int B, int nthr) {
   m->losses = malloc((size_t)B * sizeof(float)), m->lse = malloc((size_t)B * sizeof(float));
   m->idx = malloc((nidx ? nidx : 1) * sizeof(int)), m->labels = malloc((size_t)B * sizeof(int));
   m->written = malloc((size_t)m->n_slots);
-  if (!m->acts || !m->dacts || !m->tmp || !m->scratch || !m->mean || !m->var || !m->rstd || !m->sdy || !m->sdyx ||
+  m->sync_buf = malloc(2 * maxc * sizeof(double));
+  if (!m->sync_buf || !m->acts || !m->dacts || !m->tmp || !m->scratch || !m->mean || !m->var || !m->rstd || !m->sdy || !m->sdyx ||
       !m->losses || !m->lse || !m->idx || !m->labels || !m->written)
     return DT_ERR(DT_ERR_NOMEM, "model: cannot allocate %.1f MiB of activations for a batch of %d images",
                   2.0 * (double)off * sizeof(float) / (1 << 20), B);
   return DT_OK;
+}
+
+/* Synchronised batch norm: a[c], b[c] (C floats each, this rank's) become sums over the ranks,
+ * divided by `div`; `moments`: a, b are the mean and variance, combined through E[x^2]. */
+static void sync_pair(dt_cnn_t *m, float *a, float *b, int C, int moments) {
+  double *buf = m->sync_buf, R = moments ? (double)m->sync_ranks : 1.0;
+  for (int c = 0; c < C; c++) buf[c] = a[c], buf[C + c] = moments ? (double)b[c] + (double)a[c] * a[c] : b[c];
+  dt_status_t st = m->sync_sum(m->sync_ctx, buf, 2 * C);
+  if (st != DT_OK && m->sync_err == DT_OK) m->sync_err = st;
+  for (int c = 0; c < C; c++) {
+    double mean = buf[c] / R, second = buf[C + c] / R;
+    a[c] = (float)mean;
+    b[c] = moments ? (float)(second - mean * mean > 0 ? second - mean * mean : 0) : (float)second;
+  }
 }
 
 static void bn_forward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *params, float *bufs, const float *x, float *y,
@@ -69,7 +86,8 @@ static void bn_forward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *params, f
   }
   float *mean = m->mean + o->aux, *var = m->var + o->aux;
   dt_batchnorm_stats(mean, var, x, B, o->C, HW);
-  dt_batchnorm_running(rm, rv, mean, var, o->C, BN_MOMENTUM, (double)B * HW);
+  if (m->sync_sum) sync_pair(m, mean, var, o->C, 1);
+  dt_batchnorm_running(rm, rv, mean, var, o->C, BN_MOMENTUM, (double)B * HW * (m->sync_sum ? m->sync_ranks : 1));
   dt_batchnorm_forward(y, m->rstd + o->aux, x, mean, var, w, b, BN_EPS, B, o->C, HW);
 }
 
@@ -150,9 +168,10 @@ static void op_backward(dt_cnn_t *m, const dt_cnn_op_t *o, int i, const float *p
     case DT_OP_BN:
       dt_batchnorm_backward_reduce(m->sdy + o->aux, m->sdyx + o->aux, dw, db, dout, in, m->mean + o->aux,
                                    m->rstd + o->aux, B, o->C, HW);
+      if (dx && m->sync_sum) sync_pair(m, m->sdy + o->aux, m->sdyx + o->aux, o->C, 0);
       if (dx)
         dt_batchnorm_backward(dx, dout, in, m->mean + o->aux, m->rstd + o->aux, w, m->sdy + o->aux, m->sdyx + o->aux,
-                              (double)B * HW, B, o->C, HW);
+                              (double)B * HW * (m->sync_sum ? m->sync_ranks : 1), B, o->C, HW);
       break;
     case DT_OP_RELU:
       if (dx) dt_relu_backward(dx, dout, out, n);

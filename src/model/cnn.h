@@ -12,8 +12,8 @@
  * with the model, never optimised.
  *
  * Status: the layers, the models, training steps and evaluation are checked against PyTorch
- * (tests/ref_cnn.sh, tests/ref_cnn_model.sh). Not yet in the trainer: no `[model] arch` key, no
- * image data sets, no checkpoints, no data parallelism, no CUDA kernels. */
+ * (tests/ref_cnn.sh); `dtrain` trains them (model.arch, src/app/train_cnn.c) with data
+ * parallelism and synchronised batch norm. Not yet: checkpoints, CUDA kernels. */
 #ifndef DT_CNN_H
 #define DT_CNN_H
 
@@ -68,6 +68,15 @@ typedef struct {
   int *idx, *labels;
   size_t n_acts, n_tmp, n_idx;
   unsigned char *written; /* backward: slot gradient written yet */
+  /* Synchronised batch norm (data parallelism, every rank the same B): sync_sum adds n doubles
+   * over the sync_ranks ranks in place; training statistics are then the whole global batch's
+   * (forward: each channel's mean and E[x^2]; backward: the sums of dy and dy*(x - mean)), as
+   * torch.nn.SyncBatchNorm. NULL: each rank's own batch. The first failure is kept in sync_err. */
+  dt_status_t (*sync_sum)(void *ctx, double *buf, int n);
+  void *sync_ctx;
+  int sync_ranks;
+  dt_status_t sync_err;
+  double *sync_buf;       /* 2 x the widest batch norm's C */
 } dt_cnn_t;
 
 /* Parse "cnn" | "resnet18" | "resnet50". DT_ERR_CONFIG naming model.arch otherwise. */

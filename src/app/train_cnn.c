@@ -1,0 +1,251 @@
+/* The image classifiers' training run (train_cnn.h). One step:
+ *   lr = schedule(step); gradients zeroed
+ *   for each micro-step: images = sampler(global index) (+ crop/flip); forward with batch norm
+ *     synchronised over dp; backward
+ *   gradients averaged over dp; norm = ||g||; clip; SGD or AdamW on every parameter; log
+ * Data position as the token trainer's (train_step.c): step s consumes global samples
+ * [s*G, (s+1)*G), dp rank r the slice [r*accum*B, (r+1)*accum*B), micro-step k its k-th B. */
+#include "train_cnn.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "optim.h"
+#include "timer.h"
+#include "train.h"
+#include "watchdog.h"
+
+int dt_cnn_trainer_wanted(const dt_config_t *cfg) { return strcmp(cfg->arch, "gpt2") != 0; }
+
+static int is_root(const dt_cnn_trainer_t *tr) { return tr->mesh.rank == 0; }
+
+/* Synchronised batch norm's sums over the dp group (cnn.h sync_sum). */
+static dt_status_t dp_sum(void *ctx, double *buf, int n) {
+  dt_comm_t *c = ctx;
+  return c->ops->allreduce(c, buf, buf, (size_t)n, DT_F64, DT_SUM, NULL, NULL);
+}
+
+static dt_status_t open_set(dt_images_t *d, const dt_config_t *c, const char *images, const char *labels) {
+  if (!strcmp(c->format, "idx")) return dt_images_open_idx(d, images, labels, c->classes);
+  return dt_images_open_cifar(d, images, c->classes);
+}
+
+/* Training (and validation) images, normalised with the training set's per-channel statistics. */
+static dt_status_t open_data(dt_cnn_trainer_t *tr) {
+  const dt_config_t *c = &tr->cfg;
+  double mean[DT_IMAGES_MAX_C], std[DT_IMAGES_MAX_C];
+  DT_TRY(open_set(&tr->train, c, c->train, c->train_labels));
+  dt_images_stats(&tr->train, mean, std);
+  dt_images_set_norm(&tr->train, mean, std);
+  DT_TRY(dt_images_set_order(&tr->train, c->shuffle, c->seed));
+  dt_images_set_augment(&tr->train, c->crop_pad, c->flip, c->seed);
+  if (!c->val[0]) return DT_OK;
+  DT_TRY(open_set(&tr->val, c, c->val, c->val_labels));
+  tr->have_val = 1;
+  dt_images_set_norm(&tr->val, mean, std);
+  if (tr->val.C != tr->train.C || tr->val.H != tr->train.H || tr->val.W != tr->train.W)
+    return DT_ERR(DT_ERR_DATA, "%s: images of %dx%dx%d, the training set's are %dx%dx%d", tr->val.what, tr->val.C,
+                  tr->val.H, tr->val.W, tr->train.C, tr->train.H, tr->train.W);
+  return DT_OK;
+}
+
+/* Multiply-adds x 2 per image of the convolutions and linear layers, x 3 for forward + backward. */
+static double flops_per_image(const dt_cnn_t *m) {
+  double f = 0;
+  for (int i = 0; i < m->n_ops; i++) {
+    const dt_cnn_op_t *o = &m->ops[i];
+    const dt_cnn_slot_t *y = &m->slots[i + 1];
+    if (o->kind == DT_OP_CONV) f += 2.0 * o->OC * o->C * o->K * o->K * y->H * y->W;
+    if (o->kind == DT_OP_LINEAR) f += 2.0 * o->C * o->OC;
+  }
+  return 3 * f;
+}
+
+static dt_status_t init_model(dt_cnn_trainer_t *tr) {
+  const dt_config_t *c = &tr->cfg;
+  dt_cnn_config_t mc = {.C = tr->train.C, .H = tr->train.H, .W = tr->train.W, .classes = c->classes,
+                        .width = c->width, .hidden = c->hidden, .zero_init_residual = c->zero_init_residual};
+  DT_TRY(dt_cnn_arch_parse(c->arch, &mc.arch));
+  if (!mc.width) mc.width = mc.arch == DT_CNN_SIMPLE ? 32 : 64;
+  DT_TRY(dt_cnn_build(&tr->model, &mc));
+  DT_TRY(dt_cnn_alloc(&tr->model, tr->B, tr->mesh.threads));
+  if (tr->mesh.dp > 1) {
+    tr->model.sync_sum = dp_sum;
+    tr->model.sync_ctx = tr->mesh.dp_comm;
+    tr->model.sync_ranks = tr->mesh.dp;
+  }
+  const size_t n = tr->model.lay.n_params, nb = tr->model.bufs.n_params ? tr->model.bufs.n_params : 1;
+  tr->params = calloc(n, sizeof(float)), tr->grads = calloc(n, sizeof(float));
+  tr->m = calloc(n, sizeof(float)), tr->v = calloc(n, sizeof(float)), tr->bufs = calloc(nb, sizeof(float));
+  tr->x = malloc(sizeof(float) * (size_t)tr->B * mc.C * mc.H * mc.W);
+  tr->y = malloc(sizeof(int) * (size_t)tr->B);
+  if (!tr->params || !tr->grads || !tr->m || !tr->v || !tr->bufs || !tr->x || !tr->y)
+    return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory for %zu parameters", tr->mesh.rank, n);
+  dt_cnn_init_params(&tr->model, tr->params, tr->bufs, tr->cfg.seed); /* the same on every rank */
+  tr->flops_per_image = flops_per_image(&tr->model);
+  return DT_OK;
+}
+
+dt_status_t dt_cnn_trainer_init(dt_cnn_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name) {
+  memset(tr, 0, sizeof *tr);
+  tr->cfg = *cfg;
+  tr->cfg_name = cfg_name;
+  dt_mesh_opts_t mo = {.cuda = 0, .runtime_devices = -1, .threads = cfg->threads, .dp = cfg->dp, .tp = 1, .pp = 1,
+                       .args = cfg_name};
+  DT_TRY(dt_mesh_init(&tr->mesh, &mo));
+  int dp = 0;
+  DT_TRY(dt_train_batch_plan(cfg, cfg_name, tr->mesh.size, &dp, &tr->accum));
+  tr->B = cfg->micro_batch;
+  tr->global_batch = tr->B * tr->accum * dp;
+  DT_TRY(open_data(tr));
+  DT_TRY(init_model(tr));
+  if (is_root(tr) || strstr(cfg->metrics, "{rank}")) DT_TRY(dt_metrics_open_rank(&tr->metrics, cfg->metrics, tr->mesh.rank));
+  tr->metrics.images = 1;
+  return DT_OK;
+}
+
+/* Every parameter: SGD (torch.optim.SGD) or AdamW (torch.optim.AdamW), the gradient scaled by the
+ * clipping factor first. */
+static void update(dt_cnn_trainer_t *tr, double lr, float scale) {
+  const dt_config_t *c = &tr->cfg;
+  const long n = (long)tr->model.lay.n_params;
+  float *p = tr->params, *g = tr->grads, *m = tr->m, *v = tr->v;
+  const float flr = (float)lr, wd = (float)c->weight_decay, mom = (float)c->momentum;
+  const float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps;
+  const float bc1 = 1.0f - powf(b1, (float)(tr->step + 1)), bc2 = 1.0f - powf(b2, (float)(tr->step + 1));
+  if (!strcmp(c->optimizer, "sgd")) {
+#pragma omp parallel for schedule(static) num_threads(tr->mesh.threads)
+    for (long i = 0; i < n; i++) p[i] = dt_sgd_update(p[i], g[i] * scale, &m[i], flr, mom, wd, c->nesterov);
+  } else {
+#pragma omp parallel for schedule(static) num_threads(tr->mesh.threads)
+    for (long i = 0; i < n; i++) p[i] = dt_adamw_update(p[i], g[i] * scale, &m[i], &v[i], flr, b1, b2, eps, wd, bc1, bc2);
+  }
+}
+
+dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
+  dt_cnn_t *m = &tr->model;
+  const double t0 = dt_time_now(), lr = dt_lr_at(&tr->cfg, tr->step);
+  const uint64_t sample0 = tr->sample_pos, slice = sample0 + (uint64_t)tr->mesh.dp_idx * tr->accum * tr->B;
+  const size_t n = m->lay.n_params;
+  dt_wd_set_step(tr->step + 1);
+  memset(tr->grads, 0, n * sizeof(float));
+  double loss = 0;
+  for (int k = 0; k < tr->accum; k++) {
+    dt_images_batch(&tr->train, slice + (uint64_t)k * tr->B, tr->B, tr->x, tr->y, NULL);
+    loss += dt_cnn_forward(m, tr->params, tr->bufs, tr->x, tr->y, 1, NULL) / tr->accum;
+    dt_cnn_backward(m, tr->params, tr->grads, 1.0f / ((float)tr->B * tr->accum));
+    DT_TRY(m->sync_err);
+  }
+  dt_comm_t *dpc = tr->mesh.dp_comm;
+  if (tr->mesh.dp > 1) DT_TRY(dpc->ops->allreduce(dpc, tr->grads, tr->grads, n, DT_F32, DT_AVG, NULL, NULL));
+  double sumsq = 0;
+  for (size_t i = 0; i < n; i++) sumsq += (double)tr->grads[i] * tr->grads[i];
+  const double norm = sqrt(sumsq);
+  if (!isfinite(norm))
+    return DT_ERR(DT_ERR_NUMERIC, "rank %d: step %d: gradient norm is %g", tr->mesh.rank, tr->step + 1, norm);
+  update(tr, lr, dt_clip_scale(norm, tr->cfg.grad_clip));
+  tr->step++;
+  tr->sample_pos += (uint64_t)tr->global_batch;
+  double dt = dt_time_now() - t0, tmax = dt;
+  if (tr->mesh.size > 1) {
+    DT_TRY(dpc->ops->allreduce(dpc, &loss, &loss, 1, DT_F64, DT_AVG, NULL, NULL));
+    DT_TRY(tr->mesh.world->ops->allreduce(tr->mesh.world, &dt, &tmax, 1, DT_F64, DT_MAX, NULL, NULL));
+  }
+  *row = (dt_step_row_t){.step = tr->step, .loss = loss, .lr = lr, .grad_norm = norm, .ms = 1e3 * tmax,
+                         .tok_per_s = tr->global_batch / tmax,
+                         .gflops = tr->flops_per_image * tr->global_batch / tmax * 1e-9, .val_loss = -1,
+                         .val_acc = -1, .sample0 = sample0, .samples = tr->global_batch, .slowest_rank = -1};
+  return DT_OK;
+}
+
+dt_status_t dt_cnn_trainer_eval(dt_cnn_trainer_t *tr, double *loss, double *acc) {
+  dt_cnn_t *m = &tr->model;
+  const int n = tr->val.n, batches = (n + tr->B - 1) / tr->B;
+  double sum[3] = {0, 0, 0}; /* loss x images, correct, images */
+  for (int j = tr->mesh.dp_idx; j < batches; j += tr->mesh.dp) {
+    int b = n - j * tr->B < tr->B ? n - j * tr->B : tr->B, correct = 0;
+    m->B = b; /* a smaller last batch fits in the memory of B images */
+    dt_images_batch_sequential(&tr->val, j * tr->B, b, tr->x, tr->y);
+    sum[0] += dt_cnn_forward(m, tr->params, tr->bufs, tr->x, tr->y, 0, &correct) * b;
+    sum[1] += correct, sum[2] += b;
+  }
+  m->B = tr->B;
+  dt_comm_t *dpc = tr->mesh.dp_comm;
+  if (tr->mesh.dp > 1) DT_TRY(dpc->ops->allreduce(dpc, sum, sum, 3, DT_F64, DT_SUM, NULL, NULL));
+  *loss = sum[0] / sum[2];
+  *acc = sum[1] / sum[2];
+  return DT_OK;
+}
+
+static void print_header(const dt_cnn_trainer_t *tr) {
+  const dt_config_t *c = &tr->cfg;
+  const dt_cnn_config_t *mc = &tr->model.cfg;
+  printf("# dtrain %s\n", tr->cfg_name);
+  printf("# model: %s, images %dx%dx%d, %d classes, width %d, %zu parameters (%.2f M), %zu batch-norm buffers\n",
+         c->arch, mc->C, mc->H, mc->W, mc->classes, mc->width, tr->model.lay.n_params_true,
+         tr->model.lay.n_params_true * 1e-6, tr->model.bufs.n_params_true);
+  printf("# batch: micro_batch=%d x grad_accum=%d x dp=%d = %d images per step%s\n", tr->B, tr->accum, tr->mesh.dp,
+         tr->global_batch, tr->mesh.dp > 1 ? "; batch norm synchronised over dp" : "");
+  printf("# data: %s: %d images (an epoch: %.1f steps); normalised by mean", tr->train.what, tr->train.n,
+         (double)tr->train.n / tr->global_batch);
+  for (int k = 0; k < tr->train.C; k++) printf(" %.4f", tr->train.mean[k]);
+  printf(", std");
+  for (int k = 0; k < tr->train.C; k++) printf(" %.4f", tr->train.std[k]);
+  printf("; crop padding %d, flips %s\n", c->crop_pad, c->flip ? "on" : "off");
+  if (tr->have_val) printf("# validation: %s: %d images\n", tr->val.what, tr->val.n);
+  if (!strcmp(c->optimizer, "sgd"))
+    printf("# optimizer: SGD, momentum %g%s, weight decay %g\n", c->momentum, c->nesterov ? " (Nesterov)" : "",
+           c->weight_decay);
+  else
+    printf("# optimizer: AdamW, betas %g %g, eps %g, weight decay %g\n", c->beta1, c->beta2, c->eps, c->weight_decay);
+  printf("# backend: cpu (src/backend/ops_cnn_cpu.c), %d threads per rank\n", tr->mesh.threads);
+  printf("# FLOPs per image (forward + backward: 3 x 2 x the convolutions' and linear layers' multiply-adds) = %.4g\n",
+         tr->flops_per_image);
+  printf("# checkpoints: not written (not implemented for the image classifiers yet)\n");
+}
+
+dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr) {
+  const dt_config_t *c = &tr->cfg;
+  if (is_root(tr)) {
+    printf("# effective configuration:\n");
+    dt_config_write(c, stdout, "#   ");
+    dt_mesh_print(&tr->mesh, stdout);
+    print_header(tr);
+    dt_metrics_header(&tr->metrics);
+  }
+  while (tr->step < c->steps) {
+    dt_step_row_t row;
+    DT_TRY(dt_cnn_trainer_step(tr, &row));
+    int last = tr->step == c->steps;
+    if (tr->have_val && c->eval_every > 0 && (tr->step % c->eval_every == 0 || last))
+      DT_TRY(dt_cnn_trainer_eval(tr, &row.val_loss, &row.val_acc));
+    if ((is_root(tr) || tr->metrics.jsonl) && (tr->step % c->log_every == 0 || last || row.val_loss >= 0))
+      dt_metrics_row(&tr->metrics, &row);
+    int32_t sig = dt_train_signal_pending() ? 1 : 0;
+    if (tr->mesh.size > 1)
+      DT_TRY(tr->mesh.world->ops->allreduce(tr->mesh.world, &sig, &sig, 1, DT_I32, DT_MAX, NULL, NULL));
+    if (sig) {
+      tr->stopped_by_signal = 1;
+      if (is_root(tr))
+        printf("# stop requested by signal at step %d: nothing saved (no checkpoints for the image classifiers yet)\n",
+               tr->step);
+      return DT_OK;
+    }
+    if (c->stop_after > 0 && tr->step >= c->stop_after) {
+      if (is_root(tr)) printf("# stop_after=%d steps reached at step %d\n", c->stop_after, tr->step);
+      break;
+    }
+  }
+  return DT_OK;
+}
+
+void dt_cnn_trainer_free(dt_cnn_trainer_t *tr) {
+  dt_metrics_close(&tr->metrics);
+  free(tr->params), free(tr->grads), free(tr->m), free(tr->v), free(tr->bufs), free(tr->x), free(tr->y);
+  dt_cnn_free(&tr->model);
+  dt_images_close(&tr->train);
+  if (tr->have_val) dt_images_close(&tr->val);
+  dt_mesh_free(&tr->mesh);
+}

@@ -1,0 +1,49 @@
+/* Training the image classifiers (model.arch = cnn | resnet18 | resnet50, issue #25): their own
+ * step loop beside GPT-2's trainer (train.h), over the same launch layout (mesh.h), learning-rate
+ * schedule, per-element optimizers (kmath.h), metrics rows and signals. Data parallelism only:
+ * each dp rank takes a contiguous slice of the step's global batch (the sample positions of the
+ * token trainer, so the set of images per step does not depend on dp), gradients are averaged
+ * over the dp group, batch norm is synchronised over it (dp = N x B equals dp = 1 x N*B).
+ * Evaluation: loss and top-1 accuracy over the whole validation set, batch norm's running
+ * statistics. Not yet (README, Status): checkpoints, CUDA, tp, pp, ZeRO, mixed precision. The
+ * seam that joins this loop and GPT-2's into one trainer is docs/architecture.md's next step. */
+#ifndef DT_TRAIN_CNN_H
+#define DT_TRAIN_CNN_H
+
+#include "cnn.h"
+#include "config.h"
+#include "images.h"
+#include "mesh.h"
+#include "metrics.h"
+
+typedef struct {
+  dt_config_t cfg;
+  const char *cfg_name;
+  dt_mesh_t mesh;
+  dt_cnn_t model;
+  float *params, *grads, *m, *v, *bufs; /* m: SGD's momentum buffer or AdamW's first moment */
+  dt_images_t train, val;
+  int have_val;
+  float *x;           /* (B, C, H, W) */
+  int *y;             /* (B) */
+  int B, accum, global_batch, step;
+  uint64_t sample_pos;
+  double flops_per_image; /* forward + backward, convolutions and linear layers */
+  dt_metrics_t metrics;
+  int stopped_by_signal;
+} dt_cnn_trainer_t;
+
+/* Is model.arch one of the image classifiers? */
+int dt_cnn_trainer_wanted(const dt_config_t *cfg);
+/* Launch layout, data (normalised with the training set's statistics), model, initial weights
+ * (the same seed on every rank). Errors name the file or key. */
+dt_status_t dt_cnn_trainer_init(dt_cnn_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name);
+/* One optimizer step; fills row. */
+dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row);
+/* Mean loss and top-1 accuracy over the whole validation set (split over the dp ranks). */
+dt_status_t dt_cnn_trainer_eval(dt_cnn_trainer_t *tr, double *loss, double *acc);
+/* Header, steps, evaluation, rows; a signal stops the run (stopped_by_signal: nothing is saved). */
+dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr);
+void dt_cnn_trainer_free(dt_cnn_trainer_t *tr);
+
+#endif

@@ -167,6 +167,12 @@ static int fail(dt_status_t st, int mpi_up) {
   return code;
 }
 
+dt_status_t dt_cli_gpt2_only(const dt_config_t *cfg, const char *path, const char *tool) {
+  if (!dt_cnn_trainer_wanted(cfg)) return DT_OK;
+  return DT_ERR(DT_ERR_CONFIG, "%s: model.arch = %s: `dtrain %s` knows only GPT-2 so far (an image classifier's test "
+                "loss and accuracy are in its training rows: train.eval_every)", path, cfg->arch, tool);
+}
+
 /* model.arch = cnn | resnet18 | resnet50 (train_cnn.h): the cpu backend only, for now. */
 static int train_cnn(int rank, const dt_config_t *cfg, const char *name) {
   if (!strcmp(cfg->backend, "cuda")) {
@@ -181,7 +187,7 @@ static int train_cnn(int rank, const dt_config_t *cfg, const char *name) {
   dt_status_t st = dt_cnn_trainer_init(&tr, cfg, name);
   if (st == DT_OK) st = dt_cnn_trainer_run(&tr);
   if (st != DT_OK) return fail(st, 1);
-  int code = tr.stopped_by_signal ? 1 : 0; /* not 75: there is no checkpoint to requeue from */
+  int code = tr.stopped_by_signal ? DT_EXIT_REQUEUE : 0;
   dt_cnn_trainer_free(&tr);
   dt_wd_stop();
   MPI_Finalize();

@@ -52,7 +52,7 @@ int dt_eval_main(int argc, char **argv) {
   int rank;
   dt_mpi_init(&argc, &argv, &rank);
   dt_config_t cfg;
-  if (dt_cli_load_config(&cfg, cfg_path, n_over, over) != DT_OK) {
+  if (dt_cli_load_config(&cfg, cfg_path, n_over, over) != DT_OK || dt_cli_gpt2_only(&cfg, cfg_path, "eval")) {
     if (rank == 0) fprintf(stderr, "dtrain: %s\n", dt_err_msg());
     MPI_Finalize();
     return 2;

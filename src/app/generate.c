@@ -228,7 +228,7 @@ int dt_generate_main(int argc, char **argv) {
   int rank;
   dt_mpi_init(&argc, &argv, &rank);
   dt_config_t cfg;
-  if (dt_cli_load_config(&cfg, o.cfg_path, o.n_over, o.over) != DT_OK) {
+  if (dt_cli_load_config(&cfg, o.cfg_path, o.n_over, o.over) != DT_OK || dt_cli_gpt2_only(&cfg, o.cfg_path, "generate")) {
     if (rank == 0) fprintf(stderr, "dtrain: %s\n", dt_err_msg());
     MPI_Finalize();
     return 2;

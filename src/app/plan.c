@@ -587,6 +587,7 @@ int dt_plan_main(int argc, char **argv) {
   dt_config_defaults(&cfg);
   dt_status_t st = dt_config_load(&cfg, cfg_path);
   for (int i = 0; st == DT_OK && i < n_over; i++) st = dt_config_override(&cfg, over[i]);
+  if (st == DT_OK) st = dt_cli_gpt2_only(&cfg, cfg_path, "plan");
   if (st == DT_OK) { /* layouts dtrain cannot run (tp not dividing the vocab, ...) can still be planned */
     int tp = cfg.tp, pp = cfg.pp;
     cfg.tp = cfg.pp = 1;

@@ -76,12 +76,14 @@ static dt_status_t init_model(dt_cnn_trainer_t *tr) {
     tr->model.sync_ctx = tr->mesh.dp_comm;
     tr->model.sync_ranks = tr->mesh.dp;
   }
-  const size_t n = tr->model.lay.n_params, nb = tr->model.bufs.n_params ? tr->model.bufs.n_params : 1;
-  tr->params = calloc(n, sizeof(float)), tr->grads = calloc(n, sizeof(float));
-  tr->m = calloc(n, sizeof(float)), tr->v = calloc(n, sizeof(float)), tr->bufs = calloc(nb, sizeof(float));
+  DT_TRY(dt_cnn_trainer_ckpt_layout(tr));
+  const size_t n = tr->model.lay.n_params, all = tr->ck.n_params;
+  tr->params = calloc(all, sizeof(float)), tr->grads = calloc(n, sizeof(float));
+  tr->m = calloc(all, sizeof(float)), tr->v = calloc(all, sizeof(float));
+  tr->bufs = tr->params ? tr->params + n : NULL;
   tr->x = malloc(sizeof(float) * (size_t)tr->B * mc.C * mc.H * mc.W);
   tr->y = malloc(sizeof(int) * (size_t)tr->B);
-  if (!tr->params || !tr->grads || !tr->m || !tr->v || !tr->bufs || !tr->x || !tr->y)
+  if (!tr->params || !tr->grads || !tr->m || !tr->v || !tr->x || !tr->y)
     return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory for %zu parameters", tr->mesh.rank, n);
   dt_cnn_init_params(&tr->model, tr->params, tr->bufs, tr->cfg.seed); /* the same on every rank */
   tr->flops_per_image = flops_per_image(&tr->model);
@@ -99,8 +101,10 @@ dt_status_t dt_cnn_trainer_init(dt_cnn_trainer_t *tr, const dt_config_t *cfg, co
   DT_TRY(dt_train_batch_plan(cfg, cfg_name, tr->mesh.size, &dp, &tr->accum));
   tr->B = cfg->micro_batch;
   tr->global_batch = tr->B * tr->accum * dp;
+  tr->saved_step = tr->resumed_step = -1;
   DT_TRY(open_data(tr));
   DT_TRY(init_model(tr));
+  DT_TRY(dt_cnn_trainer_resume(tr));
   if (is_root(tr) || strstr(cfg->metrics, "{rank}")) DT_TRY(dt_metrics_open_rank(&tr->metrics, cfg->metrics, tr->mesh.rank));
   tr->metrics.images = 1;
   return DT_OK;
@@ -203,7 +207,6 @@ static void print_header(const dt_cnn_trainer_t *tr) {
   printf("# backend: cpu (src/backend/ops_cnn_cpu.c), %d threads per rank\n", tr->mesh.threads);
   printf("# FLOPs per image (forward + backward: 3 x 2 x the convolutions' and linear layers' multiply-adds) = %.4g\n",
          tr->flops_per_image);
-  printf("# checkpoints: not written (not implemented for the image classifiers yet)\n");
 }
 
 dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr) {
@@ -215,6 +218,8 @@ dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr) {
     print_header(tr);
     dt_metrics_header(&tr->metrics);
   }
+  const int start = tr->step;
+  if (tr->step >= c->steps && is_root(tr)) printf("# nothing to do: step %d of %d already done\n", tr->step, c->steps);
   while (tr->step < c->steps) {
     dt_step_row_t row;
     DT_TRY(dt_cnn_trainer_step(tr, &row));
@@ -228,22 +233,24 @@ dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr) {
       DT_TRY(tr->mesh.world->ops->allreduce(tr->mesh.world, &sig, &sig, 1, DT_I32, DT_MAX, NULL, NULL));
     if (sig) {
       tr->stopped_by_signal = 1;
-      if (is_root(tr))
-        printf("# stop requested by signal at step %d: nothing saved (no checkpoints for the image classifiers yet)\n",
-               tr->step);
-      return DT_OK;
+      if (is_root(tr)) printf("# stop requested by signal at step %d: writing a checkpoint\n", tr->step);
+      return dt_cnn_trainer_save(tr);
     }
-    if (c->stop_after > 0 && tr->step >= c->stop_after) {
+    if (c->ckpt_every > 0 && tr->step % c->ckpt_every == 0) DT_TRY(dt_cnn_trainer_save(tr));
+    if (c->stop_after > 0 && tr->step - start >= c->stop_after) {
       if (is_root(tr)) printf("# stop_after=%d steps reached at step %d\n", c->stop_after, tr->step);
       break;
     }
   }
+  /* the final state is always saved, unless it is already on disk */
+  if (tr->saved_step != tr->step && tr->resumed_step != tr->step) DT_TRY(dt_cnn_trainer_save(tr));
   return DT_OK;
 }
 
 void dt_cnn_trainer_free(dt_cnn_trainer_t *tr) {
   dt_metrics_close(&tr->metrics);
-  free(tr->params), free(tr->grads), free(tr->m), free(tr->v), free(tr->bufs), free(tr->x), free(tr->y);
+  free(tr->params), free(tr->grads), free(tr->m), free(tr->v), free(tr->x), free(tr->y);
+  dt_layout_free(&tr->ck);
   dt_cnn_free(&tr->model);
   dt_images_close(&tr->train);
   if (tr->have_val) dt_images_close(&tr->val);

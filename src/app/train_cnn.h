@@ -5,8 +5,9 @@
  * token trainer, so the set of images per step does not depend on dp), gradients are averaged
  * over the dp group, batch norm is synchronised over it (dp = N x B equals dp = 1 x N*B).
  * Evaluation: loss and top-1 accuracy over the whole validation set, batch norm's running
- * statistics. Not yet (README, Status): checkpoints, CUDA, tp, pp, ZeRO, mixed precision. The
- * seam that joins this loop and GPT-2's into one trainer is docs/architecture.md's next step. */
+ * statistics. Checkpoints (train_cnn_ckpt.c): GPT-2's format and commit protocol, exact and
+ * any-dp resume. Not yet (README, Status): CUDA, tp, pp, ZeRO, mixed precision. The seam that
+ * joins this loop and GPT-2's into one trainer is docs/architecture.md's next step. */
 #ifndef DT_TRAIN_CNN_H
 #define DT_TRAIN_CNN_H
 
@@ -21,7 +22,10 @@ typedef struct {
   const char *cfg_name;
   dt_mesh_t mesh;
   dt_cnn_t model;
-  float *params, *grads, *m, *v, *bufs; /* m: SGD's momentum buffer or AdamW's first moment */
+  dt_layout_t ck;     /* checkpoints: the parameters' tensors, then the running statistics' */
+  /* params and bufs are one block of ck.n_params floats (bufs = params + lay.n_params), as are
+   * m (SGD's momentum buffer or AdamW's first moment) and v (AdamW's second) */
+  float *params, *grads, *m, *v, *bufs;
   dt_images_t train, val;
   int have_val;
   float *x;           /* (B, C, H, W) */
@@ -31,6 +35,7 @@ typedef struct {
   double flops_per_image; /* forward + backward, convolutions and linear layers */
   dt_metrics_t metrics;
   int stopped_by_signal;
+  int saved_step, resumed_step; /* -1: none */
 } dt_cnn_trainer_t;
 
 /* Is model.arch one of the image classifiers? */
@@ -42,8 +47,14 @@ dt_status_t dt_cnn_trainer_init(dt_cnn_trainer_t *tr, const dt_config_t *cfg, co
 dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row);
 /* Mean loss and top-1 accuracy over the whole validation set (split over the dp ranks). */
 dt_status_t dt_cnn_trainer_eval(dt_cnn_trainer_t *tr, double *loss, double *acc);
-/* Header, steps, evaluation, rows; a signal stops the run (stopped_by_signal: nothing is saved). */
+/* Header, steps, evaluation, rows, checkpoints every checkpoint.every steps and at the end; a
+ * signal saves and stops the run (stopped_by_signal). */
 dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr);
+/* train_cnn_ckpt.c: tr->ck from the model's two layouts; save (collective); resume per
+ * checkpoint.resume (auto | never | PATH), after the initial weights were drawn. */
+dt_status_t dt_cnn_trainer_ckpt_layout(dt_cnn_trainer_t *tr);
+dt_status_t dt_cnn_trainer_save(dt_cnn_trainer_t *tr);
+dt_status_t dt_cnn_trainer_resume(dt_cnn_trainer_t *tr);
 void dt_cnn_trainer_free(dt_cnn_trainer_t *tr);
 
 #endif

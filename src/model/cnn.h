@@ -13,7 +13,7 @@
  *
  * Status: the layers, the models, training steps and evaluation are checked against PyTorch
  * (tests/ref_cnn.sh); `dtrain` trains them (model.arch, src/app/train_cnn.c) with data
- * parallelism and synchronised batch norm. Not yet: checkpoints, CUDA kernels. */
+ * parallelism, synchronised batch norm and checkpoints (train_cnn_ckpt.c). Not yet: CUDA kernels. */
 #ifndef DT_CNN_H
 #define DT_CNN_H
 

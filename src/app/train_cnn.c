@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "optim.h"
+#include "run_loop.h"
 #include "timer.h"
 #include "train.h"
 #include "watchdog.h"
@@ -209,6 +210,13 @@ static void print_header(const dt_cnn_trainer_t *tr) {
          tr->flops_per_image);
 }
 
+/* dt_run_loop's view of the trainer (run_loop.h) */
+static dt_status_t run_step(void *t, dt_step_row_t *row) { return dt_cnn_trainer_step(t, row); }
+static dt_status_t run_save(void *t) { return dt_cnn_trainer_save(t); }
+static dt_status_t run_eval(void *t, dt_step_row_t *row) {
+  return dt_cnn_trainer_eval(t, &row->val_loss, &row->val_acc);
+}
+
 dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr) {
   const dt_config_t *c = &tr->cfg;
   if (is_root(tr)) {
@@ -218,30 +226,10 @@ dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr) {
     print_header(tr);
     dt_metrics_header(&tr->metrics);
   }
-  const int start = tr->step;
-  if (tr->step >= c->steps && is_root(tr)) printf("# nothing to do: step %d of %d already done\n", tr->step, c->steps);
-  while (tr->step < c->steps) {
-    dt_step_row_t row;
-    DT_TRY(dt_cnn_trainer_step(tr, &row));
-    int last = tr->step == c->steps;
-    if (tr->have_val && c->eval_every > 0 && (tr->step % c->eval_every == 0 || last))
-      DT_TRY(dt_cnn_trainer_eval(tr, &row.val_loss, &row.val_acc));
-    if ((is_root(tr) || tr->metrics.jsonl) && (tr->step % c->log_every == 0 || last || row.val_loss >= 0))
-      dt_metrics_row(&tr->metrics, &row);
-    int32_t sig = dt_train_signal_pending() ? 1 : 0;
-    if (tr->mesh.size > 1)
-      DT_TRY(tr->mesh.world->ops->allreduce(tr->mesh.world, &sig, &sig, 1, DT_I32, DT_MAX, NULL, NULL));
-    if (sig) {
-      tr->stopped_by_signal = 1;
-      if (is_root(tr)) printf("# stop requested by signal at step %d: writing a checkpoint\n", tr->step);
-      return dt_cnn_trainer_save(tr);
-    }
-    if (c->ckpt_every > 0 && tr->step % c->ckpt_every == 0) DT_TRY(dt_cnn_trainer_save(tr));
-    if (c->stop_after > 0 && tr->step - start >= c->stop_after) {
-      if (is_root(tr)) printf("# stop_after=%d steps reached at step %d\n", c->stop_after, tr->step);
-      break;
-    }
-  }
+  dt_run_loop_t L = {.t = tr, .cfg = c, .mesh = &tr->mesh, .metrics = &tr->metrics, .step = &tr->step,
+                     .step_fn = run_step, .eval_fn = tr->have_val ? run_eval : NULL, .save_fn = run_save};
+  DT_TRY(dt_run_loop(&L, &tr->stopped_by_signal));
+  if (tr->stopped_by_signal) return DT_OK;
   /* the final state is always saved, unless it is already on disk */
   if (tr->saved_step != tr->step && tr->resumed_step != tr->step) DT_TRY(dt_cnn_trainer_save(tr));
   return DT_OK;

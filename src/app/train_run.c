@@ -8,6 +8,7 @@
 
 #include "dt_cuda.h"
 #include "plan.h"
+#include "run_loop.h"
 
 static volatile sig_atomic_t signal_flag = 0;
 
@@ -88,6 +89,22 @@ static dt_status_t pp_report(dt_trainer_t *tr) {
   return st;
 }
 
+/* dt_run_loop's view of the trainer (run_loop.h) */
+static dt_status_t run_step(void *t, dt_step_row_t *row) { return dt_trainer_step(t, row); }
+static dt_status_t run_save(void *t) { return dt_trainer_save(t); }
+static dt_status_t run_eval(void *t, dt_step_row_t *row) {
+  dt_trainer_t *tr = t;
+  return dt_trainer_eval(tr, tr->val, tr->cfg.eval_batches, &row->val_loss);
+}
+
+static void straggler_line(void *t, const dt_step_row_t *row) {
+  const dt_trainer_t *tr = t;
+  if (row->slowest_rank >= 0)
+    printf("# straggler: step %d: ms per step outside communication over %d ranks: min %.1f, median %.1f, max %.1f "
+           "(slowest: rank %d, host %s)\n", row->step, tr->mesh.size, row->rank_ms_min, row->rank_ms_median,
+           row->rank_ms_max, row->slowest_rank, tr->mesh.ranks[row->slowest_rank].host);
+}
+
 dt_status_t dt_trainer_run(dt_trainer_t *tr) {
   const dt_config_t *c = &tr->cfg;
   if (is_root(tr)) {
@@ -98,35 +115,12 @@ dt_status_t dt_trainer_run(dt_trainer_t *tr) {
     dt_plan_print_run(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, stdout); /* memory plan + roofline */
     dt_metrics_header(&tr->metrics);
   }
-  int start = tr->step;
-  if (tr->step >= c->steps && is_root(tr))
-    printf("# nothing to do: step %d of %d already done\n", tr->step, c->steps);
-  while (tr->step < c->steps) {
-    dt_step_row_t row;
-    DT_TRY(dt_trainer_step(tr, &row));
-    int last = tr->step == c->steps;
-    if (tr->val && c->eval_every > 0 && (tr->step % c->eval_every == 0 || last))
-      DT_TRY(dt_trainer_eval(tr, tr->val, c->eval_batches, &row.val_loss));
-    if ((is_root(tr) || tr->metrics.jsonl) && (tr->step % c->log_every == 0 || last || row.val_loss >= 0)) dt_metrics_row(&tr->metrics, &row);
-    if (is_root(tr) && row.slowest_rank >= 0)
-      printf("# straggler: step %d: ms per step outside communication over %d ranks: min %.1f, median %.1f, max %.1f "
-             "(slowest: rank %d, host %s)\n", row.step, tr->mesh.size, row.rank_ms_min, row.rank_ms_median,
-             row.rank_ms_max, row.slowest_rank, tr->mesh.ranks[row.slowest_rank].host);
-    /* All ranks agree whether a stop was requested. */
-    int32_t sig = dt_train_signal_pending() ? 1 : 0;
-    if (tr->mesh.size > 1)
-      DT_TRY(tr->mesh.world->ops->allreduce(tr->mesh.world, &sig, &sig, 1, DT_I32, DT_MAX, NULL, NULL));
-    if (sig) {
-      tr->stopped_by_signal = 1;
-      if (is_root(tr)) printf("# stop requested by signal at step %d: writing a checkpoint\n", tr->step);
-      return dt_trainer_save(tr);
-    }
-    if (c->ckpt_every > 0 && tr->step % c->ckpt_every == 0) DT_TRY(dt_trainer_save(tr));
-    if (c->stop_after > 0 && tr->step - start >= c->stop_after) {
-      if (is_root(tr)) printf("# stop_after=%d steps reached at step %d\n", c->stop_after, tr->step);
-      break;
-    }
-  }
+  const int start = tr->step;
+  dt_run_loop_t L = {.t = tr, .cfg = c, .mesh = &tr->mesh, .metrics = &tr->metrics, .step = &tr->step,
+                     .step_fn = run_step, .eval_fn = tr->val ? run_eval : NULL, .save_fn = run_save,
+                     .row_fn = straggler_line};
+  DT_TRY(dt_run_loop(&L, &tr->stopped_by_signal));
+  if (tr->stopped_by_signal) return DT_OK;
   if (tr->mesh.pp > 1 && tr->n_pp_steps > 0) DT_TRY(pp_report(tr));
   int nsteps = tr->step - start;
   if (is_root(tr)) tr->sync.ops->report(&tr->sync, nsteps, stdout); /* communication hidden */

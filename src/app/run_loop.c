@@ -9,6 +9,13 @@ dt_status_t dt_run_loop(const dt_run_loop_t *L, int *stopped) {
   const dt_config_t *c = L->cfg;
   const int root = L->mesh->rank == 0, start = *L->step;
   *stopped = 0;
+  if (root) {
+    printf("# effective configuration:\n");
+    dt_config_write(c, stdout, "#   ");
+    dt_mesh_print(L->mesh, stdout);
+    L->header_fn(L->t);
+    dt_metrics_header(L->metrics);
+  }
   if (*L->step >= c->steps && root) printf("# nothing to do: step %d of %d already done\n", *L->step, c->steps);
   while (*L->step < c->steps) {
     dt_step_row_t row;

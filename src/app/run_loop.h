@@ -1,5 +1,6 @@
 /* The step loop every trainer runs (GPT-2's train_run.c, the image classifiers' train_cnn.c):
- * steps until train.steps, evaluation every eval_every steps and at the last, a metrics row every
+ * rank 0 prints the effective configuration, the rank table, the trainer's header and the
+ * metrics header; then steps until train.steps, evaluation every eval_every steps and at the last, a metrics row every
  * log.every steps (and with every evaluation), a stop requested by SIGUSR1/SIGTERM on any rank
  * agreed by all and answered with a checkpoint, checkpoints every checkpoint.every steps, and
  * train.stop_after. A trainer gives its step, evaluation and save. */
@@ -20,6 +21,7 @@ typedef struct {
   dt_status_t (*eval_fn)(void *t, dt_step_row_t *row); /* fills row's val_loss (val_acc); NULL: no validation set */
   dt_status_t (*save_fn)(void *t);
   void (*row_fn)(void *t, const dt_step_row_t *row);  /* rank 0's extra lines after a row; may be NULL */
+  void (*header_fn)(void *t);                         /* rank 0's '#' lines about the model, data, ... */
 } dt_run_loop_t;
 
 /* Returns after the last step, after stop_after steps, or after the checkpoint of a signal

@@ -184,7 +184,8 @@ dt_status_t dt_cnn_trainer_eval(dt_cnn_trainer_t *tr, double *loss, double *acc)
   return DT_OK;
 }
 
-static void print_header(const dt_cnn_trainer_t *tr) {
+static void print_header(void *t) {
+  const dt_cnn_trainer_t *tr = t;
   const dt_config_t *c = &tr->cfg;
   const dt_cnn_config_t *mc = &tr->model.cfg;
   printf("# dtrain %s\n", tr->cfg_name);
@@ -219,15 +220,9 @@ static dt_status_t run_eval(void *t, dt_step_row_t *row) {
 
 dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr) {
   const dt_config_t *c = &tr->cfg;
-  if (is_root(tr)) {
-    printf("# effective configuration:\n");
-    dt_config_write(c, stdout, "#   ");
-    dt_mesh_print(&tr->mesh, stdout);
-    print_header(tr);
-    dt_metrics_header(&tr->metrics);
-  }
   dt_run_loop_t L = {.t = tr, .cfg = c, .mesh = &tr->mesh, .metrics = &tr->metrics, .step = &tr->step,
-                     .step_fn = run_step, .eval_fn = tr->have_val ? run_eval : NULL, .save_fn = run_save};
+                     .step_fn = run_step, .eval_fn = tr->have_val ? run_eval : NULL, .save_fn = run_save,
+                     .header_fn = print_header};
   DT_TRY(dt_run_loop(&L, &tr->stopped_by_signal));
   if (tr->stopped_by_signal) return DT_OK;
   /* the final state is always saved, unless it is already on disk */

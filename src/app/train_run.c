@@ -97,6 +97,13 @@ static dt_status_t run_eval(void *t, dt_step_row_t *row) {
   return dt_trainer_eval(tr, tr->val, tr->cfg.eval_batches, &row->val_loss);
 }
 
+/* the header, then the memory plan and roofline */
+static void run_header(void *t) {
+  dt_trainer_t *tr = t;
+  print_header(tr);
+  dt_plan_print_run(&tr->cfg, tr->cfg_name, tr->mesh.size, tr->mesh.threads, stdout);
+}
+
 static void straggler_line(void *t, const dt_step_row_t *row) {
   const dt_trainer_t *tr = t;
   if (row->slowest_rank >= 0)
@@ -107,18 +114,10 @@ static void straggler_line(void *t, const dt_step_row_t *row) {
 
 dt_status_t dt_trainer_run(dt_trainer_t *tr) {
   const dt_config_t *c = &tr->cfg;
-  if (is_root(tr)) {
-    printf("# effective configuration:\n");
-    dt_config_write(c, stdout, "#   ");
-    dt_mesh_print(&tr->mesh, stdout);
-    print_header(tr);
-    dt_plan_print_run(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, stdout); /* memory plan + roofline */
-    dt_metrics_header(&tr->metrics);
-  }
   const int start = tr->step;
   dt_run_loop_t L = {.t = tr, .cfg = c, .mesh = &tr->mesh, .metrics = &tr->metrics, .step = &tr->step,
                      .step_fn = run_step, .eval_fn = tr->val ? run_eval : NULL, .save_fn = run_save,
-                     .row_fn = straggler_line};
+                     .row_fn = straggler_line, .header_fn = run_header};
   DT_TRY(dt_run_loop(&L, &tr->stopped_by_signal));
   if (tr->stopped_by_signal) return DT_OK;
   if (tr->mesh.pp > 1 && tr->n_pp_steps > 0) DT_TRY(pp_report(tr));

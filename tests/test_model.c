@@ -540,8 +540,8 @@ static void check_sgemm(int tA, int tB, int M, int N, int K, int in_parallel) {
   const float alpha = 0.75f, beta = -0.5f;
   for (int i = 0; i < M; i++)
     for (int j = 0; j < ldc; j++) {
-      double acc = 0;
-      for (int k = 0; k < K; k++)
+      double acc = 0; /* columns N..ldc-1 are padding: no product (B has no such column) */
+      for (int k = 0; k < K && j < N; k++)
         acc += (double)(tA ? A[(size_t)k * lda + i] : A[(size_t)i * lda + k]) *
                (tB ? Bm[(size_t)j * ldb + k] : Bm[(size_t)k * ldb + j]);
       ref[(size_t)i * ldc + j] = j < N ? alpha * acc + beta * (double)Cm[(size_t)i * ldc + j] : Cm[(size_t)i * ldc + j];

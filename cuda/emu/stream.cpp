@@ -25,8 +25,10 @@ struct dt_emu_event {
 
 namespace dt_emu {
 
-static std::vector<stream_t *> g_streams; /* by id; destroyed ones stay (events may name them) */
-static std::vector<stream_t *> g_legacy;  /* per device */
+/* by id; destroyed ones stay (events may name them). Never destroyed, like the fiber lists
+ * (fiber.cpp): the streams stay reachable for LeakSanitizer's exit check. */
+static std::vector<stream_t *> &g_streams = *new std::vector<stream_t *>;
+static std::vector<stream_t *> &g_legacy = *new std::vector<stream_t *>; /* per device */
 static std::unordered_map<void *, std::shared_ptr<dt_emu_event>> g_events;
 
 static double now_ms(void) {

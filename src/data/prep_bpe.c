@@ -118,7 +118,7 @@ static dt_status_t reader_next(reader_t *r, chunk_t *c, int *got) {
   uint8_t *rest = c->buf;
   size_t rest_cap = c->cap, tail = r->pend_len - cut;
   DT_TRY(grow(&rest, &rest_cap, tail, path));
-  memcpy(rest, r->pend + cut, tail);
+  if (tail) memcpy(rest, r->pend + cut, tail); /* rest may still be NULL when nothing follows the cut */
   c->buf = r->pend;
   c->cap = r->pend_cap;
   c->len = cut;

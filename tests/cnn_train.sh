@@ -132,6 +132,27 @@ assert acc >= 0.83, "the CNN did not learn"
 PY
 [ $? -eq 0 ] || { echo "FAIL: see above"; exit 1; }
 
+# inputs/resnet50_cifar10.ini as shipped (but for a width of 4 and 2 steps) on CIFAR-10 batch files
+# written here (the real set is not in Debian): it parses, crops, flips and takes its steps
+"$PY" - "$t" <<'PY'
+import numpy as np, sys
+r = np.random.default_rng(5)
+for name, n in (("data_batch_1", 40), ("test_batch", 24)):
+    rec = r.integers(0, 256, size=(n, 3073), dtype=np.uint8)
+    rec[:, 0] = r.integers(0, 10, size=n)
+    rec.tofile(f"{sys.argv[1]}/{name}.bin")
+PY
+run "$DTRAIN" "$top_srcdir/inputs/resnet50_cifar10.ini" model.width=4 train.micro_batch=8 train.steps=2 \
+  train.eval_every=2 log.every=1 "data.train=$t/data_batch_*.bin" "data.val=$t/test_batch.bin" \
+  checkpoint.dir="$t/ck-r50" log.metrics="$t/r50.jsonl" > "$t/r50.out"
+grep '^# model\|^# data' "$t/r50.out"
+"$PY" -c "
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r['step'] for r in rows] == [1, 2] and 'val_acc' in rows[-1] and abs(rows[-1]['epoch'] - 0.4) < 1e-9, rows
+print('resnet50_cifar10.ini: 2 steps, epoch', rows[-1]['epoch'], 'test accuracy', rows[-1]['val_acc'])
+" "$t/r50.jsonl" || { echo "FAIL: inputs/resnet50_cifar10.ini"; exit 1; }
+
 # 4. refusals: exit 2, one line naming the key (or the file)
 refuse() {
   local want=$1

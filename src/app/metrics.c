@@ -35,15 +35,15 @@ void dt_metrics_close(dt_metrics_t *m) {
 void dt_metrics_header(dt_metrics_t *m) {
   if (!m->out) return;
   fprintf(m->out, "# %6s %10s %10s %10s %10s %11s %9s %10s%s\n", "step", "loss", "lr", "grad_norm", "ms",
-          m->images ? "img/s" : "tok/s", "GFLOP/s", "val_loss", m->images ? "    val_acc" : "");
+          m->images ? "img/s" : "tok/s", "GFLOP/s", "val_loss", m->images ? "    val_acc    epoch" : "");
   fflush(m->out);
 }
 
 void dt_metrics_row(dt_metrics_t *m, const dt_step_row_t *r) {
-  char val[32] = "-", acc[32] = "";
+  char val[32] = "-", acc[48] = "";
   if (r->val_loss >= 0) snprintf(val, sizeof val, "%.6f", r->val_loss);
-  if (m->images) snprintf(acc, sizeof acc, " %10s", "-");
-  if (m->images && r->val_acc >= 0) snprintf(acc, sizeof acc, " %10.4f", r->val_acc);
+  if (m->images && r->val_acc >= 0) snprintf(acc, sizeof acc, " %10.4f %8.3f", r->val_acc, r->epoch);
+  else if (m->images) snprintf(acc, sizeof acc, " %10s %8.3f", "-", r->epoch);
   if (m->out) {
     fprintf(m->out, "  %6d %10.6f %10.3e %10.4f %10.1f %11.0f %9.2f %10s%s\n", r->step, r->loss, r->lr, r->grad_norm,
             r->ms, r->tok_per_s, r->gflops, val, acc);
@@ -58,6 +58,7 @@ void dt_metrics_row(dt_metrics_t *m, const dt_step_row_t *r) {
             r->step, r->loss, r->lr, gn, r->ms, m->images ? "img_per_s" : "tok_per_s", r->tok_per_s, r->gflops);
     fprintf(m->jsonl, ", \"sample0\": %llu, \"samples\": %d", r->sample0, r->samples);
     if (!m->images) fprintf(m->jsonl, ", \"tokens\": %llu", r->tokens);
+    else fprintf(m->jsonl, ", \"epoch\": %.9g", r->epoch);
     if (r->loss_scale > 0) fprintf(m->jsonl, ", \"loss_scale\": %.17g, \"skipped\": %d", r->loss_scale, r->skipped);
     if (r->val_loss >= 0) fprintf(m->jsonl, ", \"val_loss\": %.17g", r->val_loss);
     if (m->images && r->val_acc >= 0) fprintf(m->jsonl, ", \"val_acc\": %.9g", r->val_acc);

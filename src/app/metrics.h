@@ -18,6 +18,7 @@ typedef struct {
   double gflops;     /* achieved GFLOP/s over all ranks (model FLOPs formula) */
   double val_loss;   /* < 0: not evaluated this step */
   double val_acc;    /* image classifiers: top-1 accuracy of that evaluation (< 0: none) */
+  double epoch;      /* image classifiers: epochs done after this step (samples / the training set) */
   unsigned long long sample0; /* global sample indices consumed: [sample0, sample0 + samples) */
   int samples;
   unsigned long long tokens; /* tokens consumed through this step: (sample0 + samples) x T */

@@ -161,7 +161,8 @@ dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
   *row = (dt_step_row_t){.step = tr->step, .loss = loss, .lr = lr, .grad_norm = norm, .ms = 1e3 * tmax,
                          .tok_per_s = tr->global_batch / tmax,
                          .gflops = tr->flops_per_image * tr->global_batch / tmax * 1e-9, .val_loss = -1,
-                         .val_acc = -1, .sample0 = sample0, .samples = tr->global_batch, .slowest_rank = -1};
+                         .val_acc = -1, .sample0 = sample0, .samples = tr->global_batch, .slowest_rank = -1,
+                         .epoch = (double)tr->sample_pos / tr->train.n};
   return DT_OK;
 }
 

@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Issue #25's data-parallel CNN benchmark in the DDP tutorial's shape: ResNet-50 (CIFAR stem) on
+# 32x32 images, the same per-rank batch on 1 rank x THREADS threads and on 2 ranks x THREADS/2
+# threads (DDP), dtrain (`dtrain` itself: inputs/resnet50_cifar10.ini on CIFAR-10 batch files
+# of random pixels written here, synchronised batch norm, SGD) next to PyTorch 1.13 (DDP over gloo,
+# SyncBatchNorm, bench/torch_cnn_ddp.py), alternating for ROUNDS rounds; each run's median step
+# time after WARMUP steps. Prints images/s and the 2-rank scaling (2 ranks' images/s over 1
+# rank's) for both, and dtrain's 1-rank step time over PyTorch's (goals: <= 0.8, and scaling at
+# least PyTorch's). Run from the build tree on a quiet machine. A benchmark, not a test.
+#   usage: bench/cnn_ddp.sh [ARCH [BATCH_PER_RANK [WIDTH]]]      (defaults resnet50 16 64)
+set -euo pipefail
+arch=${1:-resnet50} batch=${2:-16} width=${3:-64}
+steps=${STEPS:-5} warmup=${WARMUP:-2} rounds=${ROUNDS:-2} threads=${THREADS:-$(nproc)}
+SRC=$(cd "$(dirname "$0")/.." && pwd)
+D=${DTRAIN:-./dtrain}
+PY=${REF_PYTHON:-/usr/bin/python3}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 OMPI_MCA_mpi_yield_when_idle=1 PMIX_MCA_psec=native
+t=$(mktemp -d /tmp/dtrain-cnnddp.XXXXXX)
+trap 'rm -rf "$t"' EXIT
+echo "# cnn ddp: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs), $(nproc) cores," \
+  "$(grep -qw avx512f /proc/cpuinfo && echo AVX-512 || echo no AVX-512); $(${MPIRUN:-mpirun} --version | head -1);" \
+  "torch $($PY -c 'import torch; print(torch.__version__)'); $arch width $width, $batch images per rank," \
+  "rounds $rounds, steps $steps (median after $warmup)"
+"$PY" - "$t" <<'PY'
+import numpy as np, sys
+r = np.random.default_rng(1)
+rec = r.integers(0, 256, size=(2048, 3073), dtype=np.uint8)
+rec[:, 0] = r.integers(0, 10, size=2048)
+rec.tofile(f"{sys.argv[1]}/data_batch_1.bin")
+PY
+median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
+dtrain_run() { # RANKS THREADS TAG: median ms/step
+  local n=$1 th=$2 tag=$3
+  rm -rf "$t/$tag.jsonl" "$t/ck-$tag"
+  ${MPIRUN:-mpirun} --oversubscribe --bind-to none -n "$n" "$D" "$SRC/inputs/resnet50_cifar10.ini" \
+    model.arch="$arch" model.width="$width" train.threads="$th" train.micro_batch="$batch" \
+    train.global_batch=$((batch * n)) train.steps=$((steps + warmup)) train.eval_every=0 log.every=1 \
+    "data.train=$t/data_batch_*.bin" data.val= checkpoint.dir="$t/ck-$tag" checkpoint.every=0 \
+    log.metrics="$t/$tag.jsonl" > "$t/$tag.out" 2>&1 || { tail -5 "$t/$tag.out" >&2; exit 1; }
+  "$PY" -c "import json,sys; print('\n'.join(str(json.loads(l)['ms']) for l in open(sys.argv[1])))" "$t/$tag.jsonl" |
+    tail -n "$steps" | median
+}
+torch_run() { # RANKS THREADS: median ms/step
+  "$PY" "$SRC/bench/torch_cnn_ddp.py" --arch "$arch" --width "$width" --ranks "$1" --threads "$2" --batch "$batch" \
+    --steps "$steps" --warmup "$warmup" | sed -n 's/^RESULT .*step_ms=\([0-9.]*\).*/\1/p'
+}
+half=$((threads / 2 > 0 ? threads / 2 : 1))
+for r in $(seq "$rounds"); do
+  a=$(dtrain_run 1 "$threads" d1) b=$(dtrain_run 2 "$half" d2) c=$(torch_run 1 "$threads") e=$(torch_run 2 "$half")
+  echo "# round $r: ms/step dtrain 1x$threads $a, 2x$half $b; PyTorch 1x$threads $c, 2x$half (DDP gloo) $e"
+  echo "$a $b $c $e" >> "$t/rounds"
+done
+"$PY" - "$t/rounds" "$batch" "$threads" "$half" <<'PY'
+import statistics, sys
+rows = [list(map(float, l.split())) for l in open(sys.argv[1])]
+B, th, half = int(sys.argv[2]), sys.argv[3], sys.argv[4]
+d1, d2, t1, t2 = (statistics.median(r[i] for r in rows) for i in range(4))
+ips = lambda ranks, ms: ranks * B / ms * 1e3
+print(f"# summary: images/s dtrain 1x{th} {ips(1, d1):.1f}, 2x{half} {ips(2, d2):.1f} (scaling {ips(2, d2) / ips(1, d1):.2f}); "
+      f"PyTorch 1x{th} {ips(1, t1):.1f}, 2x{half} DDP {ips(2, t2):.1f} (scaling {ips(2, t2) / ips(1, t1):.2f})")
+print(f"# summary: dtrain/PyTorch 1-rank step time {d1 / t1:.2f} (goal <= 0.80); 2-rank scaling dtrain/PyTorch "
+      f"{(ips(2, d2) / ips(1, d1)) / (ips(2, t2) / ips(1, t1)):.2f} (goal >= 1.00)")
+PY

@@ -3,7 +3,8 @@
 # 32x32 images, the same per-rank batch on 1 rank x THREADS threads and on 2 ranks x THREADS/2
 # threads (DDP), dtrain (`dtrain` itself: inputs/resnet50_cifar10.ini on CIFAR-10 batch files
 # of random pixels written here, synchronised batch norm, SGD) next to PyTorch 1.13 (DDP over gloo,
-# SyncBatchNorm, bench/torch_cnn_ddp.py), alternating for ROUNDS rounds; each run's median step
+# bench/torch_cnn_ddp.py; its batch norm stays per rank: torch 1.13's SyncBatchNorm needs a GPU),
+# alternating for ROUNDS rounds; each run's median step
 # time after WARMUP steps. Prints images/s and the 2-rank scaling (2 ranks' images/s over 1
 # rank's) for both, and dtrain's 1-rank step time over PyTorch's (goals: <= 0.8, and scaling at
 # least PyTorch's). Run from the build tree on a quiet machine. A benchmark, not a test.

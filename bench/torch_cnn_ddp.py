@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """PyTorch DDP (gloo) step time of a CNN, for bench/cnn_ddp.sh: tests/ref/ref_cnn_model.py's model
 (torchvision's structure, CIFAR stem), random 3x32x32 images, SGD (momentum 0.9, weight decay
-5e-4), fp32, in RANKS processes of THREADS threads each, every rank with its own batch of BATCH
+5e-4), fp32, batch norm per rank (torch 1.13's SyncBatchNorm works on GPU modules only; dtrain
+synchronises it, one small all-reduce per batch norm more), in RANKS processes of THREADS threads each, every rank with its own batch of BATCH
 images (the per-rank batch; RANKS = 1: plain PyTorch, no DDP). Rank 0 prints the median step time
 of the steps after warm-up as `RESULT torch-cnn-ddp ranks=R threads=T batch=B step_ms=...`.
 A benchmark only; dtrain never runs Python.
@@ -31,8 +32,7 @@ def worker(rank, a):
         m = SimpleCNN(3, 32, 32, 10, a.width, 128)
     else:
         m = ResNet(*((BasicBlock, [2, 2, 2, 2]) if a.arch == "resnet18" else (Bottleneck, [3, 4, 6, 3])), 3, 10, a.width)
-    if a.ranks > 1:
-        m = torch.nn.SyncBatchNorm.convert_sync_batchnorm(m)  # as dtrain's synchronised batch norm
+    if a.ranks > 1:  # (torch 1.13's SyncBatchNorm runs on GPU modules only: batch norm stays per rank here)
         m = torch.nn.parallel.DistributedDataParallel(m)  # default 25 MB buckets, overlapped with backward
     opt = torch.optim.SGD(m.parameters(), lr=0.01, momentum=0.9, weight_decay=5e-4)
     g = torch.Generator().manual_seed(rank)

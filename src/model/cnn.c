@@ -54,15 +54,16 @@ dt_status_t dt_cnn_alloc(dt_cnn_t *m, int B, int nthr) {
   m->idx = malloc((nidx ? nidx : 1) * sizeof(int)), m->labels = malloc((size_t)B * sizeof(int));
   m->written = malloc((size_t)m->n_slots);
   m->sync_buf = malloc(2 * maxc * sizeof(double));
-  if (!m->sync_buf || !m->acts || !m->dacts || !m->tmp || !m->scratch || !m->mean || !m->var || !m->rstd || !m->sdy || !m->sdyx ||
-      !m->losses || !m->lse || !m->idx || !m->labels || !m->written)
+  if (!m->sync_buf || !m->acts || !m->dacts || !m->tmp || !m->scratch || !m->mean || !m->var || !m->rstd || !m->sdy ||
+      !m->sdyx || !m->losses || !m->lse || !m->idx || !m->labels || !m->written)
     return DT_ERR(DT_ERR_NOMEM, "model: cannot allocate %.1f MiB of activations for a batch of %d images",
                   2.0 * (double)off * sizeof(float) / (1 << 20), B);
   return DT_OK;
 }
 
-/* Synchronised batch norm: a[c], b[c] (C floats each, this rank's) become sums over the ranks,
- * divided by `div`; `moments`: a, b are the mean and variance, combined through E[x^2]. */
+/* Synchronised batch norm: a[c], b[c] (C floats each, this rank's) become their sums over the
+ * ranks; with `moments`, a and b are the mean and variance, combined through E[x^2] into the
+ * whole batch's (every rank has the same B). */
 static void sync_pair(dt_cnn_t *m, float *a, float *b, int C, int moments) {
   double *buf = m->sync_buf, R = moments ? (double)m->sync_ranks : 1.0;
   for (int c = 0; c < C; c++) buf[c] = a[c], buf[C + c] = moments ? (double)b[c] + (double)a[c] * a[c] : b[c];
@@ -74,6 +75,9 @@ static void sync_pair(dt_cnn_t *m, float *a, float *b, int C, int moments) {
     b[c] = moments ? (float)(second - mean * mean > 0 ? second - mean * mean : 0) : (float)second;
   }
 }
+
+/* Ranks whose images one batch norm's statistics cover. */
+static int bn_ranks(const dt_cnn_t *m) { return m->sync_sum ? m->sync_ranks : 1; }
 
 static void bn_forward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *params, float *bufs, const float *x, float *y,
                        int training) {
@@ -87,7 +91,7 @@ static void bn_forward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *params, f
   float *mean = m->mean + o->aux, *var = m->var + o->aux;
   dt_batchnorm_stats(mean, var, x, B, o->C, HW);
   if (m->sync_sum) sync_pair(m, mean, var, o->C, 1);
-  dt_batchnorm_running(rm, rv, mean, var, o->C, BN_MOMENTUM, (double)B * HW * (m->sync_sum ? m->sync_ranks : 1));
+  dt_batchnorm_running(rm, rv, mean, var, o->C, BN_MOMENTUM, (double)B * HW * bn_ranks(m));
   dt_batchnorm_forward(y, m->rstd + o->aux, x, mean, var, w, b, BN_EPS, B, o->C, HW);
 }
 
@@ -171,7 +175,7 @@ static void op_backward(dt_cnn_t *m, const dt_cnn_op_t *o, int i, const float *p
       if (dx && m->sync_sum) sync_pair(m, m->sdy + o->aux, m->sdyx + o->aux, o->C, 0);
       if (dx)
         dt_batchnorm_backward(dx, dout, in, m->mean + o->aux, m->rstd + o->aux, w, m->sdy + o->aux, m->sdyx + o->aux,
-                              (double)B * HW * (m->sync_sum ? m->sync_ranks : 1), B, o->C, HW);
+                              (double)B * HW * bn_ranks(m), B, o->C, HW);
       break;
     case DT_OP_RELU:
       if (dx) dt_relu_backward(dx, dout, out, n);

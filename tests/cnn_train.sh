@@ -171,6 +171,20 @@ refuse "system.backend = cuda: model.arch = cnn has no CUDA kernels" system.back
 refuse "data.format: tokens data for model.arch = cnn" data.format=tokens
 refuse "data.train_labels: data.format = idx needs the labels file" data.train_labels=
 refuse "nope-images.gz" data.train=/nonexistent/nope-images.gz
+# a checkpoint whose first convolution weight is 2-D (OC, C*KH*KW), as files before 4-D weights
+"$PY" - "$t/ck-whole/ckpt_00000020.h5" "$t/flat.h5" <<'PY'
+import shutil, sys, h5py
+shutil.copy(sys.argv[1], sys.argv[2])
+with h5py.File(sys.argv[2], "r+") as f:
+    name = next(k for k in f["model"] if f["model"][k].ndim == 4)
+    d = f["model"][name]
+    a, crc = d[()], d.attrs["crc32c"]
+    del f["model"][name]
+    f["model"].create_dataset(name, data=a.reshape(a.shape[0], -1)).attrs["crc32c"] = crc
+    print(f"{name}: {a.shape} rewritten as {a.reshape(a.shape[0], -1).shape}")
+PY
+refuse "flat.h5: /model/conv1.weight: shape (32, 9) in the file, the model expects (32, 1, 3, 3)" $ck \
+  checkpoint.resume="$t/flat.h5" checkpoint.dir="$t/ck-flat"
 for tool in eval plan; do
   args=()
   [ $tool = eval ] && args=(--checkpoint "$t/ck-whole" --data x)

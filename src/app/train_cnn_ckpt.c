@@ -1,7 +1,7 @@
 /* The image classifiers' checkpoints (train_cnn.h): the HDF5 files and commit protocol of GPT-2's
  * (ckpt.h, docs/checkpoint-format.md) over one layout that is the parameters' tensors followed by
- * batch norm's running statistics (so /model holds both, in torchvision's names: conv weights as
- * (OC, C*KH*KW)); /optim/m is SGD's momentum buffer or AdamW's first moment, /optim/v AdamW's
+ * batch norm's running statistics (so /model holds both, in torchvision's names and shapes: conv
+ * weights (OC, C, KH, KW)); /optim/m is SGD's momentum buffer or AdamW's first moment, /optim/v AdamW's
  * second (zeros for SGD), both 0 for the statistics. The data position is the next global sample
  * index and the crops and flips are drawn from (seed, index), so a resume continues bitwise, on
  * any number of dp ranks (every rank holds everything: full arenas). */

@@ -278,16 +278,21 @@ int dt_ckpt__is_wte(const dt_tensor_t *t) { return strcmp(t->name, "wte.weight")
 /* Rows of the global tensor in our layout as far as the file is concerned (wte: true V). */
 int dt_ckpt__hf_rows(const dt_layout_t *lay, const dt_tensor_t *t) { return dt_ckpt__is_wte(t) ? lay->d.V : dt_tensor_grows(t); }
 
-/* File shape: 1-D (cols); 2-D (rows, cols), our layout (wte: V rows). Returns ndim. */
-static int file_shape(const dt_layout_t *lay, const dt_tensor_t *t, hsize_t dims[2]) {
+/* File shape: 1-D (cols); 2-D (rows, cols), our layout (wte: V rows); 4-D convolution weights
+ * (OC, C, KH, KW) as torchvision's. Returns ndim. */
+static int file_shape(const dt_layout_t *lay, const dt_tensor_t *t, hsize_t dims[4]) {
+  dims[1] = dims[2] = dims[3] = 1;
   if (t->ndim == 1) {
     dims[0] = (hsize_t)dt_tensor_gcols(t);
-    dims[1] = 1;
     return 1;
   }
   dims[0] = (hsize_t)dt_ckpt__hf_rows(lay, t);
   dims[1] = (hsize_t)dt_tensor_gcols(t);
-  return 2;
+  if (t->ndim != 4 || t->kh < 1 || t->kw < 1) return 2;
+  dims[1] /= (hsize_t)t->kh * (hsize_t)t->kw;
+  dims[2] = (hsize_t)t->kh;
+  dims[3] = (hsize_t)t->kw;
+  return 4;
 }
 
 dt_ckpt_arenas_t dt_ckpt_arenas_full(float *params, float *m, float *v) {
@@ -497,16 +502,30 @@ herr_t dt_ckpt__attr_get_str(hid_t loc, const char *name, char *buf, size_t n) {
 fshape_t dt_ckpt__fshape(const dt_layout_t *lay, const dt_tensor_t *t) {
   fshape_t f;
   f.ndim = file_shape(lay, t, f.dims);
-  f.FR = f.ndim == 2 ? f.dims[0] : 1;
-  f.FC = f.ndim == 2 ? f.dims[1] : f.dims[0];
+  f.FR = f.ndim == 1 ? 1 : f.dims[0];
+  f.FC = f.ndim == 1 ? f.dims[0] : f.dims[1] * f.dims[2] * f.dims[3];
   return f;
 }
 
-/* Select file box b (in the (FR, FC) view) in space sp, SET or OR. */
+/* Select file box b (in the (FR, FC) view) in space sp, SET or OR. A 4-D tensor's box must be
+ * whole rows (fshape_t); anything else fails. */
 herr_t dt_ckpt__select_box(hid_t sp, const fshape_t *f, const fbox_t *b, H5S_seloper_t op) {
-  hsize_t start[2] = {b->r0, b->c0}, count[2] = {b->r1 - b->r0, b->c1 - b->c0};
+  hsize_t start[4] = {b->r0, b->c0, 0, 0}, count[4] = {b->r1 - b->r0, b->c1 - b->c0, 1, 1};
   if (f->ndim == 1) start[0] = b->c0, count[0] = b->c1 - b->c0;
+  if (f->ndim == 4) {
+    if (b->c0 != 0 || b->c1 != f->FC) return -1;
+    start[1] = 0;
+    for (int k = 1; k < 4; k++) count[k] = f->dims[k];
+  }
   return H5Sselect_hyperslab(sp, op, start, NULL, count, NULL);
+}
+
+/* Select file rows [lo, hi) of the (FR, FC) view (1-D tensors: elements [lo, hi)), or nothing. */
+herr_t dt_ckpt__select_rows(hid_t sp, const fshape_t *f, hsize_t lo, hsize_t hi) {
+  if (hi <= lo) return H5Sselect_none(sp);
+  fbox_t b = {lo, hi, 0, f->FC, NULL};
+  if (f->ndim == 1) b = (fbox_t){0, 1, lo, hi, NULL};
+  return dt_ckpt__select_box(sp, f, &b, H5S_SELECT_SET);
 }
 
 /* This rank's share [*a, *z) of the first file dimension when P ranks split it evenly. */

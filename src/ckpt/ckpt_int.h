@@ -80,11 +80,13 @@ void dt_ckpt__mpio_plists(MPI_Comm comm, hid_t *fapl, hid_t *dxpl);
 /* A box in file coordinates (the arena's too): rows [r0, r1) x cols [c0, c1) of a tensor. */
 typedef struct { hsize_t r0, r1, c0, c1; const dt_ckpt_range_t *src; } fbox_t;
 
-/* File shape of a tensor and its (FR, FC) matrix view ((1, n) for 1-D tensors). */
+/* File shape of a tensor and its (FR, FC) matrix view: (1, n) for 1-D tensors, the dims for 2-D
+ * ones, (OC, C * KH * KW) for 4-D convolution weights (OC, C, KH, KW), which is the arena's layout
+ * (boxes of 4-D tensors are whole rows: they exist only in full arenas, no tp or ZeRO). */
 typedef struct {
   int ndim;
-  hsize_t dims[2];
-  hsize_t FR, FC; /* file matrix view: 2-D dims, or (1, n) for 1-D */
+  hsize_t dims[4];
+  hsize_t FR, FC;
 } fshape_t;
 
 /* The datasets of one file: n_tensors per group, names "/model/<name>" etc. */
@@ -131,6 +133,7 @@ fbox_t dt_ckpt__to_file(const dt_ckpt_range_t *r);
 size_t dt_ckpt__local_index(const fbox_t *b, hsize_t i, hsize_t j);
 /* Select file box b in space sp (SET or OR). */
 herr_t dt_ckpt__select_box(hid_t sp, const fshape_t *f, const fbox_t *b, H5S_seloper_t op);
+herr_t dt_ckpt__select_rows(hid_t sp, const fshape_t *f, hsize_t lo, hsize_t hi);
 /* This rank's share [*a, *z) of the first file dimension split evenly over `size` ranks. */
 void dt_ckpt__split_first(const fshape_t *f, int rank, int size, hsize_t *a, hsize_t *z);
 /* Boxes of rs on tensor ti as file boxes sorted by first column; returns their number. */

@@ -111,6 +111,17 @@ dt_status_t dt_ckpt__check_header(hid_t file, const dt_layout_t *lay, dt_ckpt_st
   return DT_OK;
 }
 
+/* "(d0, d1, ...)" for a shape of rank nd (1 to 4), else "rank nd". */
+static void shape_str(char *buf, size_t cap, const hsize_t *dims, int nd) {
+  if (nd < 1 || nd > 4) {
+    snprintf(buf, cap, "rank %d", nd);
+    return;
+  }
+  size_t n = (size_t)snprintf(buf, cap, "(");
+  for (int k = 0; k < nd && n < cap; k++) n += (size_t)snprintf(buf + n, cap - n, k ? ", %llu" : "%llu", (unsigned long long)dims[k]);
+  if (n < cap) snprintf(buf + n, cap - n, ")");
+}
+
 dt_status_t dt_ckpt__open_dsets(hid_t file, const dt_layout_t *lay, dsets_t *D, uint32_t *stored, const char *path) {
   H5G_info_t gi;
   hid_t g = H5Gopen2(file, "/model", H5P_DEFAULT);
@@ -126,17 +137,18 @@ dt_status_t dt_ckpt__open_dsets(hid_t file, const dt_layout_t *lay, dsets_t *D, 
     fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[d % lay->n_tensors]);
     if ((D->ds[d] = H5Dopen2(file, D->names[d], H5P_DEFAULT)) < 0) return dt_ckpt__h5err(path, D->names[d], "missing dataset");
     hid_t sp = H5Dget_space(D->ds[d]), ty = H5Dget_type(D->ds[d]);
-    hsize_t dims[2] = {0, 0};
-    int nd = H5Sget_simple_extent_dims(sp, dims, NULL);
+    hsize_t dims[H5S_MAX_RANK] = {0};
+    int nd = H5Sget_simple_extent_ndims(sp);
+    if (nd >= 1 && nd <= 4) nd = H5Sget_simple_extent_dims(sp, dims, NULL);
     int okt = H5Tget_class(ty) == H5T_FLOAT && H5Tget_size(ty) == 4;
     H5Sclose(sp);
     H5Tclose(ty);
-    if (nd != f.ndim || dims[0] != f.dims[0] || (nd == 2 && dims[1] != f.dims[1])) {
-      char ex[48], fo[48];
-      snprintf(ex, sizeof ex, f.ndim == 2 ? "(%llu, %llu)" : "(%llu)", (unsigned long long)f.dims[0], (unsigned long long)f.dims[1]);
-      if (nd == 2) snprintf(fo, sizeof fo, "(%llu, %llu)", (unsigned long long)dims[0], (unsigned long long)dims[1]);
-      else if (nd == 1) snprintf(fo, sizeof fo, "(%llu)", (unsigned long long)dims[0]);
-      else snprintf(fo, sizeof fo, "rank %d", nd);
+    int same = nd == f.ndim;
+    for (int k = 0; same && k < nd; k++) same = dims[k] == f.dims[k];
+    if (!same) {
+      char ex[96], fo[96];
+      shape_str(ex, sizeof ex, f.dims, f.ndim);
+      shape_str(fo, sizeof fo, dims, nd);
       return DT_ERR(DT_ERR_CONFIG, "%s: %s: shape %s in the file, the model expects %s", path, D->names[d], fo, ex);
     }
     if (!okt) return DT_ERR(DT_ERR_CKPT, "%s: %s: not float32", path, D->names[d]);

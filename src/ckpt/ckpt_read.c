@@ -350,7 +350,7 @@ static dt_status_t load_plan(load_t *L) {
   L->dsp = calloc((size_t)L->size, sizeof *L->dsp);
   for (int d = 0; L->unit && d < n_ds; d++) { /* the pieces */
     fshape_t f = dt_ckpt__fshape(lay, &lay->tensors[d % lay->n_tensors]);
-    L->unit[d] = f.ndim == 2 ? f.dims[1] : 1;
+    L->unit[d] = f.ndim == 1 ? 1 : f.FC;
     const hsize_t per = rows_per_piece(L->unit[d]), row = L->unit[d] * sizeof(float);
     L->n_pc += (int)((f.dims[0] + per - 1) / per);
     if (row > L->max_row) L->max_row = row;
@@ -417,13 +417,13 @@ static void load_h5_piece(load_t *L, int i, float *rows, hsize_t lo, hsize_t hi,
   const piece_t *p = &L->pc[i];
   const int d = p->d;
   const hsize_t u = L->unit[d];
+  const fshape_t f = dt_ckpt__fshape(L->lay, &L->lay->tensors[d % L->lay->n_tensors]);
   wait_node(&L->W, L->W.copied, i - NW + 1);
   hid_t fsp = H5Dget_space(L->D.ds[d]);
   hsize_t mc = hi > lo ? (hi - lo) * u : 1;
   hid_t msp = H5Screate_simple(1, &mc, NULL);
-  hsize_t start[2] = {lo, 0}, count[2] = {hi - lo, u};
-  if (hi > lo) H5Sselect_hyperslab(fsp, H5S_SELECT_SET, start, NULL, count, NULL);
-  else H5Sselect_none(fsp), H5Sselect_none(msp);
+  dt_ckpt__select_rows(fsp, &f, lo, hi);
+  if (hi <= lo) H5Sselect_none(msp);
   if (H5Dread(L->D.ds[d], H5T_NATIVE_FLOAT, msp, fsp, L->dxpl, rows + (lo - p->r0) * u) < 0 && *st3 == DT_OK)
     *st3 = dt_ckpt__h5err(L->path, L->D.names[d], "cannot read");
   H5Sclose(msp);

@@ -94,6 +94,7 @@ static int conv(bld_t *b, const char *name, int in, int OC, int K, int stride, i
   dt_cnn_op_t o = op_of(b, DT_OP_CONV, in);
   o.OC = OC, o.K = K, o.stride = stride, o.pad = pad;
   o.w = param(b, name, "weight", OC, o.C * K * K, 4);
+  if (o.w >= 0) b->m->lay.tensors[o.w].kh = b->m->lay.tensors[o.w].kw = K;
   if (bias) o.b = param(b, name, "bias", 1, OC, 1);
   return add_op(b, o, OC, dt_conv_out(o.H, K, stride, pad), dt_conv_out(o.W, K, stride, pad));
 }

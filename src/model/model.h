@@ -37,7 +37,8 @@ typedef struct {
   char name[48];   /* Hugging Face GPT2LMHeadModel name without the "transformer." prefix, e.g. "h.3.mlp.c_fc.weight" */
   size_t offset;   /* in floats, into the arena */
   int rows, cols;  /* shape as stored here: (rows, cols); 1-D tensors have rows = 1 */
-  int ndim;        /* 1 or 2 as in the HF state_dict */
+  int ndim;        /* 1 or 2 as in the HF state_dict; 4 for convolution weights (model/cnn.h) */
+  int kh, kw;      /* ndim = 4: the kernel's size; the file shape is (rows, cols / (kh * kw), kh, kw) */
   int decay;       /* 1 = weight decay applies (2-D weights incl. embeddings) */
   int layer;       /* block index, -1 for embeddings, L for ln_f */
   /* Tensor parallelism (dt_layout_init_tp): rows, cols above are the LOCAL shard's shape; the

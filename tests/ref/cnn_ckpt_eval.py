@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """A dtrain image-classifier checkpoint evaluated by PyTorch, independently of dtrain's own
 evaluation: the file's /model tensors (h5py) loaded by name into the float64 torch model of
-ref_cnn_model.py (conv weights reshaped to (OC, C, KH, KW); every torch parameter and running
-statistic must be in the file and nothing else), the IDX test set parsed with numpy and normalised
+ref_cnn_model.py (every torch parameter and running statistic must be in the file with torch's own
+shape, conv weights (OC, C, KH, KW), and nothing else), the IDX test set parsed with numpy and normalised
 with the training set's mean and standard deviation (numpy, float64), batch norm in evaluation
 mode; the mean cross-entropy and top-1 accuracy over the whole test set must equal what dtrain
 logged (val_loss within 1e-5 relative; accuracy within 2 images in 10,000: a float32 and a float64
@@ -46,9 +46,11 @@ def main():
         stored = sorted(f["model"].keys())
         assert stored == sorted(names), (f"names differ: torch only {sorted(set(names) - set(stored))}, "
                                          f"file only {sorted(set(stored) - set(names))}")
-        with torch.no_grad():
+        with torch.no_grad():  # torchvision's shapes as they are (conv weights (OC, C, KH, KW)): no reshape
             for k in names:
-                state[k].copy_(torch.tensor(f["model"][k][()], dtype=torch.float64).reshape(state[k].shape))
+                a = f["model"][k][()]
+                assert a.shape == tuple(state[k].shape), f"{k}: shape {a.shape} in the file, torch has {tuple(state[k].shape)}"
+                state[k].copy_(torch.tensor(a, dtype=torch.float64))
     mean, std = np.zeros(C), np.zeros(C)
     for c in range(C):  # from each channel's pixel histogram (exact, and no float copy of the set)
         h = np.bincount(xt[:, c].ravel(), minlength=256).astype(np.float64)

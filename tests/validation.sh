@@ -3,7 +3,7 @@
 # CPU backend, system `ci`):
 #  1. clean: validation/validate.sbatch --system ci submits itself with sbatch --wait; every check
 #     passes, exit 0, TAP and JUnit XML written. A skipped check counts as a failure here, not as
-#     a pass: this cluster is built with the nodes and ranks all 9 checks need, so a skip (TAP
+#     a pass: this cluster is built with the nodes and ranks all 10 checks need, so a skip (TAP
 #     "ok N - x # SKIP", JUnit skipped=) means a check did not run; the bandwidth and scaling
 #     pictures (validation/plots.py) are SVG with their axes and lines;
 #  2. each planted fault (DTRAIN_FAULT, src/core/fault.h) under salloc, with the checks up to the one
@@ -11,7 +11,7 @@
 #     is that one:
 #       bad_allreduce@1 -> collectives   bad_math@0:3 -> numerics
 #       ckpt_noflush@0  -> checkpoint    slow_rank@1  -> throughput
-#       tied_drift@1:3  -> model_parallel
+#       tied_drift@1:3  -> model_parallel bn_local@1      -> cnn
 #  3. slow_io@1 under salloc with only environment,checkpoint_io: checkpoint_io fails on the
 #     write bandwidth. The fault makes rank 1's saves last 100x as long (src/core/fault.h), so the
 #     write/dd ratio drops 100x on any disk (a fixed stall would only show on a fast one); the run
@@ -39,11 +39,11 @@ grep -v '^# \+[0-9]' "$DIR/clean.log" # the bench-comm rows are in the log file
 [ $rc -eq 0 ] || fail "clean validation run exited $rc"
 grep -q '^# failed checks: none' "$DIR/clean.log" || fail "clean run: summary does not say 'failed checks: none'"
 skips=$(grep -E '^ok [0-9]+ - .*# SKIP' "$DIR/clean.log")
-[ -z "$skips" ] || fail "clean run: skipped checks (a skip is not a pass; this cluster can run all 9): $skips"
+[ -z "$skips" ] || fail "clean run: skipped checks (a skip is not a pass; this cluster can run all 10): $skips"
 n_ok=$(grep -E '^ok [0-9]+ - ' "$DIR/clean.log" | grep -vc '# SKIP')
-[ "$n_ok" -eq 9 ] || fail "clean run: $n_ok of 9 TAP lines are ok (without SKIP)"
-grep -q '<testsuite name="dtrain-validation.ci" tests="9" failures="0" errors="0" skipped="0"' "$DIR/clean.xml" ||
-  { grep '<testsuite' "$DIR/clean.xml"; fail "JUnit XML: want 9 tests, 0 failures, 0 errors, 0 skipped"; }
+[ "$n_ok" -eq 10 ] || fail "clean run: $n_ok of 10 TAP lines are ok (without SKIP)"
+grep -q '<testsuite name="dtrain-validation.ci" tests="10" failures="0" errors="0" skipped="0"' "$DIR/clean.xml" ||
+  { grep '<testsuite' "$DIR/clean.xml"; fail "JUnit XML: want 10 tests, 0 failures, 0 errors, 0 skipped"; }
 grep -q 'checkpoint_io/ckpt_write_vs_dd' "$DIR/clean.log" || fail "no checkpoint write bandwidth vs dd in the summary"
 grep -q 'throughput/scaling_efficiency' "$DIR/clean.log" || fail "no scaling efficiency (1 node vs 2 nodes) in the summary"
 # the pictures next to the table: well-formed SVG with its axes, a line per collective / per series
@@ -60,7 +60,7 @@ for name, words, lines in (("bandwidth", ["message size (bytes)", "busbw (GB/s)"
     print(f"ok: {name}.svg: {len(text)} bytes, {n} lines, names {words}")
 PY
 grep -q "^# plots: $DIR/clean/bandwidth.svg, $DIR/clean/scaling.svg" "$DIR/clean.log" || fail "no '# plots:' line"
-echo "ok: clean run passed all 9 checks, none skipped, in $(($(date +%s) - t0)) s (TAP + JUnit XML, plots)"
+echo "ok: clean run passed all 10 checks, none skipped, in $(($(date +%s) - t0)) s (TAP + JUnit XML, plots)"
 
 # 2. planted faults: the suite must fail and name the right check first
 # Each fault runs the checks up to the one that must catch it (that check's dependencies for a
@@ -69,7 +69,7 @@ echo "ok: clean run passed all 9 checks, none skipped, in $(($(date +%s) - t0)) 
 sanity=environment,collectives,numerics,equivalence
 for case in bad_allreduce@1/collectives/environment,collectives bad_math@0:3/numerics/environment,collectives,numerics \
   tied_drift@1:3/model_parallel/$sanity,model_parallel ckpt_noflush@0/checkpoint/$sanity,model_parallel,checkpoint \
-  slow_rank@1/throughput/$sanity,throughput; do
+  slow_rank@1/throughput/$sanity,throughput bn_local@1/cnn/environment,cnn; do
   IFS=/ read -r fault want checks <<< "$case"
   log="$DIR/fault-${fault%%@*}.log"
   t0=$(date +%s)

@@ -13,6 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "fault.h"
 #include "gemm.h"
 #include "optim.h"
 #include "run_loop.h"
@@ -24,10 +25,20 @@ int dt_cnn_trainer_wanted(const dt_config_t *cfg) { return strcmp(cfg->arch, "gp
 
 static int is_root(const dt_cnn_trainer_t *tr) { return tr->mesh.rank == 0; }
 
-/* Synchronised batch norm's sums over the dp group (cnn.h sync_sum). */
+/* Synchronised batch norm's sums over the dp group (cnn.h sync_sum). The fault bn_local keeps this
+ * rank's own values (times dp, so the callers' division by dp gives them back) after joining the
+ * sum, as a batch norm that is not synchronised would: validation/'s cnn check must catch it. */
 static dt_status_t dp_sum(void *ctx, double *buf, int n) {
-  dt_comm_t *c = ctx;
-  return c->ops->allreduce(c, buf, buf, (size_t)n, DT_F64, DT_SUM, NULL, NULL);
+  dt_cnn_trainer_t *tr = ctx;
+  dt_comm_t *c = tr->mesh.dp_comm;
+  if (!dt_fault("bn_local", tr->mesh.rank, tr->step + 1))
+    return c->ops->allreduce(c, buf, buf, (size_t)n, DT_F64, DT_SUM, NULL, NULL);
+  double *sum = malloc(sizeof(double) * (size_t)n);
+  if (!sum) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
+  dt_status_t st = c->ops->allreduce(c, buf, sum, (size_t)n, DT_F64, DT_SUM, NULL, NULL);
+  for (int i = 0; i < n; i++) buf[i] *= tr->mesh.dp;
+  free(sum);
+  return st;
 }
 
 static dt_status_t open_set(dt_images_t *d, const dt_config_t *c, const char *images, const char *labels) {
@@ -76,7 +87,7 @@ static dt_status_t init_model(dt_cnn_trainer_t *tr) {
   DT_TRY(dt_cnn_alloc(&tr->model, tr->B, tr->mesh.threads));
   if (tr->mesh.dp > 1) {
     tr->model.sync_sum = dp_sum;
-    tr->model.sync_ctx = tr->mesh.dp_comm;
+    tr->model.sync_ctx = tr;
     tr->model.sync_ranks = tr->mesh.dp;
   }
   DT_TRY(dt_cnn_trainer_ckpt_layout(tr));

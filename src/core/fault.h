@@ -25,6 +25,9 @@
  *                  bad_math after the pipeline's tied-embedding sum (the first and last stage's
  *                  copies of the tied embedding drift apart: the save refuses, tests/pp_equiv.sh;
  *                  validation/'s model_parallel check fails first)
+ *   bn_local       from `step` on, this rank's batch norm uses its own images' statistics (the image
+ *                  classifiers with dp > 1: synchronised batch norm broken on one rank; validation/'s
+ *                  cnn check fails)
  *   stall_start    this rank stops itself (SIGSTOP) before the first collective of a training run:
  *                  a rank that never arrives; the hang watchdog's start deadline ends the job
  *                  (tests/hang_rank.sh)

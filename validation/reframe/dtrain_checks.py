@@ -3,7 +3,7 @@
     reframe -C validation/reframe/config_ci.py -c validation/reframe/dtrain_checks.py -r
 
 One ReFrame test per check of validation/run (environment, collectives, numerics, equivalence,
-model_parallel, checkpoint, bandwidth, throughput, checkpoint_io), so a centre's nightly ReFrame
+model_parallel, checkpoint, cnn, bandwidth, throughput, checkpoint_io), so a centre's nightly ReFrame
 run reports each on its own. The suite itself runs once, as the session fixture `dtrain_suite`:
 one job with the geometry of validation/systems/SYSTEM.ini (nodes, tasks per node, CPUs per
 task, GPUs per node), launching validation/run, which starts every dtrain run with srun inside
@@ -30,7 +30,7 @@ from reframe.core.builtins import fixture, parameter, run_after, run_before, san
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RUN = os.path.join(os.path.dirname(HERE), "run")
-CHECKS = ["environment", "collectives", "numerics", "equivalence", "model_parallel", "checkpoint",
+CHECKS = ["environment", "collectives", "numerics", "equivalence", "model_parallel", "checkpoint", "cnn",
           "bandwidth", "throughput", "checkpoint_io"]
 METRICS = {"bandwidth": ["allreduce_busbw"], "throughput": ["tokens_per_s", "gflops", "scaling_efficiency"],
            "checkpoint_io": ["ckpt_write_vs_dd", "ckpt_read_vs_dd"]}

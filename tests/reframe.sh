@@ -4,7 +4,7 @@
 # `ci`), with the checks environment, collectives, numerics and bandwidth (the others are the
 # business of tests/validation.sh; here they are selected out and must show as skipped):
 #  1. clean: reframe exits 0, the four tests pass (bandwidth's allreduce_busbw reported as a
-#     ReFrame performance variable against the system file's reference), five are skipped;
+#     ReFrame performance variable against the system file's reference), six are skipped;
 #  2. planted faults (DTRAIN_FAULT, src/core/fault.h), as tests/validation.sh plants them: with
 #     bad_math@0:3 reframe exits nonzero and exactly the numerics test fails, with validation/run's
 #     message; with bad_allreduce@1 collectives fails and bandwidth (which depends on it) is
@@ -34,10 +34,10 @@ grep -E '^\[ +(OK|FAIL|SKIP) +\]| P: |PASSED|FAILED' "$DIR/clean.out"
 for c in environment collectives numerics bandwidth; do
   grep -Eq "^\[ +OK +\] .*dtrain_validation %check=$c( |$)" "$DIR/clean.out" || fail "$c did not pass"
 done
-[ "$(grep -Ec '^\[ +SKIP +\] .*dtrain_validation %check=' "$DIR/clean.out")" -eq 5 ] || fail "want the 5 other checks skipped"
+[ "$(grep -Ec '^\[ +SKIP +\] .*dtrain_validation %check=' "$DIR/clean.out")" -eq 6 ] || fail "want the 6 other checks skipped"
 grep -Eq '^ *P: allreduce_busbw: [0-9.e+-]+ GB/s \(r:0.2, l:-0.95, u:None\)' "$DIR/clean.out" ||
   fail "no allreduce_busbw performance line with the ci reference (0.2, -0.95, unbounded)"
-echo "ok: clean: 4 checks passed, 5 skipped, allreduce_busbw reported against its reference"
+echo "ok: clean: 4 checks passed, 6 skipped, allreduce_busbw reported against its reference"
 
 # 2. planted faults: the tests that fail are the check that catches it (and what depends on it)
 fault_case() { # FAULT "EXPECTED FAILING CHECKS " PATTERN-OF-THE-FIRST'S-MESSAGE

@@ -21,6 +21,7 @@ import torch.nn.functional as F
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "ref"))
 from ref_cnn_model import BasicBlock, Bottleneck, ResNet, SimpleCNN  # noqa: E402
+from torch_launch import launch  # noqa: E402
 
 
 def worker(rank, a):
@@ -60,12 +61,7 @@ def main():
     for k, v in dict(width=64, ranks=2, threads=1, batch=16, steps=5, warmup=2).items():
         p.add_argument("--" + k, type=int, default=v)
     a = p.parse_args()
-    if a.ranks == 1:
-        worker(0, a)
-    else:
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-        torch.multiprocessing.spawn(worker, args=(a,), nprocs=a.ranks)
+    launch(worker, a)
     return 0
 
 

@@ -12,6 +12,7 @@ import argparse, os, statistics, sys, time
 sys.argv.append("--single")  # torch_gpt2.py defines its model over torch only in a measuring process
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import torch_gpt2 as tg  # noqa: E402
+from torch_launch import launch  # noqa: E402
 sys.argv.pop()
 torch = tg.torch
 
@@ -52,12 +53,7 @@ def main():
                      warmup=2).items():
         p.add_argument("--" + k, type=int, default=v)
     a = p.parse_args()
-    if a.ranks == 1:
-        worker(0, a)
-    else:  # the rendezvous, chosen once here for every worker
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 1000))
-        torch.multiprocessing.spawn(worker, args=(a,), nprocs=a.ranks)
+    launch(worker, a)
     return 0
 
 

@@ -54,7 +54,10 @@ def _write_set(d, name, n, seed):
 
 
 def write_config(ctx):
-    """The check's configuration file in the work directory, with the image set it names."""
+    """The check's configuration file in the work directory, with the image set it names (written
+    once per suite run)."""
+    if "cnn-ini" in ctx.cache:
+        return ctx.cache["cnn-ini"]
     d = os.path.join(ctx.workdir, "cnn-data")
     os.makedirs(d, exist_ok=True)
     tr, trl = _write_set(d, "train", TRAIN_N, 3)
@@ -99,6 +102,7 @@ resume = never
 [system]
 backend = cpu
 """)
+    ctx.cache["cnn-ini"] = ini
     return ini
 
 

@@ -13,7 +13,7 @@ PY=${REF_PYTHON:-/usr/bin/python3}
 W=$(mktemp -d /tmp/dtrain-ckpt.XXXXXX)
 trap 'rm -rf "$W"' EXIT
 run() { echo "+ $*"; "$@"; }
-mpi() { n=$1; shift; run timeout 300 $MPIRUN --allow-run-as-root --oversubscribe -n "$n" ${DTRAIN_CKPT_WRITERS:+-x DTRAIN_CKPT_WRITERS} ${DTRAIN_CKPT_DIRECT:+-x DTRAIN_CKPT_DIRECT} ${DTRAIN_CKPT_TIMES:+-x DTRAIN_CKPT_TIMES} "$B/tests/test_ckpt" "$@"; }
+mpi() { n=$1; shift; run timeout 120 $MPIRUN --allow-run-as-root --oversubscribe -n "$n" ${DTRAIN_CKPT_WRITERS:+-x DTRAIN_CKPT_WRITERS} ${DTRAIN_CKPT_DIRECT:+-x DTRAIN_CKPT_DIRECT} ${DTRAIN_CKPT_TIMES:+-x DTRAIN_CKPT_TIMES} "$B/tests/test_ckpt" "$@"; }
 
 for n in 1 2 4; do mpi $n all "$W/all$n"; done
 # Replicated (full) arenas are written by one rank per node (the default, above: 1 node); also by

@@ -8,6 +8,7 @@
 #include <math.h>
 #include <mpi.h>
 #include <dirent.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -520,10 +521,24 @@ static void test_odd(const char *dir) {
   free(b.p), free(b.m), free(b.v), free(odd.tensors);
 }
 
+/* A checkpoint bug that sends one rank down another collective path leaves the others waiting
+ * forever; every mode here takes seconds, so a rank still running at the deadline ends the job. */
+static void on_deadline(int sig) {
+  (void)sig;
+  static const char m[] = "test_ckpt: a rank is still running at the deadline (DTRAIN_TEST_DEADLINE, "
+                          "default 60 s): its collectives wait on a rank that took another path\n";
+  ssize_t n = write(2, m, sizeof m - 1);
+  (void)n;
+  _exit(124);
+}
+
 int main(int argc, char **argv) {
   MPI_Init(&argc, &argv);
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
+  const char *dl = getenv("DTRAIN_TEST_DEADLINE");
+  signal(SIGALRM, on_deadline);
+  alarm(dl ? (unsigned)atoi(dl) : 60);
   if (argc < 3) {
     if (rank == 0)
       fprintf(stderr, "usage: test_ckpt all|save|load DIR [STEP] | bench DIR L C V T | corrupt FILE L C V T DATASET | refuse FILE WHY\n");

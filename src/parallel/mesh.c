@@ -265,6 +265,10 @@ dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
   }
   if (m->launcher == DT_LAUNCH_SRUN && (st = check_nodeids(m)) != DT_OK) goto fail;
   if (me.oversub) warn_node(m, warn);
+  /* every OpenMP region of the rank uses its threads, whatever the backend: the cpu kernels and
+   * sgemm, and the CUDA backend's host work (the emulation's cuBLAS: left at OpenMP's default, a
+   * 1-thread rank's idle workers spun on the other core) */
+  omp_set_num_threads(m->threads);
   m->pinned = dt_cpuset_pin(&m->cpuset, m->threads);
   for (int r = 0; r < m->size && !m->cuda; r++) /* the CPU form of the one-task-several-GPUs rule */
     if (m->ranks[r].node_devices > m->ranks[r].local_size) {

@@ -49,6 +49,17 @@ dt_status_t dt_comm_nccl_unique_id(const void *mpi_comm, unsigned char id[DT_NCC
 dt_status_t dt_comm_nccl_create(const void *mpi_comm, int device, double timeout_s, dt_comm_t **out);
 extern const dt_comm_ops_t dt_comm_nccl_ops;
 
+/* Device buffers over MPI (system.device_comm = mpi), collective over `*(const MPI_Comm *)mpi_comm`:
+ * an MPI communicator over a duplicate of it (comm_mpi.c, with its checks and the hang
+ * watchdog), every call staged through pinned host memory on the caller's stream and complete
+ * when it returns (requests come back NULL). For MPIs without CUDA support, or clusters without
+ * NCCL's transports; slower than NCCL (two copies per call, no overlap). */
+dt_status_t dt_comm_staged_create(const void *mpi_comm, dt_comm_t **out);
+extern const dt_comm_ops_t dt_comm_staged_ops;
+/* 1 if this MPI says it can take device pointers (Open MPI's MPIX_Query_cuda_support), 0 if
+ * not, -1 if it cannot say. Reported at start; the staged communicator never passes them. */
+int dt_mpi_cuda_aware(void);
+
 #ifdef __cplusplus
 }
 #endif

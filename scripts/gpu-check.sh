@@ -19,7 +19,7 @@
 # bitwise equal to cuda without; cuda with TF32 near cpu; validation's numerics reference on
 # cuda), checkpoints (save/resume across backends, exact GPU resume, eval agreement), generate
 # (`dtrain generate --verify` greedy on cuda: cached vs uncached logits, tokens equal cpu's), nccl (every
-# collective, one rank), speed (bench/gpu_step.sh: dtrain vs PyTorch, GPT-2 124M, fp32, TF32,
+# collective, one rank, over NCCL and over the host-staged MPI communicator), speed (bench/gpu_step.sh: dtrain vs PyTorch, GPT-2 124M, fp32, TF32,
 # bf16). --profile adds a last stage: bench/gpu_profile.sh (ncu's time per kernel of one GPT-2
 # 124M step, fp32 and TF32; ~2 more minutes), written to profile.txt.
 # --quick (under 3 minutes): small parity shapes, memcheck only, 20 training steps, speed without
@@ -235,10 +235,10 @@ fi
 
 # ---- NCCL -----------------------------------------------------------------------------------
 if [ $have_gpu = 1 ]; then
-  run "$nccl" > "$work/nccl.txt" 2>&1
+  run "$nccl" > "$work/nccl.txt" 2>&1 && run "$nccl" mpi >> "$work/nccl.txt" 2>&1
   rc=$?
   cat "$work/nccl.txt"
-  if [ $rc = 0 ]; then stage nccl PASS "$(grep -c '^ok:' "$work/nccl.txt") collective checks exact on 1 rank (multi-rank NCCL NOT tested: one GPU)"
+  if [ $rc = 0 ]; then stage nccl PASS "$(grep -c '^ok:' "$work/nccl.txt") collective checks exact on 1 rank, NCCL and host-staged MPI (multi-rank NOT tested: one GPU)"
   else stage nccl FAIL "exit $rc: $(grep -v '^ok:' "$work/nccl.txt" | head -1)"; fi
 else
   stage nccl SKIP "no GPU"

@@ -29,6 +29,10 @@
 #      reduced) vs cuda pp = 2, and ZeRO-3 at dp = 2 x tp = 2 vs cuda dp = 2 x tp = 2, both on
 #      cuda, the same limits; the cuda ZeRO-3 step-10 checkpoint resumed on cuda ZeRO-3: steps
 #      11-20 within 1e-5 of the uninterrupted run.
+# Runs 2 (dp = 2 x tp = 2), ZeRO-3 at dp = 2 and ZeRO-2 at dp = 2 x pp = 2 move their device buffers
+# over MPI instead, each call staged through pinned host memory (system.device_comm = mpi, the start
+# line must say so): DDP's bucket all-reduces, tp all-reduces, ZeRO-2's reduces and all-gather,
+# ZeRO-3's broadcasts, pp's grouped sends and receives and the tied sum, against the NCCL runs.
 # What only GPUs can show (several of them: NCCL refuses two ranks on one device) is not here:
 # see docs/gpu-runs.md for whether tp or pp on real GPUs has run.
 source "$top_srcdir/tests/lib.sh"
@@ -42,8 +46,8 @@ grep -q '^# backend: cuda' "$t/cuda.out" || { echo "FAIL: dtrain_emu did not tra
 grep '^# tp:' "$t/cuda.out" | tail -1
 grep -q '^# tp: step 20: replicated parameters bitwise equal' "$t/cuda.out" ||
   { echo "FAIL: no replicated-parameter check at the final save of the cuda tp=2 run"; exit 1; }
-mpi 4 -x DTRAIN_EMU_DEVICES=4 "$EMU" "$cfg" $m system.backend=cuda parallel.tp=2 log.metrics="$t/dp2.jsonl" \
-  checkpoint.dir="$t/dp2" > "$t/dp2.out"
+mpi 4 -x DTRAIN_EMU_DEVICES=4 "$EMU" "$cfg" $m system.backend=cuda parallel.tp=2 system.device_comm=mpi \
+  log.metrics="$t/dp2.jsonl" checkpoint.dir="$t/dp2" > "$t/dp2.out"
 grep -q '^# layout: .*, mesh dp=2 x tp=2 x pp=1,' "$t/dp2.out" || { grep '^# layout' "$t/dp2.out"; echo "FAIL: not dp=2 x tp=2"; exit 1; }
 mpi 2 "$DTRAIN" "$cfg" $m parallel.pp=2 train.micro_batch=2 log.metrics="$t/cpu_pp.jsonl" checkpoint.dir="$t/cpu_pp" \
   > "$t/cpu_pp.out"
@@ -62,8 +66,13 @@ emu() { # emu NRANKS NAME ARGS...: dtrain_emu on the cuda backend, metrics and c
     checkpoint.dir="$t/$name" "$@" > "$t/$name.out"
 }
 emu 2 z2 parallel.zero=2 train.micro_batch=2
-emu 2 z3 parallel.zero=3 train.micro_batch=2 train.eval_every=5
-emu 4 z2pp parallel.zero=2 parallel.pp=2 train.micro_batch=2
+emu 2 z3 parallel.zero=3 train.micro_batch=2 train.eval_every=5 system.device_comm=mpi
+emu 4 z2pp parallel.zero=2 parallel.pp=2 train.micro_batch=2 system.device_comm=mpi
+for r in dp2 z3 z2pp; do
+  grep -q '^# device communication: MPI, each call staged through pinned host memory' "$t/$r.out" ||
+    { grep '^# device' "$t/$r.out"; echo "FAIL: $r: not staged over MPI"; exit 1; }
+done
+grep -q '^# device communication: NCCL' "$t/z1.out" || { echo "FAIL: z1: not over NCCL"; exit 1; }
 emu 4 z3tp parallel.zero=3 parallel.tp=2
 emu 2 z3half parallel.zero=3 train.micro_batch=2 train.eval_every=5 train.stop_after=10
 emu 2 z3half parallel.zero=3 train.micro_batch=2 train.eval_every=5 checkpoint.resume=auto log.metrics="$t/z3res.jsonl"

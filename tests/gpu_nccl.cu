@@ -3,8 +3,10 @@
  * and through requests (wait, test), inside a group, in place and out of place; send/recv around
  * a ring (two ranks or more). Every rank checks every element against the value its formula
  * gives. Runs as a singleton (one GPU: multi-rank NCCL is then NOT tested, and it says so) or
- * under mpirun/srun with one rank per GPU.
- *   gpu_nccl        exit 0 all correct, 1 a wrong element or a failed call, 77 no usable GPU */
+ * under mpirun/srun with one rank per GPU. With the argument `mpi`, the same checks run on the
+ * communicator that stages device buffers through host memory over MPI (cuda/comm_staged.cu,
+ * system.device_comm = mpi) instead.
+ *   gpu_nccl [mpi]  exit 0 all correct, 1 a wrong element or a failed call, 77 no usable GPU */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -83,8 +85,7 @@ static int from_root1(int r, size_t i, int size) { return val(size > 1 ? 1 : 0, 
 static int from_prev(int r, size_t i, int size) { return val((r + size - 1) % size, i); }
 
 int main(int argc, char **argv) {
-  (void)argc;
-  (void)argv;
+  const int staged = argc > 1 && !strcmp(argv[1], "mpi");
   int provided = 0, size = 1;
   MPI_Init_thread(&argc, &argv, MPI_THREAD_FUNNELED, &provided);
   MPI_Comm_rank(MPI_COMM_WORLD, &g_rank);
@@ -97,14 +98,16 @@ int main(int argc, char **argv) {
   }
   MPI_Comm w = MPI_COMM_WORLD;
   dt_comm_t *c = NULL;
-  dt_status_t st = dt_comm_nccl_create(&w, g_rank % ndev, 60, &c);
+  ck(cudaSetDevice(g_rank % ndev), "cudaSetDevice");
+  dt_status_t st = staged ? dt_comm_staged_create(&w, &c) : dt_comm_nccl_create(&w, g_rank % ndev, 60, &c);
   if (st != DT_OK) {
-    printf("rank %d: dt_comm_nccl_create failed: %s\n", g_rank, dt_err_msg());
+    printf("rank %d: creating the communicator failed: %s\n", g_rank, dt_err_msg());
     MPI_Abort(MPI_COMM_WORLD, 1);
   }
   if (g_rank == 0)
-    printf("# NCCL communicator of %d rank%s on %d visible GPU%s%s\n", size, size > 1 ? "s" : "", ndev,
-           ndev > 1 ? "s" : "", size == 1 ? " (one rank: collectives run, multi-rank NCCL is NOT tested here)" : "");
+    printf("# %s communicator of %d rank%s on %d visible GPU%s%s\n", staged ? "host-staged MPI" : "NCCL", size,
+           size > 1 ? "s" : "", ndev, ndev > 1 ? "s" : "",
+           size == 1 ? " (one rank: collectives run, multi-rank communication is NOT tested here)" : "");
   const size_t n = (size_t)1 << 16; /* per rank: 256 KiB of int32 */
   int *a = dev_ints(n, val, g_rank), *b = NULL, *big = NULL;
   ck(cudaMalloc(&b, n * sizeof(int)), "cudaMalloc");
@@ -141,6 +144,27 @@ int main(int argc, char **argv) {
     printf("ok: reduce_scatter (%zu elements per rank)\n", n);
   }
   free(hrs);
+  /* the in-place forms ZeRO uses: this rank's block already in place (allgather), the result
+   * landing in this rank's own block (reduce-scatter, NCCL style) */
+  int *ip = NULL;
+  ck(cudaMalloc(&ip, n * size * sizeof(int)), "cudaMalloc");
+  copy(ip + (size_t)g_rank * n, a, n);
+  CALL(c->ops->allgather(c, ip + (size_t)g_rank * n, ip, n, DT_I32, NULL, NULL));
+  expect("allgather (in place)", ip, n * size, gathered, size);
+  CALL(c->ops->reduce_scatter(c, ip, ip + (size_t)g_rank * n, n, DT_I32, DT_SUM, NULL, NULL));
+  ck(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  hrs = (int *)malloc(n * sizeof(int));
+  ck(cudaMemcpy(hrs, ip + (size_t)g_rank * n, n * sizeof(int), cudaMemcpyDeviceToHost), "cudaMemcpy");
+  wrong = 0;
+  for (size_t i = 0; i < n; i++) wrong += hrs[i] != val(g_rank, i) * size;
+  if (wrong) {
+    printf("rank %d: reduce_scatter (in place): %zu of %zu wrong\n", g_rank, wrong, n);
+    g_bad++;
+  } else if (g_rank == 0) {
+    printf("ok: reduce_scatter (in place, own block)\n");
+  }
+  free(hrs);
+  cudaFree(ip);
 
   copy(b, a, n);
   CALL(c->ops->broadcast(c, b, n, DT_I32, size > 1 ? 1 : 0, NULL, NULL));

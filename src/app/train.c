@@ -14,10 +14,12 @@
 #include "mpi_check.h"
 #include "watchdog.h"
 
-/* A device backend's NCCL communicator over the ranks of an MPI one. */
-static dt_status_t nccl_over(dt_trainer_t *tr, dt_comm_t *mpi, dt_comm_t **out) {
+/* A device backend's communicator over the ranks of an MPI one: NCCL, or (system.device_comm =
+ * mpi) MPI staged through host memory. */
+static dt_status_t device_comm_over(dt_trainer_t *tr, dt_comm_t *mpi, dt_comm_t **out) {
   MPI_Comm h;
   DT_TRY(dt_comm_mpi_handle(mpi, &h));
+  if (!strcmp(tr->cfg.device_comm, "mpi")) return dt_comm_staged_create(&h, out);
   return dt_comm_nccl_create(&h, tr->mesh.device, dt_wd_timeout(), out);
 }
 
@@ -126,8 +128,8 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   /* 1F1B's micro-batches in flight: one activation set each */
   DT_TRY(dt_gpt2_init(&tr->model, &tr->be, dt_pp_inflight(tr->mesh.pp_idx, tr->mesh.pp, tr->accum), cfg->recompute));
   tr->model.tp_comm = tr->mesh.tp > 1 ? tr->mesh.tp_comm : NULL;
-  if (cuda && tr->mesh.tp > 1) { /* the model's tp all-reduces are on device buffers: NCCL */
-    DT_TRY(nccl_over(tr, tr->mesh.tp_comm, &tr->dev_tp_comm));
+  if (cuda && tr->mesh.tp > 1) { /* the model's tp all-reduces are on device buffers */
+    DT_TRY(device_comm_over(tr, tr->mesh.tp_comm, &tr->dev_tp_comm));
     tr->model.tp_comm = tr->dev_tp_comm;
   }
   if (tr->mesh.pp > 1) { /* transfers, and the first + last stage group of the tied embedding */
@@ -138,9 +140,9 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
     if (dt_comm_mpi_handle(tr->tied_comm, &th) == DT_OK) MPI_Comm_set_name(th, "tied");
     tr->pipe = (dt_pipe_t){.comm = c};
     size_t bytes = sizeof(float) * (size_t)tr->B * tr->T * tr->lay.d.C;
-    if (cuda) { /* device buffers sent over NCCL on the compute stream; the tied wte's sum too */
-      DT_TRY(nccl_over(tr, c, &tr->dev_pp_comm));
-      if (s == 0 || s == pp - 1) DT_TRY(nccl_over(tr, tr->tied_comm, &tr->dev_tied_comm));
+    if (cuda) { /* device buffers sent on the compute stream (NCCL or staged MPI); the tied sum too */
+      DT_TRY(device_comm_over(tr, c, &tr->dev_pp_comm));
+      if (s == 0 || s == pp - 1) DT_TRY(device_comm_over(tr, tr->tied_comm, &tr->dev_tied_comm));
       tr->pipe = (dt_pipe_t){.comm = tr->dev_pp_comm, .stream = tr->be.stream};
       DT_TRY(tr->be.k->alloc(&tr->be, (void **)&tr->pp_send, bytes));
       DT_TRY(tr->be.k->alloc(&tr->be, (void **)&tr->pp_recv, bytes));
@@ -179,8 +181,8 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
   tr->resumed_step = -1;
   DT_TRY(dt_trainer_load_weights(tr)); /* from a checkpoint, or initial weights (train_ckpt.c) */
   dt_comm_t *grad_comm = tr->mesh.dp_comm, *tied = NULL;
-  if (tr->be.comm_stream && tr->mesh.dp > 1) { /* device gradients: NCCL over the dp group */
-    DT_TRY(nccl_over(tr, tr->mesh.dp_comm, &tr->dev_dp_comm));
+  if (tr->be.comm_stream && tr->mesh.dp > 1) { /* device gradients: NCCL (or staged MPI) over dp */
+    DT_TRY(device_comm_over(tr, tr->mesh.dp_comm, &tr->dev_dp_comm));
     grad_comm = tr->dev_dp_comm;
   }
   if (tr->mesh.pp > 1 && (tr->mesh.pp_idx == 0 || tr->mesh.pp_idx == tr->mesh.pp - 1)) /* device grads: NCCL */

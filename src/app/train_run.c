@@ -38,6 +38,17 @@ static void print_header(dt_trainer_t *tr) {
           (unsigned long long)dt_data_num_samples(tr->train));
   fprintf(o, "# backend: %s, %d threads per rank, matmul: %s\n", tr->be.ops->name, tr->mesh.threads,
           tr->be.ops->engine(&tr->be));
+  if (!tr->be.ops->host_memory && tr->mesh.size > 1) {
+    int aware = dt_mpi_cuda_aware();
+    if (!strcmp(tr->cfg.device_comm, "mpi"))
+      fprintf(o, "# device communication: MPI, each call staged through pinned host memory (system.device_comm = mpi; "
+              "MPI reports CUDA-aware: %s)\n", aware > 0 ? "yes, unused" : aware == 0 ? "no" : "cannot say");
+    else
+      fprintf(o, "# device communication: NCCL on the GPUs' streams (system.device_comm = nccl)\n");
+  }
+  if (strcmp(tr->cfg.device_comm, "nccl") && tr->be.ops->host_memory)
+    fprintf(o, "# note: system.device_comm = %s has no effect on the %s backend (its buffers go over MPI as they are)\n",
+            tr->cfg.device_comm, tr->be.ops->name);
   if (tr->cfg.tf32 && tr->be.ops->host_memory)
     fprintf(o, "# note: system.tf32 = true has no effect on the %s backend (fp32 matmuls)\n", tr->be.ops->name);
   if (tr->be.precision != DT_PREC_FP32)

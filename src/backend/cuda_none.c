@@ -24,6 +24,14 @@ dt_status_t dt_comm_nccl_unique_id(const void *mpi_comm, unsigned char id[DT_NCC
   return DT_ERR(DT_ERR_UNSUPPORTED, "NCCL: this dtrain is built without CUDA");
 }
 
+dt_status_t dt_comm_staged_create(const void *mpi_comm, dt_comm_t **out) {
+  (void)mpi_comm;
+  *out = NULL;
+  return DT_ERR(DT_ERR_UNSUPPORTED, "device communication over MPI: this dtrain is built without CUDA");
+}
+
+int dt_mpi_cuda_aware(void) { return -1; }
+
 dt_status_t dt_comm_nccl_create(const void *mpi_comm, int device, double timeout_s, dt_comm_t **out) {
   (void)mpi_comm;
   (void)device;

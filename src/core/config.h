@@ -44,6 +44,7 @@ typedef struct {
   int threads;       /* OpenMP threads per rank; 0 = SLURM_CPUS_PER_TASK or OpenMP's default */
   int recompute;     /* train.recompute: activations recomputed in backward */
   int tf32;          /* system.tf32: CUDA fp32 matmuls on TF32 tensor cores */
+  char device_comm[DT_NAME_MAX]; /* system.device_comm: nccl | mpi (device buffers over MPI, host-staged) */
   char precision[DT_NAME_MAX]; /* fp32 | bf16 | fp16 (precision.h) */
   double loss_scale_init;      /* fp16: initial dynamic loss scale (a power of two) */
   int loss_scale_window;       /* fp16: grow the scale after this many consecutive unskipped steps */

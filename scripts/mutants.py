@@ -69,11 +69,12 @@ T_DATAU = ("crit", "tests/test_data", ["tests/test_data"])
 T_REFCNN = ("sh", "tests/ref_cnn.sh", ["tests/cnn_dump", "tests/cnn_model_dump"])
 T_IMAGES = ("sh", "tests/images.sh", ["tests/images_dump"])
 T_CNNTRAIN = ("sh", "tests/cnn_train.sh", ["dtrain"])
+T_EMUMP = ("sh", "tests/emu_mp.sh", ["dtrain", "dtrain_emu"])  # ZeRO's device paths (the CUDA backend, emulated)
 MODULES = {
     "model": (["src/model/model.c"], [T_MODEL, T_PIPE, T_TRAINER, T_TPEQ, T_PPEQ]),
     "optimizer": (["src/model/optim.c"], [T_OPTIM, T_TRAINER]),
     "ddp": (["src/parallel/ddp.c"], [T_DDPU, T_DDP, T_TRAINER]),
-    "zero": (["src/parallel/zero.c"], [T_ZERO, T_ZMPI, T_ZEQ]),
+    "zero": (["src/parallel/zero.c"], [T_ZERO, T_ZMPI, T_ZEQ, T_EMUMP]),
     "pipeline": (["src/parallel/pipeline.c"], [T_PIPE, T_PPEQ]),
     "precision": (["src/core/precision.c"], [T_PREC, T_SCALER, T_PTRAIN]),
     "checkpoint": (["src/ckpt/ckpt.c", "src/ckpt/ckpt_write.c", "src/ckpt/ckpt_own.c", "src/ckpt/ckpt_read.c", "src/ckpt/ckpt_meta.c",

@@ -1,6 +1,6 @@
 /* ZeRO shard arithmetic (zero.h): dp equal shards of whole 16-float units that tile the padded
- * arena exactly, the padding less than one unit per rank; and a failed block gather reaches the
- * layer hook's caller. The collectives themselves: tests/test_zero_mpi.c. */
+ * arena exactly, the padding less than one unit per rank; the staging pieces a bucket's size, capped
+ * by the shard; a failed block gather reaches the layer hook's caller. The collectives themselves: tests/test_zero_mpi.c. */
 #include <criterion/criterion.h>
 #include <stdlib.h>
 
@@ -57,5 +57,27 @@ Test(zero, a_failed_block_gather_is_the_hooks_result) {
   cr_assert_eq(dt_zero3_hook(&z, 0, DT_HOOK_FWD), DT_ERR_MPI, "the failed wait is returned");
   cr_assert_eq(waited, 2, "both owners' broadcasts completed");
   dt_zero_free(&z);
+  cr_assert(z.req == NULL && z.nreq == 0);
+  dt_zero_free(&z); /* a second free: nothing left to free or wait for */
   free(params);
+}
+
+/* Stages 1-2 on host arenas move each shard in rounds of piece = bucket_bytes / 4 / dp floats per
+ * rank (at least 1, at most the shard) through a dp * piece staging buffer; freeing twice is safe. */
+Test(zero, staging_pieces_are_bucket_sized) {
+  const dt_comm_ops_t ops = {.name = "fake"};
+  dt_comm_t c = {.ops = &ops, .size = 2, .rank = 1};
+  const struct { size_t bucket, piece; } cases[] = {{1024, 128}, {1, 1}, {8, 1}, {16, 2}, {1 << 20, 2048}, {16384, 2048}};
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    dt_zero_t z;
+    cr_assert_eq(dt_zero_init(&z, 1, &c, 1, 4096, cases[i].bucket), DT_OK);
+    cr_assert_eq(z.shard, 2048);
+    cr_assert_eq(z.lo, 2048, "rank 1's shard starts at the middle");
+    cr_assert_eq(z.piece, cases[i].piece, "bucket %zu bytes: piece %zu floats, want %zu", cases[i].bucket, z.piece,
+                 cases[i].piece);
+    cr_assert_not_null(z.stage_buf);
+    dt_zero_free(&z);
+    cr_assert_null(z.stage_buf);
+    dt_zero_free(&z); /* a second free: nothing left to free */
+  }
 }

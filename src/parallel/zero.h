@@ -54,6 +54,7 @@ void dt_zero_split(size_t n, int dp, int idx, size_t align, size_t *padded, size
  * reduce-scatter and all-gather of a whole 0.5 GB arena allocate temporaries of the arena's size
  * (measured at 124M, dp=4: +950 MiB peak RSS), which would cancel what sharding saves. */
 dt_status_t dt_zero_init(dt_zero_t *z, int stage, dt_comm_t *dp_comm, int dp_idx, size_t n, size_t bucket_bytes);
+/* Waits for a prefetch still in flight and frees; a second call does nothing (everything is NULL then). */
 void dt_zero_free(dt_zero_t *z);
 /* Stage 2: reduce gradient bucket [lo, hi) to the owners of its parts (blocking; every rank
  * calls it for the same buckets in the same order), then drop the bucket's pages outside this

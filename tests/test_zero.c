@@ -81,3 +81,47 @@ Test(zero, staging_pieces_are_bucket_sized) {
     dt_zero_free(&z); /* a second free: nothing left to free */
   }
 }
+
+/* ZeRO-3's prefetch: each block's hook brings that block (if not prefetched) and starts the next
+ * block of the pass, never past the last block forward or before the first backward (the
+ * embeddings and ln_f are pinned, gathered once outside the hooks). A fake 2-rank communicator
+ * records every broadcast: offset in the arena, count, root. */
+static struct { size_t off, n; int root; } bc[16];
+static int n_bc;
+static float *bc_base;
+static dt_status_t r_bcast(dt_comm_t *c, void *buf, size_t n, dt_dtype_t t, int root, void *st, dt_comm_req_t **r) {
+  (void)c, (void)t, (void)st;
+  if (n_bc < 16) bc[n_bc].off = (size_t)((float *)buf - bc_base), bc[n_bc].n = n, bc[n_bc].root = root;
+  n_bc++;
+  if (r) reqs[root].root = 0, *r = &reqs[root];
+  return DT_OK;
+}
+static dt_status_t r_wait(dt_comm_t *c, dt_comm_req_t *r) {
+  (void)c, (void)r;
+  return DT_OK;
+}
+
+Test(zero, zero3_prefetches_the_next_block_of_the_pass_only) {
+  const dt_comm_ops_t ops = {.name = "fake", .broadcast = r_bcast, .wait = r_wait};
+  dt_comm_t c = {.ops = &ops, .size = 2, .rank = 0};
+  dt_zero_t z;
+  cr_assert_eq(dt_zero_init(&z, 3, &c, 0, 64, 1 << 20), DT_OK);
+  bc_base = calloc(64, sizeof(float));
+  /* L = 2: embeddings [0, 8), block 0 [8, 24), block 1 [24, 40) across the shards [0, 32) and [32, 64), ln_f [40, 64) */
+  const size_t grp[] = {0, 8, 24, 40, 64};
+  cr_assert_eq(dt_zero3_attach(&z, bc_base, grp, 2), DT_OK);
+  cr_assert_eq(dt_zero3_hook(&z, 0, DT_HOOK_FWD), DT_OK); /* block 0 now, block 1 prefetched */
+  cr_assert_eq(dt_zero3_hook(&z, 1, DT_HOOK_FWD), DT_OK); /* nothing after the last block */
+  cr_assert_eq(dt_zero3_hook(&z, 1, DT_HOOK_BWD), DT_OK); /* block 1 again (released after forward), block 0 next */
+  cr_assert_eq(dt_zero3_hook(&z, 0, DT_HOOK_BWD), DT_OK); /* nothing before the first block */
+  const struct { size_t off, n; int root; } want[] = {{8, 16, 0}, {24, 8, 0}, {32, 8, 1},
+                                                     {24, 8, 0}, {32, 8, 1}, {8, 16, 0}};
+  const int nw = (int)(sizeof want / sizeof want[0]);
+  cr_assert_eq(n_bc, nw, "%d broadcasts, want %d", n_bc, nw);
+  for (int i = 0; i < nw; i++)
+    cr_assert(bc[i].off == want[i].off && bc[i].n == want[i].n && bc[i].root == want[i].root,
+              "broadcast %d: [%zu, +%zu) from rank %d, want [%zu, +%zu) from rank %d", i, bc[i].off, bc[i].n, bc[i].root,
+              want[i].off, want[i].n, want[i].root);
+  dt_zero_free(&z);
+  free(bc_base);
+}

@@ -64,6 +64,10 @@ static void stage1(dt_comm_t *w, size_t n, size_t piece_floats) {
   int bad = 0;
   for (size_t i = z.lo; i < z.hi; i++) bad += g[i] != mean(p, i);
   CHECK(!bad, "piece %zu: %d elements of the shard are not the mean over ranks", piece_floats, bad);
+  bad = 0; /* the host path moves the shard in rounds and writes nothing else (the device path's in-place
+             * collective may use the other blocks as its scratch) */
+  for (size_t i = 0; i < n && !g_dev; i++) bad += (i < z.lo || i >= z.hi) && g[i] != val(me, i);
+  CHECK(!bad, "piece %zu: %d gradients outside the shard changed (a round past the shard's end)", piece_floats, bad);
   CHECK(dt_zero_gather_params(&z, x) == DT_OK, "gather_params");
   bad = 0;
   for (size_t i = 0; i < n; i++) bad += x[i] != 1000.0f * (float)(i / z.shard) + (float)i;

@@ -80,6 +80,8 @@ Test(zero, staging_pieces_are_bucket_sized) {
     cr_assert_null(z.stage_buf);
     dt_zero_free(&z); /* a second free: nothing left to free */
   }
+  dt_zero_t z;
+  cr_assert_eq(dt_zero_init(&z, 4, &c, 1, 4096, 1024), DT_ERR_UNSUPPORTED, "there is no ZeRO stage 4");
 }
 
 /* ZeRO-3's prefetch: each block's hook brings that block (if not prefetched) and starts the next

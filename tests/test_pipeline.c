@@ -140,12 +140,19 @@ Test(pipeline, compute_balance) {
   dt_pp_split(12, 2, e, b, h, bl);
   cr_assert(bl[0] == 9 && bl[1] == 3, "%d %d", bl[0], bl[1]);
   cr_assert_eq(dt_pp_weights(d, 1, DT_PP_BALANCE_PARAMS, &e, &b, &h), DT_OK);
+  /* by parameters: wte + wpe, a block's 12 C^2 + 13 C, ln_f + the lm_head's wte (C = 768: no padding) */
+  cr_assert_float_eq(e, (50304.0 + 128) * 768, 0.5);
+  cr_assert_float_eq(b, 12.0 * 768 * 768 + 13.0 * 768, 0.5);
+  cr_assert_float_eq(h, 2.0 * 768 + 50304.0 * 768, 0.5);
   dt_pp_split(12, 2, e, b, h, bl);
   cr_assert(bl[0] == 6 && bl[1] == 6, "%d %d", bl[0], bl[1]);
   dt_layout_t lay;
   cr_assert_eq(dt_layout_init_mp(&lay, d, 1, 0, 2, 1, DT_PP_BALANCE_COMPUTE), DT_OK);
   cr_assert(lay.l0 == 9 && lay.l1 == 12, "stage 1 holds blocks [%d, %d)", lay.l0, lay.l1);
   dt_layout_free(&lay);
+  /* a mesh the layout cannot have */
+  cr_assert_eq(dt_layout_init_mp(&lay, d, 0, 0, 1, 0, DT_PP_BALANCE_PARAMS), DT_ERR_CONFIG, "tp = 0");
+  cr_assert_eq(dt_layout_init_mp(&lay, d, 2, 2, 1, 0, DT_PP_BALANCE_PARAMS), DT_ERR_CONFIG, "tp rank 2 of 2");
 }
 
 /* A stage's layout: the global tensor table with other stages' tensors absent (no arena space),

@@ -306,6 +306,19 @@ Test(model, tp_layout) {
   cr_expect_eq(dt_layout_init_tp(&a, (dt_dims_t){.L = 1, .NH = 3, .C = 96, .V = 97, .Vp = 128, .T = 8}, 3, 0),
                DT_ERR_CONFIG);
   cr_expect(strstr(dt_err_msg(), "parallel.tp: 3 does not divide the padded vocab 128"), "%s", dt_err_msg());
+  /* every dimension must be at least 1 (no layers: refused as a pipeline with nothing to hold) */
+  const dt_dims_t ok = {.L = 1, .NH = 2, .C = 8, .V = 10, .Vp = 16, .T = 4};
+  for (int k = 0; k < 5; k++) {
+    dt_dims_t d = ok;
+    int *f[5] = {&d.L, &d.NH, &d.C, &d.V, &d.T};
+    *f[k] = 0;
+    dt_err_clear();
+    cr_expect_eq(dt_layout_init_tp(&a, d, 1, 0), DT_ERR_CONFIG, "dimension %d = 0", k);
+    const char *want = k == 0 ? "model.n_layer = 0" : "dimensions must be positive";
+    cr_expect(strstr(dt_err_msg(), want), "dimension %d = 0: %s", k, dt_err_msg());
+  }
+  cr_assert_eq(dt_layout_init_tp(&a, ok, 1, 0), DT_OK);
+  dt_layout_free(&a);
 }
 
 Test(model, dims_and_flops) {

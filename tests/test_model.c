@@ -195,6 +195,9 @@ static void check_layout(dt_dims_t d) {
   cr_assert(t && t == &lay.tensors[lay.n_tensors - 1] && t->layer == L && t->ndim == 1 && !t->decay);
   cr_expect_null(dt_layout_find(&lay, "h.0.attn.bias"));
   cr_expect_null(dt_layout_block(&lay, L, 0));
+  cr_expect_null(dt_layout_block(&lay, -1, 0));
+  cr_expect_null(dt_layout_block(&lay, 0, -1));
+  cr_expect_null(dt_layout_block(&lay, 0, DT_BLOCK_TENSORS));
   /* groups tile [0, n_params) and each group holds exactly its tensors */
   cr_expect_eq(lay.layer_begin[0], 0);
   cr_expect_eq(lay.layer_begin[L + 2], lay.n_params);

@@ -39,6 +39,8 @@ Test(pipeline, schedule_is_1f1b) {
       }
   dt_pp_op_t ops[4];
   cr_assert_eq(dt_pp_schedule(2, 2, 2, ops), 0, "a stage outside the pipeline");
+  cr_assert_eq(dt_pp_schedule(-1, 2, 2, ops), 0, "a negative stage");
+  cr_assert_eq(dt_pp_schedule(0, 0, 2, ops), 0, "no stages");
   cr_assert_eq(dt_pp_schedule(0, 2, 0, ops), 0, "no micro-batches");
 }
 

@@ -50,6 +50,8 @@ Test(pipeline, equal_stages_give_the_textbook_bubble) {
   for (int pp = 1; pp <= 8; pp++)
     for (int m = 1; m <= 16; m++) {
       double tf[8], tb[8], busy[8];
+      for (int s = 0; s < pp; s++) tf[s] = 1e-3, tb[s] = 2e-3; /* seconds, as the planner gives them */
+      cr_assert_float_eq(dt_pp_simulate(pp, m, tf, tb, NULL), (m + pp - 1) * 3e-3, 1e-12, "pp=%d m=%d", pp, m);
       for (int s = 0; s < pp; s++) tf[s] = 1.0, tb[s] = 2.0;
       double T = dt_pp_simulate(pp, m, tf, tb, busy);
       cr_assert(T > 0, "pp=%d m=%d: deadlock", pp, m);

@@ -278,6 +278,27 @@ Test(pipeline, transfers_defer_and_pair_sends) {
   cr_assert_geq(p.t_wait, 0);
 }
 
+/* A paired send + receive whose group fails at its end (a peer gone): the receive returns that
+ * failure and drops the deferred send, it does not report success on a buffer never filled. */
+static dt_status_t p_end_fails(dt_comm_t *c) {
+  (void)c;
+  note(")");
+  return DT_ERR(DT_ERR_MPI, "fake: group_end failed");
+}
+
+Test(pipeline, a_failed_group_is_the_receives_result) {
+  const dt_comm_ops_t ops = {.name = "log", .send = p_send, .recv = p_recv, .group_start = p_start,
+                             .group_end = p_end_fails};
+  dt_comm_t c = {.ops = &ops, .size = 3, .rank = 1};
+  dt_pipe_t p = {.comm = &c};
+  float a[4] = {1}, in[4];
+  plen = 0, plog[0] = 0;
+  cr_assert_eq(dt_pipe_send(&p, a, 4, 2), DT_OK);
+  cr_assert_eq(dt_pipe_recv(&p, in, 4, 0), DT_ERR_MPI);
+  cr_assert_str_eq(plog, "( send1:4@2 recv:4@0 ) ", "%s", plog);
+  cr_assert_null(p.send_buf, "the failed group's send is not sent again");
+}
+
 /* The simulation frees everything it allocates: glibc's count of bytes in use grows by less
  * than 16 bytes per call over 10000 calls (the smallest block it allocates takes 32; the
  * test harness itself moves the count by a few KB). */

@@ -263,6 +263,10 @@ static void check_tp_layout(dt_dims_t d, int tp) {
     for (int i = 0; i < lay.n_tensors; i++) { /* every global element: owned here? same value as tp = 1 */
       const dt_tensor_t *t = &lay.tensors[i], *g = &full.tensors[i];
       cr_assert_eq(t->offset % DT_ALIGN, 0);
+      /* an index outside the global shape belongs to no rank */
+      cr_assert(dt_tensor_local_index(t, -1, 0) < 0 && dt_tensor_local_index(t, t->grows, 0) < 0 &&
+                    dt_tensor_local_index(t, 0, -1) < 0 && dt_tensor_local_index(t, 0, t->gcols) < 0,
+                "%s: an index outside its global shape was found", t->name);
       for (int gr = 0; gr < t->grows; gr++)
         for (int gc = 0; gc < t->gcols; gc++) {
           long li = dt_tensor_local_index(t, gr, gc);

@@ -185,7 +185,7 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
     DT_TRY(device_comm_over(tr, tr->mesh.dp_comm, &tr->dev_dp_comm));
     grad_comm = tr->dev_dp_comm;
   }
-  if (tr->mesh.pp > 1 && (tr->mesh.pp_idx == 0 || tr->mesh.pp_idx == tr->mesh.pp - 1)) /* device grads: NCCL */
+  if (tr->mesh.pp > 1 && (tr->mesh.pp_idx == 0 || tr->mesh.pp_idx == tr->mesh.pp - 1)) /* the device one if any */
     tied = tr->dev_tied_comm ? tr->dev_tied_comm : tr->tied_comm;
   DT_TRY(dt_sync_start(&tr->sync, grad_comm, tied));
   tr->straggler_t = malloc(sizeof(double) * 2 * (size_t)tr->mesh.size);

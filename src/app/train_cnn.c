@@ -8,7 +8,6 @@
 #include "train_cnn.h"
 
 #include <math.h>
-#include <omp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -110,10 +109,7 @@ dt_status_t dt_cnn_trainer_init(dt_cnn_trainer_t *tr, const dt_config_t *cfg, co
   tr->cfg_name = cfg_name;
   dt_mesh_opts_t mo = {.cuda = 0, .runtime_devices = -1, .threads = cfg->threads, .dp = cfg->dp, .tp = 1, .pp = 1,
                        .args = cfg_name};
-  DT_TRY(dt_mesh_init(&tr->mesh, &mo));
-  /* the rank's threads for every OpenMP region, our sgemm's split included (as the cpu backend's
-   * init does): left at OpenMP's default, 2 ranks x 1 thread on 2 cores ran 2 x 2 threads, 3.3x slower */
-  omp_set_num_threads(tr->mesh.threads);
+  DT_TRY(dt_mesh_init(&tr->mesh, &mo)); /* also sets the rank's OpenMP threads (our sgemm's split included) */
   DT_TRY(dt_gemm_init()); /* DT_GEMM=auto|own|blas, a bad value reported now */
   int dp = 0;
   DT_TRY(dt_train_batch_plan(cfg, cfg_name, tr->mesh.size, &dp, &tr->accum));

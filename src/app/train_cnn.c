@@ -76,6 +76,41 @@ static double flops_per_image(const dt_cnn_t *m) {
   return 3 * f;
 }
 
+/* tr->arena: ck's tensors with one group per tensor (d.L = n_tensors - 2, as a layout has d.L + 2
+ * groups) and d.T = 1 (the backend's micro-batch bound; the images have no sequence). */
+static dt_status_t arena_layout(dt_cnn_trainer_t *tr) {
+  const dt_layout_t *c = &tr->ck;
+  dt_layout_t *a = &tr->arena;
+  const int n = c->n_tensors;
+  if (n < 2) return DT_ERR(DT_ERR_INTERNAL, "model: %d parameter tensors (at least 2 expected)", n);
+  *a = *c;
+  a->tensors = malloc(sizeof *a->tensors * (size_t)n);
+  a->layer_begin = malloc(sizeof *a->layer_begin * (size_t)(n + 1));
+  if (!a->tensors || !a->layer_begin) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
+  memcpy(a->tensors, c->tensors, sizeof *a->tensors * (size_t)n);
+  for (int t = 0; t < n; t++) a->layer_begin[t] = t ? c->tensors[t].offset : 0;
+  a->layer_begin[n] = c->n_params;
+  a->d.L = n - 2;
+  a->d.T = 1;
+  return DT_OK;
+}
+
+/* The arenas (the CPU backend's) and the sync strategy over them: parallel.zero over the dp group
+ * (ZeRO pads the arena's end to dp equal shards and keeps m, v of this rank's shard). */
+static dt_status_t init_arenas(dt_cnn_trainer_t *tr) {
+  const dt_config_t *c = &tr->cfg;
+  DT_TRY(arena_layout(tr));
+  DT_TRY(dt_sync_init(&tr->sync, c->zero, tr->mesh.dp_comm, tr->mesh.dp, tr->mesh.dp_idx, tr->accum, &tr->arena,
+                      &tr->be, (size_t)c->bucket_mb << 20));
+  tr->sync.probe_every = c->ddp_probe;
+  if (tr->sync.ops->optim_sharded)
+    DT_TRY(dt_ckpt_ranges_add_flat(&tr->zero_optim, &tr->ck, tr->be.opt_lo, tr->be.opt_hi));
+  DT_TRY(dt_backend_cpu.init(&tr->be, &tr->arena, 1, 1, tr->mesh.threads));
+  tr->params = tr->be.params;
+  tr->bufs = tr->params + tr->model.lay.n_params;
+  return DT_OK;
+}
+
 static dt_status_t init_model(dt_cnn_trainer_t *tr) {
   const dt_config_t *c = &tr->cfg;
   dt_cnn_config_t mc = {.C = tr->train.C, .H = tr->train.H, .W = tr->train.W, .classes = c->classes,
@@ -90,14 +125,10 @@ static dt_status_t init_model(dt_cnn_trainer_t *tr) {
     tr->model.sync_ranks = tr->mesh.dp;
   }
   DT_TRY(dt_cnn_trainer_ckpt_layout(tr));
-  const size_t n = tr->model.lay.n_params, all = tr->ck.n_params;
-  tr->params = calloc(all, sizeof(float)), tr->grads = calloc(n, sizeof(float));
-  tr->m = calloc(all, sizeof(float)), tr->v = calloc(all, sizeof(float));
-  tr->bufs = tr->params ? tr->params + n : NULL;
+  DT_TRY(init_arenas(tr));
   tr->x = malloc(sizeof(float) * (size_t)tr->B * mc.C * mc.H * mc.W);
   tr->y = malloc(sizeof(int) * (size_t)tr->B);
-  if (!tr->params || !tr->grads || !tr->m || !tr->v || !tr->x || !tr->y)
-    return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory for %zu parameters", tr->mesh.rank, n);
+  if (!tr->x || !tr->y) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   dt_cnn_init_params(&tr->model, tr->params, tr->bufs, tr->cfg.seed); /* the same on every rank */
   tr->flops_per_image = flops_per_image(&tr->model);
   return DT_OK;
@@ -119,17 +150,24 @@ dt_status_t dt_cnn_trainer_init(dt_cnn_trainer_t *tr, const dt_config_t *cfg, co
   DT_TRY(open_data(tr));
   DT_TRY(init_model(tr));
   DT_TRY(dt_cnn_trainer_resume(tr));
+  tr->first_step = tr->step;
+  DT_TRY(dt_sync_start(&tr->sync, tr->mesh.dp_comm, NULL)); /* DDP's buckets over the gradient arena */
   if (is_root(tr) || strstr(cfg->metrics, "{rank}")) DT_TRY(dt_metrics_open_rank(&tr->metrics, cfg->metrics, tr->mesh.rank));
   tr->metrics.images = 1;
   return DT_OK;
 }
 
-/* Every parameter: SGD (torch.optim.SGD) or AdamW (torch.optim.AdamW), the gradient scaled by the
- * clipping factor first. */
+/* SGD (torch.optim.SGD) or AdamW (torch.optim.AdamW) on the parameters of the optimizer range
+ * (ZeRO: this rank's shard; never the batch norm statistics above the parameters), the gradient
+ * scaled by the clipping factor first; m, v hold the range (m[i - lo] for arena offset i). */
 static void update(dt_cnn_trainer_t *tr, double lr, float scale) {
   const dt_config_t *c = &tr->cfg;
-  const long n = (long)tr->model.lay.n_params;
-  float *p = tr->params, *g = tr->grads, *m = tr->m, *v = tr->v;
+  dt_backend_t *be = &tr->be;
+  const size_t lo = be->opt_hi > be->opt_lo ? be->opt_lo : 0, np = tr->model.lay.n_params;
+  size_t hi = lo + dt_backend_opt_floats(be);
+  if (hi > np) hi = np;
+  const long n = hi > lo ? (long)(hi - lo) : 0;
+  float *p = be->params + lo, *g = be->grads + lo, *m = be->m, *v = be->v;
   const float flr = (float)lr, wd = (float)c->weight_decay, mom = (float)c->momentum;
   const float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps;
   const float bc1 = 1.0f - powf(b1, (float)(tr->step + 1)), bc2 = 1.0f - powf(b2, (float)(tr->step + 1));
@@ -142,31 +180,44 @@ static void update(dt_cnn_trainer_t *tr, double lr, float scale) {
   }
 }
 
-dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
+/* The micro-batches of this rank's slice: forward (batch norm synchronised over dp), backward with
+ * the sync strategy's gradient-ready hook (DDP's buckets on the last one, ZeRO-2's on each). */
+static dt_status_t microsteps(dt_cnn_trainer_t *tr, uint64_t slice, double *loss) {
   dt_cnn_t *m = &tr->model;
-  const double t0 = dt_time_now(), lr = dt_lr_at(&tr->cfg, tr->step);
-  const uint64_t sample0 = tr->sample_pos, slice = sample0 + (uint64_t)tr->mesh.dp_idx * tr->accum * tr->B;
-  const size_t n = m->lay.n_params;
-  dt_wd_set_step(tr->step + 1);
-  memset(tr->grads, 0, n * sizeof(float));
-  double loss = 0;
+  dt_sync_t *sy = &tr->sync;
   for (int k = 0; k < tr->accum; k++) {
     dt_images_batch(&tr->train, slice + (uint64_t)k * tr->B, tr->B, tr->x, tr->y, NULL);
-    loss += dt_cnn_forward(m, tr->params, tr->bufs, tr->x, tr->y, 1, NULL) / tr->accum;
-    dt_cnn_backward(m, tr->params, tr->grads, 1.0f / ((float)tr->B * tr->accum));
+    *loss += dt_cnn_forward(m, tr->params, tr->bufs, tr->x, tr->y, 1, NULL) / tr->accum;
+    m->ready = sy->ops->backward_begin(sy, k, tr->accum);
+    m->ready_ctx = &sy->ddp;
+    dt_cnn_backward(m, tr->params, tr->be.grads, 1.0f / ((float)tr->B * tr->accum));
+    m->ready = NULL;
     DT_TRY(m->sync_err);
+    DT_TRY(sy->ops->backward_end(sy));
   }
-  dt_comm_t *dpc = tr->mesh.dp_comm;
-  if (tr->mesh.dp > 1) DT_TRY(dpc->ops->allreduce(dpc, tr->grads, tr->grads, n, DT_F32, DT_AVG, NULL, NULL));
-  double sumsq = 0;
-  for (size_t i = 0; i < n; i++) sumsq += (double)tr->grads[i] * tr->grads[i];
+  return DT_OK;
+}
+
+dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
+  dt_sync_t *sy = &tr->sync;
+  const double t0 = dt_time_now(), lr = dt_lr_at(&tr->cfg, tr->step);
+  const uint64_t sample0 = tr->sample_pos, slice = sample0 + (uint64_t)tr->mesh.dp_idx * tr->accum * tr->B;
+  dt_wd_set_step(tr->step + 1);
+  double loss = 0, sumsq = 0;
+  DT_TRY(sy->ops->begin_step(sy)); /* gradients zeroed */
+  DT_TRY(microsteps(tr, slice, &loss));
+  DT_TRY(sy->ops->after_backward(sy)); /* gradients final over dp (ZeRO: this rank's shard) */
+  DT_TRY(tr->be.ops->grad_sumsq(&tr->be, &sumsq));
+  DT_TRY(sy->ops->reduce_norm(sy, &sumsq));
   const double norm = sqrt(sumsq);
   if (!isfinite(norm))
     return DT_ERR(DT_ERR_NUMERIC, "rank %d: step %d: gradient norm is %g", tr->mesh.rank, tr->step + 1, norm);
   update(tr, lr, dt_clip_scale(norm, tr->cfg.grad_clip));
+  DT_TRY(sy->ops->after_update(sy, 0)); /* ZeRO: the parameters whole again */
   tr->step++;
   tr->sample_pos += (uint64_t)tr->global_batch;
   double dt = dt_time_now() - t0, tmax = dt;
+  dt_comm_t *dpc = tr->mesh.dp_comm;
   if (tr->mesh.size > 1) {
     DT_TRY(dpc->ops->allreduce(dpc, &loss, &loss, 1, DT_F64, DT_AVG, NULL, NULL));
     DT_TRY(tr->mesh.world->ops->allreduce(tr->mesh.world, &dt, &tmax, 1, DT_F64, DT_MAX, NULL, NULL));
@@ -208,6 +259,9 @@ static void print_header(void *t) {
          tr->model.lay.n_params_true * 1e-6, tr->model.bufs.n_params_true);
   printf("# batch: micro_batch=%d x grad_accum=%d x dp=%d = %d images per step%s\n", tr->B, tr->accum, tr->mesh.dp,
          tr->global_batch, tr->mesh.dp > 1 ? "; batch norm synchronised over dp" : "");
+  if (tr->mesh.dp > 1 || c->zero > 0)
+    printf("# gradients: %s over dp=%d (parallel.zero = %d), %d buckets of at most %d MiB during backward\n",
+           tr->sync.ops->name, tr->mesh.dp, c->zero, tr->sync.ddp.n_buckets, c->bucket_mb);
   printf("# data: %s: %d images (an epoch: %.1f steps); normalised by mean", tr->train.what, tr->train.n,
          (double)tr->train.n / tr->global_batch);
   for (int k = 0; k < tr->train.C; k++) printf(" %.4f", tr->train.mean[k]);
@@ -239,6 +293,7 @@ dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr) {
                      .step_fn = run_step, .eval_fn = tr->have_val ? run_eval : NULL, .save_fn = run_save,
                      .header_fn = print_header};
   DT_TRY(dt_run_loop(&L, &tr->stopped_by_signal));
+  if (is_root(tr)) tr->sync.ops->report(&tr->sync, tr->step - tr->first_step, stdout); /* communication hidden */
   if (tr->stopped_by_signal) return DT_OK;
   /* the final state is always saved, unless it is already on disk */
   if (tr->saved_step != tr->step && tr->resumed_step != tr->step) DT_TRY(dt_cnn_trainer_save(tr));
@@ -247,7 +302,11 @@ dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr) {
 
 void dt_cnn_trainer_free(dt_cnn_trainer_t *tr) {
   dt_metrics_close(&tr->metrics);
-  free(tr->params), free(tr->grads), free(tr->m), free(tr->v), free(tr->x), free(tr->y);
+  dt_sync_free(&tr->sync);
+  dt_ckpt_ranges_free(&tr->zero_optim);
+  if (tr->be.ops) tr->be.ops->free(&tr->be);
+  free(tr->x), free(tr->y);
+  dt_layout_free(&tr->arena);
   dt_layout_free(&tr->ck);
   dt_cnn_free(&tr->model);
   dt_images_close(&tr->train);

@@ -5,17 +5,23 @@
  * token trainer, so the set of images per step does not depend on dp), gradients are averaged
  * over the dp group, batch norm is synchronised over it (dp = N x B equals dp = 1 x N*B).
  * Evaluation: loss and top-1 accuracy over the whole validation set, batch norm's running
- * statistics. Checkpoints (train_cnn_ckpt.c): GPT-2's format and commit protocol, exact and
- * any-dp resume. Not yet (README, Status): CUDA, tp, pp, ZeRO, mixed precision. The seam that
- * joins this loop and GPT-2's into one trainer is docs/architecture.md's next step. */
+ * statistics. The parameters, their batch norm statistics, gradients and optimizer state are the
+ * CPU backend's arenas (backend.h) over one layout, and the gradients become final over dp through
+ * GPT-2's sync strategies (sync.h): DDP's buckets all-reduced during backward, ZeRO-1 and ZeRO-2.
+ * Checkpoints (train_cnn_ckpt.c): GPT-2's format and commit protocol, exact and any-layout resume.
+ * Not yet (README, Status): CUDA, tp, pp, ZeRO-3, mixed precision. The model-side seam that would
+ * join this loop and GPT-2's into one trainer is docs/architecture.md's next step. */
 #ifndef DT_TRAIN_CNN_H
 #define DT_TRAIN_CNN_H
 
+#include "backend.h"
+#include "ckpt.h"
 #include "cnn.h"
 #include "config.h"
 #include "images.h"
 #include "mesh.h"
 #include "metrics.h"
+#include "sync.h"
 
 typedef struct {
   dt_config_t cfg;
@@ -23,14 +29,19 @@ typedef struct {
   dt_mesh_t mesh;
   dt_cnn_t model;
   dt_layout_t ck;     /* checkpoints: the parameters' tensors, then the running statistics' */
-  /* params and bufs are one block of ck.n_params floats (bufs = params + lay.n_params), as are
-   * m (SGD's momentum buffer or AdamW's first moment) and v (AdamW's second) */
-  float *params, *grads, *m, *v, *bufs;
+  dt_layout_t arena;  /* the same tensors for the backend and the sync strategy: one group per
+                         tensor (DDP's buckets are unions of groups), ZeRO's padding at the end */
+  dt_backend_t be;    /* the CPU backend's arenas over `arena`: params (then bufs), grads, and the
+                         optimizer state m (SGD's momentum buffer or AdamW's first moment), v
+                         (AdamW's second) of the optimizer range (ZeRO: this rank's shard) */
+  dt_sync_t sync;     /* local, ddp, zero1 or zero2 (parallel.zero) */
+  dt_ckpt_ranges_t zero_optim; /* ZeRO: the boxes of m, v in checkpoints */
+  float *params, *bufs; /* be.params; bufs = params + model.lay.n_params */
   dt_images_t train, val;
   int have_val;
   float *x;           /* (B, C, H, W) */
   int *y;             /* (B) */
-  int B, accum, global_batch, step;
+  int B, accum, global_batch, step, first_step;
   uint64_t sample_pos;
   double flops_per_image; /* forward + backward, convolutions and linear layers */
   dt_metrics_t metrics;

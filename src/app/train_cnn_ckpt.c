@@ -4,7 +4,8 @@
  * weights (OC, C, KH, KW)); /optim/m is SGD's momentum buffer or AdamW's first moment, /optim/v AdamW's
  * second (zeros for SGD), both 0 for the statistics. The data position is the next global sample
  * index and the crops and flips are drawn from (seed, index), so a resume continues bitwise, on
- * any number of dp ranks (every rank holds everything: full arenas). */
+ * any number of dp ranks and ZeRO stage (every rank holds all parameters; with ZeRO m and v are
+ * this rank's shard of the arena, written and read as its boxes, tr->zero_optim). */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,8 +37,15 @@ dt_status_t dt_cnn_trainer_ckpt_layout(dt_cnn_trainer_t *tr) {
 
 static dt_status_t world_of(dt_cnn_trainer_t *tr, MPI_Comm *w) { return dt_comm_mpi_handle(tr->mesh.world, w); }
 
+/* The backend's arenas as checkpoint buffers: m, v the optimizer range's boxes under ZeRO. */
+static dt_ckpt_arenas_t arenas(dt_cnn_trainer_t *tr) {
+  dt_ckpt_arenas_t a = dt_ckpt_arenas_full(tr->be.params, tr->be.m, tr->be.v);
+  if (tr->sync.ops->optim_sharded) a.optim = tr->zero_optim;
+  return a;
+}
+
 dt_status_t dt_cnn_trainer_save(dt_cnn_trainer_t *tr) {
-  dt_ckpt_arenas_t a = dt_ckpt_arenas_full(tr->params, tr->m, tr->v);
+  dt_ckpt_arenas_t a = arenas(tr);
   char *ini = dt_config_to_string(&tr->cfg), path[DT_PATH_MAX];
   dt_ckpt_state_t st = {.step = tr->step, .data_pos = (int64_t)tr->sample_pos,
                         .epoch = (int64_t)(tr->sample_pos / (uint64_t)tr->train.n), .seed = tr->cfg.seed,
@@ -58,7 +66,7 @@ dt_status_t dt_cnn_trainer_save(dt_cnn_trainer_t *tr) {
 dt_status_t dt_cnn_trainer_resume(dt_cnn_trainer_t *tr) {
   const char *r = tr->cfg.resume;
   if (!strcmp(r, "never")) return DT_OK;
-  dt_ckpt_arenas_t a = dt_ckpt_arenas_full(tr->params, tr->m, tr->v);
+  dt_ckpt_arenas_t a = arenas(tr);
   dt_ckpt_state_t st;
   memset(&st, 0, sizeof st);
   char path[DT_PATH_MAX] = "";

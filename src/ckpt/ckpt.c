@@ -507,13 +507,34 @@ fshape_t dt_ckpt__fshape(const dt_layout_t *lay, const dt_tensor_t *t) {
   return f;
 }
 
-/* Select file box b (in the (FR, FC) view) in space sp, SET or OR. A 4-D tensor's box must be
- * whole rows (fshape_t); anything else fails. */
+/* Flat columns [c0, c1) of row r of a 4-D (OC, C, KH, KW) dataset (a ZeRO shard's bound inside a
+ * convolution's filter): the hyperslabs of a partial kernel row, whole kernel rows of a channel,
+ * whole channels, ..., in file order; the first with *op, the others OR. */
+static herr_t select_flat4(hid_t sp, const fshape_t *f, hsize_t r, hsize_t c0, hsize_t c1, H5S_seloper_t *op) {
+  const hsize_t KH = f->dims[2], KW = f->dims[3], K2 = KH * KW;
+  while (c0 < c1) {
+    const hsize_t left = c1 - c0, kh = c0 % K2 / KW, kw = c0 % KW;
+    hsize_t start[4] = {r, c0 / K2, kh, kw}, count[4] = {1, 1, 1, 1};
+    if (kw != 0 || left < KW) count[3] = KW - kw < left ? KW - kw : left;                  /* in a kernel row */
+    else if (kh != 0 || left < K2) count[2] = KH - kh < left / KW ? KH - kh : left / KW, count[3] = KW; /* rows */
+    else count[1] = left / K2, count[2] = KH, count[3] = KW;                                /* channels */
+    if (H5Sselect_hyperslab(sp, *op, start, NULL, count, NULL) < 0) return -1;
+    *op = H5S_SELECT_OR;
+    c0 += count[1] * count[2] * count[3];
+  }
+  return 0;
+}
+
+/* Select file box b (in the (FR, FC) view) in space sp, SET or OR. */
 herr_t dt_ckpt__select_box(hid_t sp, const fshape_t *f, const fbox_t *b, H5S_seloper_t op) {
   hsize_t start[4] = {b->r0, b->c0, 0, 0}, count[4] = {b->r1 - b->r0, b->c1 - b->c0, 1, 1};
   if (f->ndim == 1) start[0] = b->c0, count[0] = b->c1 - b->c0;
+  if (f->ndim == 4 && (b->c0 != 0 || b->c1 != f->FC)) { /* part of a row: its pieces, row by row */
+    for (hsize_t r = b->r0; r < b->r1; r++)
+      if (select_flat4(sp, f, r, b->c0, b->c1, &op) < 0) return -1;
+    return 0;
+  }
   if (f->ndim == 4) {
-    if (b->c0 != 0 || b->c1 != f->FC) return -1;
     start[1] = 0;
     for (int k = 1; k < 4; k++) count[k] = f->dims[k];
   }

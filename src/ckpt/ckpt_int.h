@@ -82,7 +82,8 @@ typedef struct { hsize_t r0, r1, c0, c1; const dt_ckpt_range_t *src; } fbox_t;
 
 /* File shape of a tensor and its (FR, FC) matrix view: (1, n) for 1-D tensors, the dims for 2-D
  * ones, (OC, C * KH * KW) for 4-D convolution weights (OC, C, KH, KW), which is the arena's layout
- * (boxes of 4-D tensors are whole rows: they exist only in full arenas, no tp or ZeRO). */
+ * (a box that cuts a 4-D tensor's row, at a ZeRO shard's bound, is selected as the hyperslabs of
+ * its pieces: dt_ckpt__select_box). */
 typedef struct {
   int ndim;
   hsize_t dims[4];

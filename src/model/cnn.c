@@ -17,7 +17,7 @@ static size_t slot_floats(const dt_cnn_slot_t *s) { return (size_t)s->C * s->H *
 void dt_cnn_free(dt_cnn_t *m) {
   free(m->ops), free(m->slots), free(m->acts), free(m->dacts), free(m->tmp), free(m->scratch);
   free(m->mean), free(m->var), free(m->rstd), free(m->sdy), free(m->sdyx), free(m->losses), free(m->lse);
-  free(m->idx), free(m->labels), free(m->written), free(m->sync_buf);
+  free(m->idx), free(m->labels), free(m->written), free(m->sync_buf), free(m->owner);
   dt_layout_free(&m->lay);
   dt_layout_free(&m->bufs);
   memset(m, 0, sizeof *m);
@@ -54,7 +54,15 @@ dt_status_t dt_cnn_alloc(dt_cnn_t *m, int B, int nthr) {
   m->idx = malloc((nidx ? nidx : 1) * sizeof(int)), m->labels = malloc((size_t)B * sizeof(int));
   m->written = malloc((size_t)m->n_slots);
   m->sync_buf = malloc(2 * maxc * sizeof(double));
-  if (!m->sync_buf || !m->acts || !m->dacts || !m->tmp || !m->scratch || !m->mean || !m->var || !m->rstd || !m->sdy ||
+  m->owner = malloc(sizeof(int) * (size_t)(m->lay.n_tensors ? m->lay.n_tensors : 1));
+  if (m->owner) {
+    for (int t = 0; t < m->lay.n_tensors; t++) m->owner[t] = m->n_ops;
+    for (int i = 0; i < m->n_ops; i++) {
+      if (m->ops[i].w >= 0) m->owner[m->ops[i].w] = i;
+      if (m->ops[i].b >= 0) m->owner[m->ops[i].b] = i;
+    }
+  }
+  if (!m->owner || !m->sync_buf || !m->acts || !m->dacts || !m->tmp || !m->scratch || !m->mean || !m->var || !m->rstd || !m->sdy ||
       !m->sdyx || !m->losses || !m->lse || !m->idx || !m->labels || !m->written)
     return DT_ERR(DT_ERR_NOMEM, "model: cannot allocate %.1f MiB of activations for a batch of %d images",
                   2.0 * (double)off * sizeof(float) / (1 << 20), B);
@@ -204,6 +212,16 @@ void dt_cnn_backward(dt_cnn_t *m, const float *params, float *grads, float dloss
   dt_crossentropy_backward(m->dacts + m->slots[last].off, m->acts + m->slots[last].off, m->lse, m->labels, dloss,
                            m->B, K, K);
   m->written[last] = 1;
-  for (int i = m->n_ops - 1; i >= 0; i--)
+  int k = m->lay.n_tensors; /* tensors [k, n_tensors) (arena order) are final */
+  size_t hi = m->lay.n_params;
+  for (int i = m->n_ops - 1; i >= 0; i--) {
     if (m->written[i + 1]) op_backward(m, &m->ops[i], i, params, grads);
+    if (!m->ready) continue;
+    const int k0 = k;
+    while (k > 0 && m->owner[k - 1] >= i) k--;
+    if (k == k0) continue;
+    size_t lo = k > 0 ? m->lay.tensors[k].offset : 0;
+    m->ready(m->ready_ctx, lo, hi);
+    hi = lo;
+  }
 }

@@ -13,7 +13,8 @@
  *
  * Status: the layers, the models, training steps and evaluation are checked against PyTorch
  * (tests/ref_cnn.sh); `dtrain` trains them (model.arch, src/app/train_cnn.c) with data
- * parallelism, synchronised batch norm and checkpoints (train_cnn_ckpt.c). Not yet: CUDA kernels. */
+ * parallelism (the sync strategies of parallel/sync.h: DDP buckets during backward, ZeRO-1 and 2),
+ * synchronised batch norm and checkpoints (train_cnn_ckpt.c). Not yet: CUDA kernels. */
 #ifndef DT_CNN_H
 #define DT_CNN_H
 
@@ -77,6 +78,15 @@ typedef struct {
   int sync_ranks;
   dt_status_t sync_err;
   double *sync_buf;       /* 2 x the widest batch norm's C */
+  /* Gradient-ready hook (data parallelism's buckets, ZeRO-2's reductions; NULL: none): backward
+   * calls ready(ready_ctx, lo, hi) as soon as the parameter gradients in [lo, hi) of lay's arena
+   * are final, ranges in decreasing order tiling [0, lay.n_params). A tensor is final once the
+   * operation that owns it (owner[t], dt_cnn_alloc) has run backward; arena order and operation
+   * order differ (a shortcut's convolution is stored after its block's), so a range reaches down
+   * only to the lowest tensor below which nothing is pending. */
+  dt_grad_ready_fn ready;
+  void *ready_ctx;
+  int *owner;             /* lay.n_tensors: the operation using each tensor (n_ops: none) */
 } dt_cnn_t;
 
 /* Parse "cnn" | "resnet18" | "resnet50". DT_ERR_CONFIG naming model.arch otherwise. */
@@ -100,7 +110,8 @@ void dt_cnn_init_params(const dt_cnn_t *m, float *params, float *bufs, uint64_t 
 double dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const float *x, const int *y, int training,
                       int *correct);
 /* Backward of the last training forward: grads += d(dloss * sum of the B losses) / d params
- * (dloss = 1/B for the batch mean; 1/(B accum) over accum micro-batches). */
+ * (dloss = 1/B for the batch mean; 1/(B accum) over accum micro-batches), reporting final ranges
+ * to m->ready when set. */
 void dt_cnn_backward(dt_cnn_t *m, const float *params, float *grads, float dloss);
 
 #endif

@@ -24,10 +24,6 @@ extern "C" {
 typedef enum { DT_HOOK_FWD, DT_HOOK_FWD_DONE, DT_HOOK_BWD, DT_HOOK_BWD_DONE } dt_hook_phase_t;
 typedef dt_status_t (*dt_layer_hook_fn)(void *ctx, int l, dt_hook_phase_t phase);
 
-/* Called by backward each time the gradients in arena range [lo, hi) are final for this
- * micro-batch (ranges arrive in decreasing order and tile the arena). */
-typedef void (*dt_grad_ready_fn)(void *ctx, size_t lo, size_t hi);
-
 typedef struct dt_gpt2_state dt_gpt2_state_t;
 
 typedef struct {

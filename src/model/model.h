@@ -71,6 +71,10 @@ typedef struct {
   int l0, l1;              /* blocks [l0, l1) are on this stage (dt_layout_stage reads them) */
 } dt_layout_t;
 
+/* Called by a model's backward (GPT-2's, the CNNs') each time the gradients in arena range
+ * [lo, hi) are final for this micro-batch (ranges arrive in decreasing order and tile the arena). */
+typedef void (*dt_grad_ready_fn)(void *ctx, size_t lo, size_t hi);
+
 dt_dims_t dt_dims_from_config(const dt_config_t *cfg);
 dt_status_t dt_layout_init(dt_layout_t *lay, dt_dims_t d);
 /* Megatron-style tensor-parallel shard of rank tp_rank of tp (tp = 1: same as dt_layout_init).

@@ -17,9 +17,7 @@
 #  4. ZeRO-3 is refused (the classifiers have no layer hooks for its gathers yet), exit 2.
 source "$top_srcdir/tests/lib.sh"
 begin_test
-F=/usr/share/datasets/fashion-mnist
-[ -f "$F/train-images-idx3-ubyte.gz" ] ||
-  { echo "FAIL: $F is missing: scripts/install-deps.sh --test installs dataset-fashion-mnist"; exit 1; }
+need_fmnist
 ini="$top_srcdir/inputs/fmnist.ini"
 rn="model.arch=resnet18 model.width=16 train.optimizer=adamw train.lr=1e-3 train.steps=4 train.global_batch=8"
 rn="$rn train.micro_batch=4 train.eval_every=0 log.every=1 checkpoint.every=2 data.val="

@@ -26,9 +26,7 @@
 #     labels; a missing image file is named.
 source "$top_srcdir/tests/lib.sh"
 begin_test
-F=/usr/share/datasets/fashion-mnist
-[ -f "$F/train-images-idx3-ubyte.gz" ] ||
-  { echo "FAIL: $F is missing: scripts/install-deps.sh --test installs dataset-fashion-mnist"; exit 1; }
+need_fmnist
 ini="$top_srcdir/inputs/fmnist.ini"
 # the first 2,000 test images and labels as IDX files (the checkpoint evaluation of part 3)
 "$PY" - "$F" "$t" <<'PY'

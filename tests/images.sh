@@ -9,9 +9,7 @@ t=$(tmpdir)
 trap 'rm -rf "$t"' EXIT
 DUMP="$top_builddir/tests/images_dump"
 REF="$top_srcdir/tests/ref/ref_images.py"
-F=/usr/share/datasets/fashion-mnist
-[ -f "$F/train-images-idx3-ubyte.gz" ] ||
-  { echo "FAIL: $F is missing: scripts/install-deps.sh --test installs dataset-fashion-mnist"; exit 1; }
+need_fmnist
 run "$DUMP" "$t/d.bin" idx "$F/train-images-idx3-ubyte.gz" "$F/train-labels-idx1-ubyte.gz" 5 2 1 59990 64
 run "$PY" "$REF" "$t/d.bin" idx "$F/train-images-idx3-ubyte.gz" "$F/train-labels-idx1-ubyte.gz" 2 1 59990
 run "$DUMP" "$t/d.bin" idx "$F/t10k-images-idx3-ubyte.gz" "$F/t10k-labels-idx1-ubyte.gz" 9 0 0 100 32

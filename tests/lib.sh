@@ -109,6 +109,13 @@ begin_test() {
   cfg="$top_srcdir/tests/small.ini"
 }
 
+# Debian's dataset-fashion-mnist (the image classifiers' tests): sets F to its folder, or fails.
+need_fmnist() {
+  F=/usr/share/datasets/fashion-mnist
+  [ -f "$F/train-images-idx3-ubyte.gz" ] ||
+    { echo "FAIL: $F is missing: scripts/install-deps.sh --test installs dataset-fashion-mnist"; exit 1; }
+}
+
 # The 10 factorisations of 8 ranks as words "dp,tp,pp,B", B the micro-batch that keeps the global
 # batch at 4 sequences (1 below dp = 4): the hybrid-mesh tests' layouts.
 mesh8_layouts() {

@@ -29,7 +29,6 @@ static dt_status_t microsteps(dt_trainer_t *tr, uint64_t slice, double *loss_sum
   const int s = tr->mesh.pp_idx, pp = tr->mesh.pp, m = tr->accum, first = s == 0, last = s == pp - 1;
   dt_sync_t *sy = &tr->sync;
   const size_t n = (size_t)tr->B * tr->T * tr->lay.d.C;
-  tr->pipe.t_wait = 0;
   double t_step = dt_time_now();
   for (int i = 0; i < 2 * m; i++) {
     const dt_pp_op_t op = tr->pp_ops[i];

@@ -4,8 +4,6 @@
 
 #include <stdlib.h>
 
-#include "timer.h"
-
 int dt_pp_inflight(int s, int pp, int m) { return pp - s < m ? pp - s : m; }
 
 double dt_pp_bubble(int pp, int m) { return (double)(pp - 1) / (double)(m + pp - 1); }
@@ -122,10 +120,8 @@ out:
 
 dt_status_t dt_pipe_flush(dt_pipe_t *p) {
   if (!p->send_buf) return DT_OK;
-  double t0 = dt_time_now();
   dt_status_t st = p->comm->ops->send(p->comm, p->send_buf, p->send_n, DT_F32, p->send_peer, p->stream, NULL);
   p->send_buf = NULL;
-  p->t_wait += dt_time_now() - t0;
   return st;
 }
 
@@ -139,7 +135,6 @@ dt_status_t dt_pipe_send(dt_pipe_t *p, const float *buf, size_t n, int peer) {
 
 dt_status_t dt_pipe_recv(dt_pipe_t *p, float *buf, size_t n, int peer) {
   dt_comm_t *c = p->comm;
-  double t0 = dt_time_now();
   dt_status_t st = DT_OK;
   if (!p->send_buf) {
     st = c->ops->recv(c, buf, n, DT_F32, peer, p->stream, NULL);
@@ -151,6 +146,5 @@ dt_status_t dt_pipe_recv(dt_pipe_t *p, float *buf, size_t n, int peer) {
     if (st == DT_OK) st = e;
     p->send_buf = NULL;
   }
-  p->t_wait += dt_time_now() - t0;
   return st;
 }

@@ -46,7 +46,6 @@ typedef struct {
   const float *send_buf; /* deferred send, NULL = none */
   size_t send_n;
   int send_peer;
-  double t_wait;         /* seconds inside recv/flush (waiting for neighbours + copying) */
 } dt_pipe_t;
 
 /* Defer a send of n floats to stage `peer` (completes any earlier deferred send first). */

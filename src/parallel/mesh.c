@@ -158,37 +158,21 @@ static void warn_node(const dt_mesh_t *m, const char *warn) {
   fflush(stderr);
 }
 
-dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
-  memset(m, 0, sizeof *m);
-  m->cuda = o->cuda;
-  MPI_Comm world = MPI_COMM_WORLD, w, node;
-  DT_TRY(dt_comm_mpi_create(&world, &m->world));
-  DT_TRY(dt_comm_mpi_handle(m->world, &w));
-  m->rank = m->world->rank;
-  m->size = m->world->size;
-  dt_err_set_rank(m->rank);
-  snprintf(m->host, sizeof m->host, "%s", dt__hostname());
-
-  /* node: the ranks sharing memory, ordered by world rank; node index by lowest world rank */
-  dt_status_t st = DT_OK;
+/* The ranks sharing memory (node_comm, ordered by world rank) and this node's index (nodes
+ * numbered by their lowest world rank). */
+static dt_status_t mesh_node(dt_mesh_t *m, MPI_Comm w) {
+  MPI_Comm node;
   int rc = MPI_Comm_split_type(w, MPI_COMM_TYPE_SHARED, m->rank, MPI_INFO_NULL, &node);
-  if (rc != MPI_SUCCESS) {
-    dt_mesh_free(m);
-    return dt__mpi_error(rc, "MPI_Comm_split_type", __FILE__, __LINE__);
-  }
-  st = dt_comm_mpi_create(&node, &m->node_comm);
+  if (rc != MPI_SUCCESS) return dt__mpi_error(rc, "MPI_Comm_split_type", __FILE__, __LINE__);
+  dt_status_t st = dt_comm_mpi_create(&node, &m->node_comm);
   rc = MPI_Comm_free(&node);
   if (st == DT_OK && rc != MPI_SUCCESS) st = dt__mpi_error(rc, "MPI_Comm_free", __FILE__, __LINE__);
-  if (st != DT_OK) goto fail;
-  dt_comm_mpi_handle(m->node_comm, &node);
+  DT_TRY(st);
   name_comms(m); /* world and node now, the rest after the splits */
   m->local_rank = m->node_comm->rank;
   m->local_size = m->node_comm->size;
   int leader = m->rank, *leaders = malloc((size_t)m->size * sizeof(int));
-  if (!leaders) {
-    st = DT_ERR(DT_ERR_NOMEM, "mesh: out of memory");
-    goto fail;
-  }
+  if (!leaders) return DT_ERR(DT_ERR_NOMEM, "mesh: out of memory");
   if ((st = m->node_comm->ops->broadcast(m->node_comm, &leader, 1, DT_I32, 0, NULL, NULL)) == DT_OK)
     st = m->world->ops->allgather(m->world, &leader, leaders, 1, DT_I32, NULL, NULL);
   if (st == DT_OK)
@@ -198,10 +182,14 @@ dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
         m->n_nodes++;
       }
   free(leaders);
-  if (st != DT_OK) goto fail;
+  return st;
+}
 
-  /* environment, threads, devices: checked locally, then agreed */
-  st = dt_launch_env_read(&m->env);
+/* Environment, threads and devices: checked locally, then agreed on by every rank. */
+static dt_status_t mesh_env(dt_mesh_t *m, const dt_mesh_opts_t *o, MPI_Comm w) {
+  MPI_Comm node;
+  dt_comm_mpi_handle(m->node_comm, &node);
+  dt_status_t st = dt_launch_env_read(&m->env);
   if (st == DT_OK) {
     m->launcher = dt_launch_detect(&m->env);
     dt_cpuset_read(&m->cpuset);
@@ -210,67 +198,77 @@ dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
                                    m->local_size, &m->threads_src);
     st = mesh_local(m, o, node);
   }
-  if ((st = dt_mpi_agree(w, st)) != DT_OK) goto fail;
-  if ((st = dt_mpi_agree(w, check_shared_gpu(m, node))) != DT_OK) goto fail; /* collective: after the agreement */
+  DT_TRY(dt_mpi_agree(w, st));
+  return dt_mpi_agree(w, check_shared_gpu(m, node)); /* collective: after the agreement */
+}
 
-  /* the process mesh (same inputs on every rank, so the same answer) */
+/* The process mesh (the same inputs on every rank, so the same answer) and its communicators. */
+static dt_status_t mesh_grid(dt_mesh_t *m, const dt_mesh_opts_t *o) {
   m->dp = o->dp;
   m->tp = o->tp > 0 ? o->tp : 1;
   m->pp = o->pp > 0 ? o->pp : 1;
-  if ((st = dt_mesh_resolve(m->size, &m->dp, m->tp, m->pp)) != DT_OK) goto fail;
+  DT_TRY(dt_mesh_resolve(m->size, &m->dp, m->tp, m->pp));
   dt_mesh_coords(m->rank, m->tp, m->pp, &m->dp_idx, &m->pp_idx, &m->tp_idx);
   const dt_comm_ops_t *ops = m->world->ops;
-  if ((st = ops->split(m->world, m->dp_idx * m->pp + m->pp_idx, m->tp_idx, &m->tp_comm)) != DT_OK) goto fail;
-  if ((st = ops->split(m->world, m->dp_idx * m->tp + m->tp_idx, m->pp_idx, &m->pp_comm)) != DT_OK) goto fail;
-  if ((st = ops->split(m->world, m->pp_idx * m->tp + m->tp_idx, m->dp_idx, &m->dp_comm)) != DT_OK) goto fail;
+  DT_TRY(ops->split(m->world, m->dp_idx * m->pp + m->pp_idx, m->tp_idx, &m->tp_comm));
+  DT_TRY(ops->split(m->world, m->dp_idx * m->tp + m->tp_idx, m->pp_idx, &m->pp_comm));
+  DT_TRY(ops->split(m->world, m->pp_idx * m->tp + m->tp_idx, m->dp_idx, &m->dp_comm));
   name_comms(m);
+  return DT_OK;
+}
 
-  /* the rank table, on every rank */
-  dt_rank_info_t me;
-  memset(&me, 0, sizeof me);
-  me.rank = m->rank;
-  me.node = m->node;
-  me.local_rank = m->local_rank;
-  me.local_size = m->local_size;
-  me.device = m->device;
-  me.threads = m->threads;
-  me.slurm_nodeid = m->env.slurm_nodeid;
-  me.slurm_localid = m->env.slurm_localid;
-  me.n_visible = m->n_visible;
-  me.node_devices = m->node_devices;
-  me.dp_idx = m->dp_idx;
-  me.pp_idx = m->pp_idx;
-  me.tp_idx = m->tp_idx;
-  snprintf(me.host, sizeof me.host, "%s", m->host);
-  dt_cpuset_format(m->cpuset.cpus, m->cpuset.n_mask, me.cpus, (int)sizeof me.cpus);
-  char warn[512];
-  me.oversub = dt_cpuset_warning(&m->cpuset, m->threads, m->local_size, m->rank, m->host,
-                                 dt_launcher_name(m->launcher), warn, (int)sizeof warn);
-  snprintf(me.visible, sizeof me.visible, "%.47s",
+/* This rank's row of the rank table; *warn gets its CPU oversubscription warning (me->oversub). */
+static void rank_row(const dt_mesh_t *m, dt_rank_info_t *me, char *warn, int nwarn) {
+  memset(me, 0, sizeof *me);
+  me->rank = m->rank;
+  me->node = m->node;
+  me->local_rank = m->local_rank;
+  me->local_size = m->local_size;
+  me->device = m->device;
+  me->threads = m->threads;
+  me->slurm_nodeid = m->env.slurm_nodeid;
+  me->slurm_localid = m->env.slurm_localid;
+  me->n_visible = m->n_visible;
+  me->node_devices = m->node_devices;
+  me->dp_idx = m->dp_idx;
+  me->pp_idx = m->pp_idx;
+  me->tp_idx = m->tp_idx;
+  snprintf(me->host, sizeof me->host, "%s", m->host);
+  dt_cpuset_format(m->cpuset.cpus, m->cpuset.n_mask, me->cpus, (int)sizeof me->cpus);
+  me->oversub = dt_cpuset_warning(&m->cpuset, m->threads, m->local_size, m->rank, m->host,
+                                  dt_launcher_name(m->launcher), warn, nwarn);
+  snprintf(me->visible, sizeof me->visible, "%.47s",
            m->env.has_cvd ? m->env.cuda_visible_devices : m->env.has_step_gpus ? m->env.slurm_step_gpus : "-");
   if (m->device >= 0 && m->n_visible > 0)
-    dt_devlist_entry(m->env.has_cvd ? m->env.cuda_visible_devices : m->env.slurm_step_gpus, m->device, me.gpu,
-                     sizeof me.gpu);
+    dt_devlist_entry(m->env.has_cvd ? m->env.cuda_visible_devices : m->env.slurm_step_gpus, m->device, me->gpu,
+                     sizeof me->gpu);
   else
-    snprintf(me.gpu, sizeof me.gpu, "-");
+    snprintf(me->gpu, sizeof me->gpu, "-");
+}
+
+/* The rank table, on every rank; srun's node ids checked; this node's oversubscription warned. */
+static dt_status_t rank_table(dt_mesh_t *m, MPI_Comm w) {
+  dt_rank_info_t me;
+  char warn[512];
+  rank_row(m, &me, warn, (int)sizeof warn);
   m->ranks = malloc((size_t)m->size * sizeof *m->ranks);
-  if (!m->ranks) {
-    st = DT_ERR(DT_ERR_NOMEM, "mesh: out of memory");
-    goto fail;
-  }
-  rc = dt_wd_allgather(&me, (int)sizeof me, MPI_BYTE, m->ranks, (int)sizeof me, MPI_BYTE, w, "allgather of the rank table");
-  if (rc != MPI_SUCCESS) {
-    st = dt__mpi_error(rc, "MPI_Allgather", __FILE__, __LINE__);
-    goto fail;
-  }
-  if (m->launcher == DT_LAUNCH_SRUN && (st = check_nodeids(m)) != DT_OK) goto fail;
+  if (!m->ranks) return DT_ERR(DT_ERR_NOMEM, "mesh: out of memory");
+  int rc = dt_wd_allgather(&me, (int)sizeof me, MPI_BYTE, m->ranks, (int)sizeof me, MPI_BYTE, w,
+                           "allgather of the rank table");
+  if (rc != MPI_SUCCESS) return dt__mpi_error(rc, "MPI_Allgather", __FILE__, __LINE__);
+  if (m->launcher == DT_LAUNCH_SRUN) DT_TRY(check_nodeids(m));
   if (me.oversub) warn_node(m, warn);
-  /* every OpenMP region of the rank uses its threads, whatever the backend: the cpu kernels and
-   * sgemm, and the CUDA backend's host work (the emulation's cuBLAS: left at OpenMP's default, a
-   * 1-thread rank's idle workers spun on the other core) */
+  return DT_OK;
+}
+
+/* Every OpenMP region of the rank uses its threads, whatever the backend: the cpu kernels and
+ * sgemm, and the CUDA backend's host work (the emulation's cuBLAS: left at OpenMP's default, a
+ * 1-thread rank's idle workers spun on the other core); pinned in the CPU set; the note on GPUs a
+ * cpu run leaves unused (the CPU form of the one-task-several-GPUs rule). */
+static void mesh_threads(dt_mesh_t *m) {
   omp_set_num_threads(m->threads);
   m->pinned = dt_cpuset_pin(&m->cpuset, m->threads);
-  for (int r = 0; r < m->size && !m->cuda; r++) /* the CPU form of the one-task-several-GPUs rule */
+  for (int r = 0; r < m->size && !m->cuda; r++)
     if (m->ranks[r].node_devices > m->ranks[r].local_size) {
       snprintf(m->note, sizeof m->note,
                "note: %d GPUs visible on node %d but %d rank%s there and the backend is cpu: the GPUs stay unused",
@@ -278,10 +276,28 @@ dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
                m->ranks[r].local_size == 1 ? " runs" : "s run");
       break;
     }
+}
+
+dt_status_t dt_mesh_init(dt_mesh_t *m, const dt_mesh_opts_t *o) {
+  memset(m, 0, sizeof *m);
+  m->cuda = o->cuda;
+  MPI_Comm world = MPI_COMM_WORLD, w;
+  DT_TRY(dt_comm_mpi_create(&world, &m->world));
+  DT_TRY(dt_comm_mpi_handle(m->world, &w));
+  m->rank = m->world->rank;
+  m->size = m->world->size;
+  dt_err_set_rank(m->rank);
+  snprintf(m->host, sizeof m->host, "%s", dt__hostname());
+  dt_status_t st = mesh_node(m, w);
+  if (st == DT_OK) st = mesh_env(m, o, w);
+  if (st == DT_OK) st = mesh_grid(m, o);
+  if (st == DT_OK) st = rank_table(m, w);
+  if (st != DT_OK) {
+    dt_mesh_free(m);
+    return st;
+  }
+  mesh_threads(m);
   return DT_OK;
-fail:
-  dt_mesh_free(m);
-  return st;
 }
 
 void dt_mesh_free(dt_mesh_t *m) {

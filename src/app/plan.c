@@ -114,137 +114,150 @@ static void split_stages(dt_plan_t *p, double emb, double blk, double head) {
 
 static double ceil_div(double x, int n) { return ceil(x / n); }
 
-dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
-  memset(p, 0, sizeof *p);
-  p->in = *in;
+/* The inputs' bounds, and the parameter groups per tp rank split over the stages: from the tp
+ * shard layout the trainer builds (alignment included, so the stage split is the trainer's) when
+ * tp divides the padded vocab; else (a layout dtrain cannot run, planned anyway) from the shapes:
+ * wte (Vp, C)/tp + wpe (T, C); block (12C^2 + 7C)/tp sharded + 6C replicated; ln_f 2C. *wte: the
+ * tied lm_head's copy the last stage holds with pp > 1 (already in its head group). */
+static dt_status_t plan_groups(dt_plan_t *p, const dt_plan_in_t *in, double *wte) {
   const dt_dims_t *d = &in->d;
-  const int tp = in->tp, pp = in->pp, dp = in->dp, L = d->L;
-  const double C = d->C, bt = (double)in->B * in->T;
+  const int tp = in->tp, pp = in->pp, L = d->L;
+  const double C = d->C;
   if (pp < 1 || pp > L || pp > DT_PLAN_MAX_PP)
     return DT_ERR(DT_ERR_CONFIG, "plan: parallel.pp = %d: must be between 1 and n_layer = %d", pp, L);
   if (tp < 1 || d->NH % tp != 0)
     return DT_ERR(DT_ERR_CONFIG, "plan: parallel.tp = %d must divide n_head = %d (heads are split)", tp, d->NH);
-  if (in->B < 1 || in->T < 1 || in->T > d->T || dp < 1 || in->accum < 1)
-    return DT_ERR(DT_ERR_CONFIG, "plan: bad micro-batch B=%d T=%d dp=%d accum=%d", in->B, in->T, dp, in->accum);
+  if (in->B < 1 || in->T < 1 || in->T > d->T || in->dp < 1 || in->accum < 1)
+    return DT_ERR(DT_ERR_CONFIG, "plan: bad micro-batch B=%d T=%d dp=%d accum=%d", in->B, in->T, in->dp, in->accum);
   dt_layout_t lay;
   DT_TRY(dt_layout_init(&lay, *d));
   p->n_arena = lay.n_params;
   p->n_true = lay.n_params_true;
-  /* parameter groups per tp rank: from the tp shard layout the trainer builds (alignment
-   * included, so the stage split is the trainer's) when tp divides the padded vocab; else (a
-   * layout dtrain cannot run, planned anyway) from the shapes: wte (Vp, C)/tp + wpe (T, C);
-   * block (12C^2 + 7C)/tp sharded + 6C replicated; ln_f 2C */
-  double emb, blk, head, wte;
+  dt_layout_free(&lay);
+  double emb, blk, head;
   if (d->Vp % tp == 0) {
-    DT_TRY(dt_layout_pp_groups(*d, tp, &emb, &blk, &head, &wte));
+    DT_TRY(dt_layout_pp_groups(*d, tp, &emb, &blk, &head, wte));
   } else {
     emb = (double)d->Vp * C / tp + (double)d->T * C;
     blk = (12 * C * C + 7 * C) / tp + 6 * C;
     head = 2 * C;
-    wte = (double)d->Vp * C / tp;
+    *wte = (double)d->Vp * C / tp;
   }
-  if (pp > 1) head += wte; /* tied lm_head: the last stage holds a copy of wte */
-  dt_layout_free(&lay);
+  if (pp > 1) head += *wte; /* tied lm_head: the last stage holds a copy of wte */
   split_stages(p, emb, blk, head);
   p->max_group = fmax(emb, fmax(blk, head));
   p->group_emb = emb, p->group_blk = blk, p->group_head = head;
+  return DT_OK;
+}
 
-  /* activations (floats) of a stage: the backend's own count for tp = pp = 1; otherwise
-   * fixed (embedding/head/scratch, counted on every stage: an upper bound) + per-layer part,
-   * with the tp-sharded tensors (qkv, atty, fch, fch_gelu, attention lse/probabilities, logits)
-   * divided by tp and pp - s micro-batches in flight (1F1B) */
+/* Activation counts (floats) the stages share: the backend's own count for tp = pp = 1;
+ * otherwise fixed (embedding/head/scratch, counted on every stage: an upper bound) + per-layer
+ * part, with the tp-sharded tensors (qkv, atty, fch, fch_gelu, attention lse/probabilities,
+ * logits) divided by tp and pp - s micro-batches in flight (1F1B). */
+typedef struct {
+  double c_fix, c_per_tp, g_fix, g_per_tp; /* CPU / GPU: fixed part, per block (tp-sharded) */
+  double logits_sh;                        /* what vocab-parallel logits save */
+  double ints;                             /* inputs + targets of a micro-batch, bytes */
+  double wte;                              /* plan_groups' */
+  int mixed;                               /* 16-bit working parameters */
+} plan_act_t;
+
+static plan_act_t plan_act(const dt_plan_in_t *in, double wte) {
+  const dt_dims_t *d = &in->d;
+  const double C = d->C, bt = (double)in->B * in->T, shard = 1.0 - 1.0 / in->tp;
   dt_dims_t d0 = *d, d1 = *d;
   d0.L = 0;
   d1.L = 1;
-  const double c_fix = (double)cpu_activation_floats(&d0, 1, 0, 1, 1, in->B, in->T, in->threads, 0);
-  const double c_per = (double)cpu_activation_floats(&d1, 1, 1, 1, 1, in->B, in->T, in->threads, 0) - c_fix;
-  const double g_fix = (double)dt_plan_gpu_activation_floats(&d0, in->B, in->T, 0, in->flash);
-  const double g_per = (double)dt_plan_gpu_activation_floats(&d1, in->B, in->T, 0, in->flash) - g_fix;
-  const double shard = 1.0 - 1.0 / tp, logits_sh = bt * d->Vp * shard; /* vocab-parallel logits */
-  const double c_per_tp = c_per - bt * (12 * C + d->NH) * shard;
+  plan_act_t a = {.wte = wte, .mixed = in->precision != DT_PREC_FP32, .ints = 2 * bt * sizeof(int)};
+  a.c_fix = (double)cpu_activation_floats(&d0, 1, 0, 1, 1, in->B, in->T, in->threads, 0);
+  const double c_per = (double)cpu_activation_floats(&d1, 1, 1, 1, 1, in->B, in->T, in->threads, 0) - a.c_fix;
+  a.g_fix = (double)dt_plan_gpu_activation_floats(&d0, in->B, in->T, 0, in->flash);
+  const double g_per = (double)dt_plan_gpu_activation_floats(&d1, in->B, in->T, 0, in->flash) - a.g_fix;
+  a.logits_sh = bt * d->Vp * shard;
+  a.c_per_tp = c_per - bt * (12 * C + d->NH) * shard;
   const double att_rows = (double)in->B * d->NH * in->T * (in->flash ? 1 : in->T); /* a block's attention state */
-  const double g_per_tp = g_per - (bt * 12 * C + att_rows) * shard;
-  const int mixed = in->precision != DT_PREC_FP32;
-  const double ints = 2 * bt * sizeof(int); /* inputs + targets */
+  a.g_per_tp = g_per - (bt * 12 * C + att_rows) * shard;
+  return a;
+}
 
-  for (int z = 0; z < DT_PLAN_ZERO_STAGES; z++) {
-    dt_plan_zero_t best = {0};
-    best.total_gpu = -1;
-    for (int s = 0; s < pp; s++) {
-      const double P = p->stage_params[s], n_l = p->stage_blocks[s];
-      const int inflight = pp == 1 ? 1 : (pp - s < in->accum ? pp - s : in->accum);
-      dt_plan_zero_t r = {.pp_stage = s};
-      r.params = 4 * (z >= 3 ? ceil_div(P, dp) : P);
-      r.wparams = mixed ? r.params : 0;
-      r.grads = 4 * (z >= 2 ? ceil_div(P, dp) : P);
-      if (z == 2 && pp > 1 && (s == 0 || s == pp - 1)) /* ZeRO-2 x pp keeps wte's gradient whole (train.c) */
-        r.grads = 4 * (ceil_div(P - wte, dp) + wte);
-      r.m = r.v = 4 * (z >= 1 ? ceil_div(P, dp) : P);
-      /* ZeRO-3 (zero.c): the embeddings and ln_f gathered for the whole step, plus the running
-       * block and the prefetched one; this rank's own part of them is already in params / dp */
-      r.gather = z >= 3 ? 4 * (p->group_emb + p->group_head + 2 * p->group_blk) * (1.0 - 1.0 / dp) : 0;
-      /* DDP: MPI's temporaries of the 2 bucket all-reduces in flight (ddp.c); ZeRO: its staging
-       * bucket (zero.h) + the temporaries of the collective on it (measured at 124M, dp=4) */
-      r.comm = dp > 1 ? (z >= 1 ? 3 : 2) * in->bucket_mb * MIB : 0; /* dp = 1: no collectives */
-      /* CPU: what the backend allocates for this stage (its blocks, the loss on the last stage,
-       * `inflight` micro-batches of activations), without and with recomputation (train.recompute:
-       * each block's output kept, one block's activations recomputed); a tp that does not divide
-       * Vp cannot run: estimated like the GPU (fixed part on every stage, an upper bound) */
-      double keep, rc;
-      if (d->Vp % tp == 0) {
-        keep = (double)cpu_activation_floats(d, tp, (int)n_l, s == pp - 1, inflight, in->B, in->T, in->threads, 0);
-        rc = (double)cpu_activation_floats(d, tp, (int)n_l, s == pp - 1, inflight, in->B, in->T, in->threads, 1);
-      } else {
-        keep = c_fix - logits_sh + inflight * n_l * c_per_tp;
-        rc = keep - inflight * n_l * c_per_tp + inflight * n_l * bt * C + c_per_tp;
-      }
-      r.act_cpu = 4 * (in->recompute ? rc : keep);
-      r.act_cpu_alt = 4 * (in->recompute ? keep : rc);
-      /* GPU: the model's own count for tp = pp = 1; else, like the CPU's, recomputation keeps each
-       * block's output (B,T,C) and one block's activations */
-      double gkeep, grc;
-      if (tp == 1 && pp == 1) {
-        gkeep = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T, 0, in->flash);
-        grc = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T, 1, in->flash);
-      } else {
-        gkeep = 4 * (g_fix - logits_sh + inflight * n_l * g_per_tp); /* logits (dlogits in place) */
-        grc = gkeep - 4 * inflight * n_l * g_per_tp + 4 * (inflight * n_l * bt * C + g_per_tp);
-      }
-      r.act_gpu = in->recompute ? grc : gkeep;
-      r.act_gpu_rc = in->recompute ? gkeep : grc;
-      r.act_cpu += inflight * ints; /* the backend's copies of each micro-batch in flight */
-      r.act_gpu += ints;
-      r.act_cpu_alt += inflight * ints;
-      r.act_gpu_rc += ints;
-      /* CPU: the trainer's (B,T) batch (the initial weights are made and broadcast in the
-       * parameter arena itself); pp > 1: its send and receive buffers of (B,T,C) */
-      r.work_cpu = ints + (pp > 1 ? 2 * 4 * bt * C : 0);
-      r.work_gpu = CUDA_CONTEXT_BYTES;
-      double state = r.params + r.wparams + r.grads + r.m + r.v + r.gather + r.comm;
-      /* the device keeps whole parameter and gradient arenas under ZeRO-2/3 (zero.h: its drops
-       * clear, they free nothing; the gathered blocks land in the whole arena) */
-      double state_gpu = 4 * P + (mixed ? 4 * P : 0) + 4 * P + r.m + r.v + r.comm;
-      r.total_cpu = state + r.act_cpu + r.work_cpu;
-      r.total_gpu = state_gpu + r.act_gpu + r.work_gpu;
-      r.total_gpu_rc = state_gpu + r.act_gpu_rc + r.work_gpu;
-      r.host_gpu = r.params + ints; /* host arena's params part, inputs + targets */
-      r.host_gpu_ckpt = r.host_gpu + r.m + r.v;
-      if (r.total_gpu > best.total_gpu) best = r;
-      if (z == (in->zero >= 0 && in->zero < DT_PLAN_ZERO_STAGES ? in->zero : 0)) p->stage[s] = r;
-    }
-    p->z[z] = best;
+/* Activations of stage s with n_l blocks and `inflight` micro-batches, bytes: *cpu and *cpu_alt
+ * (the backend's, without and with recomputation: train.recompute keeps each block's output and
+ * recomputes one block's activations; a tp that does not divide Vp cannot run: estimated like the
+ * GPU, fixed part on every stage, an upper bound), *gpu and *gpu_rc the same for the CUDA backend
+ * (the model's own count for tp = pp = 1). The configured choice first. */
+static void stage_acts(const dt_plan_in_t *in, const plan_act_t *a, int s, double n_l, int inflight,
+                       dt_plan_zero_t *r) {
+  const dt_dims_t *d = &in->d;
+  const int tp = in->tp, pp = in->pp;
+  const double bt = (double)in->B * in->T, C = d->C;
+  double keep, rc, gkeep, grc;
+  if (d->Vp % tp == 0) {
+    keep = (double)cpu_activation_floats(d, tp, (int)n_l, s == pp - 1, inflight, in->B, in->T, in->threads, 0);
+    rc = (double)cpu_activation_floats(d, tp, (int)n_l, s == pp - 1, inflight, in->B, in->T, in->threads, 1);
+  } else {
+    keep = a->c_fix - a->logits_sh + inflight * n_l * a->c_per_tp;
+    rc = keep - inflight * n_l * a->c_per_tp + inflight * n_l * bt * C + a->c_per_tp;
   }
+  if (tp == 1 && pp == 1) {
+    gkeep = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T, 0, in->flash);
+    grc = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T, 1, in->flash);
+  } else {
+    gkeep = 4 * (a->g_fix - a->logits_sh + inflight * n_l * a->g_per_tp); /* logits (dlogits in place) */
+    grc = gkeep - 4 * inflight * n_l * a->g_per_tp + 4 * (inflight * n_l * bt * C + a->g_per_tp);
+  }
+  /* + the backend's copies of inputs and targets: of each micro-batch in flight on the CPU */
+  r->act_cpu = 4 * (in->recompute ? rc : keep) + inflight * a->ints;
+  r->act_cpu_alt = 4 * (in->recompute ? keep : rc) + inflight * a->ints;
+  r->act_gpu = (in->recompute ? grc : gkeep) + a->ints;
+  r->act_gpu_rc = (in->recompute ? gkeep : grc) + a->ints;
+}
 
-  /* roofline of the configured ZeRO stage's worst rank, per optimizer step */
-  const int zc = in->zero >= 0 && in->zero < DT_PLAN_ZERO_STAGES ? in->zero : 0;
-  const int s = p->z[zc].pp_stage;
-  const double P = p->stage_params[s], acc = in->accum;
+/* Memory of stage s under ZeRO stage z, bytes per rank. */
+static dt_plan_zero_t stage_memory(const dt_plan_t *p, const dt_plan_in_t *in, const plan_act_t *a, int z, int s) {
+  const int pp = in->pp, dp = in->dp;
+  const double P = p->stage_params[s], bt = (double)in->B * in->T;
+  const int inflight = pp == 1 ? 1 : (pp - s < in->accum ? pp - s : in->accum);
+  dt_plan_zero_t r = {.pp_stage = s};
+  r.params = 4 * (z >= 3 ? ceil_div(P, dp) : P);
+  r.wparams = a->mixed ? r.params : 0;
+  r.grads = 4 * (z >= 2 ? ceil_div(P, dp) : P);
+  if (z == 2 && pp > 1 && (s == 0 || s == pp - 1)) /* ZeRO-2 x pp keeps wte's gradient whole (train.c) */
+    r.grads = 4 * (ceil_div(P - a->wte, dp) + a->wte);
+  r.m = r.v = 4 * (z >= 1 ? ceil_div(P, dp) : P);
+  /* ZeRO-3 (zero.c): the embeddings and ln_f gathered for the whole step, plus the running
+   * block and the prefetched one; this rank's own part of them is already in params / dp */
+  r.gather = z >= 3 ? 4 * (p->group_emb + p->group_head + 2 * p->group_blk) * (1.0 - 1.0 / dp) : 0;
+  /* DDP: MPI's temporaries of the 2 bucket all-reduces in flight (ddp.c); ZeRO: its staging
+   * bucket (zero.h) + the temporaries of the collective on it (measured at 124M, dp=4) */
+  r.comm = dp > 1 ? (z >= 1 ? 3 : 2) * in->bucket_mb * MIB : 0; /* dp = 1: no collectives */
+  stage_acts(in, a, s, p->stage_blocks[s], inflight, &r);
+  /* CPU: the trainer's (B,T) batch (the initial weights are made and broadcast in the
+   * parameter arena itself); pp > 1: its send and receive buffers of (B,T,C) */
+  r.work_cpu = a->ints + (pp > 1 ? 2 * 4 * bt * in->d.C : 0);
+  r.work_gpu = CUDA_CONTEXT_BYTES;
+  double state = r.params + r.wparams + r.grads + r.m + r.v + r.gather + r.comm;
+  /* the device keeps whole parameter and gradient arenas under ZeRO-2/3 (zero.h: its drops
+   * clear, they free nothing; the gathered blocks land in the whole arena) */
+  double state_gpu = 4 * P + (a->mixed ? 4 * P : 0) + 4 * P + r.m + r.v + r.comm;
+  r.total_cpu = state + r.act_cpu + r.work_cpu;
+  r.total_gpu = state_gpu + r.act_gpu + r.work_gpu;
+  r.total_gpu_rc = state_gpu + r.act_gpu_rc + r.work_gpu;
+  r.host_gpu = r.params + a->ints; /* host arena's params part, inputs + targets */
+  r.host_gpu_ckpt = r.host_gpu + r.m + r.v;
+  return r;
+}
+
+/* Roofline of the configured ZeRO stage's worst rank (stage zc), per optimizer step. */
+static void plan_roof(dt_plan_t *p, const dt_plan_in_t *in, const plan_act_t *a, int zc) {
+  const dt_dims_t *d = &in->d;
+  const int tp = in->tp, pp = in->pp, dp = in->dp, s = p->z[zc].pp_stage;
+  const double P = p->stage_params[s], acc = in->accum, bt = (double)in->B * in->T, C = d->C;
   /* activations one micro-batch writes and reads (not the pp - s kept in flight) */
   const double A = tp == 1 && pp == 1 ? p->z[zc].act_gpu
-                                      : 4 * (g_fix - logits_sh + p->stage_blocks[s] * g_per_tp) + ints;
+                                      : 4 * (a->g_fix - a->logits_sh + p->stage_blocks[s] * a->g_per_tp) + a->ints;
   dt_plan_roof_t *f = &p->roof;
   f->flops = dt_model_flops_per_token(d, in->T) * bt * acc / ((double)tp * pp);
-  f->w_read = acc * 2 * 4 * P + (mixed ? 8 * P : 0);  /* fwd + bwd read W; rounding copy */
+  f->w_read = acc * 2 * 4 * P + (a->mixed ? 8 * P : 0); /* fwd + bwd read W; rounding copy */
   f->w_read16 = acc * 2 * 2 * P + 6 * P;
   f->g_rw = acc * 2 * 4 * P + 2 * 4 * P;               /* += per micro-step; zero_grad, norm */
   f->act_rw = acc * 2 * A;                             /* written forward, read backward */
@@ -274,6 +287,26 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
     double T = dt_pp_simulate(pp, in->accum, tf, tb, NULL);
     if (T > 0) f->bubble = T / (acc * mean);
   }
+}
+
+dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in) {
+  memset(p, 0, sizeof *p);
+  p->in = *in;
+  double wte = 0;
+  DT_TRY(plan_groups(p, in, &wte));
+  const plan_act_t a = plan_act(in, wte);
+  const int zc = in->zero >= 0 && in->zero < DT_PLAN_ZERO_STAGES ? in->zero : 0; /* the configured stage */
+  for (int z = 0; z < DT_PLAN_ZERO_STAGES; z++) { /* each stage's worst rank, the configured one's every stage */
+    dt_plan_zero_t best = {0};
+    best.total_gpu = -1;
+    for (int s = 0; s < in->pp; s++) {
+      dt_plan_zero_t r = stage_memory(p, in, &a, z, s);
+      if (r.total_gpu > best.total_gpu) best = r;
+      if (z == zc) p->stage[s] = r;
+    }
+    p->z[z] = best;
+  }
+  plan_roof(p, in, &a, zc);
   return DT_OK;
 }
 

@@ -56,10 +56,11 @@ static const char *commas(size_t n, char buf[32]) {
 
 #define ROW(label, field) row(o, prefix, label, p, offsetof(dt_plan_zero_t, field))
 
-void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
+/* The model, the layout and what the whole model needs on one rank. */
+static void print_model(const dt_plan_t *p, FILE *o, const char *prefix) {
   const dt_plan_in_t *in = &p->in;
   const dt_dims_t *d = &in->d;
-  const int dp = in->dp, world = in->dp * in->tp * in->pp, mixed = in->precision != DT_PREC_FP32;
+  const int dp = in->dp, world = in->dp * in->tp * in->pp;
   const char *prec = dt_precision_name((dt_precision_t)in->precision);
   const double n = (double)p->n_arena;
   char b1[32], b2[32];
@@ -88,6 +89,12 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
       k += snprintf(line + k, sizeof line - (size_t)k, " %d:%d blk/%.4g", s, p->stage_blocks[s], p->stage_params[s]);
     pl(o, prefix, "plan: pipeline stages (blocks/parameters per tp rank):%s", line);
   }
+}
+
+/* Per rank for ZeRO stages 0-3 (the worst pipeline stage): each buffer, the totals, whether they fit. */
+static void print_ranks(const dt_plan_t *p, FILE *o, const char *prefix) {
+  const dt_plan_in_t *in = &p->in;
+  const int mixed = in->precision != DT_PREC_FP32;
   pl(o, prefix, "plan: per rank, GB (worst pipeline stage)       %9s %9s %9s %9s", "zero0", "zero1", "zero2", "zero3");
   ROW("parameters (fp32 master)", params);
   if (mixed) ROW("working copy (emulated 16-bit, stored fp32)", wparams);
@@ -127,6 +134,11 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
       k += snprintf(line + k, sizeof line - (size_t)k, " %9d", p->z[z].pp_stage);
     pl(o, prefix, "%s", line);
   }
+}
+
+/* pp > 1: each stage under the configured ZeRO stage (its ranks differ only in their tp shard). */
+static void print_stages(const dt_plan_t *p, FILE *o, const char *prefix) {
+  const dt_plan_in_t *in = &p->in;
   if (in->pp > 1) { /* the per-rank table: ranks of one stage differ only in their tp shard */
     const int zc = in->zero >= 0 && in->zero < DT_PLAN_ZERO_STAGES ? in->zero : 0;
     pl(o, prefix, "plan: per pipeline stage (zero%d), GB per rank: %5s %6s %9s %9s %9s %9s %9s %9s %9s", zc, "stage",
@@ -139,6 +151,12 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
     }
     if (in->pp > 64) pl(o, prefix, "plan: (%d more stages)", in->pp - 64);
   }
+}
+
+/* What the tables leave out: the CUDA backend's host copies, ZeRO on the device, recomputation. */
+static void print_notes(const dt_plan_t *p, FILE *o, const char *prefix) {
+  const dt_plan_in_t *in = &p->in;
+  const double n = (double)p->n_arena;
   pl(o, prefix, "plan: host memory with the CUDA backend (not in the device totals): a copy of the parameters %.3f GB "
      "(initial weights, checkpoint staging), + m, v %.3f GB once a checkpoint is written or read", 4 * n / GB,
      8 * n / GB);
@@ -150,8 +168,13 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
     pl(o, prefix, "plan: ZeRO is not in this build (no parallel.zero): stages 1-3 are what it would need");
   pl(o, prefix, "plan: train.recompute = %s: both backends keep each block's output and recompute one block's "
      "activations in backward", in->recompute ? "true" : "false");
+}
 
-  /* roofline */
+/* The datasheet roofline of one optimizer step on A100 and H100. */
+static void print_roofline(const dt_plan_t *p, FILE *o, const char *prefix) {
+  const dt_plan_in_t *in = &p->in;
+  const dt_dims_t *d = &in->d;
+  const int dp = in->dp;
   const dt_plan_roof_t *f = &p->roof;
   const int zc = in->zero >= 0 && in->zero < DT_PLAN_ZERO_STAGES ? in->zero : 0;
   const double tokens = (double)in->B * in->T * in->accum * dp;
@@ -185,6 +208,14 @@ void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
          : m == 2 ? " (needs 2-byte storage + tensor cores: not implemented)"
                   : " (system.tf32 = true: TF32 matmuls, fp32 storage)");
     }
+}
+
+void dt_plan_print(const dt_plan_t *p, FILE *o, const char *prefix) {
+  print_model(p, o, prefix);
+  print_ranks(p, o, prefix);
+  print_stages(p, o, prefix);
+  print_notes(p, o, prefix);
+  print_roofline(p, o, prefix);
 }
 
 double dt_plan_parse_bytes(const char *s) {

@@ -4,6 +4,7 @@
 #define DT_TRAIN_H
 
 #include <signal.h>
+#include <stdio.h>
 #include <stdint.h>
 
 #include "backend.h"
@@ -64,6 +65,12 @@ typedef struct {
 /* Data-parallel size and micro-steps per optimizer step for `world` ranks. Pure (no MPI), so a
  * bad launch is reported identically by every rank before any collective. */
 dt_status_t dt_train_batch_plan(const dt_config_t *c, const char *name, int world, int *dp, int *accum);
+/* Loss-scaler state from a checkpoint (train_ckpt.c; GPT-2's and the image classifiers'): scale and
+ * growth tracker only if it was written by an fp16 run (else the scaler keeps loss_scale_init, and
+ * rank 0 (root) says so); the skipped-step count always (the optimizer's step t). */
+void dt_train_resume_scaler(dt_scaler_t *sc, const dt_ckpt_state_t *st, int root);
+/* The start lines of a bf16/fp16 run (precision and loss scaler; nothing for fp32), train_run.c. */
+void dt_train_print_precision(FILE *o, dt_precision_t p, const dt_scaler_t *s);
 /* The backend for system.backend (collective over MPI_COMM_WORLD, same verdict on every rank):
  * cpu; cuda, an error naming the first rank without a usable GPU (DT_ERR_LAUNCH) or that cuda is
  * not built in; auto = cuda when it is built in and every rank has a GPU, else cpu with one note

@@ -127,16 +127,14 @@ static dt_precision_t ckpt_precision(const char *ini) {
   return p;
 }
 
-/* Loss-scaler state from a checkpoint: scale and growth tracker only if it was written by an
- * fp16 run (else the scaler starts at loss_scale_init); the skipped-step count always (AdamW t). */
-static void resume_scaler(dt_trainer_t *tr, const dt_ckpt_state_t *st) {
-  tr->scaler.skipped = st->skipped_steps;
-  if (!tr->scaler.enabled) return;
+void dt_train_resume_scaler(dt_scaler_t *sc, const dt_ckpt_state_t *st, int root) {
+  sc->skipped = st->skipped_steps;
+  if (!sc->enabled) return;
   if (ckpt_precision(st->ini) == DT_PREC_FP16 && st->loss_scale > 0) {
-    tr->scaler.scale = (float)st->loss_scale;
-    tr->scaler.growth = st->loss_scale_growth;
-  } else if (is_root(tr)) {
-    printf("# resume: the checkpoint is not from an fp16 run: loss scale starts at %g\n", tr->scaler.scale);
+    sc->scale = (float)st->loss_scale;
+    sc->growth = st->loss_scale_growth;
+  } else if (root) {
+    printf("# resume: the checkpoint is not from an fp16 run: loss scale starts at %g\n", sc->scale);
   }
 }
 
@@ -236,7 +234,7 @@ dt_status_t dt_trainer_load_weights(dt_trainer_t *tr) {
   tr->sample_pos = (uint64_t)st.data_pos;
   tr->tokens_seen = (uint64_t)st.tokens;
   tr->resumed_step = tr->step;
-  resume_scaler(tr, &st);
+  dt_train_resume_scaler(&tr->scaler, &st, is_root(tr));
   if (is_root(tr)) {
     printf("# resume: %s at step %d, sample %llu (written by dtrain %s, dp=%d tp=%d pp=%d; read in %.2f s)\n", path,
            tr->step, (unsigned long long)tr->sample_pos, st.version, st.dp, st.tp, st.pp, dt_time_now() - t0);

@@ -108,6 +108,21 @@ static dt_status_t init_arenas(dt_cnn_trainer_t *tr) {
   DT_TRY(dt_backend_cpu.init(&tr->be, &tr->arena, 1, 1, tr->mesh.threads));
   tr->params = tr->be.params;
   tr->bufs = tr->params + tr->model.lay.n_params;
+  dt_precision_t prec = DT_PREC_FP32;
+  if (dt_precision_parse(c->precision, &prec) != 0)
+    return DT_ERR(DT_ERR_CONFIG, "%s: train.precision: '%s' is not one of fp32|bf16|fp16", tr->cfg_name, c->precision);
+  DT_TRY(tr->be.ops->set_precision(&tr->be, prec)); /* bf16, fp16: the working copy be.wparams */
+  tr->model.precision = prec;
+  dt_scaler_init(&tr->scaler, prec == DT_PREC_FP16, c->loss_scale_init, c->loss_scale_window);
+  return DT_OK;
+}
+
+/* The parameters forward and backward read: the fp32 master, or (bf16, fp16) its rounded working
+ * copy, rounded now from the master (the running statistics stay in the master's arena). */
+static dt_status_t working_params(dt_cnn_trainer_t *tr, const float **w) {
+  dt_backend_t *be = &tr->be;
+  if (be->wparams != be->params) DT_TRY(be->k->round_copy(be, be->wparams, be->params, tr->model.lay.n_params));
+  *w = be->wparams;
   return DT_OK;
 }
 
@@ -159,7 +174,8 @@ dt_status_t dt_cnn_trainer_init(dt_cnn_trainer_t *tr, const dt_config_t *cfg, co
 
 /* SGD (torch.optim.SGD) or AdamW (torch.optim.AdamW) on the parameters of the optimizer range
  * (ZeRO: this rank's shard; never the batch norm statistics above the parameters), the gradient
- * scaled by the clipping factor first; m, v hold the range (m[i - lo] for arena offset i). */
+ * scaled by `scale` first (the clipping factor over fp16's loss scale); m, v hold the range (m[i -
+ * lo] for arena offset i); AdamW's step count leaves out the steps fp16 skipped. */
 static void update(dt_cnn_trainer_t *tr, double lr, float scale) {
   const dt_config_t *c = &tr->cfg;
   dt_backend_t *be = &tr->be;
@@ -170,7 +186,7 @@ static void update(dt_cnn_trainer_t *tr, double lr, float scale) {
   float *p = be->params + lo, *g = be->grads + lo, *m = be->m, *v = be->v;
   const float flr = (float)lr, wd = (float)c->weight_decay, mom = (float)c->momentum;
   const float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps;
-  const float bc1 = 1.0f - powf(b1, (float)(tr->step + 1)), bc2 = 1.0f - powf(b2, (float)(tr->step + 1));
+  const float t = (float)(tr->step - tr->scaler.skipped + 1), bc1 = 1.0f - powf(b1, t), bc2 = 1.0f - powf(b2, t);
   if (!strcmp(c->optimizer, "sgd")) {
 #pragma omp parallel for schedule(static) num_threads(tr->mesh.threads)
     for (long i = 0; i < n; i++) p[i] = dt_sgd_update(p[i], g[i] * scale, &m[i], flr, mom, wd, c->nesterov);
@@ -185,12 +201,14 @@ static void update(dt_cnn_trainer_t *tr, double lr, float scale) {
 static dt_status_t microsteps(dt_cnn_trainer_t *tr, uint64_t slice, double *loss) {
   dt_cnn_t *m = &tr->model;
   dt_sync_t *sy = &tr->sync;
+  const float *w;
+  DT_TRY(working_params(tr, &w));
   for (int k = 0; k < tr->accum; k++) {
     dt_images_batch(&tr->train, slice + (uint64_t)k * tr->B, tr->B, tr->x, tr->y, NULL);
-    *loss += dt_cnn_forward(m, tr->params, tr->bufs, tr->x, tr->y, 1, NULL) / tr->accum;
+    *loss += dt_cnn_forward(m, w, tr->bufs, tr->x, tr->y, 1, NULL) / tr->accum;
     m->ready = sy->ops->backward_begin(sy, k, tr->accum);
     m->ready_ctx = &sy->ddp;
-    dt_cnn_backward(m, tr->params, tr->be.grads, 1.0f / ((float)tr->B * tr->accum));
+    dt_cnn_backward(m, w, tr->be.grads, tr->scaler.scale / ((float)tr->B * tr->accum)); /* fp16: loss x scale */
     m->ready = NULL;
     DT_TRY(m->sync_err);
     DT_TRY(sy->ops->backward_end(sy));
@@ -204,16 +222,24 @@ dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
   const uint64_t sample0 = tr->sample_pos, slice = sample0 + (uint64_t)tr->mesh.dp_idx * tr->accum * tr->B;
   dt_wd_set_step(tr->step + 1);
   double loss = 0, sumsq = 0;
+  const float scale = tr->scaler.scale; /* 1 unless fp16 */
+  int skip = 0;
   DT_TRY(sy->ops->begin_step(sy)); /* gradients zeroed */
   DT_TRY(microsteps(tr, slice, &loss));
   DT_TRY(sy->ops->after_backward(sy)); /* gradients final over dp (ZeRO: this rank's shard) */
   DT_TRY(tr->be.ops->grad_sumsq(&tr->be, &sumsq));
-  DT_TRY(sy->ops->reduce_norm(sy, &sumsq));
-  const double norm = sqrt(sumsq);
-  if (!isfinite(norm))
+  if (tr->scaler.enabled) DT_TRY(dt_scaler_agree(&tr->scaler, tr->mesh.world, tr->mesh.rank, sumsq, &skip));
+  if (!skip) DT_TRY(sy->ops->reduce_norm(sy, &sumsq));
+  const double norm = sqrt(sumsq) / scale; /* of the unscaled gradients (scale: a power of two) */
+  if (!skip && !isfinite(norm))
     return DT_ERR(DT_ERR_NUMERIC, "rank %d: step %d: gradient norm is %g", tr->mesh.rank, tr->step + 1, norm);
-  update(tr, lr, dt_clip_scale(norm, tr->cfg.grad_clip));
-  DT_TRY(sy->ops->after_update(sy, 0)); /* ZeRO: the parameters whole again */
+  if (!skip) update(tr, lr, dt_clip_scale(norm, tr->cfg.grad_clip) / scale);
+  DT_TRY(sy->ops->after_update(sy, skip)); /* ZeRO: the parameters whole again */
+  dt_scaler_update(&tr->scaler, skip);
+  if (tr->scaler.enabled && is_root(tr) && (skip || tr->scaler.scale != scale))
+    printf("# step %d: %s: loss scale %g -> %g\n", tr->step + 1,
+           skip ? "inf/NaN gradients on some rank, update skipped" : "no overflow for loss_scale_window steps", scale,
+           tr->scaler.scale);
   tr->step++;
   tr->sample_pos += (uint64_t)tr->global_batch;
   double dt = dt_time_now() - t0, tmax = dt;
@@ -226,7 +252,8 @@ dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
                          .tok_per_s = tr->global_batch / tmax,
                          .gflops = tr->flops_per_image * tr->global_batch / tmax * 1e-9, .val_loss = -1,
                          .val_acc = -1, .sample0 = sample0, .samples = tr->global_batch, .slowest_rank = -1,
-                         .epoch = (double)tr->sample_pos / tr->train.n};
+                         .epoch = (double)tr->sample_pos / tr->train.n,
+                         .loss_scale = tr->scaler.enabled ? scale : 0, .skipped = skip};
   return DT_OK;
 }
 
@@ -234,11 +261,13 @@ dt_status_t dt_cnn_trainer_eval(dt_cnn_trainer_t *tr, double *loss, double *acc)
   dt_cnn_t *m = &tr->model;
   const int n = tr->val.n, batches = (n + tr->B - 1) / tr->B;
   double sum[3] = {0, 0, 0}; /* loss x images, correct, images */
+  const float *w;
+  DT_TRY(working_params(tr, &w));
   for (int j = tr->mesh.dp_idx; j < batches; j += tr->mesh.dp) {
     int b = n - j * tr->B < tr->B ? n - j * tr->B : tr->B, correct = 0;
     m->B = b; /* a smaller last batch fits in the memory of B images */
     dt_images_batch_sequential(&tr->val, j * tr->B, b, tr->x, tr->y);
-    sum[0] += dt_cnn_forward(m, tr->params, tr->bufs, tr->x, tr->y, 0, &correct) * b;
+    sum[0] += dt_cnn_forward(m, w, tr->bufs, tr->x, tr->y, 0, &correct) * b;
     sum[1] += correct, sum[2] += b;
   }
   m->B = tr->B;
@@ -276,6 +305,7 @@ static void print_header(void *t) {
     printf("# optimizer: AdamW, betas %g %g, eps %g, weight decay %g\n", c->beta1, c->beta2, c->eps, c->weight_decay);
   printf("# backend: cpu (src/backend/ops_cnn_cpu.c), %d threads per rank, matmul: %s\n", tr->mesh.threads,
          dt_gemm_engine_name());
+  dt_train_print_precision(stdout, (dt_precision_t)tr->model.precision, &tr->scaler);
   printf("# FLOPs per image (forward + backward: 3 x 2 x the convolutions' and linear layers' multiply-adds) = %.4g\n",
          tr->flops_per_image);
 }

@@ -9,7 +9,8 @@
  * CPU backend's arenas (backend.h) over one layout, and the gradients become final over dp through
  * GPT-2's sync strategies (sync.h): DDP's buckets all-reduced during backward, ZeRO-1 and ZeRO-2.
  * Checkpoints (train_cnn_ckpt.c): GPT-2's format and commit protocol, exact and any-layout resume.
- * Not yet (README, Status): CUDA, tp, pp, ZeRO-3, mixed precision. The model-side seam that would
+ * Mixed precision (train.precision = bf16 | fp16, emulated as GPT-2's: cnn.h) with fp16's loss scaler.
+ * Not yet (README, Status): CUDA, tp, pp, ZeRO-3. The model-side seam that would
  * join this loop and GPT-2's into one trainer is docs/architecture.md's next step. */
 #ifndef DT_TRAIN_CNN_H
 #define DT_TRAIN_CNN_H
@@ -35,6 +36,7 @@ typedef struct {
                          optimizer state m (SGD's momentum buffer or AdamW's first moment), v
                          (AdamW's second) of the optimizer range (ZeRO: this rank's shard) */
   dt_sync_t sync;     /* local, ddp, zero1 or zero2 (parallel.zero) */
+  dt_scaler_t scaler; /* fp16's dynamic loss scale (precision.h); disabled otherwise */
   dt_ckpt_ranges_t zero_optim; /* ZeRO: the boxes of m, v in checkpoints */
   float *params, *bufs; /* be.params; bufs = params + model.lay.n_params */
   dt_images_t train, val;

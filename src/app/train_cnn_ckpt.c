@@ -14,6 +14,7 @@
 #include "ckpt.h"
 #include "comm.h"
 #include "timer.h"
+#include "train.h"
 #include "train_cnn.h"
 
 /* tr->ck: the parameters' layout, then the running statistics' at offset lay.n_params. */
@@ -49,7 +50,8 @@ dt_status_t dt_cnn_trainer_save(dt_cnn_trainer_t *tr) {
   char *ini = dt_config_to_string(&tr->cfg), path[DT_PATH_MAX];
   dt_ckpt_state_t st = {.step = tr->step, .data_pos = (int64_t)tr->sample_pos,
                         .epoch = (int64_t)(tr->sample_pos / (uint64_t)tr->train.n), .seed = tr->cfg.seed,
-                        .loss_scale = 1, .dp = tr->mesh.dp, .tp = 1, .pp = 1, .ini = ini};
+                        .loss_scale = tr->scaler.scale, .loss_scale_growth = tr->scaler.growth,
+                        .skipped_steps = tr->scaler.skipped, .dp = tr->mesh.dp, .tp = 1, .pp = 1, .ini = ini};
   double t0 = dt_time_now();
   MPI_Comm w;
   dt_status_t s = world_of(tr, &w);
@@ -88,6 +90,7 @@ dt_status_t dt_cnn_trainer_resume(dt_cnn_trainer_t *tr) {
   tr->step = (int)st.step;
   tr->sample_pos = (uint64_t)st.data_pos;
   tr->resumed_step = tr->step;
+  dt_train_resume_scaler(&tr->scaler, &st, tr->mesh.rank == 0);
   if (tr->mesh.rank == 0) {
     printf("# resume: %s at step %d, sample %llu (written by dtrain %s, dp=%d)\n", path, tr->step,
            (unsigned long long)tr->sample_pos, st.version, st.dp);

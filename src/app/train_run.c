@@ -51,13 +51,7 @@ static void print_header(dt_trainer_t *tr) {
             tr->cfg.device_comm, tr->be.ops->name);
   if (tr->cfg.tf32 && tr->be.ops->host_memory)
     fprintf(o, "# note: system.tf32 = true has no effect on the %s backend (fp32 matmuls)\n", tr->be.ops->name);
-  if (tr->be.precision != DT_PREC_FP32)
-    fprintf(o, "# precision: %s weights/activations/activation gradients, fp32 master weights and accumulation%s\n",
-            dt_precision_name((dt_precision_t)tr->be.precision),
-            tr->scaler.enabled ? "; dynamic loss scaling (GradScaler rule)" : "");
-  if (tr->scaler.enabled)
-    fprintf(o, "# loss scale: %g, x2 after %d clean steps, x0.5 and skip on inf/NaN (agreed over all ranks)\n",
-            tr->scaler.scale, tr->scaler.interval);
+  dt_train_print_precision(o, (dt_precision_t)tr->be.precision, &tr->scaler);
   fprintf(o, "# FLOPs per token = 6*(12*L*C^2 + C*Vp) + 12*L*T*C = %.4g (fwd+bwd, full TxT attention)\n",
           tr->flops_per_token);
 }
@@ -65,6 +59,15 @@ static void print_header(dt_trainer_t *tr) {
 /* Pipeline bubble: each stage's mean forward, backward and micro-step-loop time per step (over
  * pp_comm, collective), the idle share they imply, 1F1B's prediction for equal stages and the
  * schedule simulated with these stages' own compute times (pipeline.h). Rank 0 prints. */
+void dt_train_print_precision(FILE *o, dt_precision_t p, const dt_scaler_t *s) {
+  if (p != DT_PREC_FP32)
+    fprintf(o, "# precision: %s weights/activations/activation gradients, fp32 master weights and accumulation%s\n",
+            dt_precision_name(p), s->enabled ? "; dynamic loss scaling (GradScaler rule)" : "");
+  if (s->enabled)
+    fprintf(o, "# loss scale: %g, x2 after %d clean steps, x0.5 and skip on inf/NaN (agreed over all ranks)\n",
+            s->scale, s->interval);
+}
+
 static dt_status_t pp_report(dt_trainer_t *tr) {
   const int pp = tr->mesh.pp, m = tr->accum, n = tr->n_pp_steps;
   double mine[3] = {tr->t_pp_fwd / n, tr->t_pp_bwd / n, tr->t_pp_step / n}, *all = malloc(sizeof(double) * 3 * pp),

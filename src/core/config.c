@@ -19,7 +19,7 @@ const dt_config_key_t dt_config_keys[] = {
   {"model", "n_embd",     DT_KEY_INT,   OFF(n_embd),     "128",  1, 65536, NULL, "embedding width (C)"},
   {"model", "vocab_size", DT_KEY_INT,   OFF(vocab_size), "256",  2, 1 << 24, NULL, "vocabulary size V (padded to a multiple of 128 internally)"},
   {"model", "seq_len",    DT_KEY_INT,   OFF(seq_len),    "64",   1, 1 << 20, NULL, "sequence length T (also the position table size)"},
-  {"model", "arch",       DT_KEY_ENUM,  OFF(arch),       "gpt2", 0, 0, "gpt2|cnn|resnet18|resnet50", "the network: GPT-2 (the keys above), or an image classifier trained on data.format = idx|cifar10: cnn (2 x conv-BN-ReLU-maxpool, 2 linear layers), resnet18 / resnet50 (torchvision's, CIFAR stem); the classifiers train on the cpu backend with data parallelism and ZeRO 1-2 (no tp, pp, ZeRO-3 or mixed precision yet: README, Status)"},
+  {"model", "arch",       DT_KEY_ENUM,  OFF(arch),       "gpt2", 0, 0, "gpt2|cnn|resnet18|resnet50", "the network: GPT-2 (the keys above), or an image classifier trained on data.format = idx|cifar10: cnn (2 x conv-BN-ReLU-maxpool, 2 linear layers), resnet18 / resnet50 (torchvision's, CIFAR stem); the classifiers train on the cpu backend with data parallelism, ZeRO 1-2 and bf16/fp16 (no tp, pp or ZeRO-3 yet: README, Status)"},
   {"model", "classes",    DT_KEY_INT,   OFF(classes),    "10", 2, 1 << 20, NULL, "image classifiers: classes (labels must be below it)"},
   {"model", "width",      DT_KEY_INT,   OFF(width),      "0", 0, 1 << 16, NULL, "image classifiers: channels of cnn's first convolution (the second has twice as many) or of a resnet's stem and first stage; 0 = 32 for cnn, 64 for the resnets (torchvision's)"},
   {"model", "hidden",     DT_KEY_INT,   OFF(hidden),     "128", 1, 1 << 20, NULL, "cnn: units of the hidden linear layer"},
@@ -355,14 +355,13 @@ static dt_status_t validate_images(const dt_config_t *cfg, const char *name, cha
     {"parallel", "tp", cfg->tp > 1, "tensor parallelism is"},
     {"parallel", "pp", cfg->pp > 1, "pipeline parallelism is"},
     {"parallel", "zero", cfg->zero > 2, "ZeRO-3 is"},
-    {"train", "precision", strcmp(cfg->precision, "fp32") != 0, "mixed precision is"},
     {"train", "recompute", cfg->recompute, "recomputation is"},
   };
   for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
     if (no[i].bad) {
       where(cfg, name, no[i].section, no[i].key, w, wn);
       return DT_ERR(DT_ERR_CONFIG, "%s: %s not implemented for the image classifiers yet (model.arch = %s trains "
-                    "with data parallelism and ZeRO 1-2 in fp32 on the cpu backend)", w, no[i].what, cfg->arch);
+                    "with data parallelism and ZeRO 1-2 on the cpu backend)", w, no[i].what, cfg->arch);
     }
   return DT_OK;
 }

@@ -22,6 +22,7 @@
 #include <stdint.h>
 
 #include "model.h"
+#include "precision.h"
 #include "status.h"
 
 typedef enum { DT_CNN_SIMPLE = 0, DT_CNN_RESNET18, DT_CNN_RESNET50 } dt_cnn_arch_t;
@@ -86,6 +87,11 @@ typedef struct {
    * only to the lowest tensor below which nothing is pending. */
   dt_grad_ready_fn ready;
   void *ready_ctx;
+  /* Mixed precision (precision.h; dt_precision_t, 0 = fp32): every activation an operation writes
+   * and every activation gradient is rounded to it as it is stored (forward's slots, backward's
+   * slot gradients after each write or sum); batch norm's statistics, the loss, the parameter
+   * gradients stay fp32. The caller passes the rounded working copy of the parameters. */
+  int precision;
   int *owner;             /* lay.n_tensors: the operation using each tensor (n_ops: none) */
 } dt_cnn_t;
 

@@ -2,17 +2,33 @@
 # Runs one of automake's test drivers and appends the test's wall time to its log, as the line
 # "# elapsed: SECONDS s", so that whoever reads a CI log can see where the suite's time goes
 # (.ci/run prints the slowest tests from these lines).
-#   timed-driver.sh DRIVER [DRIVER'S ARGUMENTS...]
+# With --alone LIST (the tests whose checks time something: deadlines, stalls, kills, throughput,
+# the Slurm suites; Makefile.am's SERIAL_TESTS), `make -j2 check` stays safe: every test holds a
+# lock on .dtrain-tests.lock in the build tree while it runs, shared by the others and exclusive
+# for those, so they run with nothing beside them. The lock is the driver's own descriptor: the
+# test and what it leaves running (a Slurm cluster's daemons) never hold it.
+#   timed-driver.sh [--alone 'TEST ...'] DRIVER [DRIVER'S ARGUMENTS...]
+alone=
+if [ "$1" = --alone ]; then
+  alone=$2
+  shift 2
+fi
 driver=$1
 shift
 log=
+name=
 prev=
 for a in "$@"; do
   [ "$prev" = --log-file ] && log=$a
+  [ "$prev" = --test-name ] && name=$a
   prev=$a
 done
-t0=$(date +%s.%N)
-"$driver" "$@"
+mode=-s
+case " $alone " in *" $name "*) mode=-x ;; esac
+exec 9> .dtrain-tests.lock
+command -v flock > /dev/null && flock "$mode" 9
+t0=$(date +%s.%N) # the test's own time, not its wait for the lock
+"$driver" "$@" 9>&-
 rc=$?
 [ -n "$log" ] && [ -f "$log" ] &&
   awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN {printf "# elapsed: %.1f s\n", b - a}' >> "$log"

@@ -69,6 +69,14 @@ dt_status_t dt_train_batch_plan(const dt_config_t *c, const char *name, int worl
  * growth tracker only if it was written by an fp16 run (else the scaler keeps loss_scale_init, and
  * rank 0 (root) says so); the skipped-step count always (the optimizer's step t). */
 void dt_train_resume_scaler(dt_scaler_t *sc, const dt_ckpt_state_t *st, int root);
+/* After the final gradients' sum of squares (this rank's shard under ZeRO, tp and pp already
+ * summed): fp16's inf/NaN agreement (*skip), the sync strategy's shard sum, *norm of the unscaled
+ * gradients; a non-finite norm of a step not skipped is an error naming the rank and step
+ * (train_step.c; both trainers). */
+dt_status_t dt_train_norm(dt_sync_t *sy, dt_scaler_t *sc, const dt_mesh_t *mesh, int step, double sumsq,
+                          double *norm, int *skip);
+/* After the update: the loss scaler's update and, on root, its message when it skipped or grew. */
+void dt_train_scaler_step(dt_scaler_t *sc, int skip, int step, int root);
 /* The start lines of a bf16/fp16 run (precision and loss scaler; nothing for fp32), train_run.c. */
 void dt_train_print_precision(FILE *o, dt_precision_t p, const dt_scaler_t *s);
 /* The backend for system.backend (collective over MPI_COMM_WORLD, same verdict on every rank):

@@ -106,8 +106,7 @@ static dt_status_t init_arenas(dt_cnn_trainer_t *tr) {
   if (tr->sync.ops->optim_sharded)
     DT_TRY(dt_ckpt_ranges_add_flat(&tr->zero_optim, &tr->ck, tr->be.opt_lo, tr->be.opt_hi));
   DT_TRY(dt_backend_cpu.init(&tr->be, &tr->arena, 1, 1, tr->mesh.threads));
-  tr->params = tr->be.params;
-  tr->bufs = tr->params + tr->model.lay.n_params;
+  tr->bufs = tr->be.params + tr->model.lay.n_params;
   dt_precision_t prec = DT_PREC_FP32;
   if (dt_precision_parse(c->precision, &prec) != 0)
     return DT_ERR(DT_ERR_CONFIG, "%s: train.precision: '%s' is not one of fp32|bf16|fp16", tr->cfg_name, c->precision);
@@ -144,7 +143,7 @@ static dt_status_t init_model(dt_cnn_trainer_t *tr) {
   tr->x = malloc(sizeof(float) * (size_t)tr->B * mc.C * mc.H * mc.W);
   tr->y = malloc(sizeof(int) * (size_t)tr->B);
   if (!tr->x || !tr->y) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
-  dt_cnn_init_params(&tr->model, tr->params, tr->bufs, tr->cfg.seed); /* the same on every rank */
+  dt_cnn_init_params(&tr->model, tr->be.params, tr->bufs, tr->cfg.seed); /* the same on every rank */
   tr->flops_per_image = flops_per_image(&tr->model);
   return DT_OK;
 }
@@ -221,25 +220,17 @@ dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
   const double t0 = dt_time_now(), lr = dt_lr_at(&tr->cfg, tr->step);
   const uint64_t sample0 = tr->sample_pos, slice = sample0 + (uint64_t)tr->mesh.dp_idx * tr->accum * tr->B;
   dt_wd_set_step(tr->step + 1);
-  double loss = 0, sumsq = 0;
+  double loss = 0, sumsq = 0, norm = 0;
   const float scale = tr->scaler.scale; /* 1 unless fp16 */
   int skip = 0;
   DT_TRY(sy->ops->begin_step(sy)); /* gradients zeroed */
   DT_TRY(microsteps(tr, slice, &loss));
   DT_TRY(sy->ops->after_backward(sy)); /* gradients final over dp (ZeRO: this rank's shard) */
   DT_TRY(tr->be.ops->grad_sumsq(&tr->be, &sumsq));
-  if (tr->scaler.enabled) DT_TRY(dt_scaler_agree(&tr->scaler, tr->mesh.world, tr->mesh.rank, sumsq, &skip));
-  if (!skip) DT_TRY(sy->ops->reduce_norm(sy, &sumsq));
-  const double norm = sqrt(sumsq) / scale; /* of the unscaled gradients (scale: a power of two) */
-  if (!skip && !isfinite(norm))
-    return DT_ERR(DT_ERR_NUMERIC, "rank %d: step %d: gradient norm is %g", tr->mesh.rank, tr->step + 1, norm);
+  DT_TRY(dt_train_norm(sy, &tr->scaler, &tr->mesh, tr->step + 1, sumsq, &norm, &skip));
   if (!skip) update(tr, lr, dt_clip_scale(norm, tr->cfg.grad_clip) / scale);
   DT_TRY(sy->ops->after_update(sy, skip)); /* ZeRO: the parameters whole again */
-  dt_scaler_update(&tr->scaler, skip);
-  if (tr->scaler.enabled && is_root(tr) && (skip || tr->scaler.scale != scale))
-    printf("# step %d: %s: loss scale %g -> %g\n", tr->step + 1,
-           skip ? "inf/NaN gradients on some rank, update skipped" : "no overflow for loss_scale_window steps", scale,
-           tr->scaler.scale);
+  dt_train_scaler_step(&tr->scaler, skip, tr->step + 1, is_root(tr));
   tr->step++;
   tr->sample_pos += (uint64_t)tr->global_batch;
   double dt = dt_time_now() - t0, tmax = dt;

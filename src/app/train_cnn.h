@@ -38,7 +38,7 @@ typedef struct {
   dt_sync_t sync;     /* local, ddp, zero1 or zero2 (parallel.zero) */
   dt_scaler_t scaler; /* fp16's dynamic loss scale (precision.h); disabled otherwise */
   dt_ckpt_ranges_t zero_optim; /* ZeRO: the boxes of m, v in checkpoints */
-  float *params, *bufs; /* be.params; bufs = params + model.lay.n_params */
+  float *bufs;        /* the running statistics: be.params + model.lay.n_params */
   dt_images_t train, val;
   int have_val;
   float *x;           /* (B, C, H, W) */

@@ -56,9 +56,6 @@ static void print_header(dt_trainer_t *tr) {
           tr->flops_per_token);
 }
 
-/* Pipeline bubble: each stage's mean forward, backward and micro-step-loop time per step (over
- * pp_comm, collective), the idle share they imply, 1F1B's prediction for equal stages and the
- * schedule simulated with these stages' own compute times (pipeline.h). Rank 0 prints. */
 void dt_train_print_precision(FILE *o, dt_precision_t p, const dt_scaler_t *s) {
   if (p != DT_PREC_FP32)
     fprintf(o, "# precision: %s weights/activations/activation gradients, fp32 master weights and accumulation%s\n",
@@ -68,6 +65,9 @@ void dt_train_print_precision(FILE *o, dt_precision_t p, const dt_scaler_t *s) {
             s->scale, s->interval);
 }
 
+/* Pipeline bubble: each stage's mean forward, backward and micro-step-loop time per step (over
+ * pp_comm, collective), the idle share they imply, 1F1B's prediction for equal stages and the
+ * schedule simulated with these stages' own compute times (pipeline.h). Rank 0 prints. */
 static dt_status_t pp_report(dt_trainer_t *tr) {
   const int pp = tr->mesh.pp, m = tr->accum, n = tr->n_pp_steps;
   double mine[3] = {tr->t_pp_fwd / n, tr->t_pp_bwd / n, tr->t_pp_step / n}, *all = malloc(sizeof(double) * 3 * pp),

@@ -108,6 +108,26 @@ static dt_status_t test_faults(dt_trainer_t *tr, int step) {
   return DT_OK;
 }
 
+dt_status_t dt_train_norm(dt_sync_t *sy, dt_scaler_t *sc, const dt_mesh_t *mesh, int step, double sumsq,
+                          double *norm, int *skip) {
+  *skip = 0;
+  if (sc->enabled) DT_TRY(dt_scaler_agree(sc, mesh->world, mesh->rank, sumsq, skip));
+  if (!*skip) DT_TRY(sy->ops->reduce_norm(sy, &sumsq)); /* sharded gradients: the shards' sum */
+  *norm = sqrt(sumsq) / sc->scale; /* of the unscaled gradients (exact: scale is a power of two) */
+  if (!*skip && !isfinite(*norm))
+    return DT_ERR(DT_ERR_NUMERIC, "rank %d: step %d: gradient norm is %g", mesh->rank, step, *norm);
+  return DT_OK;
+}
+
+void dt_train_scaler_step(dt_scaler_t *sc, int skip, int step, int root) {
+  const float scale = sc->scale;
+  dt_scaler_update(sc, skip);
+  if (sc->enabled && root && (skip || sc->scale != scale))
+    printf("# step %d: %s: loss scale %g -> %g\n", step,
+           skip ? "inf/NaN gradients on some rank, update skipped" : "no overflow for loss_scale_window steps", scale,
+           sc->scale);
+}
+
 /* The global gradient norm (of the unscaled gradients) over tp shards, pp stages and ZeRO shards;
  * with fp16, *skip = some rank saw inf/NaN (the step is then skipped everywhere). */
 static dt_status_t global_norm(dt_trainer_t *tr, double *norm, int *skip) {
@@ -118,13 +138,7 @@ static dt_status_t global_norm(dt_trainer_t *tr, double *norm, int *skip) {
   sumsq += rep;
   if (tr->mesh.pp > 1)
     DT_TRY(tr->mesh.pp_comm->ops->allreduce(tr->mesh.pp_comm, &sumsq, &sumsq, 1, DT_F64, DT_SUM, NULL, NULL));
-  *skip = 0;
-  if (tr->scaler.enabled) DT_TRY(dt_scaler_agree(&tr->scaler, tr->mesh.world, tr->mesh.rank, sumsq, skip));
-  if (!*skip) DT_TRY(tr->sync.ops->reduce_norm(&tr->sync, &sumsq)); /* sharded gradients: the shards' sum */
-  *norm = sqrt(sumsq) / tr->scaler.scale; /* of the unscaled gradients (exact: scale is a power of two) */
-  if (!*skip && !isfinite(*norm))
-    return DT_ERR(DT_ERR_NUMERIC, "rank %d: step %d: gradient norm is %g", tr->mesh.rank, tr->step + 1, *norm);
-  return DT_OK;
+  return dt_train_norm(&tr->sync, &tr->scaler, &tr->mesh, tr->step + 1, sumsq, norm, skip);
 }
 
 /* AdamW (clipped to grad_clip; the loss scale folded into the factor) unless skipped, what the sync
@@ -141,11 +155,7 @@ static dt_status_t update(dt_trainer_t *tr, double lr, double norm, int skip) {
     DT_TRY(be->ops->adamw(be, &a));
   }
   DT_TRY(tr->sync.ops->after_update(&tr->sync, skip)); /* ZeRO: parameters whole again */
-  dt_scaler_update(&tr->scaler, skip);
-  if (tr->scaler.enabled && is_root(tr) && (skip || tr->scaler.scale != scale))
-    printf("# step %d: %s: loss scale %g -> %g\n", tr->step + 1,
-           skip ? "inf/NaN gradients on some rank, update skipped" : "no overflow for loss_scale_window steps", scale,
-           tr->scaler.scale);
+  dt_train_scaler_step(&tr->scaler, skip, tr->step + 1, is_root(tr));
   return DT_OK;
 }
 

@@ -128,7 +128,7 @@ double dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const float
       case DT_OP_LINEAR: dt_matmul_forward(out, in, w, b, B, o->C, o->OC); break;
       case DT_OP_ADD: dt_residual_forward(out, in, m->acts + m->slots[o->in2].off, n); break;
     }
-    if (m->precision != DT_PREC_FP32) dt_prec_round(out, (size_t)B * slot_floats(&m->slots[i + 1]), m->precision);
+    dt_prec_round(out, (size_t)B * slot_floats(&m->slots[i + 1]), m->precision); /* bf16, fp16: as stored */
   }
   const int K = m->cfg.classes;
   const float *logits = m->acts + m->slots[m->n_slots - 1].off;
@@ -160,7 +160,7 @@ static void grad_done(dt_cnn_t *m, int s) {
   size_t n = (size_t)m->B * slot_floats(&m->slots[s]);
   if (m->written[s]) dt_residual_forward(d, d, m->tmp, n);
   m->written[s] = 1;
-  if (m->precision != DT_PREC_FP32) dt_prec_round(d, n, m->precision); /* stored in 16 bits */
+  dt_prec_round(d, n, m->precision); /* bf16, fp16: as stored */
 }
 
 static void op_backward(dt_cnn_t *m, const dt_cnn_op_t *o, int i, const float *params, float *grads) {
@@ -211,7 +211,7 @@ void dt_cnn_backward(dt_cnn_t *m, const float *params, float *grads, float dloss
   memset(m->written, 0, (size_t)m->n_slots);
   float *dlogits = m->dacts + m->slots[last].off;
   dt_crossentropy_backward(dlogits, m->acts + m->slots[last].off, m->lse, m->labels, dloss, m->B, K, K);
-  if (m->precision != DT_PREC_FP32) dt_prec_round(dlogits, (size_t)m->B * K, m->precision);
+  dt_prec_round(dlogits, (size_t)m->B * K, m->precision);
   m->written[last] = 1;
   int k = m->lay.n_tensors; /* tensors [k, n_tensors) (arena order) are final */
   size_t hi = m->lay.n_params;

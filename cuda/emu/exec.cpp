@@ -39,7 +39,7 @@ struct thr_t {
 
 /* The warp operation being gathered in a warp: its kind and mask, lanes arrived so far. */
 struct warp_t {
-  int kind, arrived;
+  int kind, arrived, need;
   unsigned mask;
 };
 
@@ -86,25 +86,62 @@ static void kernel_fail(thr_t *t, const char *fmt, ...) {
   }
 }
 
-static void thread_entry(void) {
-  g_l->body(g_l->ctx);
-  g_cur->state = T_DONE;
-  fiber_exit(g_cur->f); /* never returns */
+/* The lane at position li of a pass over the warp whose first thread is b (nl lanes). */
+static thr_t *lane_at(unsigned b, unsigned nl, unsigned li) { return &g_thr[b + (g_order ? nl - 1 - li : li)]; }
+
+/* A fresh fiber runs the block's new threads one after another in the scheduler's order while each
+ * returns without blocking: a call per thread instead of two stack switches (mispredicted returns
+ * were half of an emulated step). The chain stops at the first thread that blocks (it keeps the
+ * fiber), at a lane that is not new, or at the pass's end; g_chain.pos is the last lane it ran. */
+static struct {
+  unsigned b, nl, pos;
+  fiber_t *f;
+  int live; /* 0 once the scheduler resumed anyone: a thread resumed after blocking ends alone */
+} g_chain;
+
+static void chain_entry(void) {
+  fiber_t *f = g_chain.f;
+  for (;;) {
+    thr_t *t = lane_at(g_chain.b, g_chain.nl, g_chain.pos);
+    g_cur = t;
+    dt_emu_ids.tid = t->tid;
+    t->f = f;
+    t->state = T_RUN;
+    g_l->body(g_l->ctx);
+    t->state = T_DONE;
+    t->f = NULL;
+    if (!g_chain.live || g_chain.pos + 1 >= g_chain.nl ||
+        lane_at(g_chain.b, g_chain.nl, g_chain.pos + 1)->state != T_NEW)
+      break;
+    g_chain.pos++;
+  }
+  fiber_exit(f); /* never returns */
 }
 
-static void run_thread(thr_t *t) {
+/* Runs the new thread at position li and the new ones after it; returns the last position run. */
+static unsigned run_new(unsigned b, unsigned nl, unsigned li) {
+  fiber_t *f = fiber_acquire();
+  fiber_prepare(f, chain_entry);
+  g_chain.b = b;
+  g_chain.nl = nl;
+  g_chain.pos = li;
+  g_chain.f = f;
+  g_chain.live = 1;
+  fiber_resume(f);
+  g_chain.live = 0;
+  if (lane_at(b, nl, g_chain.pos)->state == T_DONE && !g_failed) fiber_release(f);
+  g_cur = NULL;
+  return g_chain.pos;
+}
+
+/* Resumes thread t, which blocked and is ready again, until it blocks again or returns. */
+static void resume_thread(thr_t *t) {
+  fiber_t *f = t->f;
   g_cur = t;
   dt_emu_ids.tid = t->tid;
-  if (t->state == T_NEW) {
-    t->f = fiber_acquire();
-    fiber_prepare(t->f, thread_entry);
-  }
   t->state = T_RUN;
-  fiber_resume(t->f);
-  if (t->state == T_DONE && !g_failed) {
-    fiber_release(t->f);
-    t->f = NULL;
-  }
+  fiber_resume(f);
+  if (t->state == T_DONE && !g_failed) fiber_release(f);
   g_cur = NULL;
 }
 
@@ -208,6 +245,7 @@ uint64_t dt_emu_warp(int kind, unsigned mask, uint64_t val, int arg, int width, 
   if (w.arrived == 0) { /* the first lane: every lane of the mask must still be alive */
     w.kind = kind;
     w.mask = mask;
+    w.need = __builtin_popcount(mask);
     for (unsigned l = 0; l < nl; l++)
       if ((mask >> l & 1) && base[l].state == T_DONE)
         kernel_fail(t, "%s with mask 0x%08x: lane %u of the mask has exited", what, mask, l);
@@ -216,7 +254,7 @@ uint64_t dt_emu_warp(int kind, unsigned mask, uint64_t val, int arg, int width, 
       if (base[l].state == T_WARP && &base[l] != t)
         kernel_fail(t, "%s with mask 0x%08x while lane %u of the warp %s", what, mask, l, state_name(&base[l]));
   }
-  int all = ++w.arrived == __builtin_popcount(mask);
+  int all = ++w.arrived == w.need;
   if (all) w.arrived = 0;
   if (all) complete(base, mask);
   else fiber_yield(t->f);
@@ -259,7 +297,7 @@ static void release_barrier(void) {
   for (thr_t &t : g_thr) {
     if (t.state != T_BAR) continue;
     if (!first) first = &t;
-    else if (t.bline != first->bline || t.bkind != first->bkind || strcmp(t.bfile, first->bfile)) {
+    else if (t.bline != first->bline || t.bkind != first->bkind || (t.bfile != first->bfile && strcmp(t.bfile, first->bfile))) {
       kernel_fail(NULL, "threads (%u,%u,%u) and (%u,%u,%u) wait at different barriers, %s:%d and %s:%d (a "
                   "__syncthreads in divergent code)", first->tid.x, first->tid.y, first->tid.z, t.tid.x, t.tid.y,
                   t.tid.z, first->bfile, first->bline, t.bfile, t.bline);
@@ -312,9 +350,10 @@ static int run_block(void) {
       for (int again = 1; again;) {
         again = 0;
         for (unsigned li = 0; li < nl; li++) {
-          thr_t *t = &g_thr[b + (g_order ? nl - 1 - li : li)];
-          if (t->state != T_NEW && t->state != T_READY) continue;
-          run_thread(t);
+          thr_t *t = lane_at(b, nl, li);
+          if (t->state == T_NEW) li = run_new(b, nl, li);
+          else if (t->state == T_READY) resume_thread(t);
+          else continue;
           if (g_failed) return -1;
           again = 1;
         }

@@ -46,6 +46,15 @@ size_t dt_conv2d_scratch_floats(int C, int KH, int KW, int OC, int OH, int OW, i
   return (size_t)nthr * conv_slice((size_t)C * KH * KW, (size_t)OC, (size_t)OH * OW, &y, &part);
 }
 
+/* The output columns x whose input column x*stride - pad + j lies inside [0, W): [*x0, *x1). */
+static void inside_cols(const conv_geom_t *g, int j, int *x0, int *x1) {
+  int lo = g->pad - j, hi = g->W - 1 + g->pad - j; /* x*stride in [lo, hi] */
+  *x0 = lo <= 0 ? 0 : (lo + g->stride - 1) / g->stride;
+  *x1 = hi < 0 ? 0 : hi / g->stride + 1;
+  if (*x1 > g->OW) *x1 = g->OW;
+  if (*x0 > *x1) *x0 = *x1;
+}
+
 /* col rows of length ld (>= OH*OW): row (c*KH + i)*KW + j holds image channel c shifted by (i, j). */
 static void im2col(float *restrict col, size_t ld, const float *restrict img, const conv_geom_t *g) {
   for (int c = 0; c < g->C; c++)
@@ -53,43 +62,48 @@ static void im2col(float *restrict col, size_t ld, const float *restrict img, co
       for (int j = 0; j < g->KW; j++) {
         float *restrict row = col + ((size_t)(c * g->KH + i) * g->KW + j) * ld;
         const float *restrict plane = img + (size_t)c * g->H * g->W;
+        int x0, x1, s = g->stride;
+        inside_cols(g, j, &x0, &x1);
         for (int y = 0; y < g->OH; y++) {
-          int iy = y * g->stride - g->pad + i;
+          int iy = y * s - g->pad + i;
           float *restrict r = row + (size_t)y * g->OW;
           if (iy < 0 || iy >= g->H) {
             memset(r, 0, (size_t)g->OW * sizeof *r);
             continue;
           }
-          const float *restrict src = plane + (size_t)iy * g->W;
-          if (g->stride == 1 && j - g->pad >= 0 && g->OW - 1 + j - g->pad < g->W) { /* whole row inside */
-            memcpy(r, src + j - g->pad, (size_t)g->OW * sizeof *r);
-            continue;
-          }
-          for (int x = 0; x < g->OW; x++) {
-            int ix = x * g->stride - g->pad + j;
-            r[x] = ix >= 0 && ix < g->W ? src[ix] : 0.0f;
-          }
+          const float *restrict src = plane + (size_t)iy * g->W; /* src[x*s + off] for x in [x0, x1) */
+          int off = j - g->pad;
+          for (int x = 0; x < x0; x++) r[x] = 0.0f;
+          if (s == 1) memcpy(r + x0, src + x0 + off, (size_t)(x1 - x0) * sizeof *r);
+          else
+            for (int x = x0; x < x1; x++) r[x] = src[x * s + off];
+          for (int x = x1; x < g->OW; x++) r[x] = 0.0f;
         }
       }
 }
 
 /* img (C,H,W) = the sum of col's entries over the positions they were taken from (written). */
 static void col2im(float *restrict img, const float *restrict col, size_t ld, const conv_geom_t *g) {
+  if (g->KH == 1 && g->KW == 1 && g->stride == 1 && g->pad == 0) { /* one position each: a copy */
+    for (int c = 0; c < g->C; c++)
+      memcpy(img + (size_t)c * g->H * g->W, col + (size_t)c * ld, (size_t)g->H * g->W * sizeof *img);
+    return;
+  }
   memset(img, 0, (size_t)g->C * g->H * g->W * sizeof *img);
   for (int c = 0; c < g->C; c++)
     for (int i = 0; i < g->KH; i++)
       for (int j = 0; j < g->KW; j++) {
         const float *restrict row = col + ((size_t)(c * g->KH + i) * g->KW + j) * ld;
         float *restrict plane = img + (size_t)c * g->H * g->W;
+        int x0, x1, s = g->stride;
+        inside_cols(g, j, &x0, &x1);
         for (int y = 0; y < g->OH; y++) {
-          int iy = y * g->stride - g->pad + i;
+          int iy = y * s - g->pad + i;
           if (iy < 0 || iy >= g->H) continue;
           float *restrict dst = plane + (size_t)iy * g->W;
           const float *restrict r = row + (size_t)y * g->OW;
-          for (int x = 0; x < g->OW; x++) {
-            int ix = x * g->stride - g->pad + j;
-            if (ix >= 0 && ix < g->W) dst[ix] += r[x];
-          }
+          int off = j - g->pad;
+          for (int x = x0; x < x1; x++) dst[x * s + off] += r[x];
         }
       }
 }
@@ -108,16 +122,17 @@ void dt_conv2d_forward(float *out, float *scratch, const float *inp, const float
   const conv_geom_t g = {C, H, W, KH, KW, stride, pad, dt_conv_out(H, KH, stride, pad), dt_conv_out(W, KW, stride, pad)};
   const int P = g.OH * g.OW, ckk = C * KH * KW, G = conv_chunk(B, P, nthr), nch = (B + G - 1) / G;
   size_t yoff, part, per = conv_slice((size_t)ckk, (size_t)OC, (size_t)P, &yoff, &part);
-#pragma omp parallel for schedule(static) num_threads(nthr)
+#pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
   for (int k = 0; k < nch; k++) {
     int b0 = k * G, n = b0 + G <= B ? G : B - b0;
     float *col = scratch + per * (size_t)omp_get_thread_num(), *y = col + yoff;
     const float *cl = chunk_col(col, inp, b0, n, &g);
     if (n == 1) { /* straight into the image's output */
       float *o = out + (size_t)b0 * OC * P;
-      for (int oc = 0; oc < OC; oc++)
-        for (int p = 0; p < P; p++) o[(size_t)oc * P + p] = bias ? bias[oc] : 0.0f;
-      dt_cpu_sgemm(0, 0, OC, P, ckk, 1.0f, weight, ckk, cl, P, 1.0f, o, P);
+      if (bias)
+        for (int oc = 0; oc < OC; oc++)
+          for (int p = 0; p < P; p++) o[(size_t)oc * P + p] = bias[oc];
+      dt_cpu_sgemm(0, 0, OC, P, ckk, 1.0f, weight, ckk, cl, P, bias ? 1.0f : 0.0f, o, P);
       continue;
     }
     dt_cpu_sgemm(0, 0, OC, n * P, ckk, 1.0f, weight, ckk, cl, n * P, 0.0f, y, n * P);
@@ -143,7 +158,7 @@ static void conv_chunk_backward(float *dinp, float *dw, float *db, float *col, f
     d = y;
   }
   dt_cpu_sgemm(0, 1, OC, ckk, (int)ld, 1.0f, d, (int)ld, cl, (int)ld, 1.0f, dw, ckk);
-  for (int oc = 0; oc < OC; oc++) {
+  for (int oc = 0; db && oc < OC; oc++) {
     float s = 0.0f;
     for (size_t p = 0; p < ld; p++) s += d[(size_t)oc * ld + p];
     db[oc] += s;
@@ -174,7 +189,7 @@ void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, float *scratc
 #pragma omp for schedule(static)
     for (int k = 0; k < nch; k++) {
       int b0 = k * G, n = b0 + G <= B ? G : B - b0;
-      conv_chunk_backward(dinp, dw, db, col, y, dout, inp, weight, b0, n, OC, &g);
+      conv_chunk_backward(dinp, dw, dbias ? db : NULL, col, y, dout, inp, weight, b0, n, OC, &g);
     }
   }
   /* partial sums in thread order */
@@ -190,19 +205,35 @@ void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, float *scratc
 
 /* ---- batch normalisation ------------------------------------------------------------------- */
 
+/* Sums in double over vector lanes (the order is fixed: the results do not depend on threads). */
+DT_CPU_VEC static double plane_sum(const float *restrict x, int n) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < n; i++) s += x[i];
+  return s;
+}
+
+DT_CPU_VEC static double plane_sqdev(const float *restrict x, int n, double m) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < n; i++) s += (x[i] - m) * (x[i] - m);
+  return s;
+}
+
+DT_CPU_VEC static double plane_dot_norm(const float *restrict d, const float *restrict x, int n, float m, float r) {
+  double s = 0.0;
+#pragma omp simd reduction(+ : s)
+  for (int i = 0; i < n; i++) s += d[i] * ((x[i] - m) * r);
+  return s;
+}
+
 void dt_batchnorm_stats(float *mean, float *var, const float *inp, int B, int C, int HW) {
 #pragma omp parallel for schedule(static)
   for (int c = 0; c < C; c++) {
     double s = 0.0, s2 = 0.0, n = (double)B * HW;
-    for (int b = 0; b < B; b++) {
-      const float *x = inp + ((size_t)b * C + c) * HW;
-      for (int i = 0; i < HW; i++) s += x[i];
-    }
+    for (int b = 0; b < B; b++) s += plane_sum(inp + ((size_t)b * C + c) * HW, HW);
     double m = s / n;
-    for (int b = 0; b < B; b++) {
-      const float *x = inp + ((size_t)b * C + c) * HW;
-      for (int i = 0; i < HW; i++) s2 += (x[i] - m) * (x[i] - m);
-    }
+    for (int b = 0; b < B; b++) s2 += plane_sqdev(inp + ((size_t)b * C + c) * HW, HW, m);
     mean[c] = (float)m;
     var[c] = (float)(s2 / n);
   }
@@ -237,11 +268,8 @@ void dt_batchnorm_backward_reduce(float *sdy, float *sdyx, float *dweight, float
   for (int c = 0; c < C; c++) {
     double s = 0.0, sx = 0.0;
     for (int b = 0; b < B; b++) {
-      const float *x = inp + ((size_t)b * C + c) * HW, *d = dout + ((size_t)b * C + c) * HW;
-      for (int i = 0; i < HW; i++) {
-        s += d[i];
-        sx += d[i] * ((x[i] - mean[c]) * rstd[c]);
-      }
+      s += plane_sum(dout + ((size_t)b * C + c) * HW, HW);
+      sx += plane_dot_norm(dout + ((size_t)b * C + c) * HW, inp + ((size_t)b * C + c) * HW, HW, mean[c], rstd[c]);
     }
     sdy[c] = (float)s;
     sdyx[c] = (float)sx;

@@ -183,7 +183,7 @@ with h5py.File(sys.argv[2], "r+") as f:
 PY
 refuse "flat.h5: /model/conv1.weight: shape (32, 9) in the file, the model expects (32, 1, 3, 3)" $ck \
   checkpoint.resume="$t/flat.h5" checkpoint.dir="$t/ck-flat"
-for tool in eval plan; do
+for tool in eval; do # `dtrain plan` for the classifiers: tests/plan_cnn.sh
   args=()
   [ $tool = eval ] && args=(--checkpoint "$t/ck-whole" --data x)
   set +e

@@ -39,7 +39,7 @@ static const char *const commands[][2] = {
      "sample text from a checkpoint (key/value cache)"},
     {"bench-comm [--help] [--max-bytes N] ...", "time and check the communicator's collectives"},
     {"plan [--help] CONFIG [section.key=value ...] [--world N] [--device-mem 80GiB]",
-     "per-rank memory (ZeRO 0-3) and GPU roofline"},
+     "per-rank memory (ZeRO 0-3) and GPU roofline; image classifiers: host memory"},
     {"plot [--help] [-o OUT.svg] [--peak-tflops P] METRICS.jsonl...", "training curves of runs as one SVG picture"},
     {"--help | --version | --man", "this text, the versions of dtrain and its libraries, the man page"},
 };
@@ -183,6 +183,7 @@ static int train_cnn(int rank, const dt_config_t *cfg, const char *name) {
     return 2;
   }
   dt_train_install_signals();
+  dt_plan_note_baseline(); /* RSS before any model memory, for the peak-RSS line at the end */
   static dt_cnn_trainer_t tr;
   dt_status_t st = dt_cnn_trainer_init(&tr, cfg, name);
   if (st == DT_OK) st = dt_cnn_trainer_run(&tr);

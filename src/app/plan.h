@@ -112,6 +112,8 @@ double dt_plan_peak_rss(void);
 /* Remember the current RSS (VmRSS) as the process's baseline before any model memory: the CLI
  * calls it after MPI and the backend runtime are up; dt_plan_print_rss reports plan + baseline. */
 void dt_plan_note_baseline(void);
+/* That baseline in bytes, -1 if not noted. */
+double dt_plan_baseline_rss(void);
 /* For train.c, one line each: the plan before step 1 and the measured peak RSS against it. */
 void dt_plan_print_run(const dt_config_t *cfg, const char *name, int world, int threads, FILE *out);
 void dt_plan_print_rss(const dt_config_t *cfg, const char *name, int world, int threads, int device, int ckpt,

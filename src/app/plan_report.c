@@ -15,8 +15,10 @@
 #include "cli.h"
 #include "mesh.h"
 #include "pipeline.h"
+#include "plan_cnn.h"
 #include "precision.h"
 #include "train.h"
+#include "train_cnn.h"
 
 #define GB 1e9
 #define GIB 1073741824.0
@@ -250,6 +252,7 @@ double dt_plan_peak_rss(void) { return proc_status_bytes("VmHWM"); }
 
 static double baseline_rss = -1;
 void dt_plan_note_baseline(void) { baseline_rss = proc_status_bytes("VmRSS"); }
+double dt_plan_baseline_rss(void) { return baseline_rss; }
 
 static int plan_for(dt_plan_t *p, const dt_config_t *cfg, const char *name, int world, int threads) {
   dt_plan_in_t in;
@@ -304,7 +307,9 @@ static int usage(FILE *out, int code) {
           "copy, gradients, AdamW moments, activations of the CPU and CUDA backends, buffers), whether it\n"
           "fits --device-mem (default 80GiB; suffixes B K M G T = powers of 1024, KB MB GB TB = of 1000,\n"
           "KiB MiB GiB TiB), and a datasheet roofline of one step on A100 and H100. --world defaults to\n"
-          "parallel.dp x tp x pp (dp = 0 read as 1).\n");
+          "parallel.dp x tp x pp (dp = 0 read as 1). For the image classifiers (model.arch = cnn |\n"
+          "resnet18 | resnet50): host memory per rank for ZeRO 0-2 on the CPU backend (the image sets\n"
+          "are opened for their sizes; no GPU rows or roofline yet).\n");
   return code;
 }
 
@@ -347,7 +352,15 @@ int dt_plan_main(int argc, char **argv) {
   dt_config_defaults(&cfg);
   dt_status_t st = dt_config_load(&cfg, cfg_path);
   for (int i = 0; st == DT_OK && i < n_over; i++) st = dt_config_override(&cfg, over[i]);
-  if (st == DT_OK) st = dt_cli_gpt2_only(&cfg, cfg_path, "plan");
+  const char *env = getenv("SLURM_CPUS_PER_TASK");
+  int threads = cfg.threads > 0 ? cfg.threads : env && atoi(env) > 0 ? atoi(env) : omp_get_max_threads();
+  if (st == DT_OK && dt_cnn_trainer_wanted(&cfg)) { /* the image classifiers (plan_cnn.c) */
+    st = dt_config_validate(&cfg, cfg_path);
+    if (st == DT_OK) st = dt_plan_cnn_run(&cfg, cfg_path, world ? world : cfg.dp > 0 ? cfg.dp : 1, threads, stdout);
+    if (st == DT_OK) return 0;
+    fprintf(stderr, "dtrain plan: %s\n", dt_err_msg());
+    return 2;
+  }
   if (st == DT_OK) { /* layouts dtrain cannot run (tp not dividing the vocab, ...) can still be planned */
     int tp = cfg.tp, pp = cfg.pp;
     cfg.tp = cfg.pp = 1;
@@ -355,8 +368,6 @@ int dt_plan_main(int argc, char **argv) {
     cfg.tp = tp;
     cfg.pp = pp;
   }
-  const char *env = getenv("SLURM_CPUS_PER_TASK");
-  int threads = cfg.threads > 0 ? cfg.threads : env && atoi(env) > 0 ? atoi(env) : omp_get_max_threads();
   dt_plan_in_t in;
   static dt_plan_t p;
   if (st == DT_OK) st = dt_plan_input(&in, &cfg, cfg_path, world, threads, mem);

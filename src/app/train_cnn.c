@@ -15,6 +15,7 @@
 #include "fault.h"
 #include "gemm.h"
 #include "optim.h"
+#include "plan_cnn.h"
 #include "run_loop.h"
 #include "timer.h"
 #include "train.h"
@@ -40,7 +41,7 @@ static dt_status_t dp_sum(void *ctx, double *buf, int n) {
   return st;
 }
 
-static dt_status_t open_set(dt_images_t *d, const dt_config_t *c, const char *images, const char *labels) {
+dt_status_t dt_cnn_open_set(dt_images_t *d, const dt_config_t *c, const char *images, const char *labels) {
   if (!strcmp(c->format, "idx")) return dt_images_open_idx(d, images, labels, c->classes);
   return dt_images_open_cifar(d, images, c->classes);
 }
@@ -49,13 +50,13 @@ static dt_status_t open_set(dt_images_t *d, const dt_config_t *c, const char *im
 static dt_status_t open_data(dt_cnn_trainer_t *tr) {
   const dt_config_t *c = &tr->cfg;
   double mean[DT_IMAGES_MAX_C], std[DT_IMAGES_MAX_C];
-  DT_TRY(open_set(&tr->train, c, c->train, c->train_labels));
+  DT_TRY(dt_cnn_open_set(&tr->train, c, c->train, c->train_labels));
   dt_images_stats(&tr->train, mean, std);
   dt_images_set_norm(&tr->train, mean, std);
   DT_TRY(dt_images_set_order(&tr->train, c->shuffle, c->seed));
   dt_images_set_augment(&tr->train, c->crop_pad, c->flip, c->seed);
   if (!c->val[0]) return DT_OK;
-  DT_TRY(open_set(&tr->val, c, c->val, c->val_labels));
+  DT_TRY(dt_cnn_open_set(&tr->val, c, c->val, c->val_labels));
   tr->have_val = 1;
   dt_images_set_norm(&tr->val, mean, std);
   if (tr->val.C != tr->train.C || tr->val.H != tr->train.H || tr->val.W != tr->train.W)
@@ -125,12 +126,17 @@ static dt_status_t working_params(dt_cnn_trainer_t *tr, const float **w) {
   return DT_OK;
 }
 
+dt_status_t dt_cnn_model_config(const dt_config_t *c, const dt_images_t *train, dt_cnn_config_t *mc) {
+  *mc = (dt_cnn_config_t){.C = train->C, .H = train->H, .W = train->W, .classes = c->classes, .width = c->width,
+                          .hidden = c->hidden, .zero_init_residual = c->zero_init_residual};
+  DT_TRY(dt_cnn_arch_parse(c->arch, &mc->arch));
+  if (!mc->width) mc->width = mc->arch == DT_CNN_SIMPLE ? 32 : 64;
+  return DT_OK;
+}
+
 static dt_status_t init_model(dt_cnn_trainer_t *tr) {
-  const dt_config_t *c = &tr->cfg;
-  dt_cnn_config_t mc = {.C = tr->train.C, .H = tr->train.H, .W = tr->train.W, .classes = c->classes,
-                        .width = c->width, .hidden = c->hidden, .zero_init_residual = c->zero_init_residual};
-  DT_TRY(dt_cnn_arch_parse(c->arch, &mc.arch));
-  if (!mc.width) mc.width = mc.arch == DT_CNN_SIMPLE ? 32 : 64;
+  dt_cnn_config_t mc;
+  DT_TRY(dt_cnn_model_config(&tr->cfg, &tr->train, &mc));
   DT_TRY(dt_cnn_build(&tr->model, &mc));
   DT_TRY(dt_cnn_alloc(&tr->model, tr->B, tr->mesh.threads));
   if (tr->mesh.dp > 1) {
@@ -316,6 +322,12 @@ dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr) {
   DT_TRY(dt_run_loop(&L, &tr->stopped_by_signal));
   if (is_root(tr)) tr->sync.ops->report(&tr->sync, tr->step - tr->first_step, stdout); /* communication hidden */
   if (tr->stopped_by_signal) return DT_OK;
+  if (is_root(tr)) { /* the peak so far against the planner's figure (plan_cnn.c), as the token trainer's */
+    static dt_plan_cnn_t p;
+    dt_plan_cnn_compute(&p, c, &tr->model, &tr->train, tr->have_val ? &tr->val : NULL, tr->mesh.dp, tr->accum,
+                        tr->mesh.threads);
+    dt_plan_cnn_print_rss(&p, stdout);
+  }
   /* the final state is always saved, unless it is already on disk */
   if (tr->saved_step != tr->step && tr->resumed_step != tr->step) DT_TRY(dt_cnn_trainer_save(tr));
   return DT_OK;

@@ -53,6 +53,10 @@ typedef struct {
 
 /* Is model.arch one of the image classifiers? */
 int dt_cnn_trainer_wanted(const dt_config_t *cfg);
+/* An image set of data.format (idx: images + labels files; cifar: a glob of batch files). */
+dt_status_t dt_cnn_open_set(dt_images_t *d, const dt_config_t *c, const char *images, const char *labels);
+/* The model's configuration from [model] and the training images' shape (DT_ERR_CONFIG: model.arch). */
+dt_status_t dt_cnn_model_config(const dt_config_t *c, const dt_images_t *train, dt_cnn_config_t *mc);
 /* Launch layout, data (normalised with the training set's statistics), model, initial weights
  * (the same seed on every rank). Errors name the file or key. */
 dt_status_t dt_cnn_trainer_init(dt_cnn_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name);

@@ -23,27 +23,54 @@ void dt_cnn_free(dt_cnn_t *m) {
   memset(m, 0, sizeof *m);
 }
 
-dt_status_t dt_cnn_alloc(dt_cnn_t *m, int B, int nthr) {
-  size_t off = 0, maxs = 0, scr = 0, nidx = 0, maxc = 1;
+/* Floats of dt_cnn_alloc's arrays for batches of B on nthr threads: the activation arena (acts, and
+ * dacts the same), the widest slot (tmp), the largest convolution scratch, the maxpools' indices,
+ * the widest batch norm's C. */
+typedef struct {
+  size_t acts, tmp, scratch, idx, maxc;
+} cnn_sizes_t;
+
+static cnn_sizes_t cnn_sizes(const dt_cnn_t *m, int B, int nthr) {
+  cnn_sizes_t z = {0, 0, 0, 0, 1};
   for (int i = 0; i < m->n_slots; i++) {
     size_t n = (size_t)B * slot_floats(&m->slots[i]);
-    m->slots[i].off = off;
-    off += n;
-    if (n > maxs) maxs = n;
+    z.acts += n;
+    if (n > z.tmp) z.tmp = n;
   }
   for (int i = 0; i < m->n_ops; i++) {
-    dt_cnn_op_t *o = &m->ops[i];
+    const dt_cnn_op_t *o = &m->ops[i];
     const dt_cnn_slot_t *y = &m->slots[i + 1];
     if (o->kind == DT_OP_CONV) {
       size_t s = dt_conv2d_scratch_floats(o->C, o->K, o->K, o->OC, y->H, y->W, nthr);
-      if (s > scr) scr = s;
+      if (s > z.scratch) z.scratch = s;
     } else if (o->kind == DT_OP_MAXPOOL) {
-      o->aux = nidx;
-      nidx += (size_t)B * slot_floats(y);
-    } else if (o->kind == DT_OP_BN && (size_t)o->C > maxc) {
-      maxc = (size_t)o->C;
+      z.idx += (size_t)B * slot_floats(y);
+    } else if (o->kind == DT_OP_BN && (size_t)o->C > z.maxc) {
+      z.maxc = (size_t)o->C;
     }
   }
+  return z;
+}
+
+double dt_cnn_alloc_bytes(const dt_cnn_t *m, int B, int nthr) {
+  cnn_sizes_t z = cnn_sizes(m, B, nthr);
+  double ns = m->n_stat ? (double)m->n_stat : 1.0;
+  return 4.0 * (2.0 * z.acts + z.tmp + z.scratch + 5 * ns + 2.0 * B) + 4.0 * (z.idx + B) + m->n_slots +
+         16.0 * z.maxc + 4.0 * m->lay.n_tensors;
+}
+
+dt_status_t dt_cnn_alloc(dt_cnn_t *m, int B, int nthr) {
+  const cnn_sizes_t z = cnn_sizes(m, B, nthr);
+  size_t off = z.acts, maxs = z.tmp, scr = z.scratch, nidx = z.idx, maxc = z.maxc, at = 0, ix = 0;
+  for (int i = 0; i < m->n_slots; i++) {
+    m->slots[i].off = at;
+    at += (size_t)B * slot_floats(&m->slots[i]);
+  }
+  for (int i = 0; i < m->n_ops; i++)
+    if (m->ops[i].kind == DT_OP_MAXPOOL) {
+      m->ops[i].aux = ix;
+      ix += (size_t)B * slot_floats(&m->slots[i + 1]);
+    }
   m->B = B, m->nthr = nthr, m->n_acts = off, m->n_tmp = maxs, m->n_idx = nidx;
   size_t ns = m->n_stat ? m->n_stat : 1;
   m->acts = malloc(off * sizeof(float)), m->dacts = malloc(off * sizeof(float));

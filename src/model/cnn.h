@@ -102,6 +102,8 @@ dt_status_t dt_cnn_arch_parse(const char *s, dt_cnn_arch_t *arch);
 dt_status_t dt_cnn_build(dt_cnn_t *m, const dt_cnn_config_t *c);
 /* Activation and scratch memory for batches of B images on nthr OpenMP threads. */
 dt_status_t dt_cnn_alloc(dt_cnn_t *m, int B, int nthr);
+/* The bytes dt_cnn_alloc(m, B, nthr) allocates, of a built model (for the planner). */
+double dt_cnn_alloc_bytes(const dt_cnn_t *m, int B, int nthr);
 void dt_cnn_free(dt_cnn_t *m);
 
 /* torchvision's initialisation, deterministic in seed: convolutions kaiming normal (fan_out,

@@ -1,0 +1,115 @@
+/* Memory planner for the image classifiers (model.arch = cnn | resnet18 | resnet50; plan_cnn.h).
+ * The model of what train_cnn.c allocates per rank on the CPU backend, P = the arena (the
+ * parameters, then batch norm's running statistics):
+ *   params   fp32 master arena                                                 4 B x P
+ *   wparams  bf16/fp16 working copy, emulated in fp32                          4 B x P (mixed only)
+ *   grads    fp32 arena, whole under every ZeRO stage (ZeRO-2 shards the
+ *            reduction, not this memory)                                       4 B x P
+ *   m, v     the optimizer range: P, or P/dp under ZeRO-1/2 (SGD keeps its
+ *            momentum in m; the backend allocates v for it too, unused)        4 B x P (/dp) each
+ *   comm     MPI's temporaries of 2 bucket all-reduces in flight (DDP), 3 buckets under ZeRO (as
+ *            the token model's planner, plan.c; a bucket no larger than the gradients)
+ *   model    dt_cnn_alloc_bytes: activations and their gradients, convolution scratch, statistics
+ *   images   the training and test sets in memory (a byte per pixel and label), the sampler's
+ *            order (4 B per image) and the batch (B images in fp32)
+ * Training prints the configured stage against its peak RSS at the end (dt_plan_cnn_print_rss). */
+#include "plan_cnn.h"
+
+#include <stdio.h>
+#include <string.h>
+
+#include "plan.h"
+#include "precision.h"
+#include "train.h"
+#include "train_cnn.h"
+
+#define MIB 1048576.0
+#define GB 1e9
+
+static double ceil_div(double a, int b) { return b > 1 ? (double)(((size_t)a + (size_t)b - 1) / (size_t)b) : a; }
+
+void dt_plan_cnn_compute(dt_plan_cnn_t *p, const dt_config_t *cfg, const dt_cnn_t *m, const dt_images_t *train,
+                         const dt_images_t *val, int dp, int accum, int threads) {
+  memset(p, 0, sizeof *p);
+  const double P = (double)(m->lay.n_params + m->bufs.n_params), img = (double)train->C * train->H * train->W;
+  const int B = cfg->micro_batch;
+  dt_precision_t prec = DT_PREC_FP32;
+  dt_precision_parse(cfg->precision, &prec); /* validated by the caller */
+  p->dp = dp, p->accum = accum, p->B = B, p->threads = threads, p->zero = cfg->zero;
+  p->params_true = m->lay.n_params_true, p->bufs_true = m->bufs.n_params_true, p->arena = P;
+  p->n_train = train->n, p->n_val = val ? val->n : 0, p->C = train->C, p->H = train->H, p->W = train->W;
+  p->model = dt_cnn_alloc_bytes(m, B, threads);
+  p->images = (p->n_train + p->n_val) * (img + 1) + 4.0 * p->n_train + (double)B * (4 * img + 4);
+  const double bucket = cfg->bucket_mb * MIB < 4 * P ? cfg->bucket_mb * MIB : 4 * P; /* a small model: one bucket */
+  for (int z = 0; z < DT_PLAN_CNN_STAGES; z++) {
+    dt_plan_cnn_zero_t *r = &p->z[z];
+    r->params = 4 * P;
+    r->wparams = prec != DT_PREC_FP32 ? 4 * P : 0;
+    r->grads = 4 * P;
+    r->m = r->v = 4 * (z >= 1 ? ceil_div(P, dp) : P);
+    r->comm = dp > 1 ? (z >= 1 ? 3 : 2) * bucket : 0;
+    r->total = r->params + r->wparams + r->grads + r->m + r->v + r->comm + p->model + p->images;
+  }
+}
+
+static void row(FILE *out, const char *name, double z0, double z1, double z2) {
+  fprintf(out, "  %-44s %9.3f %9.3f %9.3f\n", name, z0 / GB, z1 / GB, z2 / GB);
+}
+#define ROW(name, field) row(out, name, p->z[0].field, p->z[1].field, p->z[2].field)
+
+void dt_plan_cnn_print(const dt_plan_cnn_t *p, const dt_config_t *cfg, FILE *out) {
+  const int sgd = !strcmp(cfg->optimizer, "sgd");
+  fprintf(out, "plan: %s, images %dx%dx%d, %d classes: %zu parameters + %zu batch-norm running statistics (%.0f "
+          "floats per arena)\n", cfg->arch, p->C, p->H, p->W, cfg->classes, p->params_true, p->bufs_true, p->arena);
+  fprintf(out, "plan: world %d = dp %d; micro_batch %d x grad_accum %d; precision %s; optimizer %s; bucket %d MiB; "
+          "%d CPU threads; %d training and %d test images in memory\n", p->dp, p->dp, p->B, p->accum, cfg->precision,
+          cfg->optimizer, cfg->bucket_mb, p->threads, p->n_train, p->n_val);
+  fprintf(out, "plan: units: GB = 1e9 bytes; CPU backend (the classifiers have no CUDA kernels yet)\n");
+  fprintf(out, "plan: per rank, GB                                  zero0     zero1     zero2\n");
+  ROW("parameters + running statistics (fp32)", params);
+  ROW("working copy (bf16/fp16, emulated in fp32)", wparams);
+  ROW("gradients (fp32, whole)", grads);
+  ROW(sgd ? "SGD momentum (fp32)" : "AdamW m (fp32)", m);
+  ROW(sgd ? "second moment (allocated, unused by SGD)" : "AdamW v (fp32)", v);
+  ROW("comm buffers (MPI temporaries, ZeRO staging)", comm);
+  row(out, "activations, gradients, scratch (B images)", p->model, p->model, p->model);
+  row(out, "image sets in memory + the batch", p->images, p->images, p->images);
+  ROW("total host RSS (+ libraries and MPI)", total);
+  fprintf(out, "plan: configured parallel.zero = %d (ZeRO-3 does not train the classifiers)\n", p->zero);
+}
+
+void dt_plan_cnn_print_rss(const dt_plan_cnn_t *p, FILE *out) {
+  double rss = dt_plan_peak_rss(), base = dt_plan_baseline_rss();
+  if (rss < 0) return;
+  int z = p->zero >= 0 && p->zero < DT_PLAN_CNN_STAGES ? p->zero : 0;
+  double plan = p->z[z].total;
+  fprintf(out, "# memory: rank 0 peak RSS (VmHWM) %.1f MiB; planned host total (CPU backend, zero%d) %.1f MiB "
+          "(%+.1f%%)", rss / MIB, z, plan / MIB, 100 * (plan - rss) / rss);
+  if (base >= 0)
+    fprintf(out, "; + %.1f MiB resident before the model (libraries, MPI) = %.1f MiB (%+.1f%%)", base / MIB,
+            (plan + base) / MIB, 100 * (plan + base - rss) / rss);
+  fputc('\n', out);
+}
+
+dt_status_t dt_plan_cnn_run(const dt_config_t *cfg, const char *name, int world, int threads, FILE *out) {
+  int dp = 0, accum = 0;
+  DT_TRY(dt_train_batch_plan(cfg, name, world, &dp, &accum));
+  dt_images_t train, val;
+  dt_cnn_t m;
+  dt_cnn_config_t mc;
+  memset(&train, 0, sizeof train), memset(&val, 0, sizeof val), memset(&m, 0, sizeof m);
+  dt_status_t st = dt_cnn_open_set(&train, cfg, cfg->train, cfg->train_labels);
+  if (st == DT_OK && cfg->val[0]) st = dt_cnn_open_set(&val, cfg, cfg->val, cfg->val_labels);
+  if (st == DT_OK) st = dt_cnn_model_config(cfg, &train, &mc);
+  if (st == DT_OK) st = dt_cnn_build(&m, &mc);
+  if (st == DT_OK) {
+    static dt_plan_cnn_t p;
+    dt_plan_cnn_compute(&p, cfg, &m, &train, cfg->val[0] ? &val : NULL, dp, accum, threads);
+    fprintf(out, "plan: %s\n", name);
+    dt_plan_cnn_print(&p, cfg, out);
+  }
+  dt_cnn_free(&m);
+  dt_images_close(&train);
+  dt_images_close(&val);
+  return st;
+}

@@ -297,7 +297,8 @@ static void release_barrier(void) {
   for (thr_t &t : g_thr) {
     if (t.state != T_BAR) continue;
     if (!first) first = &t;
-    else if (t.bline != first->bline || t.bkind != first->bkind || (t.bfile != first->bfile && strcmp(t.bfile, first->bfile))) {
+    else if (t.bline != first->bline || t.bkind != first->bkind ||
+             (t.bfile != first->bfile && strcmp(t.bfile, first->bfile))) {
       kernel_fail(NULL, "threads (%u,%u,%u) and (%u,%u,%u) wait at different barriers, %s:%d and %s:%d (a "
                   "__syncthreads in divergent code)", first->tid.x, first->tid.y, first->tid.z, t.tid.x, t.tid.y,
                   t.tid.z, first->bfile, first->bline, t.bfile, t.bline);

@@ -81,15 +81,15 @@ static void bn_case(const char *c, int B, int C, int HW) {
   float *y = fill(n, NAN), *dx = fill(n, NAN), *dw = fill((size_t)C, 0.25f), *db = fill((size_t)C, 0.25f);
   dt_batchnorm_stats(mean, var, x, B, C, HW);
   dt_batchnorm_running(rm, rv, mean, var, C, 0.1f, (double)B * HW);
-  dt_batchnorm_forward(y, rstd, x, mean, var, w, b, 1e-5f, B, C, HW);
-  dt_batchnorm_backward_reduce(sdy, sdyx, dw, db, dy, x, mean, rstd, B, C, HW);
-  dt_batchnorm_backward(dx, dy, x, mean, rstd, w, sdy, sdyx, (double)B * HW, B, C, HW);
+  dt_batchnorm_forward(y, rstd, x, mean, var, w, b, 1e-5f, 0, B, C, HW);
+  dt_batchnorm_backward_reduce(sdy, sdyx, dw, db, dy, NULL, x, mean, rstd, B, C, HW);
+  dt_batchnorm_backward(dx, dy, NULL, x, mean, rstd, w, sdy, sdyx, (double)B * HW, B, C, HW);
   rec(c, "y", y, n), rec(c, "dx", dx, n), rec(c, "dw", dw, (size_t)C), rec(c, "db", db, (size_t)C);
   rec(c, "rm1", rm, (size_t)C), rec(c, "rv1", rv, (size_t)C);
   /* evaluation mode with the updated running statistics; dinp in place over a copy of dy */
   memcpy(dx, dy, n * sizeof *dx);
-  dt_batchnorm_forward(y, rstd, x, rm, rv, w, b, 1e-5f, B, C, HW);
-  dt_batchnorm_backward(dx, dx, x, rm, rstd, w, NULL, NULL, 0.0, B, C, HW);
+  dt_batchnorm_forward(y, rstd, x, rm, rv, w, b, 1e-5f, 0, B, C, HW);
+  dt_batchnorm_backward(dx, dx, NULL, x, rm, rstd, w, NULL, NULL, 0.0, B, C, HW);
   rec(c, "y_eval", y, n), rec(c, "dx_eval", dx, n);
   free(x), free(w), free(b), free(dy), free(rm), free(rv), free(y), free(dx), free(dw), free(db);
 }

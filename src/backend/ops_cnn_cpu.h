@@ -49,21 +49,24 @@ void dt_batchnorm_stats(float *mean, float *var, const float *inp, int B, int C,
 void dt_batchnorm_running(float *running_mean, float *running_var, const float *mean, const float *var, int C,
                           float momentum, double n);
 /* out = (inp - mean[c]) rstd[c] weight[c] + bias[c], rstd[c] = 1 / sqrt(var[c] + eps) (written to
- * rstd when rstd != NULL, for backward). Training passes the batch's mean and var, evaluation the
- * running ones. out may alias inp. */
+ * rstd when rstd != NULL, for backward); with relu, max(that, 0): a following ReLU fused (its
+ * input never stored). Training passes the batch's mean and var, evaluation the running ones.
+ * out may alias inp. */
 void dt_batchnorm_forward(float *out, float *rstd, const float *inp, const float *mean, const float *var,
-                          const float *weight, const float *bias, float eps, int B, int C, int HW);
+                          const float *weight, const float *bias, float eps, int relu, int B, int C, int HW);
 /* sdy[c] = sum dout, sdyx[c] = sum dout * xhat with xhat = (inp - mean) rstd (written);
- * dweight[c] += sdyx[c], dbias[c] += sdy[c]. */
+ * dweight[c] += sdyx[c], dbias[c] += sdy[c]. relu_out (or NULL): the fused ReLU's output; dout is
+ * then the ReLU's output gradient, taken as 0 where relu_out <= 0 (the ReLU's backward). */
 void dt_batchnorm_backward_reduce(float *sdy, float *sdyx, float *dweight, float *dbias, const float *dout,
-                                  const float *inp, const float *mean, const float *rstd, int B, int C, int HW);
+                                  const float *relu_out, const float *inp, const float *mean, const float *rstd, int B,
+                                  int C, int HW);
 /* Training-mode batch norm (the statistics depend on the batch of `count` values per channel):
  *   dinp = weight rstd (dout - sdy / count - xhat sdyx / count).
  * With sdy == sdyx == NULL the statistics are constants (evaluation mode): dinp = weight rstd dout.
- * dinp may alias dout. */
-void dt_batchnorm_backward(float *dinp, const float *dout, const float *inp, const float *mean, const float *rstd,
-                           const float *weight, const float *sdy, const float *sdyx, double count, int B, int C,
-                           int HW);
+ * relu_out as for dt_batchnorm_backward_reduce. dinp may alias dout. */
+void dt_batchnorm_backward(float *dinp, const float *dout, const float *relu_out, const float *inp, const float *mean,
+                           const float *rstd, const float *weight, const float *sdy, const float *sdyx, double count,
+                           int B, int C, int HW);
 
 /* out = max(inp, 0); out may alias inp. (n) */
 void dt_relu_forward(float *out, const float *inp, size_t n);

@@ -93,6 +93,7 @@ typedef struct {
    * gradients stay fp32. The caller passes the rounded working copy of the parameters. */
   int precision;
   int *owner;             /* lay.n_tensors: the operation using each tensor (n_ops: none) */
+  unsigned char *fused;   /* n_ops: a batch norm run with the ReLU after it (dt_cnn_alloc) */
 } dt_cnn_t;
 
 /* Parse "cnn" | "resnet18" | "resnet50". DT_ERR_CONFIG naming model.arch otherwise. */

@@ -108,8 +108,8 @@ dt_status_t dt_cnn_alloc(dt_cnn_t *m, int B, int nthr) {
       if (m->ops[i].b >= 0) m->owner[m->ops[i].b] = i;
     }
   }
-  if (!m->fused || !m->owner || !m->sync_buf || !m->acts || !m->dacts || !m->tmp || !m->scratch || !m->mean || !m->var || !m->rstd || !m->sdy ||
-      !m->sdyx || !m->losses || !m->lse || !m->idx || !m->labels || !m->written)
+  if (!m->fused || !m->owner || !m->sync_buf || !m->acts || !m->dacts || !m->tmp || !m->scratch || !m->mean ||
+      !m->var || !m->rstd || !m->sdy || !m->sdyx || !m->losses || !m->lse || !m->idx || !m->labels || !m->written)
     return DT_ERR(DT_ERR_NOMEM, "model: cannot allocate %.1f MiB of activations for a batch of %d images",
                   2.0 * (double)off * sizeof(float) / (1 << 20), B);
   return DT_OK;

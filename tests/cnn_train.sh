@@ -23,7 +23,8 @@
 #     SIGUSR1 mid-run writes a checkpoint of that step and exits 75 (requeue);
 #  4. what the classifiers do not have yet is refused with one line naming the key, exit 2,
 #     before any work: tp, ZeRO-3, the cuda backend, token data for a CNN, IDX images without
-#     labels; a missing image file is named.
+#     labels; a missing image file is named;
+#  5. `dtrain eval` of a checkpoint gives the test loss and accuracy training logged.
 source "$top_srcdir/tests/lib.sh"
 begin_test
 need_fmnist
@@ -183,15 +184,24 @@ with h5py.File(sys.argv[2], "r+") as f:
 PY
 refuse "flat.h5: /model/conv1.weight: shape (32, 9) in the file, the model expects (32, 1, 3, 3)" $ck \
   checkpoint.resume="$t/flat.h5" checkpoint.dir="$t/ck-flat"
-for tool in eval; do # `dtrain plan` for the classifiers: tests/plan_cnn.sh
-  args=()
-  [ $tool = eval ] && args=(--checkpoint "$t/ck-whole" --data x)
-  set +e
-  "$DTRAIN" $tool "$ini" "${args[@]}" > /dev/null 2> "$t/r.err"
-  rc=$?
-  set -e
-  echo "dtrain $tool: exit $rc: $(cat "$t/r.err")"
-  [ $rc -eq 2 ] && grep -q "model.arch = cnn: \`dtrain $tool\` knows only GPT-2 so far" "$t/r.err" ||
-    { echo "FAIL: dtrain $tool with a CNN config"; exit 1; }
-done
+# 5. `dtrain eval` of the step-20 checkpoint on the 2,000 test images, on 1 and 2 ranks: the test loss
+#    and accuracy training logged at step 20 (batch norm in evaluation mode, the training set's
+#    normalisation); `dtrain plan` for the classifiers: tests/plan_cnn.sh
+ev=(eval "$ini" --checkpoint "$t/ck-whole/ckpt_00000020.h5" --data "$t/test2k-images" "data.val_labels=$t/test2k-labels")
+run "$DTRAIN" "${ev[@]}" > "$t/eval1.out"
+mpi 2 "$DTRAIN" "${ev[@]}" > "$t/eval2.out"
+grep -h '^eval:' "$t/eval1.out" "$t/eval2.out"
+"$PY" - "$t" <<'PY'
+import json, re, sys
+d = sys.argv[1]
+row = [json.loads(l) for l in open(f"{d}/whole.jsonl")][-1]
+for n in (1, 2):
+    m = re.search(r"^eval: .* images 2000 loss ([0-9.]+) accuracy ([0-9.]+)$", open(f"{d}/eval{n}.out").read(), re.M)
+    assert m, f"no eval line on {n} rank(s)"
+    loss, acc = float(m[1]), float(m[2])
+    rel = abs(loss - row["val_loss"]) / row["val_loss"]
+    assert row["step"] == 20 and rel <= 1e-7 and abs(acc - row["val_acc"]) < 1e-9, \
+        f"{n} rank(s): eval {loss} {acc} vs training's step 20 {row['val_loss']} {row['val_acc']}"
+    print(f"dtrain eval on {n} rank(s): loss {loss} (training logged {row['val_loss']:.9f}, rel {rel:.1e}), accuracy {acc}")
+PY
 echo "cnn_train: OK"

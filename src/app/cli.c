@@ -34,7 +34,7 @@ static const char *const commands[][2] = {
     {"prep [--help] [--tokenizer byte|gpt2] OUTPREFIX FILE...", "text files -> token shards"},
     {"prep --decode [--tokenizer byte|gpt2] SHARD...", "token shards -> text"},
     {"layout [--help] ...", "print the rank/device layout of this launch"},
-    {"eval CONFIG --checkpoint FILE --data SHARDS [--batches N]", "loss of a checkpoint"},
+    {"eval CONFIG --checkpoint FILE --data SHARDS [--batches N]", "loss of a checkpoint (classifiers: and accuracy)"},
     {"generate [--help] CONFIG [--checkpoint FILE|DIR] [--prompt TEXT] [--tokens N] ...",
      "sample text from a checkpoint (key/value cache)"},
     {"bench-comm [--help] [--max-bytes N] ...", "time and check the communicator's collectives"},

@@ -89,60 +89,83 @@ static void kernel_fail(thr_t *t, const char *fmt, ...) {
 /* The lane at position li of a pass over the warp whose first thread is b (nl lanes). */
 static thr_t *lane_at(unsigned b, unsigned nl, unsigned li) { return &g_thr[b + (g_order ? nl - 1 - li : li)]; }
 
-/* A fresh fiber runs the block's new threads one after another in the scheduler's order while each
- * returns without blocking: a call per thread instead of two stack switches (mispredicted returns
- * were half of an emulated step). The chain stops at the first thread that blocks (it keeps the
- * fiber), at a lane that is not new, or at the pass's end; g_chain.pos is the last lane it ran. */
+/* The scheduler's pass over one warp's lanes (positions 0..nl-1, lane_at order): pos is the lane
+ * running now. A new lane starts on a fresh fiber that goes on with the next lanes while they are
+ * new (a call per thread instead of two stack switches), and a lane that blocks (a barrier, a
+ * warp operation) hands over to the next lane of the pass that can run, fiber to fiber, instead
+ * of through the scheduler: the order threads run in stays the scheduler's (and
+ * DTRAIN_EMU_SCHEDULE=reverse's), at half the switches. At the pass's end, or when a chain meets
+ * a lane that is not new, control goes back to the scheduler, which frees the fiber that exited. */
 static struct {
   unsigned b, nl, pos;
-  fiber_t *f;
-  int live; /* 0 once the scheduler resumed anyone: a thread resumed after blocking ends alone */
-} g_chain;
+  fiber_t *fresh;  /* the fiber chain_entry starts on */
+  fiber_t *exited; /* the fiber that returned to the scheduler for good, to be freed there */
+} g_pass;
 
-static void chain_entry(void) {
-  fiber_t *f = g_chain.f;
-  for (;;) {
-    thr_t *t = lane_at(g_chain.b, g_chain.nl, g_chain.pos);
-    g_cur = t;
-    dt_emu_ids.tid = t->tid;
-    t->f = f;
-    t->state = T_RUN;
-    g_l->body(g_l->ctx);
-    t->state = T_DONE;
-    t->f = NULL;
-    if (!g_chain.live || g_chain.pos + 1 >= g_chain.nl ||
-        lane_at(g_chain.b, g_chain.nl, g_chain.pos + 1)->state != T_NEW)
-      break;
-    g_chain.pos++;
-  }
-  fiber_exit(f); /* never returns */
-}
-
-/* Runs the new thread at position li and the new ones after it; returns the last position run. */
-static unsigned run_new(unsigned b, unsigned nl, unsigned li) {
-  fiber_t *f = fiber_acquire();
-  fiber_prepare(f, chain_entry);
-  g_chain.b = b;
-  g_chain.nl = nl;
-  g_chain.pos = li;
-  g_chain.f = f;
-  g_chain.live = 1;
-  fiber_resume(f);
-  g_chain.live = 0;
-  if (lane_at(b, nl, g_chain.pos)->state == T_DONE && !g_failed) fiber_release(f);
-  g_cur = NULL;
-  return g_chain.pos;
-}
-
-/* Resumes thread t, which blocked and is ready again, until it blocks again or returns. */
-static void resume_thread(thr_t *t) {
-  fiber_t *f = t->f;
+static void enter(thr_t *t) {
   g_cur = t;
   dt_emu_ids.tid = t->tid;
   t->state = T_RUN;
+}
+
+static void chain_entry(void) {
+  fiber_t *f = g_pass.fresh;
+  for (;;) {
+    thr_t *t = lane_at(g_pass.b, g_pass.nl, g_pass.pos);
+    enter(t);
+    t->f = f;
+    g_l->body(g_l->ctx);
+    t->state = T_DONE;
+    t->f = NULL;
+    /* g_pass.pos is t's again (whoever resumed t set it): the next lane, if new, runs here */
+    if (g_pass.pos + 1 >= g_pass.nl || lane_at(g_pass.b, g_pass.nl, g_pass.pos + 1)->state != T_NEW) break;
+    g_pass.pos++;
+  }
+  g_pass.exited = f;
+  fiber_exit(f); /* never returns */
+}
+
+static fiber_t *fresh_fiber(void) {
+  fiber_t *f = fiber_acquire();
+  fiber_prepare(f, chain_entry);
+  g_pass.fresh = f;
+  return f;
+}
+
+/* Thread t (state set to T_BAR or T_WARP) blocks: the next lane of the pass that can run goes on
+ * from here; none: back to the scheduler. Returns when t is resumed (its resumer called enter). */
+static void block(thr_t *t) {
+  for (unsigned q = g_pass.pos + 1; q < g_pass.nl; q++) {
+    thr_t *u = lane_at(g_pass.b, g_pass.nl, q);
+    if (u->state != T_READY && u->state != T_NEW) continue;
+    g_pass.pos = q;
+    if (u->state == T_NEW) {
+      fiber_switch(t->f, fresh_fiber());
+    } else {
+      enter(u);
+      fiber_switch(t->f, u->f);
+    }
+    return;
+  }
+  fiber_yield(t->f);
+}
+
+/* The scheduler runs the lane at position li of warp b's pass (new or ready) and whatever follows
+ * it from there; returns the position of the lane that gave control back. */
+static unsigned run_at(unsigned b, unsigned nl, unsigned li) {
+  thr_t *t = lane_at(b, nl, li);
+  g_pass.b = b;
+  g_pass.nl = nl;
+  g_pass.pos = li;
+  g_pass.exited = NULL;
+  fiber_t *f = t->f;
+  if (t->state == T_NEW) f = fresh_fiber();
+  else enter(t);
   fiber_resume(f);
-  if (t->state == T_DONE && !g_failed) fiber_release(f);
+  if (g_pass.exited && !g_failed) fiber_release(g_pass.exited);
+  g_pass.exited = NULL;
   g_cur = NULL;
+  return g_pass.pos;
 }
 
 static const char *state_name(const thr_t *u) {
@@ -257,7 +280,7 @@ uint64_t dt_emu_warp(int kind, unsigned mask, uint64_t val, int arg, int width, 
   int all = ++w.arrived == w.need;
   if (all) w.arrived = 0;
   if (all) complete(base, mask);
-  else fiber_yield(t->f);
+  else block(t);
   t->state = T_RUN;
   return t->wres;
 }
@@ -283,7 +306,7 @@ int dt_emu_barrier(int kind, int pred, const char *file, int line) {
   t->bfile = file;
   t->bline = line;
   t->state = T_BAR;
-  fiber_yield(t->f);
+  block(t);
   t->state = T_RUN;
   return t->bres;
 }
@@ -352,9 +375,8 @@ static int run_block(void) {
         again = 0;
         for (unsigned li = 0; li < nl; li++) {
           thr_t *t = lane_at(b, nl, li);
-          if (t->state == T_NEW) li = run_new(b, nl, li);
-          else if (t->state == T_READY) resume_thread(t);
-          else continue;
+          if (t->state != T_NEW && t->state != T_READY) continue;
+          li = run_at(b, nl, li);
           if (g_failed) return -1;
           again = 1;
         }

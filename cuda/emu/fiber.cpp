@@ -67,6 +67,11 @@ static void (*g_entry)(void);
 static const void *g_sched_bottom;
 static size_t g_sched_size;
 static void *g_sched_fake;
+/* The switch into a fiber came from the scheduler's stack (whose bounds the fiber then records
+ * for its way back), not from another fiber's. */
+static int g_from_sched;
+#define FROM_SCHED_BOTTOM (g_from_sched ? &g_sched_bottom : NULL)
+#define FROM_SCHED_SIZE (g_from_sched ? &g_sched_size : NULL)
 #endif
 
 fiber_t *fiber_acquire(void) {
@@ -99,7 +104,7 @@ int fiber_guard(const void *p) {
 
 static void entry_trampoline(void) {
 #if DT_EMU_ASAN
-  __sanitizer_finish_switch_fiber(NULL, &g_sched_bottom, &g_sched_size);
+  __sanitizer_finish_switch_fiber(NULL, FROM_SCHED_BOTTOM, FROM_SCHED_SIZE);
 #endif
   g_entry();
   fprintf(stderr, "dt_emu: a fiber's entry returned\n");
@@ -131,6 +136,7 @@ void fiber_prepare(fiber_t *f, void (*entry)(void)) {
 
 void fiber_resume(fiber_t *f) {
 #if DT_EMU_ASAN
+  g_from_sched = 1;
   __sanitizer_start_switch_fiber(&g_sched_fake, f->lo, f->size);
 #endif
 #if defined(__x86_64__)
@@ -160,7 +166,24 @@ void fiber_yield(fiber_t *f) {
   swapcontext(&f->uc, &g_sched_uc);
 #endif
 #if DT_EMU_ASAN
-  __sanitizer_finish_switch_fiber(f->fake, &g_sched_bottom, &g_sched_size);
+  __sanitizer_finish_switch_fiber(f->fake, FROM_SCHED_BOTTOM, FROM_SCHED_SIZE);
+#endif
+}
+
+void fiber_switch(fiber_t *from, fiber_t *to) {
+  char here;
+  note_low(from, &here);
+#if DT_EMU_ASAN
+  g_from_sched = 0;
+  __sanitizer_start_switch_fiber(&from->fake, to->lo, to->size);
+#endif
+#if defined(__x86_64__)
+  dt_emu_switch(&from->sp, to->sp);
+#else
+  swapcontext(&from->uc, &to->uc);
+#endif
+#if DT_EMU_ASAN
+  __sanitizer_finish_switch_fiber(from->fake, FROM_SCHED_BOTTOM, FROM_SCHED_SIZE);
 #endif
 }
 

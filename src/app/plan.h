@@ -112,12 +112,13 @@ double dt_plan_peak_rss(void);
 /* Remember the current RSS (VmRSS) as the process's baseline before any model memory: the CLI
  * calls it after MPI and the backend runtime are up; dt_plan_print_rss reports plan + baseline. */
 void dt_plan_note_baseline(void);
-/* That baseline in bytes, -1 if not noted. */
-double dt_plan_baseline_rss(void);
 /* For train.c, one line each: the plan before step 1 and the measured peak RSS against it. */
 void dt_plan_print_run(const dt_config_t *cfg, const char *name, int world, int threads, FILE *out);
 void dt_plan_print_rss(const dt_config_t *cfg, const char *name, int world, int threads, int device, int ckpt,
                        FILE *out);
+/* That line for a planned total of `plan` bytes (`what`: the backend and what it counts; ZeRO stage
+ * `zero`): the peak RSS, the plan, and plan + the baseline, each against the peak. */
+void dt_plan_print_rss_line(FILE *out, const char *what, int zero, double plan);
 /* The same for a CUDA rank: device memory in use (bytes, cudaMemGetInfo's total - free, so the
  * CUDA context and library workspaces count) against the plan's CUDA-backend total. */
 void dt_plan_print_device(const dt_config_t *cfg, const char *name, int world, int threads, double used, FILE *out);

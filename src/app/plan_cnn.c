@@ -79,16 +79,8 @@ void dt_plan_cnn_print(const dt_plan_cnn_t *p, const dt_config_t *cfg, FILE *out
 }
 
 void dt_plan_cnn_print_rss(const dt_plan_cnn_t *p, FILE *out) {
-  double rss = dt_plan_peak_rss(), base = dt_plan_baseline_rss();
-  if (rss < 0) return;
   int z = p->zero >= 0 && p->zero < DT_PLAN_CNN_STAGES ? p->zero : 0;
-  double plan = p->z[z].total;
-  fprintf(out, "# memory: rank 0 peak RSS (VmHWM) %.1f MiB; planned host total (CPU backend, zero%d) %.1f MiB "
-          "(%+.1f%%)", rss / MIB, z, plan / MIB, 100 * (plan - rss) / rss);
-  if (base >= 0)
-    fprintf(out, "; + %.1f MiB resident before the model (libraries, MPI) = %.1f MiB (%+.1f%%)", base / MIB,
-            (plan + base) / MIB, 100 * (plan + base - rss) / rss);
-  fputc('\n', out);
+  dt_plan_print_rss_line(out, "CPU backend", z, p->z[z].total);
 }
 
 dt_status_t dt_plan_cnn_run(const dt_config_t *cfg, const char *name, int world, int threads, FILE *out) {

@@ -252,7 +252,6 @@ double dt_plan_peak_rss(void) { return proc_status_bytes("VmHWM"); }
 
 static double baseline_rss = -1;
 void dt_plan_note_baseline(void) { baseline_rss = proc_status_bytes("VmRSS"); }
-double dt_plan_baseline_rss(void) { return baseline_rss; }
 
 static int plan_for(dt_plan_t *p, const dt_config_t *cfg, const char *name, int world, int threads) {
   dt_plan_in_t in;
@@ -279,8 +278,14 @@ void dt_plan_print_rss(const dt_config_t *cfg, const char *name, int world, int 
   double plan = !device ? r->total_cpu : ckpt ? r->host_gpu_ckpt : r->host_gpu;
   const char *what = !device ? "CPU backend" : ckpt ? "CUDA backend, host copies of params, m, v" :
                                                       "CUDA backend, host copy of params, no checkpoint yet";
+  dt_plan_print_rss_line(out, what, z, plan);
+}
+
+void dt_plan_print_rss_line(FILE *out, const char *what, int zero, double plan) {
+  double rss = dt_plan_peak_rss();
+  if (rss < 0) return;
   fprintf(out, "# memory: rank 0 peak RSS (VmHWM) %.1f MiB; planned host total (%s, zero%d) %.1f MiB (%+.1f%%)",
-          rss / MIB, what, z, plan / MIB, 100 * (plan - rss) / rss);
+          rss / MIB, what, zero, plan / MIB, 100 * (plan - rss) / rss);
   if (baseline_rss >= 0)
     fprintf(out, "; + %.1f MiB resident before the model (libraries, MPI, CUDA runtime) = %.1f MiB (%+.1f%%)",
             baseline_rss / MIB, (plan + baseline_rss) / MIB, 100 * (plan + baseline_rss - rss) / rss);

@@ -57,6 +57,26 @@ srun_once_more() {
   "$@" > "$out" 2>&1
 }
 
+# sbatch_wait SECONDS SBATCH_ARGS...: submit a batch job, print its id, wait for it by polling
+# the controller every 0.2 s (`sbatch --wait` polls at growing intervals: a 42 s job took 75 s)
+# and return 0 when it COMPLETED with exit code 0; after SECONDS it is cancelled (return 124).
+sbatch_wait() {
+  local limit=$1 job s i
+  shift
+  job=$(sbatch --parsable "$@") || return 1
+  job=${job%%;*}
+  echo "$job"
+  for ((i = 0; i < limit * 5; i++)); do
+    s=$(scontrol -o show job "$job" 2>/dev/null | grep -oE 'JobState=[A-Z_]+ .* ExitCode=[0-9]+:[0-9]+')
+    case "$s" in *=PENDING* | *=CONFIGURING* | *=RUNNING* | *=COMPLETING* | "") sleep 0.2 ;; *) break ;; esac
+  done
+  case "$s" in
+    JobState=COMPLETED*ExitCode=0:0) return 0 ;;
+    "" | *=PENDING* | *=CONFIGURING* | *=RUNNING* | *=COMPLETING*) scancel "$job"; echo "sbatch_wait: job $job still '$s' after $limit s" >&2; return 124 ;;
+    *) echo "sbatch_wait: job $job ended ${s%% *} ${s##* }" >&2; return 1 ;;
+  esac
+}
+
 # The Slurm tests' start: a throw-away 2-node cluster (scripts/slurm-cluster.sh) in a fresh
 # directory DIR=/tmp/PREFIX.XXXXXX, its environment (SLURM_CONF, ...) set here, and TCP over
 # loopback between the virtual nodes for Open MPI. A loaded machine can miss slurm-cluster.sh's

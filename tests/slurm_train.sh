@@ -60,12 +60,12 @@ done
 
 # 2. the sbatch template, scaled down
 out="$DIR/job-%j.out"
-echo "\$ DTRAIN=$D DTRAIN_CONFIG=$cfg sbatch --wait --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 sbatch/ddp_4node.sh"
+echo "\$ DTRAIN=$D DTRAIN_CONFIG=$cfg sbatch --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 sbatch/ddp_4node.sh"
 # --time=10: the template asks for USR1 300 s before the limit; with --time=5 that is due at once,
 # and on a loaded machine the job can still be starting when it comes (the suspected cause of a
 # segfault at start-up seen once under make -j2 check; not reproduced)
 DTRAIN="$D" DTRAIN_CONFIG="$cfg" DTRAIN_ARGS="system.backend=cpu train.micro_batch=2 checkpoint.dir=$DIR/ck-sbatch" \
-  timeout 300 sbatch --wait --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 --time=10 \
+  sbatch_wait 300 --nodes=2 --ntasks-per-node=2 --gpus-per-node=2 --cpus-per-task=1 --time=10 \
   --output="$out" "$top_srcdir/sbatch/ddp_4node.sh" > "$DIR/sbatch.id" || { cat "$DIR"/job-*.out; fail "sbatch job failed"; }
 job=$(awk '{print $NF}' "$DIR/sbatch.id")
 o="$DIR/job-$job.out"

@@ -1,7 +1,7 @@
 #!/bin/bash
 # The validation suite (validation/) tested on the local Slurm cluster (2 virtual nodes x 2 ranks,
 # CPU backend, system `ci`):
-#  1. clean: validation/validate.sbatch --system ci submits itself with sbatch --wait; every check
+#  1. clean: validation/validate.sbatch --system ci submits itself and polls the job; every check
 #     passes, exit 0, TAP and JUnit XML written. A skipped check counts as a failure here, not as
 #     a pass: this cluster is built with the nodes and ranks all 10 checks need, so a skip (TAP
 #     "ok N - x # SKIP", JUnit skipped=) means a check did not run; the bandwidth and scaling

@@ -22,7 +22,7 @@ cfg="$top_srcdir/tests/small.ini"
 fail() { echo "FAIL: $*"; exit 1; }
 
 # 1. srun, 2 nodes x 2 ranks, against one rank under mpirun
-mpi 1 "$D" "$cfg" log.metrics="$DIR/dp1.jsonl" > "$DIR/dp1.out" || fail "single-rank run"
+mpi 1 "$D" "$cfg" log.metrics="$DIR/dp1.jsonl" checkpoint.dir= > "$DIR/dp1.out" || fail "single-rank run"
 echo "\$ srun -N 2 --ntasks-per-node=2 --mpi=pmix $D $cfg train.micro_batch=2"
 srun_once_more "$DIR/srun.out" timeout 300 srun -N 2 --ntasks-per-node=2 --mpi=pmix --kill-on-bad-exit=1 "$D" "$cfg" \
   train.micro_batch=2 log.metrics="$DIR/srun.jsonl" checkpoint.dir="$DIR/ck-srun" || { cat "$DIR/srun.out"; fail "srun run"; }

@@ -5,7 +5,8 @@
 # AdamW m and v arenas; stage 2: 3/4 of the gradient arena; stage 3: 3/4 of the parameters less
 # the embeddings, ln_f and 2 blocks it holds gathered), and for each
 # stage the planner's host total plus the pre-model RSS must be within 10% of the measured peak
-# (DeepSpeed's estimators are known to be off by 2x).
+# (DeepSpeed's estimators are known to be off by 2x). The runs keep no checkpoint (checkpoint.dir
+# empty, resume = auto): each says so, and none reads or writes one.
 source "$top_srcdir/tests/lib.sh"
 ensure_data
 t=$(tmpdir)
@@ -15,9 +16,12 @@ for z in 0 1 2 3; do
   mpi 4 "$DTRAIN" "$top_srcdir/inputs/gpt2.ini" system.backend=cpu train.threads=1 parallel.zero=$z \
     train.micro_batch=1 train.global_batch=0 train.grad_accum=1 model.seq_len=64 train.steps=1 \
     train.eval_every=0 data.train="$DATA/austen_train_*.bin" data.val= log.metrics= \
-    checkpoint.dir="$t/ckpt_$z" checkpoint.resume=never > "$t/z$z.out"
+    checkpoint.dir= > "$t/z$z.out"
   grep -E '^#   (AdamW m|total host)|^# memory' "$t/z$z.out"
+  grep '^# no checkpoints: checkpoint.dir is empty' "$t/z$z.out" || { echo "FAIL: zero=$z: no 'no checkpoints' line"; exit 1; }
+  ! grep '^# \(checkpoint\|resume\):' "$t/z$z.out" || { echo "FAIL: zero=$z: checkpoint.dir is empty, yet a checkpoint line"; exit 1; }
 done
+[ ! -e checkpoints ] || { echo "FAIL: an empty checkpoint.dir made ./checkpoints"; exit 1; }
 "$PY" - "$t" <<'PY'
 import re, sys
 got = {}

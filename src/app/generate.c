@@ -250,6 +250,7 @@ int dt_generate_main(int argc, char **argv) {
                 cfg.seq_len);
   if (st == DT_OK && !(ids = malloc((size_t)(tx.n + o.tokens) * sizeof(int))))
     st = DT_ERR(DT_ERR_NOMEM, "generate: out of memory");
+  if (st == DT_OK && !ckpt[0]) st = DT_ERR(DT_ERR_ARG, "generate: no --checkpoint and checkpoint.dir is empty");
   if (st == DT_OK) st = dt_trainer_init_model(&tr, &cfg, o.cfg_path);
   if (st == DT_OK) st = dt_trainer_load_checkpoint(&tr, ckpt, used, sizeof used);
   if (st == DT_OK && rank == 0) {

@@ -14,6 +14,7 @@ dt_status_t dt_run_loop(const dt_run_loop_t *L, int *stopped) {
     dt_config_write(c, stdout, "#   ");
     dt_mesh_print(L->mesh, stdout);
     L->header_fn(L->t);
+    if (!c->ckpt_dir[0]) printf("# no checkpoints: checkpoint.dir is empty (none is read or written)\n");
     dt_metrics_header(L->metrics);
   }
   if (*L->step >= c->steps && root) printf("# nothing to do: step %d of %d already done\n", *L->step, c->steps);
@@ -31,7 +32,9 @@ dt_status_t dt_run_loop(const dt_run_loop_t *L, int *stopped) {
       DT_TRY(L->mesh->world->ops->allreduce(L->mesh->world, &sig, &sig, 1, DT_I32, DT_MAX, NULL, NULL));
     if (sig) {
       *stopped = 1;
-      if (root) printf("# stop requested by signal at step %d: writing a checkpoint\n", step);
+      if (root)
+        printf("# stop requested by signal at step %d: %s\n", step,
+               c->ckpt_dir[0] ? "writing a checkpoint" : "no checkpoint (checkpoint.dir is empty)");
       return L->save_fn(L->t);
     }
     if (c->ckpt_every > 0 && step % c->ckpt_every == 0) DT_TRY(L->save_fn(L->t));

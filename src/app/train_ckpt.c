@@ -201,7 +201,7 @@ static void report_layout_change(const dt_trainer_t *tr, const dt_ckpt_state_t *
  * trained from half-loaded or undrawn values. */
 dt_status_t dt_trainer_load_weights(dt_trainer_t *tr) {
   const char *r = tr->cfg.resume;
-  if (!strcmp(r, "never")) return initial_weights(tr);
+  if (!strcmp(r, "never") || (!strcmp(r, "auto") && !tr->cfg.ckpt_dir[0])) return initial_weights(tr);
   dt_ckpt_arenas_t a;
   DT_TRY(host_arenas(tr, 1, 0, &a));
   dt_ckpt_state_t st;
@@ -289,7 +289,9 @@ static dt_status_t check_replicated(dt_trainer_t *tr, const float *params) {
   return DT_OK;
 }
 
+/* Writes nothing when checkpoint.dir is empty (no checkpoints asked for). */
 dt_status_t dt_trainer_save(dt_trainer_t *tr) {
+  if (!tr->cfg.ckpt_dir[0]) return DT_OK;
   dt_ckpt_arenas_t a;
   DT_TRY(host_arenas(tr, 1, 1, &a));
   dt_status_t c = check_replicated(tr, tr->be.ops->host_memory ? tr->be.params : tr->host_arena);

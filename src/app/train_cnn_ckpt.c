@@ -45,7 +45,9 @@ static dt_ckpt_arenas_t arenas(dt_cnn_trainer_t *tr) {
   return a;
 }
 
+/* Writes nothing when checkpoint.dir is empty (no checkpoints asked for). */
 dt_status_t dt_cnn_trainer_save(dt_cnn_trainer_t *tr) {
+  if (!tr->cfg.ckpt_dir[0]) return DT_OK;
   dt_ckpt_arenas_t a = arenas(tr);
   char *ini = dt_config_to_string(&tr->cfg), path[DT_PATH_MAX];
   dt_ckpt_state_t st = {.step = tr->step, .data_pos = (int64_t)tr->sample_pos,
@@ -67,7 +69,7 @@ dt_status_t dt_cnn_trainer_save(dt_cnn_trainer_t *tr) {
  * never, or a file. The initial weights are already drawn; a load replaces every value. */
 dt_status_t dt_cnn_trainer_resume(dt_cnn_trainer_t *tr) {
   const char *r = tr->cfg.resume;
-  if (!strcmp(r, "never")) return DT_OK;
+  if (!strcmp(r, "never") || (!strcmp(r, "auto") && !tr->cfg.ckpt_dir[0])) return DT_OK;
   dt_ckpt_arenas_t a = arenas(tr);
   dt_ckpt_state_t st;
   memset(&st, 0, sizeof st);

@@ -73,7 +73,7 @@ const dt_config_key_t dt_config_keys[] = {
   {"parallel", "bucket_mb", DT_KEY_INT, OFF(bucket_mb), "25", 1, 1 << 16, NULL, "gradient all-reduce bucket size in MiB"},
   {"parallel", "ddp_probe", DT_KEY_INT, OFF(ddp_probe), "10", 0, 1 << 30, NULL, "every Nth step from step 2 (zero = 0, dp > 1) starts the gradient all-reduce after backward instead of during it (same sums), so the end-of-run '# ddp:' line compares the two and says how much of the all-reduce the overlap hides; 0 = never (the line then gives only the wait)"},
 
-  {"checkpoint", "dir",    DT_KEY_STR, OFF(ckpt_dir),   "checkpoints", 0, 0, NULL, "directory for checkpoint files"},
+  {"checkpoint", "dir",    DT_KEY_STR, OFF(ckpt_dir),   "checkpoints", 0, 0, NULL, "directory for checkpoint files; empty = no checkpoints (none written, whatever every says; resume = auto starts fresh)"},
   {"checkpoint", "every",  DT_KEY_INT, OFF(ckpt_every), "0", 0, 1 << 30, NULL, "write a checkpoint every N steps; 0 = only at the end"},
   {"checkpoint", "keep",   DT_KEY_INT, OFF(ckpt_keep),  "3", 1, 1 << 20, NULL, "keep the newest K checkpoints"},
   {"checkpoint", "resume", DT_KEY_STR, OFF(resume),     "auto", 0, 0, NULL, "auto (newest complete checkpoint in dir) | never | PATH"},

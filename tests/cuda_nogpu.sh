@@ -29,7 +29,7 @@ done
 if grep -q '^# *step\|^ *1 ' "$t/cuda.out"; then echo "FAIL: a step ran"; exit 1; fi
 echo "ok: backend=cuda: exactly one line matching '$want', both ranks exit 2, no step ran"
 
-mpi 2 "$DTRAIN" "$cfg" system.backend=auto train.steps=1 > "$t/auto.out" 2> "$t/auto.err"
+mpi 2 "$DTRAIN" "$cfg" system.backend=auto train.steps=1 checkpoint.dir= > "$t/auto.out" 2> "$t/auto.err"
 cat "$t/auto.err"
 grep -q '^# backend: cpu' "$t/auto.out" || { echo "FAIL: auto did not report the cpu backend"; cat "$t/auto.out"; exit 1; }
 n=$(grep -c 'system.backend = auto: .*using the CPU backend' "$t/auto.err" || true)

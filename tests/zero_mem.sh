@@ -12,16 +12,18 @@ ensure_data
 t=$(tmpdir)
 trap 'rm -rf "$t"' EXIT
 cd "$top_builddir"
+mkdir "$t/cwd" # each run's working directory: an empty checkpoint.dir must leave it empty
+dt=$(realpath "$DTRAIN") ini=$(realpath "$top_srcdir/inputs/gpt2.ini") data=$(realpath "$DATA")
 for z in 0 1 2 3; do
-  mpi 4 "$DTRAIN" "$top_srcdir/inputs/gpt2.ini" system.backend=cpu train.threads=1 parallel.zero=$z \
+  (cd "$t/cwd" && mpi 4 "$dt" "$ini" system.backend=cpu train.threads=1 parallel.zero=$z \
     train.micro_batch=1 train.global_batch=0 train.grad_accum=1 model.seq_len=64 train.steps=1 \
-    train.eval_every=0 data.train="$DATA/austen_train_*.bin" data.val= log.metrics= \
-    checkpoint.dir= > "$t/z$z.out"
+    train.eval_every=0 data.train="$data/austen_train_*.bin" data.val= log.metrics= \
+    checkpoint.dir= > "$t/z$z.out")
   grep -E '^#   (AdamW m|total host)|^# memory' "$t/z$z.out"
   grep '^# no checkpoints: checkpoint.dir is empty' "$t/z$z.out" || { echo "FAIL: zero=$z: no 'no checkpoints' line"; exit 1; }
   ! grep '^# \(checkpoint\|resume\):' "$t/z$z.out" || { echo "FAIL: zero=$z: checkpoint.dir is empty, yet a checkpoint line"; exit 1; }
 done
-[ ! -e checkpoints ] || { echo "FAIL: an empty checkpoint.dir made ./checkpoints"; exit 1; }
+[ -z "$(ls -A "$t/cwd")" ] || { echo "FAIL: an empty checkpoint.dir wrote into the working directory: $(ls -A "$t/cwd")"; exit 1; }
 "$PY" - "$t" <<'PY'
 import re, sys
 got = {}

@@ -62,7 +62,9 @@ int main(int argc, char **argv) {
   }
   omp_set_num_threads(threads);
   dt_cnn_t m;
-  if (dt_cnn_arch_parse(arch, &c.arch) || dt_cnn_build(&m, &c) || dt_cnn_alloc(&m, B, threads)) {
+  /* the CPU backend's kernels and memory, without arenas (this program holds its own) */
+  dt_backend_t be = {.ops = &dt_backend_cpu, .k = dt_backend_cpu.kernels, .threads = threads};
+  if (dt_cnn_arch_parse(arch, &c.arch) || dt_cnn_build(&m, &c) || dt_cnn_alloc(&m, &be, B)) {
     fprintf(stderr, "cnn_step: %s\n", dt_err_msg());
     return 1;
   }
@@ -83,9 +85,14 @@ int main(int argc, char **argv) {
   for (int s = 0; s < warmup + steps; s++) {
     double t0 = dt_time_now();
     memset(g, 0, np * sizeof *g);
-    double loss = dt_cnn_forward(&m, p, bufs, x, y, 1, NULL);
+    double loss = 0;
+    dt_status_t st = dt_cnn_forward(&m, p, bufs, x, y, 1, &loss, NULL);
     double t1 = dt_time_now();
-    dt_cnn_backward(&m, p, g, 1.0f / (float)B);
+    if (st == DT_OK) st = dt_cnn_backward(&m, p, g, 1.0f / (float)B);
+    if (st != DT_OK) {
+      fprintf(stderr, "cnn_step: %s\n", dt_err_msg());
+      return 1;
+    }
     double t2 = dt_time_now();
 #pragma omp parallel for simd schedule(static)
     for (size_t k = 0; k < np; k++) p[k] = dt_sgd_update(p[k], g[k], &mo[k], 0.01f, 0.9f, 5e-4f, 0);

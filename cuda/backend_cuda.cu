@@ -24,6 +24,7 @@ extern "C" {
 #include "cuda_check.h"
 #include "cuda_launch.h"
 #include "kernels.h"
+#include "backend_cuda_int.h"
 
 /* ---- device discovery --------------------------------------------------------------------- */
 
@@ -105,25 +106,6 @@ extern "C" void dt_cuda_print_versions(FILE *out) {
 }
 
 
-/* ---- state -------------------------------------------------------------------------------- */
-
-/* The activations are the model's (gpt2.c carves them from k_alloc); the backend keeps its
- * streams, the gradient-group events, cuBLAS, and the host-side scratch of its kernels. */
-typedef struct {
-  cudaStream_t compute, comm;
-  cudaEvent_t *group_ev; /* L+2: gradient group g final on the compute stream */
-  cudaEvent_t comm_ev;   /* the comm stream's work so far (joined before grads are read/reset) */
-  cublasHandle_t blas;
-  int device;
-  int *order, *h_order, *h_count; /* embedding backward's token buckets (embed_buckets.h): device and */
-  dt_embed_bucket_t *buckets, *h_buckets; /* host order (B*T), host counts (V+1), buckets (<= B*T) */
-  float *h_losses;             /* host (B,T) */
-  double *partial, *h_partial; /* device and host DT_CUDA_SUMSQ_BLOCKS */
-  float *colscr;               /* column reductions' partials, for up to colscr_cols columns */
-  size_t colscr_cols;
-} cu_impl_t;
-
-static cu_impl_t *impl(dt_backend_t *be) { return (cu_impl_t *)be->impl; }
 
 static void cu_free(dt_backend_t *be) {
   cu_impl_t *im = impl(be);
@@ -163,6 +145,17 @@ static void cu_free(dt_backend_t *be) {
 static dt_status_t alloc_zero(void **p, size_t bytes, cudaStream_t s) {
   DT_CUDA_CHECK(cudaMalloc(p, bytes ? bytes : 64));
   DT_CUDA_CHECK(cudaMemsetAsync(*p, 0, bytes ? bytes : 64, s));
+  return DT_OK;
+}
+
+dt_status_t dt_cu_colscr_reserve(cu_impl_t *im, size_t cols) {
+  if (cols <= im->colscr_cols) return DT_OK;
+  DT_CUDA_CHECK(cudaStreamSynchronize(im->compute)); /* nothing queued still reads the old one */
+  cudaFree(im->colscr);
+  im->colscr = NULL;
+  im->colscr_cols = 0;
+  DT_TRY(alloc_zero((void **)&im->colscr, dt_cu_col_scratch_floats(cols) * sizeof(float), im->compute));
+  im->colscr_cols = cols;
   return DT_OK;
 }
 
@@ -254,28 +247,6 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
 
 /* ---- matmuls ------------------------------------------------------------------------------ */
 
-/* C = alpha op(A) op(B) + beta C on ROW-major matrices, like cblas_sgemm(CblasRowMajor, ...),
- * through dt_cuda_gemm_rowmajor (cuda_launch.h, tested on the CPU against a column-major
- * reference): operands and M/N swapped, flags kept. */
-static cublasOperation_t op(int t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; }
-
-static dt_status_t gemm_rm(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, float alpha, const float *A,
-                           int lda, const float *B, int ldb, float beta, float *C, int ldc) {
-  dt_cuda_gemm_t g = dt_cuda_gemm_rowmajor(ta, tb, M, N, K);
-  DT_CUBLAS_CHECK(cublasSgemm(h, op(g.op_first), op(g.op_second), g.m, g.n, g.k, &alpha, B, ldb, A, lda, &beta, C, ldc));
-  return DT_OK;
-}
-
-/* The same over `batch` problems at fixed strides (elements) between consecutive A, B, C. */
-static dt_status_t gemm_rm_batched(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, float alpha,
-                                   const float *A, int lda, long long sA, const float *B, int ldb, long long sB,
-                                   float beta, float *C, int ldc, long long sC, int batch) {
-  dt_cuda_gemm_t g = dt_cuda_gemm_rowmajor(ta, tb, M, N, K);
-  DT_CUBLAS_CHECK(cublasSgemmStridedBatched(h, op(g.op_first), op(g.op_second), g.m, g.n, g.k, &alpha, B, ldb, sB, A,
-                                            lda, sA, &beta, C, ldc, sC, batch));
-  return DT_OK;
-}
-
 /* Weights in two layouts, as on the CPU (ops_cpu.h): the lm_head's wte (OC, C) like nn.Linear
  * (w_in_out = 0), the blocks' (C, OC) like Hugging Face's Conv1D (w_in_out = 1). */
 
@@ -294,8 +265,7 @@ static dt_status_t linear_backward(cu_impl_t *im, float *dinp, float *dweight, f
   if (dinp) DT_TRY(gemm_rm(im->blas, false, w_in_out, N, C, OC, 1.0f, dout, OC, w, w_in_out ? OC : C, 0.0f, dinp, C));
   if (w_in_out) DT_TRY(gemm_rm(im->blas, true, false, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC));
   else DT_TRY(gemm_rm(im->blas, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C));
-  if (dbias && (size_t)OC > im->colscr_cols)
-    return DT_ERR(DT_ERR_INTERNAL, "cuda backend: bias of %d columns past the scratch's %zu", OC, im->colscr_cols);
+  if (dbias) DT_TRY(dt_cu_colscr_reserve(im, (size_t)OC));
   if (dbias) DT_TRY(dt_cu_col_sum(dbias, dout, N, OC, im->colscr, im->compute));
   return DT_OK;
 }
@@ -618,4 +588,5 @@ extern "C" const dt_backend_ops_t dt_backend_cuda = {
     "cuda",          &cuda_kernels,   0 /* host_memory */, 1 /* async */,
     cu_init,         cu_free,         cu_engine,       cu_zero_grad,      cu_grad_sumsq,     cu_adamw,
     cu_copy_to_host, cu_copy_from_host, cu_set_precision, cu_synchronize,
+    &dt_cuda_cnn_kernels,
 };

@@ -54,7 +54,8 @@ int main(int argc, char **argv) {
   c.C = atoi(argv[3]), c.H = atoi(argv[4]), c.W = atoi(argv[5]), c.classes = atoi(argv[6]);
   c.width = atoi(argv[7]), c.hidden = atoi(argv[8]);
   int B = atoi(argv[9]), steps = atoi(argv[10]), adamw = !strcmp(argv[11], "adamw");
-  if (st || (st = dt_cnn_build(&m, &c)) || (st = dt_cnn_alloc(&m, B, 2))) {
+  dt_backend_t be = {.ops = &dt_backend_cpu, .k = dt_backend_cpu.kernels, .threads = 2}; /* kernels and memory */
+  if (st || (st = dt_cnn_build(&m, &c)) || (st = dt_cnn_alloc(&m, &be, B))) {
     fprintf(stderr, "cnn_model_dump: %s\n", dt_err_msg());
     return 1;
   }
@@ -85,22 +86,27 @@ int main(int argc, char **argv) {
     snprintf(nm, sizeof nm, "x%d", s), rec(nm, "", x, nx);
     snprintf(nm, sizeof nm, "y%d", s), rec(nm, "", yf, (size_t)B);
     memset(g, 0, np * sizeof *g);
-    losses[s] = (float)dt_cnn_forward(&m, p, bufs, x, y, 1, NULL);
-    dt_cnn_backward(&m, p, g, 1.0f / (float)B);
+    double l = 0;
+    if (dt_cnn_forward(&m, p, bufs, x, y, 1, &l, NULL) || dt_cnn_backward(&m, p, g, 1.0f / (float)B)) {
+      fprintf(stderr, "cnn_model_dump: %s\n", dt_err_msg());
+      return 1;
+    }
+    losses[s] = (float)l;
     snprintf(nm, sizeof nm, "g%d/", s), rec_arena(&m.lay, nm, g);
     update(&m.lay, p, g, mo, v, adamw, s + 1);
   }
   rec("losses", "", losses, (size_t)steps);
   int correct = 0;
-  float ev[2] = {(float)dt_cnn_forward(&m, p, bufs, x0, y0, 0, &correct), 0.0f};
-  ev[1] = (float)correct;
+  double l0 = 0;
+  if (dt_cnn_forward(&m, p, bufs, x0, y0, 0, &l0, &correct)) return 1;
+  float ev[2] = {(float)l0, (float)correct};
   rec("eval", "", ev, 2);
   /* the predictions' histogram: with every label set to class k, "correct" counts the images
    * predicted as k */
   float *hist = malloc((size_t)c.classes * sizeof *hist);
   for (int k = 0; k < c.classes; k++) {
     for (int i = 0; i < B; i++) y0[i] = k;
-    dt_cnn_forward(&m, p, bufs, x0, y0, 0, &correct);
+    if (dt_cnn_forward(&m, p, bufs, x0, y0, 0, &l0, &correct)) return 1;
     hist[k] = (float)correct;
   }
   rec("pred_hist", "", hist, (size_t)c.classes);

@@ -365,6 +365,7 @@ int main(int argc, char **argv) {
   if (!small) gp_attention_flash(1, 8201, 16, 64, &r); /* 524,864 rows: past the capped grid */
   if (huge) gp_crossentropy_huge(&r);
   if (backend) gp_backend_all(small);
+  gp_cnn_all(&r);
   printf("gpu_parity: %d of %d cases pass%s\n", g_cases - g_fail, g_cases, g_fail ? "; FAILED" : "");
   return g_fail ? 1 : 0;
 }

@@ -37,6 +37,8 @@ void gp_attention_decode(int B, int NH, int hs, int pos, int n, int Tmax, dt_rng
 void gp_attention_flash(int B, int NH, int hs, int T, dt_rng_t *r);
 /* tests/gpu_parity_tp.cu */
 void gp_tensor_parallel(int prec, dt_rng_t *r);
+/* tests/gpu_parity_cnn.cu */
+void gp_cnn_all(dt_rng_t *r);
 /* tests/gpu_parity_backend.cu */
 void gp_backend_all(int small);
 

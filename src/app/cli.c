@@ -177,8 +177,8 @@ dt_status_t dt_cli_gpt2_only(const dt_config_t *cfg, const char *path, const cha
 static int train_cnn(int rank, const dt_config_t *cfg, const char *name) {
   if (!strcmp(cfg->backend, "cuda")) {
     if (rank == 0)
-      fprintf(stderr, "dtrain: %s: system.backend = cuda: model.arch = %s has no CUDA kernels yet (cpu or auto)\n", name,
-              cfg->arch);
+      fprintf(stderr, "dtrain: %s: system.backend = cuda: training model.arch = %s on CUDA is not implemented yet (cpu "
+              "or auto)\n", name, cfg->arch);
     MPI_Finalize();
     return 2;
   }

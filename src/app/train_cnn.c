@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "cnn_kernels.h"
 #include "fault.h"
 #include "gemm.h"
 #include "optim.h"
@@ -112,7 +113,6 @@ static dt_status_t init_arenas(dt_cnn_trainer_t *tr) {
   if (dt_precision_parse(c->precision, &prec) != 0)
     return DT_ERR(DT_ERR_CONFIG, "%s: train.precision: '%s' is not one of fp32|bf16|fp16", tr->cfg_name, c->precision);
   DT_TRY(tr->be.ops->set_precision(&tr->be, prec)); /* bf16, fp16: the working copy be.wparams */
-  tr->model.precision = prec;
   dt_scaler_init(&tr->scaler, prec == DT_PREC_FP16, c->loss_scale_init, c->loss_scale_window);
   return DT_OK;
 }
@@ -138,7 +138,6 @@ static dt_status_t init_model(dt_cnn_trainer_t *tr) {
   dt_cnn_config_t mc;
   DT_TRY(dt_cnn_model_config(&tr->cfg, &tr->train, &mc));
   DT_TRY(dt_cnn_build(&tr->model, &mc));
-  DT_TRY(dt_cnn_alloc(&tr->model, tr->B, tr->mesh.threads));
   if (tr->mesh.dp > 1) {
     tr->model.sync_sum = dp_sum;
     tr->model.sync_ctx = tr;
@@ -146,6 +145,7 @@ static dt_status_t init_model(dt_cnn_trainer_t *tr) {
   }
   DT_TRY(dt_cnn_trainer_ckpt_layout(tr));
   DT_TRY(init_arenas(tr));
+  DT_TRY(dt_cnn_alloc(&tr->model, &tr->be, tr->B));
   tr->x = malloc(sizeof(float) * (size_t)tr->B * mc.C * mc.H * mc.W);
   tr->y = malloc(sizeof(int) * (size_t)tr->B);
   if (!tr->x || !tr->y) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
@@ -181,24 +181,19 @@ dt_status_t dt_cnn_trainer_init(dt_cnn_trainer_t *tr, const dt_config_t *cfg, co
  * (ZeRO: this rank's shard; never the batch norm statistics above the parameters), the gradient
  * scaled by `scale` first (the clipping factor over fp16's loss scale); m, v hold the range (m[i -
  * lo] for arena offset i); AdamW's step count leaves out the steps fp16 skipped. */
-static void update(dt_cnn_trainer_t *tr, double lr, float scale) {
+static dt_status_t update(dt_cnn_trainer_t *tr, double lr, float scale) {
   const dt_config_t *c = &tr->cfg;
   dt_backend_t *be = &tr->be;
   const size_t lo = be->opt_hi > be->opt_lo ? be->opt_lo : 0, np = tr->model.lay.n_params;
   size_t hi = lo + dt_backend_opt_floats(be);
   if (hi > np) hi = np;
-  const long n = hi > lo ? (long)(hi - lo) : 0;
-  float *p = be->params + lo, *g = be->grads + lo, *m = be->m, *v = be->v;
+  const size_t n = hi > lo ? hi - lo : 0;
+  float *p = be->params + lo, *g = be->grads + lo;
   const float flr = (float)lr, wd = (float)c->weight_decay, mom = (float)c->momentum;
   const float b1 = (float)c->beta1, b2 = (float)c->beta2, eps = (float)c->eps;
   const float t = (float)(tr->step - tr->scaler.skipped + 1), bc1 = 1.0f - powf(b1, t), bc2 = 1.0f - powf(b2, t);
-  if (!strcmp(c->optimizer, "sgd")) {
-#pragma omp parallel for schedule(static) num_threads(tr->mesh.threads)
-    for (long i = 0; i < n; i++) p[i] = dt_sgd_update(p[i], g[i] * scale, &m[i], flr, mom, wd, c->nesterov);
-  } else {
-#pragma omp parallel for schedule(static) num_threads(tr->mesh.threads)
-    for (long i = 0; i < n; i++) p[i] = dt_adamw_update(p[i], g[i] * scale, &m[i], &v[i], flr, b1, b2, eps, wd, bc1, bc2);
-  }
+  if (!strcmp(c->optimizer, "sgd")) return be->ops->cnn->sgd(be, p, g, be->m, n, scale, flr, mom, wd, c->nesterov);
+  return be->ops->cnn->adamw(be, p, g, be->m, be->v, n, scale, flr, b1, b2, eps, wd, bc1, bc2);
 }
 
 /* The micro-batches of this rank's slice: forward (batch norm synchronised over dp), backward with
@@ -210,11 +205,15 @@ static dt_status_t microsteps(dt_cnn_trainer_t *tr, uint64_t slice, double *loss
   DT_TRY(working_params(tr, &w));
   for (int k = 0; k < tr->accum; k++) {
     dt_images_batch(&tr->train, slice + (uint64_t)k * tr->B, tr->B, tr->x, tr->y, NULL);
-    *loss += dt_cnn_forward(m, w, tr->bufs, tr->x, tr->y, 1, NULL) / tr->accum;
+    double l = 0;
+    DT_TRY(dt_cnn_forward(m, w, tr->bufs, tr->x, tr->y, 1, &l, NULL));
+    *loss += l / tr->accum;
     m->ready = sy->ops->backward_begin(sy, k, tr->accum);
     m->ready_ctx = &sy->ddp;
-    dt_cnn_backward(m, w, tr->be.grads, tr->scaler.scale / ((float)tr->B * tr->accum)); /* fp16: loss x scale */
+    /* fp16: the loss times the scale */
+    dt_status_t st = dt_cnn_backward(m, w, tr->be.grads, tr->scaler.scale / ((float)tr->B * tr->accum));
     m->ready = NULL;
+    DT_TRY(st);
     DT_TRY(m->sync_err);
     DT_TRY(sy->ops->backward_end(sy));
   }
@@ -234,7 +233,7 @@ dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
   DT_TRY(sy->ops->after_backward(sy)); /* gradients final over dp (ZeRO: this rank's shard) */
   DT_TRY(tr->be.ops->grad_sumsq(&tr->be, &sumsq));
   DT_TRY(dt_train_norm(sy, &tr->scaler, &tr->mesh, tr->step + 1, sumsq, &norm, &skip));
-  if (!skip) update(tr, lr, dt_clip_scale(norm, tr->cfg.grad_clip) / scale);
+  if (!skip) DT_TRY(update(tr, lr, dt_clip_scale(norm, tr->cfg.grad_clip) / scale));
   DT_TRY(sy->ops->after_update(sy, skip)); /* ZeRO: the parameters whole again */
   dt_train_scaler_step(&tr->scaler, skip, tr->step + 1, is_root(tr));
   tr->step++;
@@ -264,10 +263,13 @@ dt_status_t dt_cnn_trainer_eval(dt_cnn_trainer_t *tr, double *loss, double *acc)
     int b = n - j * tr->B < tr->B ? n - j * tr->B : tr->B, correct = 0;
     m->B = b; /* a smaller last batch fits in the memory of B images */
     dt_images_batch_sequential(&tr->val, j * tr->B, b, tr->x, tr->y);
-    sum[0] += dt_cnn_forward(m, w, tr->bufs, tr->x, tr->y, 0, &correct) * b;
+    double l = 0;
+    dt_status_t st = dt_cnn_forward(m, w, tr->bufs, tr->x, tr->y, 0, &l, &correct);
+    m->B = tr->B;
+    DT_TRY(st);
+    sum[0] += l * b;
     sum[1] += correct, sum[2] += b;
   }
-  m->B = tr->B;
   dt_comm_t *dpc = tr->mesh.dp_comm;
   if (tr->mesh.dp > 1) DT_TRY(dpc->ops->allreduce(dpc, sum, sum, 3, DT_F64, DT_SUM, NULL, NULL));
   *loss = sum[0] / sum[2];
@@ -302,7 +304,7 @@ static void print_header(void *t) {
     printf("# optimizer: AdamW, betas %g %g, eps %g, weight decay %g\n", c->beta1, c->beta2, c->eps, c->weight_decay);
   printf("# backend: cpu (src/backend/ops_cnn_cpu.c), %d threads per rank, matmul: %s\n", tr->mesh.threads,
          dt_gemm_engine_name());
-  dt_train_print_precision(stdout, (dt_precision_t)tr->model.precision, &tr->scaler);
+  dt_train_print_precision(stdout, (dt_precision_t)tr->be.precision, &tr->scaler);
   printf("# FLOPs per image (forward + backward: 3 x 2 x the convolutions' and linear layers' multiply-adds) = %.4g\n",
          tr->flops_per_image);
 }
@@ -337,11 +339,11 @@ void dt_cnn_trainer_free(dt_cnn_trainer_t *tr) {
   dt_metrics_close(&tr->metrics);
   dt_sync_free(&tr->sync);
   dt_ckpt_ranges_free(&tr->zero_optim);
+  dt_cnn_free(&tr->model); /* its memory is the backend's: before the backend goes */
   if (tr->be.ops) tr->be.ops->free(&tr->be);
   free(tr->x), free(tr->y);
   dt_layout_free(&tr->arena);
   dt_layout_free(&tr->ck);
-  dt_cnn_free(&tr->model);
   dt_images_close(&tr->train);
   if (tr->have_val) dt_images_close(&tr->val);
   dt_mesh_free(&tr->mesh);

@@ -19,6 +19,7 @@ extern "C" {
 #endif
 
 typedef struct dt_backend dt_backend_t;
+typedef struct dt_cnn_kernels dt_cnn_kernels_t; /* the image classifiers' kernels: cnn_kernels.h */
 
 typedef enum { DT_BUF_PARAMS, DT_BUF_GRADS, DT_BUF_M, DT_BUF_V } dt_buf_t;
 
@@ -146,6 +147,8 @@ typedef struct {
    * finished: host timers around device work and host code that hands device memory to another
    * library (a communicator) call it. Nothing to wait for on the CPU. */
   dt_status_t (*synchronize)(dt_backend_t *be);
+  /* The image classifiers' kernels (cnn_kernels.h); NULL: this backend has none. */
+  const dt_cnn_kernels_t *cnn;
 } dt_backend_ops_t;
 
 struct dt_backend {

@@ -12,6 +12,7 @@
 
 #include "dt_build.h"
 #include "backend.h"
+#include "cnn_kernels.h"
 #include "gemm.h"
 #include "kmath.h"
 #include "ops_cpu.h"
@@ -512,6 +513,7 @@ static const dt_kernels_t cpu_kernels = {
 const dt_backend_ops_t dt_backend_cpu = {
     .name = "cpu",
     .kernels = &cpu_kernels,
+    .cnn = &dt_cpu_cnn_kernels,
     .host_memory = 1,
     .async = 0,
     .init = cpu_init,

@@ -2,8 +2,8 @@
  * with batch norm), ResNet-18 and ResNet-50 with the CIFAR stem (a 3x3 convolution, stride 1, no
  * max pooling: 32x32 inputs). The network is a list of operations over activation slots (slot 0
  * is the input batch, operation i writes slot i + 1), built once from the configuration
- * (cnn_build.c) and run forward and backward over host memory with the CPU kernels of
- * src/backend/ops_cnn_cpu.h (cnn.c).
+ * (cnn_build.c) and run forward and backward (cnn.c) over a backend's memory and kernels
+ * (src/backend/cnn_kernels.h, the CPU's: ops_cnn_cpu.h).
  *
  * Parameters live in one arena like GPT-2's (dt_layout_t, built field by field, tp = pp = 1),
  * named and shaped as torchvision's state_dict ("layer2.0.downsample.0.weight": conv weights (OC,
@@ -14,15 +14,16 @@
  * Status: the layers, the models, training steps and evaluation are checked against PyTorch
  * (tests/ref_cnn.sh); `dtrain` trains them (model.arch, src/app/train_cnn.c) with data
  * parallelism (the sync strategies of parallel/sync.h: DDP buckets during backward, ZeRO-1 and 2),
- * synchronised batch norm and checkpoints (train_cnn_ckpt.c). Not yet: CUDA kernels. */
+ * synchronised batch norm and checkpoints (train_cnn_ckpt.c). The CUDA backend's kernels run it
+ * too (tests/gpu_parity_cnn.cu); not yet: the trainer on the CUDA backend. */
 #ifndef DT_CNN_H
 #define DT_CNN_H
 
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "model.h"
-#include "precision.h"
 #include "status.h"
 
 typedef enum { DT_CNN_SIMPLE = 0, DT_CNN_RESNET18, DT_CNN_RESNET50 } dt_cnn_arch_t;
@@ -64,12 +65,16 @@ typedef struct {
   dt_cnn_op_t *ops;
   dt_cnn_slot_t *slots;
   size_t n_stat;      /* floats of each batch-norm statistics array (sum of the BN ops' C) */
-  /* memory for a batch of B images (dt_cnn_alloc) */
-  int B, nthr;
+  /* memory for a batch of B images (dt_cnn_alloc): backend memory from be (the arrays below up to
+   * labels), host memory after */
+  dt_backend_t *be;
+  int B;
   float *acts, *dacts, *tmp, *scratch, *mean, *var, *rstd, *sdy, *sdyx, *losses, *lse;
   int *idx, *labels;
   size_t n_acts, n_tmp, n_idx;
   unsigned char *written; /* backward: slot gradient written yet */
+  float *stat_host;       /* 2 x the widest batch norm's C: synchronised statistics on their way */
+  float *logits_host;     /* B x classes: the logits, for the top-1 count */
   /* Synchronised batch norm (data parallelism, every rank the same B): sync_sum adds n doubles
    * over the sync_ranks ranks in place; training statistics are then the whole global batch's
    * (forward: each channel's mean and E[x^2]; backward: the sums of dy and dy*(x - mean)), as
@@ -87,11 +92,10 @@ typedef struct {
    * only to the lowest tensor below which nothing is pending. */
   dt_grad_ready_fn ready;
   void *ready_ctx;
-  /* Mixed precision (precision.h; dt_precision_t, 0 = fp32): every activation an operation writes
-   * and every activation gradient is rounded to it as it is stored (forward's slots, backward's
-   * slot gradients after each write or sum); batch norm's statistics, the loss, the parameter
-   * gradients stay fp32. The caller passes the rounded working copy of the parameters. */
-  int precision;
+  /* Mixed precision: be->precision (precision.h; fp32 by default): every activation an operation
+   * writes and every activation gradient is rounded to it as it is stored (forward's slots,
+   * backward's slot gradients after each write or sum); batch norm's statistics, the loss, the
+   * parameter gradients stay fp32. The caller passes the rounded working copy of the parameters. */
   int *owner;             /* lay.n_tensors: the operation using each tensor (n_ops: none) */
   unsigned char *fused;   /* n_ops: a batch norm run with the ReLU after it (dt_cnn_alloc) */
 } dt_cnn_t;
@@ -101,9 +105,12 @@ dt_status_t dt_cnn_arch_parse(const char *s, dt_cnn_arch_t *arch);
 /* Build the operation list, the slots and both layouts. DT_ERR_CONFIG for shapes the network
  * cannot take (e.g. an image too small for its poolings), naming the key. */
 dt_status_t dt_cnn_build(dt_cnn_t *m, const dt_cnn_config_t *c);
-/* Activation and scratch memory for batches of B images on nthr OpenMP threads. */
-dt_status_t dt_cnn_alloc(dt_cnn_t *m, int B, int nthr);
-/* The bytes dt_cnn_alloc(m, B, nthr) allocates, of a built model (for the planner). */
+/* Activation and scratch memory for batches of B images from backend be (its kernels run the
+ * model from then on; be needs no init for this: alloc, release and the kernels). DT_ERR_CONFIG
+ * naming the backend when it has no image-classifier kernels (be->ops->cnn NULL). */
+dt_status_t dt_cnn_alloc(dt_cnn_t *m, dt_backend_t *be, int B);
+/* The bytes dt_cnn_alloc allocates for B images on the CPU backend with nthr threads, of a built
+ * model (for the planner). */
 double dt_cnn_alloc_bytes(const dt_cnn_t *m, int B, int nthr);
 void dt_cnn_free(dt_cnn_t *m);
 
@@ -113,14 +120,15 @@ void dt_cnn_free(dt_cnn_t *m);
  * with zero_init_residual the weight of each residual branch's last batch norm is 0. */
 void dt_cnn_init_params(const dt_cnn_t *m, float *params, float *bufs, uint64_t seed);
 
-/* Forward over B images x (B, C, H, W) with labels y (B): returns the mean cross-entropy, and the
- * number of correct top-1 predictions in *correct (when not NULL). training: batch norm uses the
- * batch's statistics and updates the running ones in bufs (momentum 0.1); else the running ones. */
-double dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const float *x, const int *y, int training,
-                      int *correct);
+/* Forward over B images x (B, C, H, W) with labels y (B), both host memory; params, bufs, grads:
+ * backend memory. *loss = the mean cross-entropy, *correct (when not NULL) = the number of correct
+ * top-1 predictions. training: batch norm uses the batch's statistics and updates the running ones
+ * in bufs (momentum 0.1); else the running ones. */
+dt_status_t dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const float *x, const int *y, int training,
+                           double *loss, int *correct);
 /* Backward of the last training forward: grads += d(dloss * sum of the B losses) / d params
  * (dloss = 1/B for the batch mean; 1/(B accum) over accum micro-batches), reporting final ranges
  * to m->ready when set. */
-void dt_cnn_backward(dt_cnn_t *m, const float *params, float *grads, float dloss);
+dt_status_t dt_cnn_backward(dt_cnn_t *m, const float *params, float *grads, float dloss);
 
 #endif

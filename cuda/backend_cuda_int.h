@@ -1,0 +1,65 @@
+/* The CUDA backend's internals shared by its files (backend_cuda.cu: memory, GPT-2's kernel table;
+ * backend_cuda_cnn.cu: the image classifiers' table): the backend's state and the row-major
+ * cuBLAS products. Internal (C++). */
+#ifndef DT_BACKEND_CUDA_INT_H
+#define DT_BACKEND_CUDA_INT_H
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+extern "C" {
+#include "backend.h"
+}
+#include "cuda_check.h"
+#include "cuda_launch.h"
+#include "embed_buckets.h"
+
+/* The activations are the model's (gpt2.c carves them from k_alloc); the backend keeps its
+ * streams, the gradient-group events, cuBLAS, and the host-side scratch of its kernels. */
+typedef struct {
+  cudaStream_t compute, comm;
+  cudaEvent_t *group_ev; /* L+2: gradient group g final on the compute stream */
+  cudaEvent_t comm_ev;   /* the comm stream's work so far (joined before grads are read/reset) */
+  cublasHandle_t blas;
+  int device;
+  int *order, *h_order, *h_count; /* embedding backward's token buckets (embed_buckets.h): device and */
+  dt_embed_bucket_t *buckets, *h_buckets; /* host order (B*T), host counts (V+1), buckets (<= B*T) */
+  float *h_losses;             /* host (B,T) */
+  double *partial, *h_partial; /* device and host DT_CUDA_SUMSQ_BLOCKS */
+  float *colscr;               /* column reductions' partials, for up to colscr_cols columns */
+  size_t colscr_cols;
+} cu_impl_t;
+
+static inline cu_impl_t *impl(dt_backend_t *be) { return (cu_impl_t *)be->impl; }
+
+/* C = alpha op(A) op(B) + beta C on ROW-major matrices, like cblas_sgemm(CblasRowMajor, ...),
+ * through dt_cuda_gemm_rowmajor (cuda_launch.h, tested on the CPU against a column-major
+ * reference): operands and M/N swapped, flags kept. */
+static inline cublasOperation_t op(int t) { return t ? CUBLAS_OP_T : CUBLAS_OP_N; }
+
+static inline dt_status_t gemm_rm(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, float alpha,
+                                  const float *A, int lda, const float *B, int ldb, float beta, float *C, int ldc) {
+  dt_cuda_gemm_t g = dt_cuda_gemm_rowmajor(ta, tb, M, N, K);
+  DT_CUBLAS_CHECK(
+      cublasSgemm(h, op(g.op_first), op(g.op_second), g.m, g.n, g.k, &alpha, B, ldb, A, lda, &beta, C, ldc));
+  return DT_OK;
+}
+
+/* The same over `batch` problems at fixed strides (elements) between consecutive A, B, C. */
+static inline dt_status_t gemm_rm_batched(cublasHandle_t h, bool ta, bool tb, int M, int N, int K, float alpha,
+                                          const float *A, int lda, long long sA, const float *B, int ldb, long long sB,
+                                          float beta, float *C, int ldc, long long sC, int batch) {
+  dt_cuda_gemm_t g = dt_cuda_gemm_rowmajor(ta, tb, M, N, K);
+  DT_CUBLAS_CHECK(cublasSgemmStridedBatched(h, op(g.op_first), op(g.op_second), g.m, g.n, g.k, &alpha, B, ldb, sB, A,
+                                            lda, sA, &beta, C, ldc, sC, batch));
+  return DT_OK;
+}
+
+
+/* The column-sum scratch (dt_cu_col_sum) holds at least `cols` columns: grown on first need (the
+ * image classifiers' bias widths are not known at init). */
+dt_status_t dt_cu_colscr_reserve(cu_impl_t *im, size_t cols);
+
+extern "C" const dt_cnn_kernels_t dt_cuda_cnn_kernels;
+
+#endif

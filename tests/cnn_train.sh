@@ -166,7 +166,6 @@ refuse() {
 }
 refuse "parallel.tp: tensor parallelism is not implemented for the image classifiers" parallel.tp=2
 refuse "parallel.zero: ZeRO-3 is not implemented for the image classifiers" parallel.zero=3
-refuse "system.backend = cuda: training model.arch = cnn on CUDA is not implemented yet" system.backend=cuda
 refuse "data.format: tokens data for model.arch = cnn" data.format=tokens
 refuse "data.train_labels: data.format = idx needs the labels file" data.train_labels=
 refuse "nope-images.gz" data.train=/nonexistent/nope-images.gz

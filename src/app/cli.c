@@ -173,15 +173,8 @@ dt_status_t dt_cli_gpt2_only(const dt_config_t *cfg, const char *path, const cha
                 "loss and accuracy are in its training rows: train.eval_every)", path, cfg->arch, tool);
 }
 
-/* model.arch = cnn | resnet18 | resnet50 (train_cnn.h): the cpu backend only, for now. */
-static int train_cnn(int rank, const dt_config_t *cfg, const char *name) {
-  if (!strcmp(cfg->backend, "cuda")) {
-    if (rank == 0)
-      fprintf(stderr, "dtrain: %s: system.backend = cuda: training model.arch = %s on CUDA is not implemented yet (cpu "
-              "or auto)\n", name, cfg->arch);
-    MPI_Finalize();
-    return 2;
-  }
+/* model.arch = cnn | resnet18 | resnet50 (train_cnn.h) */
+static int train_cnn(const dt_config_t *cfg, const char *name) {
   dt_train_install_signals();
   dt_plan_note_baseline(); /* RSS before any model memory, for the peak-RSS line at the end */
   static dt_cnn_trainer_t tr;
@@ -206,7 +199,6 @@ static int train_main(int argc, char **argv) {
   /* the hang watchdog's first collective: a rank that never arrives ends the job */
   if (st == DT_OK && dt_fault("stall_start", rank, -1)) raise(SIGSTOP); /* test-only (fault.h) */
   if (st == DT_OK) st = dt_wd_start(cfg.comm_timeout, cfg.comm_timeout_start);
-  if (st == DT_OK && dt_cnn_trainer_wanted(&cfg)) return train_cnn(rank, &cfg, argv[1]);
   const dt_backend_ops_t *ops = NULL;
   int devices = 0;
   if (st == DT_OK) st = dt_train_pick_backend(&cfg, argv[1], &ops, &devices); /* collective, same verdict */
@@ -217,6 +209,7 @@ static int train_main(int argc, char **argv) {
     MPI_Finalize();
     return 2;
   }
+  if (dt_cnn_trainer_wanted(&cfg)) return train_cnn(&cfg, argv[1]);
   dt_train_install_signals();
   dt_plan_note_baseline(); /* RSS before any model memory, for the peak-RSS line at the end */
   static dt_trainer_t tr;

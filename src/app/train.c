@@ -16,11 +16,15 @@
 
 /* A device backend's communicator over the ranks of an MPI one: NCCL, or (system.device_comm =
  * mpi) MPI staged through host memory. */
-static dt_status_t device_comm_over(dt_trainer_t *tr, dt_comm_t *mpi, dt_comm_t **out) {
+dt_status_t dt_train_device_comm(const dt_config_t *cfg, int device, dt_comm_t *mpi, dt_comm_t **out) {
   MPI_Comm h;
   DT_TRY(dt_comm_mpi_handle(mpi, &h));
-  if (!strcmp(tr->cfg.device_comm, "mpi")) return dt_comm_staged_create(&h, out);
-  return dt_comm_nccl_create(&h, tr->mesh.device, dt_wd_timeout(), out);
+  if (!strcmp(cfg->device_comm, "mpi")) return dt_comm_staged_create(&h, out);
+  return dt_comm_nccl_create(&h, device, dt_wd_timeout(), out);
+}
+
+static dt_status_t device_comm_over(dt_trainer_t *tr, dt_comm_t *mpi, dt_comm_t **out) {
+  return dt_train_device_comm(&tr->cfg, tr->mesh.device, mpi, out);
 }
 
 /* parallel.micro_batches is another name for train.grad_accum (config.c checks they agree). */

@@ -87,6 +87,9 @@ void dt_train_print_precision(FILE *o, dt_precision_t p, const dt_scaler_t *s);
  * reported once by rank 0 before any other work. */
 dt_status_t dt_train_pick_backend(const dt_config_t *cfg, const char *cfg_name, const dt_backend_ops_t **ops,
                                   int *devices);
+/* A communicator on device buffers over the ranks of MPI communicator `mpi`: NCCL on `device`, or
+ * with system.device_comm = mpi staged through host memory (dt_cuda.h). Collective over mpi. */
+dt_status_t dt_train_device_comm(const dt_config_t *cfg, int device, dt_comm_t *mpi, dt_comm_t **out);
 /* Everything for training: model set-up, data, identical weights on all ranks (or resume). */
 dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char *cfg_name);
 /* Only the launch layout, the layout and the backend (used by `dtrain eval`). */

@@ -97,8 +97,9 @@ static dt_status_t arena_layout(dt_cnn_trainer_t *tr) {
   return DT_OK;
 }
 
-/* The arenas (the CPU backend's) and the sync strategy over them: parallel.zero over the dp group
- * (ZeRO pads the arena's end to dp equal shards and keeps m, v of this rank's shard). */
+/* The arenas (system.backend's; tr->be.ops chosen) and the sync strategy over them: parallel.zero
+ * over the dp group (ZeRO pads the arena's end to dp equal shards and keeps m, v of this rank's
+ * shard). A device backend also gets host copies of the arenas (initial weights, checkpoints). */
 static dt_status_t init_arenas(dt_cnn_trainer_t *tr) {
   const dt_config_t *c = &tr->cfg;
   DT_TRY(arena_layout(tr));
@@ -107,8 +108,16 @@ static dt_status_t init_arenas(dt_cnn_trainer_t *tr) {
   tr->sync.probe_every = c->ddp_probe;
   if (tr->sync.ops->optim_sharded)
     DT_TRY(dt_ckpt_ranges_add_flat(&tr->zero_optim, &tr->ck, tr->be.opt_lo, tr->be.opt_hi));
-  DT_TRY(dt_backend_cpu.init(&tr->be, &tr->arena, 1, 1, tr->mesh.threads));
+  const dt_backend_ops_t *ops = tr->be.ops;
+  tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
+  tr->be.tf32 = c->tf32;
+  /* the CUDA backend's per-row host buffers are for B rows (the loss); the CPU's need none */
+  DT_TRY(ops->init(&tr->be, &tr->arena, ops->host_memory ? 1 : tr->B, 1, tr->mesh.threads));
   tr->bufs = tr->be.params + tr->model.lay.n_params;
+  DT_TRY(dt_sync_attach(&tr->sync, NULL)); /* ZeRO on device arenas (no ZeRO-3 here: no model hooks) */
+  if (!ops->host_memory &&
+      !(tr->host = calloc(tr->arena.n_params + 2 * dt_backend_opt_floats(&tr->be), sizeof(float))))
+    return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   dt_precision_t prec = DT_PREC_FP32;
   if (dt_precision_parse(c->precision, &prec) != 0)
     return DT_ERR(DT_ERR_CONFIG, "%s: train.precision: '%s' is not one of fp32|bf16|fp16", tr->cfg_name, c->precision);
@@ -149,7 +158,10 @@ static dt_status_t init_model(dt_cnn_trainer_t *tr) {
   tr->x = malloc(sizeof(float) * (size_t)tr->B * mc.C * mc.H * mc.W);
   tr->y = malloc(sizeof(int) * (size_t)tr->B);
   if (!tr->x || !tr->y) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
-  dt_cnn_init_params(&tr->model, tr->be.params, tr->bufs, tr->cfg.seed); /* the same on every rank */
+  /* the same on every rank; a device backend's through its host copy */
+  float *p = tr->host ? tr->host : tr->be.params;
+  dt_cnn_init_params(&tr->model, p, p + tr->model.lay.n_params, tr->cfg.seed);
+  if (tr->host) DT_TRY(tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, 0, tr->arena.n_params, tr->host));
   tr->flops_per_image = flops_per_image(&tr->model);
   return DT_OK;
 }
@@ -158,8 +170,13 @@ dt_status_t dt_cnn_trainer_init(dt_cnn_trainer_t *tr, const dt_config_t *cfg, co
   memset(tr, 0, sizeof *tr);
   tr->cfg = *cfg;
   tr->cfg_name = cfg_name;
-  dt_mesh_opts_t mo = {.cuda = 0, .runtime_devices = -1, .threads = cfg->threads, .dp = cfg->dp, .tp = 1, .pp = 1,
-                       .args = cfg_name};
+  const dt_backend_ops_t *ops = NULL;
+  int devices = 0;
+  DT_TRY(dt_train_pick_backend(cfg, cfg_name, &ops, &devices));
+  tr->be.ops = ops;
+  const int cuda = !ops->host_memory; /* a device backend: GPUs assigned per rank (mesh.h) */
+  dt_mesh_opts_t mo = {.cuda = cuda, .runtime_devices = cuda ? devices : -1, .threads = cfg->threads, .dp = cfg->dp,
+                       .tp = 1, .pp = 1, .args = cfg_name};
   DT_TRY(dt_mesh_init(&tr->mesh, &mo)); /* also sets the rank's OpenMP threads (our sgemm's split included) */
   DT_TRY(dt_gemm_init()); /* DT_GEMM=auto|own|blas, a bad value reported now */
   int dp = 0;
@@ -171,7 +188,10 @@ dt_status_t dt_cnn_trainer_init(dt_cnn_trainer_t *tr, const dt_config_t *cfg, co
   DT_TRY(init_model(tr));
   DT_TRY(dt_cnn_trainer_resume(tr));
   tr->first_step = tr->step;
-  DT_TRY(dt_sync_start(&tr->sync, tr->mesh.dp_comm, NULL)); /* DDP's buckets over the gradient arena */
+  if (tr->be.comm_stream && tr->mesh.dp > 1) /* device gradients: NCCL (or staged MPI) over dp */
+    DT_TRY(dt_train_device_comm(cfg, tr->mesh.device, tr->mesh.dp_comm, &tr->dev_dp_comm));
+  /* DDP's buckets over the gradient arena */
+  DT_TRY(dt_sync_start(&tr->sync, tr->dev_dp_comm ? tr->dev_dp_comm : tr->mesh.dp_comm, NULL));
   if (is_root(tr) || strstr(cfg->metrics, "{rank}")) DT_TRY(dt_metrics_open_rank(&tr->metrics, cfg->metrics, tr->mesh.rank));
   tr->metrics.images = 1;
   return DT_OK;
@@ -302,8 +322,12 @@ static void print_header(void *t) {
            c->weight_decay);
   else
     printf("# optimizer: AdamW, betas %g %g, eps %g, weight decay %g\n", c->beta1, c->beta2, c->eps, c->weight_decay);
-  printf("# backend: cpu (src/backend/ops_cnn_cpu.c), %d threads per rank, matmul: %s\n", tr->mesh.threads,
-         dt_gemm_engine_name());
+  if (tr->be.ops->host_memory)
+    printf("# backend: cpu (src/backend/ops_cnn_cpu.c), %d threads per rank, matmul: %s\n", tr->mesh.threads,
+           dt_gemm_engine_name());
+  else
+    printf("# backend: %s (cuda/backend_cuda_cnn.cu: im2col + %s, no cuDNN yet), device %d\n", tr->be.ops->name,
+           tr->be.ops->engine(&tr->be), tr->mesh.device);
   dt_train_print_precision(stdout, (dt_precision_t)tr->be.precision, &tr->scaler);
   printf("# FLOPs per image (forward + backward: 3 x 2 x the convolutions' and linear layers' multiply-adds) = %.4g\n",
          tr->flops_per_image);
@@ -324,7 +348,7 @@ dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr) {
   DT_TRY(dt_run_loop(&L, &tr->stopped_by_signal));
   if (is_root(tr)) tr->sync.ops->report(&tr->sync, tr->step - tr->first_step, stdout); /* communication hidden */
   if (tr->stopped_by_signal) return DT_OK;
-  if (is_root(tr)) { /* the peak so far against the planner's figure (plan_cnn.c), as the token trainer's */
+  if (is_root(tr) && tr->be.ops->host_memory) { /* the peak so far against the planner's (plan_cnn.c: CPU) */
     static dt_plan_cnn_t p;
     dt_plan_cnn_compute(&p, c, &tr->model, &tr->train, tr->have_val ? &tr->val : NULL, tr->mesh.dp, tr->accum,
                         tr->mesh.threads);
@@ -340,7 +364,9 @@ void dt_cnn_trainer_free(dt_cnn_trainer_t *tr) {
   dt_sync_free(&tr->sync);
   dt_ckpt_ranges_free(&tr->zero_optim);
   dt_cnn_free(&tr->model); /* its memory is the backend's: before the backend goes */
-  if (tr->be.ops) tr->be.ops->free(&tr->be);
+  if (tr->dev_dp_comm) tr->dev_dp_comm->ops->free(tr->dev_dp_comm);
+  if (tr->be.ops && tr->be.impl) tr->be.ops->free(&tr->be);
+  free(tr->host);
   free(tr->x), free(tr->y);
   dt_layout_free(&tr->arena);
   dt_layout_free(&tr->ck);

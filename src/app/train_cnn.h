@@ -32,9 +32,12 @@ typedef struct {
   dt_layout_t ck;     /* checkpoints: the parameters' tensors, then the running statistics' */
   dt_layout_t arena;  /* the same tensors for the backend and the sync strategy: one group per
                          tensor (DDP's buckets are unions of groups), ZeRO's padding at the end */
-  dt_backend_t be;    /* the CPU backend's arenas over `arena`: params (then bufs), grads, and the
-                         optimizer state m (SGD's momentum buffer or AdamW's first moment), v
-                         (AdamW's second) of the optimizer range (ZeRO: this rank's shard) */
+  dt_backend_t be;    /* the backend's arenas over `arena` (system.backend): params (then bufs),
+                         grads, and the optimizer state m (SGD's momentum buffer or AdamW's first
+                         moment), v (AdamW's second) of the optimizer range (ZeRO: this shard) */
+  float *host;        /* a device backend: host copies of params (then bufs), m and v for the
+                         initial weights and checkpoints (NULL on the CPU) */
+  dt_comm_t *dev_dp_comm; /* a device backend with dp > 1: the gradients' communicator (NCCL) */
   dt_sync_t sync;     /* local, ddp, zero1 or zero2 (parallel.zero) */
   dt_scaler_t scaler; /* fp16's dynamic loss scale (precision.h); disabled otherwise */
   dt_ckpt_ranges_t zero_optim; /* ZeRO: the boxes of m, v in checkpoints */

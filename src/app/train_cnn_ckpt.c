@@ -38,16 +38,33 @@ dt_status_t dt_cnn_trainer_ckpt_layout(dt_cnn_trainer_t *tr) {
 
 static dt_status_t world_of(dt_cnn_trainer_t *tr, MPI_Comm *w) { return dt_comm_mpi_handle(tr->mesh.world, w); }
 
-/* The backend's arenas as checkpoint buffers: m, v the optimizer range's boxes under ZeRO. */
+/* The backend's arenas as checkpoint buffers (a device backend's host copies): m, v the optimizer
+ * range's boxes under ZeRO. */
 static dt_ckpt_arenas_t arenas(dt_cnn_trainer_t *tr) {
-  dt_ckpt_arenas_t a = dt_ckpt_arenas_full(tr->be.params, tr->be.m, tr->be.v);
+  const size_t np = tr->arena.n_params, no = dt_backend_opt_floats(&tr->be);
+  dt_ckpt_arenas_t a = tr->host ? dt_ckpt_arenas_full(tr->host, tr->host + np, tr->host + np + no)
+                                : dt_ckpt_arenas_full(tr->be.params, tr->be.m, tr->be.v);
   if (tr->sync.ops->optim_sharded) a.optim = tr->zero_optim;
   return a;
+}
+
+/* A device backend: its arenas to the host copies (to_host) or back. */
+static dt_status_t stage(dt_cnn_trainer_t *tr, int to_host) {
+  if (!tr->host) return DT_OK;
+  const size_t np = tr->arena.n_params, no = dt_backend_opt_floats(&tr->be);
+  const dt_buf_t buf[3] = {DT_BUF_PARAMS, DT_BUF_M, DT_BUF_V};
+  float *h[3] = {tr->host, tr->host + np, tr->host + np + no};
+  const size_t n[3] = {np, no, no};
+  for (int i = 0; i < 3; i++)
+    DT_TRY(to_host ? tr->be.ops->copy_to_host(&tr->be, buf[i], 0, n[i], h[i])
+                   : tr->be.ops->copy_from_host(&tr->be, buf[i], 0, n[i], h[i]));
+  return DT_OK;
 }
 
 /* Writes nothing when checkpoint.dir is empty (no checkpoints asked for). */
 dt_status_t dt_cnn_trainer_save(dt_cnn_trainer_t *tr) {
   if (!tr->cfg.ckpt_dir[0]) return DT_OK;
+  DT_TRY(stage(tr, 1));
   dt_ckpt_arenas_t a = arenas(tr);
   char *ini = dt_config_to_string(&tr->cfg), path[DT_PATH_MAX];
   dt_ckpt_state_t st = {.step = tr->step, .data_pos = (int64_t)tr->sample_pos,
@@ -89,6 +106,7 @@ dt_status_t dt_cnn_trainer_resume(dt_cnn_trainer_t *tr) {
     s = dt_ckpt_load(&w, path, &tr->ck, &a, &st);
   }
   DT_TRY(s);
+  DT_TRY(stage(tr, 0));
   tr->step = (int)st.step;
   tr->sample_pos = (uint64_t)st.data_pos;
   tr->resumed_step = tr->step;

@@ -320,6 +320,7 @@ dt_status_t dt_cnn_backward(dt_cnn_t *m, const float *params, float *grads, floa
     while (k > 0 && m->owner[k - 1] >= i) k--;
     if (k == k0) continue;
     size_t lo = k > 0 ? m->lay.tensors[k].offset : 0;
+    DT_TRY(be->k->grads_ready(be, k)); /* a device backend: communication queued after this point */
     m->ready(m->ready_ctx, lo, hi);
     hi = lo;
   }

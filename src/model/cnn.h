@@ -14,8 +14,8 @@
  * Status: the layers, the models, training steps and evaluation are checked against PyTorch
  * (tests/ref_cnn.sh); `dtrain` trains them (model.arch, src/app/train_cnn.c) with data
  * parallelism (the sync strategies of parallel/sync.h: DDP buckets during backward, ZeRO-1 and 2),
- * synchronised batch norm and checkpoints (train_cnn_ckpt.c). The CUDA backend's kernels run it
- * too (tests/gpu_parity_cnn.cu); not yet: the trainer on the CUDA backend. */
+ * synchronised batch norm and checkpoints (train_cnn_ckpt.c), on the CPU and the CUDA backend
+ * (checked on the CUDA emulation: tests/gpu_parity_cnn.cu, tests/emu_cnn.sh; not yet on a GPU). */
 #ifndef DT_CNN_H
 #define DT_CNN_H
 
@@ -89,7 +89,9 @@ typedef struct {
    * are final, ranges in decreasing order tiling [0, lay.n_params). A tensor is final once the
    * operation that owns it (owner[t], dt_cnn_alloc) has run backward; arena order and operation
    * order differ (a shortcut's convolution is stored after its block's), so a range reaches down
-   * only to the lowest tensor below which nothing is pending. */
+   * only to the lowest tensor below which nothing is pending. Before each call the backend's
+   * grads_ready(k) marks the point (k: the range's lowest tensor, as the backend's gradient group:
+   * the trainer's layout has one group per tensor). */
   dt_grad_ready_fn ready;
   void *ready_ctx;
   /* Mixed precision: be->precision (precision.h; fp32 by default): every activation an operation

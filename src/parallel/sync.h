@@ -83,7 +83,7 @@ struct dt_sync {
 dt_status_t dt_sync_init(dt_sync_t *s, int stage, dt_comm_t *dp_comm, int dp, int dp_idx, int accum,
                          dt_layout_t *lay, dt_backend_t *be, size_t bucket_bytes);
 /* After the backend and model exist: ZeRO on device arenas uses the backend's kernels and stream;
- * ZeRO-3 hooks its gathers into the model's blocks. */
+ * ZeRO-3 hooks its gathers into the model's blocks (model: NULL for stages 0-2). */
 dt_status_t dt_sync_attach(dt_sync_t *s, dt_gpt2_t *model);
 /* Before the first step (after weights are in place): the buckets over grad_comm (NCCL for device
  * arenas, else dp_comm), the tied group (NULL if none) and the reference timings of the report. */

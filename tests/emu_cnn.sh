@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The image classifiers trained on the CUDA backend through the CUDA emulation (dtrain_emu,
+# system.backend=cuda: src/model/cnn.c over cuda/backend_cuda_cnn.cu) against the CPU backend:
+#   1. inputs/fmnist.ini's SimpleCNN, 8 steps of 32 real Fashion-MNIST images, an evaluation on 200
+#      test images at step 8: every step's loss within 1e-4 relative and grad norm within 1e-3, the
+#      test loss within 1e-5 and the same top-1 accuracy. The backends differ in summation orders
+#      only; batch norm over 32 images amplifies that at the learning rate's peak: measured worst
+#      1.6e-5 (loss) and 7.7e-5 (norm) at step 7, both for cpu vs cuda and for cuda dp=1 vs dp=2;
+#   2. dp = 2 on the emulated CUDA backend (2 devices, DTRAIN_EMU_DEVICES=2: batch norm synchronised
+#      through the host, gradients all-reduced by the emulated NCCL during backward) against dp = 1
+#      on it, the same tolerances;
+#   3. a checkpoint written by the CUDA backend after step 4 (checkpoint.every) resumed on the CPU
+#      backend: steps 5-8 as the CPU's straight run (the device arenas staged through the host
+#      both ways), the same tolerances;
+#   4. ResNet-18 (width 4, AdamW, residual adds, stride-2 shortcuts), 4 steps: losses within 1e-5,
+#      norms within 1e-4 (measured 4e-8 and 2e-7);
+#   5. ZeRO-2 in bf16 at dp = 2 (a SimpleCNN of width 8; gradients reduce-scattered during backward, the momentum sharded,
+#      parameters all-gathered on the devices), 4 steps, against the CPU backend's same run: losses
+#      within 1e-4, norms within 1e-3 (measured 1.7e-8 and 0; at width 32 1.2e-5 and 2e-4: values on
+#      either side of a bf16 rounding boundary).
+source "$top_srcdir/tests/lib.sh"
+begin_test
+need_fmnist
+EMU="$top_builddir/dtrain_emu"
+ini="$top_srcdir/inputs/fmnist.ini"
+"$PY" - "$F" "$t" <<'PY'
+import gzip, struct, sys
+f, d = sys.argv[1], sys.argv[2]
+img, lab = gzip.open(f"{f}/t10k-images-idx3-ubyte.gz").read(), gzip.open(f"{f}/t10k-labels-idx1-ubyte.gz").read()
+open(f"{d}/test-images", "wb").write(img[:4] + struct.pack(">I", 200) + img[8:16] + img[16:16 + 200 * 784])
+open(f"{d}/test-labels", "wb").write(lab[:4] + struct.pack(">I", 200) + lab[8:8 + 200])
+PY
+sc="train.steps=8 train.global_batch=32 train.warmup=2 train.eval_every=8 log.every=1 train.threads=1"
+sc="$sc data.val=$t/test-images data.val_labels=$t/test-labels"
+mpi 1 "$DTRAIN" "$ini" $sc train.micro_batch=32 log.metrics="$t/cpu.jsonl" checkpoint.dir= > "$t/cpu.out"
+mpi 1 "$EMU" "$ini" $sc system.backend=cuda train.micro_batch=32 log.metrics="$t/cuda.jsonl" \
+  checkpoint.dir="$t/ck-cuda" checkpoint.every=4 > "$t/cuda.out"
+grep '^# backend' "$t/cuda.out"
+grep -q '^# backend: cuda' "$t/cuda.out" || { echo "FAIL: dtrain_emu did not train on the cuda backend"; exit 1; }
+mpi 2 -x DTRAIN_EMU_DEVICES=2 "$EMU" "$ini" $sc system.backend=cuda train.micro_batch=16 \
+  log.metrics="$t/cuda2.jsonl" checkpoint.dir= > "$t/cuda2.out"
+grep -q '^# batch: micro_batch=16 x grad_accum=1 x dp=2 = 32 images per step; batch norm synchronised over dp' \
+  "$t/cuda2.out" || { echo "FAIL: the dp=2 run is not synchronised batch norm over dp=2"; exit 1; }
+mpi 1 "$DTRAIN" "$ini" $sc train.micro_batch=32 log.metrics="$t/resumed.jsonl" checkpoint.dir= \
+  checkpoint.resume="$t/ck-cuda/ckpt_00000004.h5" > "$t/resumed.out"
+grep '^# resume' "$t/resumed.out"
+rn="model.arch=resnet18 model.width=4 train.optimizer=adamw train.lr=1e-3 train.steps=4 train.global_batch=8"
+rn="$rn train.micro_batch=8 train.warmup=2 log.every=1 train.threads=1 data.val= checkpoint.dir="
+mpi 1 "$DTRAIN" "$ini" $rn log.metrics="$t/rn_cpu.jsonl" > "$t/rn_cpu.out"
+mpi 1 "$EMU" "$ini" $rn system.backend=cuda log.metrics="$t/rn_cuda.jsonl" > "$t/rn_cuda.out"
+z2="train.steps=4 train.global_batch=32 train.micro_batch=16 train.warmup=2 log.every=1 train.threads=1 data.val="
+z2="$z2 checkpoint.dir= parallel.zero=2 train.precision=bf16 model.width=8 model.hidden=32"
+mpi 2 "$DTRAIN" "$ini" $z2 log.metrics="$t/z2_cpu.jsonl" > "$t/z2_cpu.out"
+mpi 2 -x DTRAIN_EMU_DEVICES=2 "$EMU" "$ini" $z2 system.backend=cuda log.metrics="$t/z2_cuda.jsonl" > "$t/z2_cuda.out"
+grep -q '^# gradients: zero2 over dp=2' "$t/z2_cuda.out" || { echo "FAIL: the ZeRO-2 run is not ZeRO-2 over dp=2"; exit 1; }
+"$PY" - "$t" "$top_srcdir/tests/ref" <<'PY'
+import sys
+d = sys.argv[1]
+sys.path.insert(0, sys.argv[2])
+from metrics_match import load, agree
+def steps(rows):
+    return [r for r in rows if "loss" in r]
+def evals(rows):
+    return [(r["val_loss"], r["val_acc"]) for r in rows if r.get("val_loss") is not None]
+cpu, cuda, cuda2 = load(f"{d}/cpu.jsonl"), load(f"{d}/cuda.jsonl"), load(f"{d}/cuda2.jsonl")
+agree(steps(cpu), steps(cuda), "SimpleCNN cuda (emulated) vs cpu", 1e-4, 1e-3, ref_name="cpu")
+agree(steps(cuda), steps(cuda2), "SimpleCNN cuda dp=2 vs dp=1", 1e-4, 1e-3, ref_name="cuda dp=1")
+for name, rows in (("cuda", cuda), ("cuda dp=2", cuda2)):
+    (lc, ac), (lg, ag) = evals(cpu)[-1], evals(rows)[-1]
+    assert abs(lg - lc) <= 1e-5 * abs(lc) and ag == ac, f"{name}: test loss {lg} acc {ag}, cpu {lc} acc {ac}"
+    print(f"ok: {name}: test loss {lg:.7f} (cpu {lc:.7f}), accuracy {ag} (cpu {ac}) on 200 images")
+res = [r for r in steps(load(f"{d}/resumed.jsonl"))]
+assert [r["step"] for r in res] == [5, 6, 7, 8], [r["step"] for r in res]
+agree([r for r in steps(cpu) if r["step"] > 4], res, "cuda checkpoint at step 4 resumed on cpu", 1e-4, 1e-3,
+      ref_name="cpu straight")
+agree(steps(load(f"{d}/rn_cpu.jsonl")), steps(load(f"{d}/rn_cuda.jsonl")), "ResNet-18 w4 cuda vs cpu", 1e-5, 1e-4,
+      ref_name="cpu")
+agree(steps(load(f"{d}/z2_cpu.jsonl")), steps(load(f"{d}/z2_cuda.jsonl")), "ZeRO-2 bf16 dp=2 cuda vs cpu", 1e-4, 1e-3,
+      ref_name="cpu")
+print("emu_cnn: OK")
+PY

@@ -249,29 +249,14 @@ dt_status_t dt_cu_relu_backward(float *dinp, const float *dout, const float *out
   return DT_OK;
 }
 
-/* one thread per output: its window in row-major order, the first maximum wins, NaN propagates */
+/* one thread per output: kmath.h's window scan, as the CPU's */
 __global__ static void maxpool_forward_k(float *out, int *idx, const float *inp, size_t n, int H, int W, int K,
                                          int stride, int pad, int OH, int OW) {
   DT_CUDA_FOR_N(e, n) {
-    const float *plane = inp + e / ((size_t)OH * OW) * H * W;
-    int y = (int)(e / OW % OH), x = (int)(e % OW), at = -1;
-    float best = -INFINITY;
-    for (int i = 0; i < K && !(at >= 0 && isnan(best)); i++) {
-      int iy = y * stride - pad + i;
-      if (iy < 0 || iy >= H) continue;
-      for (int j = 0; j < K; j++) {
-        int ix = x * stride - pad + j;
-        if (ix < 0 || ix >= W) continue;
-        float v = plane[iy * W + ix];
-        if (at < 0 || v > best || isnan(v)) {
-          best = v;
-          at = iy * W + ix;
-          if (isnan(v)) break;
-        }
-      }
-    }
+    float best;
+    idx[e] = dt_maxpool_at(inp + e / ((size_t)OH * OW) * H * W, H, W, K, stride, pad, (int)(e / OW % OH), (int)(e % OW),
+                           &best);
     out[e] = best;
-    idx[e] = at;
   }
 }
 

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "kmath.h"
 #include "ops_cnn_cpu.h"
 #include "ops_cpu.h"
 
@@ -352,25 +353,9 @@ void dt_maxpool_forward(float *out, int *idx, const float *inp, int B, int C, in
     const float *plane = inp + (size_t)bc * H * W;
     for (int y = 0; y < OH; y++)
       for (int x = 0; x < OW; x++) {
-        float best = -INFINITY;
-        int at = -1;
-        for (int i = 0; i < K; i++) {
-          int iy = y * stride - pad + i;
-          if (iy < 0 || iy >= H) continue;
-          for (int j = 0; j < K; j++) {
-            int ix = x * stride - pad + j;
-            if (ix < 0 || ix >= W) continue;
-            float v = plane[iy * W + ix];
-            if (at < 0 || v > best || isnan(v)) { /* first maximum wins; NaN propagates */
-              best = v;
-              at = iy * W + ix;
-              if (isnan(v)) goto done;
-            }
-          }
-        }
-      done:
+        float best;
+        idx[((size_t)bc * OH + y) * OW + x] = dt_maxpool_at(plane, H, W, K, stride, pad, y, x, &best);
         out[((size_t)bc * OH + y) * OW + x] = best;
-        idx[((size_t)bc * OH + y) * OW + x] = at;
       }
   }
 }

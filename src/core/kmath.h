@@ -94,6 +94,31 @@ DT_HD static inline float dt_sgd_update(float p, float g, float *buf, float lr, 
   return p - lr * (nesterov ? d + momentum * b : b);
 }
 
+/* Max pooling of output (y, x) over its K x K window in a plane of H x W (stride, pad; outside the
+ * plane counts as -inf): *best = the maximum, the first in row-major order on a tie; a NaN wins and
+ * ends the scan (PyTorch propagates it). Returns its index iy * W + ix, -1 for an empty window. */
+DT_HD static inline int dt_maxpool_at(const float *plane, int H, int W, int K, int stride, int pad, int y, int x,
+                                      float *best) {
+  int at = -1;
+  float b = -INFINITY;
+  for (int i = 0; i < K; i++) {
+    int iy = y * stride - pad + i;
+    if (iy < 0 || iy >= H) continue;
+    for (int j = 0; j < K; j++) {
+      int ix = x * stride - pad + j;
+      if (ix < 0 || ix >= W) continue;
+      float v = plane[iy * W + ix];
+      if (isnan(v)) {
+        *best = v;
+        return iy * W + ix;
+      }
+      if (at < 0 || v > b) b = v, at = iy * W + ix;
+    }
+  }
+  *best = b;
+  return at;
+}
+
 /* LayerNorm: 1 / sqrt(var + 1e-5) from the biased variance over C (PyTorch's eps). */
 DT_HD static inline float dt_ln_rstd(float var) { return 1.0f / sqrtf(var + 1e-5f); /* DT_LN_EPS */ }
 

@@ -49,6 +49,21 @@ rank_pid() {
     tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_PROCID=$2" && echo "$p"
   done
 }
+# find_rank MARK RANK: rank_pid, asked for up to 5 s (once in CI the batch job's rank 2 was not
+# found right after step 20's row; on failure the candidates are printed)
+find_rank() {
+  local p
+  for _ in $(seq 1 50); do
+    p=$(rank_pid "$1" "$2")
+    [ -n "$p" ] && { echo "$p"; return 0; }
+    sleep 0.1
+  done
+  for p in $(pgrep -f -- "$1"); do
+    echo "candidate pid $p: comm $(cat "/proc/$p/comm" 2>/dev/null)," \
+      "$(tr '\0' '\n' < "/proc/$p/environ" 2>/dev/null | grep '^SLURM_PROCID=')" >&2
+  done
+  return 1
+}
 # wait_rows FILE: until step 20's row is in FILE
 wait_rows() {
   for _ in $(seq 1 300); do grep -q '^ *20 ' "$1" 2>/dev/null && return 0; sleep 0.2; done
@@ -72,7 +87,7 @@ srun -N 2 --ntasks-per-node=2 --mpi=pmix --kill-on-bad-exit=1 "$D" "$cfg" train.
   log.every=20 system.comm_timeout=$TIMEOUT "$mark" > "$DIR/srun.out" 2>&1 &
 pid=$!
 wait_rows "$DIR/srun.out"
-victim=$(rank_pid "$mark" 2)
+victim=$(find_rank "$mark" 2)
 [ -n "$victim" ] || fail "no rank 2 process"
 echo "\$ kill -STOP $victim   (rank 2)"
 start=$(date +%s)
@@ -100,7 +115,7 @@ DTRAIN="$D" DTRAIN_CONFIG="$cfg" DTRAIN_SUSPECT_FILE="$DIR/suspect" \
 job=$(cat "$DIR/job.id")
 o="$DIR/job-$job.out"
 wait_rows "$o"
-victim=$(rank_pid "$mark" 2)
+victim=$(find_rank "$mark" 2)
 [ -n "$victim" ] || fail "no rank 2 process in the batch job"
 echo "\$ kill -STOP $victim   (rank 2 of job $job)"
 kill -STOP "$victim"

@@ -87,7 +87,7 @@ MODULES = {
 }
 # `check` (make check-mutants, CI) samples the seven modules of issue #28's goal
 CHECK_MODULES = ["model", "optimizer", "ddp", "zero", "pipeline", "precision", "checkpoint"]
-CHECK_SEED, CHECK_PER_MODULE = 28, 5
+CHECK_SEED, CHECK_PER_MODULE = 28, 4  # 5 until 2026-11-30 (CI time: the sample was 5.3 of its 28 minutes)
 TIME_LIMIT = {"crit": 120, "sh": 600}  # seconds per test; far above a healthy run on 2 busy cores
 # `check` (CI's fixed sample): a script test that runs 3x its healthy time counts as a timeout (so as
 # killed): a mutant that corrupts the heap once made tests/ckpt_mpi.sh crawl for 372 s before failing

@@ -9,7 +9,7 @@
 #                (shapes, types, missing or extra datasets and attributes, values, truncation), then
 #                dt_ckpt_load and dt_ckpt_find_latest (MPI and HDF5 as dtrain is built: the
 #                HDF5_CFLAGS / HDF5_LIBS that configure found)
-# Each runs FUZZ_SECONDS (default 15) from the seed corpus tests/fuzzing/corpus/NAME (copied: the
+# Each runs FUZZ_SECONDS (default 10) from the seed corpus tests/fuzzing/corpus/NAME (copied: the
 # source tree is not written); a crash, leak, sanitizer report or an input slower than 10 s fails
 # the test and prints the reproducer as base64 (add it to the corpus once fixed). A long campaign:
 #   FUZZ_SECONDS=600 make check TESTS=tests/fuzz.sh
@@ -18,7 +18,7 @@ begin_test
 fail() { echo "FAIL: $*"; exit 1; }
 CLANG=${CLANG:-clang}
 command -v "$CLANG" > /dev/null || { echo "SKIP: no clang (Debian: apt-get install clang)"; exit 77; }
-secs=${FUZZ_SECONDS:-15}
+secs=${FUZZ_SECONDS:-10}
 S="$top_srcdir/src"
 flags=(-g -O1 -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -std=c11 -D_GNU_SOURCE
   -I"$S/core" -I"$S/comm" -I"$S/parallel" -I"$S/model" -I"$S/backend" -I"$S/ckpt" -I"$S/data" -I"$top_builddir")

@@ -77,23 +77,27 @@ dt_status_t dt_cu_bias_nchw(float *out, const float *bias, int B, int OC, int P,
   return DT_OK;
 }
 
-/* The block's double sums a[], b[] of its threads, in a fixed tree; the total in a[0], b[0]. */
+/* The block's double sums a[], b[] (b may be NULL) of its threads, in a fixed tree; the totals in
+ * a[0], b[0]. */
 __device__ static void block_sum2(double *a, double *b) {
   for (int o = CNN_RED_BLOCK / 2; o > 0; o >>= 1) {
-    if ((int)threadIdx.x < o) a[threadIdx.x] += a[threadIdx.x + o], b[threadIdx.x] += b[threadIdx.x + o];
+    if ((int)threadIdx.x < o) {
+      a[threadIdx.x] += a[threadIdx.x + o];
+      if (b) b[threadIdx.x] += b[threadIdx.x + o];
+    }
     __syncthreads();
   }
 }
 
 /* one block per channel: its B planes of P values */
 __global__ static void channel_sum_k(float *dst, const float *src, int B, int C, int P) {
-  __shared__ double a[CNN_RED_BLOCK], unused[CNN_RED_BLOCK];
+  __shared__ double a[CNN_RED_BLOCK];
   const int c = blockIdx.x;
   double s = 0.0;
   for (size_t k = threadIdx.x; k < (size_t)B * P; k += CNN_RED_BLOCK) s += src[((k / P) * C + c) * P + k % P];
-  a[threadIdx.x] = s, unused[threadIdx.x] = 0.0;
+  a[threadIdx.x] = s;
   __syncthreads();
-  block_sum2(a, unused);
+  block_sum2(a, NULL);
   if (threadIdx.x == 0) dst[c] += (float)a[0];
 }
 
@@ -106,14 +110,14 @@ dt_status_t dt_cu_bias_nchw_backward(float *dbias, const float *dout, int B, int
 /* ---- batch normalisation ------------------------------------------------------------------- */
 
 __global__ static void bn_stats_k(float *mean, float *var, const float *inp, int B, int C, int HW) {
-  __shared__ double a[CNN_RED_BLOCK], b[CNN_RED_BLOCK];
+  __shared__ double a[CNN_RED_BLOCK];
   const int c = blockIdx.x;
   const size_t n = (size_t)B * HW;
   double s = 0.0;
   for (size_t k = threadIdx.x; k < n; k += CNN_RED_BLOCK) s += inp[((k / HW) * C + c) * HW + k % HW];
-  a[threadIdx.x] = s, b[threadIdx.x] = 0.0;
+  a[threadIdx.x] = s;
   __syncthreads();
-  block_sum2(a, b);
+  block_sum2(a, NULL);
   const double m = a[0] / (double)n; /* every thread reads it before anyone writes a[] again */
   __syncthreads();
   double s2 = 0.0;
@@ -123,7 +127,7 @@ __global__ static void bn_stats_k(float *mean, float *var, const float *inp, int
   }
   a[threadIdx.x] = s2;
   __syncthreads();
-  block_sum2(a, b);
+  block_sum2(a, NULL);
   if (threadIdx.x == 0) mean[c] = (float)m, var[c] = (float)(a[0] / (double)n);
 }
 

@@ -30,13 +30,7 @@ begin_test
 need_fmnist
 ini="$top_srcdir/inputs/fmnist.ini"
 # the first 2,000 test images and labels as IDX files (the checkpoint evaluation of part 3)
-"$PY" - "$F" "$t" <<'PY'
-import gzip, struct, sys
-f, d = sys.argv[1:3]
-img, lab = gzip.open(f"{f}/t10k-images-idx3-ubyte.gz").read(), gzip.open(f"{f}/t10k-labels-idx1-ubyte.gz").read()
-open(f"{d}/test2k-images", "wb").write(img[:4] + struct.pack(">I", 2000) + img[8:16] + img[16:16 + 2000 * 784])
-open(f"{d}/test2k-labels", "wb").write(lab[:4] + struct.pack(">I", 2000) + lab[8:8 + 2000])
-PY
+fmnist_test_head 2000 "$t/test2k"
 
 # 1. dp equivalence (synchronised batch norm)
 eq="train.steps=12 train.global_batch=32 train.warmup=2 train.eval_every=12 log.every=1 checkpoint.every=0"

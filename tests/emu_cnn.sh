@@ -23,13 +23,7 @@ begin_test
 need_fmnist
 EMU="$top_builddir/dtrain_emu"
 ini="$top_srcdir/inputs/fmnist.ini"
-"$PY" - "$F" "$t" <<'PY'
-import gzip, struct, sys
-f, d = sys.argv[1], sys.argv[2]
-img, lab = gzip.open(f"{f}/t10k-images-idx3-ubyte.gz").read(), gzip.open(f"{f}/t10k-labels-idx1-ubyte.gz").read()
-open(f"{d}/test-images", "wb").write(img[:4] + struct.pack(">I", 200) + img[8:16] + img[16:16 + 200 * 784])
-open(f"{d}/test-labels", "wb").write(lab[:4] + struct.pack(">I", 200) + lab[8:8 + 200])
-PY
+fmnist_test_head 200 "$t/test"
 sc="train.steps=8 train.global_batch=32 train.warmup=2 train.eval_every=8 log.every=1 train.threads=1"
 sc="$sc data.val=$t/test-images data.val_labels=$t/test-labels"
 mpi 1 "$DTRAIN" "$ini" $sc train.micro_batch=32 log.metrics="$t/cpu.jsonl" checkpoint.dir= > "$t/cpu.out"

@@ -136,6 +136,18 @@ need_fmnist() {
     { echo "FAIL: $F is missing: scripts/install-deps.sh --test installs dataset-fashion-mnist"; exit 1; }
 }
 
+# fmnist_test_head N PREFIX: the first N Fashion-MNIST test images and labels as IDX files
+# PREFIX-images and PREFIX-labels (after need_fmnist).
+fmnist_test_head() {
+  "$PY" - "$F" "$1" "$2" <<'PY'
+import gzip, struct, sys
+f, n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+img, lab = gzip.open(f"{f}/t10k-images-idx3-ubyte.gz").read(), gzip.open(f"{f}/t10k-labels-idx1-ubyte.gz").read()
+open(f"{out}-images", "wb").write(img[:4] + struct.pack(">I", n) + img[8:16] + img[16:16 + n * 784])
+open(f"{out}-labels", "wb").write(lab[:4] + struct.pack(">I", n) + lab[8:8 + n])
+PY
+}
+
 # The 10 factorisations of 8 ranks as words "dp,tp,pp,B", B the micro-batch that keeps the global
 # batch at 4 sequences (1 below dp = 4): the hybrid-mesh tests' layouts.
 mesh8_layouts() {

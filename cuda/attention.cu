@@ -2,14 +2,14 @@
  * and backward (system.attention = flash) and decoding over a key/value cache. The formulas are
  * ops_cpu.h's dt_attention_forward/backward/decode (the CPU twins, flash-attention style too).
  *
- * A warp owns one row: a query (forward, decode, dq) or a key (dk, dv), with the head's dims
- * spread over its lanes (at most DT_CU_ATT_HS_MAX) and every score a warp-summed dot product,
- * the keys (or queries) one after the other. Forward keeps the row's log-sum-exp (B,NH,T);
- * backward recomputes each probability from it, first per query (dq, and D = sum_j p dp, the
- * row's <dout, out>, kept (B,NH,T)), then per key (dk, dv from the queries at or after it): each
- * output element is written by one warp, no atomics, the same result on every run. Not tiled
- * through shared memory and no tensor cores: memory O(B NH T) instead of O(B NH T^2), speed not
- * yet measured on a GPU (docs/gpu-runs.md). */
+ * Training: a group of lanes owns one row, a query (forward, dq) or a key (dk, dv), with the
+ * head's dims spread over its lanes and every score a group-summed dot product; a block's rows
+ * share tiles of keys (or queries) in shared memory, taken in order. Forward keeps the row's
+ * log-sum-exp (B,NH,T); backward recomputes each probability from it, first per query (dq, and
+ * D = sum_j p dp, the row's <dout, out>, kept (B,NH,T)), then per key (dk, dv from the queries at
+ * or after it): each output element is written by one group, no atomics, the same result on
+ * every run. fp32 on the CUDA cores, no tensor cores: memory O(B NH T) instead of O(B NH T^2).
+ * Decoding: a warp per query, the keys from the cache one after the other. */
 #include <math.h>
 
 #include "kernels.h"
@@ -18,7 +18,7 @@
 #include "cuda_launch.h"
 #include "warp.h"
 
-#define LANE_DIMS (DT_CU_ATT_HS_MAX / DT_CUDA_WARP)
+#define LANE_DIMS (DT_CU_ATT_HS_MAX / DT_CUDA_WARP) /* the decoding warp's dims per lane */
 
 /* this lane's dims of a head vector x (hs floats) into r[] (0 past hs) */
 __device__ static inline void load_lane(float *r, const float *x, int hs) {
@@ -72,82 +72,201 @@ __device__ static inline void store_lane(float *out, const float *acc, float mul
   }
 }
 
-/* ---- training: forward and backward over qkv (B,T,3C) ------------------------------------- */
+/* ---- training: forward and backward over qkv (B,T,3C), tiles in shared memory -------------- */
 
-/* row r = (b, h, t), t fastest: the (B,NH,T) order of lse and D */
-#define ROW_INDICES(r, T, NH) \
-  const int t = (int)((r) % (T)), h = (int)((r) / (T) % (NH)), b = (int)((r) / (T) / (NH))
+/* A group of G lanes (a power of two, G * ATT_DPL >= hs) owns one row, lane l of the group the
+ * dims l, l + G, ...; a block of DT_CUDA_BLOCK threads holds R = DT_CUDA_BLOCK / G consecutive
+ * rows of one (b, h) and walks the keys (or queries) in tiles of TK = ATT_TILE / hs rows that the
+ * block loads into shared memory together. The keys are taken in order, as the warp-per-row
+ * kernels before these did, so each row's online softmax sums in the same order. */
+#define ATT_DPL 8       /* head dims per lane */
+#define ATT_TILE 4096   /* floats in one shared tile */
+#define ATT_TILE_ROWS 256 /* at most this many rows in a tile (small head sizes) */
 
-__global__ static void flash_forward_k(float *out, float *lse, const float *qkv, int T, int C, int NH, float scale,
-                                       size_t rows) {
-  const int hs = C / NH;
-  FOR_WARP_ROWS(r, rows) {
-    ROW_INDICES(r, T, NH);
-    const float *base = qkv + (size_t)b * T * 3 * C + h * hs;
-    float q[LANE_DIMS], acc[LANE_DIMS], mx;
-    load_lane(q, base + (size_t)t * 3 * C, hs);
-    const float sum = attend(acc, &mx, q, base + C, base + 2 * C, 3 * (size_t)C, t, hs, scale);
-    store_lane(out + ((size_t)b * T + t) * C + h * hs, acc, 1.0f / sum, hs);
-    if (threadIdx.x % DT_CUDA_WARP == 0) lse[r] = mx + logf(sum);
+__host__ __device__ static inline int imin(int a, int b) { return a < b ? a : b; }
+__host__ __device__ static inline int imax(int a, int b) { return a > b ? a : b; }
+
+static int att_group(int hs) {
+  int g = 1;
+  while (g * ATT_DPL < hs) g *= 2;
+  return g;
+}
+
+__device__ static inline float group_sum(float v, int G) {
+  for (int o = G / 2; o > 0; o >>= 1) v += __shfl_xor_sync(FULL_MASK, v, o);
+  return v;
+}
+
+__device__ static inline void load_group(float *r, const float *x, int gl, int G, int hs) {
+  for (int a = 0; a < ATT_DPL; a++) {
+    const int d = gl + a * G;
+    r[a] = d < hs ? x[d] : 0.0f;
   }
 }
 
-/* per query i: D_i = sum_j p_ij dp_ij (dp_ij = <dout_i, v_j>), then dq_i = scale sum_j p_ij (dp_ij - D_i) k_j */
-__global__ static void flash_backward_q_k(float *dqkv, float *dsum, const float *dout, const float *qkv,
-                                          const float *lse, int T, int C, int NH, float scale, size_t rows) {
-  const int hs = C / NH;
-  FOR_WARP_ROWS(r, rows) {
-    ROW_INDICES(r, T, NH);
-    const float *base = qkv + (size_t)b * T * 3 * C + h * hs, *k = base + C, *v = base + 2 * C;
-    const size_t ks = 3 * (size_t)C;
-    float q[LANE_DIMS], g[LANE_DIMS], dq[LANE_DIMS];
-    load_lane(q, base + (size_t)t * ks, hs);
-    load_lane(g, dout + ((size_t)b * T + t) * C + h * hs, hs);
-    const float L = lse[r];
-    float D = 0.0f;
-    for (int j = 0; j <= t; j++)
-      D += expf(dot_warp(q, k + (size_t)j * ks, hs) * scale - L) * dot_warp(g, v + (size_t)j * ks, hs);
-    for (int a = 0; a < LANE_DIMS; a++) dq[a] = 0.0f;
-    for (int j = 0; j <= t; j++) {
-      const float *kj = k + (size_t)j * ks;
-      const float p = expf(dot_warp(q, kj, hs) * scale - L), ds = p * (dot_warp(g, v + (size_t)j * ks, hs) - D);
-      for (int a = 0; a < LANE_DIMS; a++) {
-        const int d = threadIdx.x % DT_CUDA_WARP + a * DT_CUDA_WARP;
-        if (d < hs) dq[a] += ds * kj[d];
+/* <r, x> over the group (x: hs floats, in shared memory), in every lane of the group */
+__device__ static inline float dot_group(const float *r, const float *x, int gl, int G, int hs) {
+  float s = 0.0f;
+  for (int a = 0; a < ATT_DPL; a++) {
+    const int d = gl + a * G;
+    if (d < hs) s += r[a] * x[d];
+  }
+  return group_sum(s, G);
+}
+
+__device__ static inline void axpy_group(float *acc, float p, const float *x, int gl, int G, int hs) {
+  for (int a = 0; a < ATT_DPL; a++) {
+    const int d = gl + a * G;
+    if (d < hs) acc[a] += p * x[d];
+  }
+}
+
+__device__ static inline void store_group(float *out, const float *acc, float mul, int gl, int G, int hs) {
+  for (int a = 0; a < ATT_DPL; a++) {
+    const int d = gl + a * G;
+    if (d < hs) out[d] = acc[a] * mul;
+  }
+}
+
+/* rows [r0, r0 + n) of src (hs floats each, `stride` floats apart) into a shared tile, packed */
+__device__ static inline void tile_load(float *tile, const float *src, size_t stride, int r0, int n, int hs) {
+  for (int i = threadIdx.x; i < n * hs; i += blockDim.x) tile[i] = src[(size_t)(r0 + i / hs) * stride + i % hs];
+}
+
+/* The block's (b, h) and first row r0 from its index, this thread's row t and lane gl in it */
+#define TILE_INDICES(blk, T, NH, R, G)                                                 \
+  const int tiles_ = ((T) + (R) - 1) / (R), r0 = (int)((blk) % tiles_) * (R);           \
+  const int h = (int)((blk) / tiles_ % (NH)), b = (int)((blk) / tiles_ / (NH));         \
+  const int t = r0 + (int)threadIdx.x / (G), gl = (int)threadIdx.x % (G), live = t < (T)
+
+/* the first and the last row of this thread's warp: bounds of the warp's loops (the shuffles need
+ * all of its lanes) */
+__device__ static inline int warp_first_row(int r0, int G) {
+  return r0 + (int)threadIdx.x / DT_CUDA_WARP * DT_CUDA_WARP / G;
+}
+__device__ static inline int warp_last_row(int r0, int G) { return warp_first_row(r0, G) + (DT_CUDA_WARP - 1) / G; }
+
+static int att_tile_rows(int hs) { return imin(ATT_TILE / hs, ATT_TILE_ROWS); }
+
+__global__ static void flash_forward_k(float *out, float *lse, const float *qkv, int T, int C, int NH, int G, int TK,
+                                       float scale, size_t blocks) {
+  __shared__ float ks[ATT_TILE], vs[ATT_TILE];
+  const int hs = C / NH, R = blockDim.x / G;
+  const size_t s3 = 3 * (size_t)C;
+  for (size_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+    TILE_INDICES(blk, T, NH, R, G);
+    const int end = imin(T, r0 + R), t_warp = warp_last_row(r0, G); /* keys 0 .. end - 1 */
+    const float *base = qkv + (size_t)b * T * s3 + h * hs;
+    float q[ATT_DPL], acc[ATT_DPL], m = -INFINITY, sum = 0.0f;
+    load_group(q, base + (size_t)(live ? t : 0) * s3, gl, G, hs);
+    for (int a = 0; a < ATT_DPL; a++) acc[a] = 0.0f;
+    for (int k0 = 0; k0 < end; k0 += TK) {
+      const int nk = imin(TK, end - k0), nw = imin(nk, t_warp - k0 + 1);
+      __syncthreads();
+      tile_load(ks, base + C, s3, k0, nk, hs);
+      tile_load(vs, base + 2 * C, s3, k0, nk, hs);
+      __syncthreads();
+      for (int j = 0; j < nw; j++) {
+        const float sc = dot_group(q, ks + j * hs, gl, G, hs) * scale;
+        if (k0 + j > t) continue;
+        if (sc > m) { /* a new maximum: rescale what is summed so far (0 at the first key) */
+          const float corr = expf(m - sc);
+          sum *= corr;
+          for (int a = 0; a < ATT_DPL; a++) acc[a] *= corr;
+          m = sc;
+        }
+        const float p = expf(sc - m);
+        sum += p;
+        axpy_group(acc, p, vs + j * hs, gl, G, hs);
       }
     }
-    store_lane(dqkv + ((size_t)b * T + t) * ks + h * hs, dq, scale, hs);
-    if (threadIdx.x % DT_CUDA_WARP == 0) dsum[r] = D;
+    if (live) {
+      store_group(out + ((size_t)b * T + t) * C + h * hs, acc, 1.0f / sum, gl, G, hs);
+      if (gl == 0) lse[((size_t)b * NH + h) * T + t] = m + logf(sum);
+    }
   }
 }
 
-/* per key j: dv_j = sum_{i >= j} p_ij dout_i, dk_j = scale sum_{i >= j} p_ij (dp_ij - D_i) q_i */
-__global__ static void flash_backward_kv_k(float *dqkv, const float *dsum, const float *dout, const float *qkv,
-                                           const float *lse, int T, int C, int NH, float scale, size_t rows) {
-  const int hs = C / NH, lane = threadIdx.x % DT_CUDA_WARP;
-  FOR_WARP_ROWS(r, rows) {
-    ROW_INDICES(r, T, NH); /* t: the key's position */
-    const size_t ks = 3 * (size_t)C, row0 = r - (size_t)t; /* (b, h, 0) in lse and D */
-    const float *q = qkv + (size_t)b * T * ks + h * hs, *g = dout + (size_t)b * T * C + h * hs;
-    float kj[LANE_DIMS], vj[LANE_DIMS], dk[LANE_DIMS], dv[LANE_DIMS];
-    load_lane(kj, q + (size_t)t * ks + C, hs);
-    load_lane(vj, q + (size_t)t * ks + 2 * C, hs);
-    for (int a = 0; a < LANE_DIMS; a++) dk[a] = dv[a] = 0.0f;
-    for (int i = t; i < T; i++) {
-      const float *qi = q + (size_t)i * ks, *gi = g + (size_t)i * C;
-      const float p = expf(dot_warp(kj, qi, hs) * scale - lse[row0 + i]);
-      const float ds = p * (dot_warp(vj, gi, hs) - dsum[row0 + i]);
-      for (int a = 0; a < LANE_DIMS; a++) {
-        const int d = lane + a * DT_CUDA_WARP;
-        if (d < hs) {
-          dv[a] += p * gi[d];
-          dk[a] += ds * qi[d];
+/* per query i: D_i = sum_j p_ij dp_ij (dp_ij = <dout_i, v_j>), then dq_i = scale sum_j p_ij (dp_ij - D_i) k_j:
+ * two passes over the key tiles */
+__global__ static void flash_backward_q_k(float *dqkv, float *dsum, const float *dout, const float *qkv,
+                                          const float *lse, int T, int C, int NH, int G, int TK, float scale,
+                                          size_t blocks) {
+  __shared__ float ks[ATT_TILE], vs[ATT_TILE];
+  const int hs = C / NH, R = blockDim.x / G;
+  const size_t s3 = 3 * (size_t)C;
+  for (size_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+    TILE_INDICES(blk, T, NH, R, G);
+    const int end = imin(T, r0 + R), tc = live ? t : 0, t_warp = warp_last_row(r0, G);
+    const float *base = qkv + (size_t)b * T * s3 + h * hs;
+    const size_t row = ((size_t)b * NH + h) * T + tc;
+    float q[ATT_DPL], g[ATT_DPL], dq[ATT_DPL], D = 0.0f;
+    load_group(q, base + (size_t)tc * s3, gl, G, hs);
+    load_group(g, dout + ((size_t)b * T + tc) * C + h * hs, gl, G, hs);
+    const float L = lse[row];
+    for (int a = 0; a < ATT_DPL; a++) dq[a] = 0.0f;
+    for (int pass = 0; pass < 2; pass++)
+      for (int k0 = 0; k0 < end; k0 += TK) {
+        const int nk = imin(TK, end - k0), nw = imin(nk, t_warp - k0 + 1);
+        __syncthreads();
+        tile_load(ks, base + C, s3, k0, nk, hs);
+        tile_load(vs, base + 2 * C, s3, k0, nk, hs);
+        __syncthreads();
+        for (int j = 0; j < nw; j++) {
+          const float p = expf(dot_group(q, ks + j * hs, gl, G, hs) * scale - L);
+          const float dp = dot_group(g, vs + j * hs, gl, G, hs);
+          if (k0 + j > t) continue;
+          if (pass == 0) D += p * dp;
+          else axpy_group(dq, p * (dp - D), ks + j * hs, gl, G, hs);
         }
       }
+    if (live) {
+      store_group(dqkv + ((size_t)b * T + t) * s3 + h * hs, dq, scale, gl, G, hs);
+      if (gl == 0) dsum[row] = D;
     }
-    float *dst = dqkv + ((size_t)b * T + t) * ks + h * hs;
-    store_lane(dst + C, dk, scale, hs);
-    store_lane(dst + 2 * C, dv, 1.0f, hs);
+  }
+}
+
+/* per key j: dv_j = sum_{i >= j} p_ij dout_i, dk_j = scale sum_{i >= j} p_ij (dp_ij - D_i) q_i, over
+ * tiles of queries (q, dout, lse and D in shared memory) */
+__global__ static void flash_backward_kv_k(float *dqkv, const float *dsum, const float *dout, const float *qkv,
+                                           const float *lse, int T, int C, int NH, int G, int TK, float scale,
+                                           size_t blocks) {
+  __shared__ float qs[ATT_TILE], gs[ATT_TILE], ls[ATT_TILE_ROWS], ds[ATT_TILE_ROWS];
+  const int hs = C / NH, R = blockDim.x / G;
+  const size_t s3 = 3 * (size_t)C;
+  for (size_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
+    TILE_INDICES(blk, T, NH, R, G); /* t: the key's position */
+    const int tc = live ? t : 0, first = warp_first_row(r0, G);
+    const size_t row0 = ((size_t)b * NH + h) * T; /* (b, h, 0) in lse and D */
+    const float *q = qkv + (size_t)b * T * s3 + h * hs, *gb = dout + (size_t)b * T * C + h * hs;
+    float kj[ATT_DPL], vj[ATT_DPL], dk[ATT_DPL], dv[ATT_DPL];
+    load_group(kj, q + (size_t)tc * s3 + C, gl, G, hs);
+    load_group(vj, q + (size_t)tc * s3 + 2 * C, gl, G, hs);
+    for (int a = 0; a < ATT_DPL; a++) dk[a] = dv[a] = 0.0f;
+    for (int i0 = r0; i0 < T; i0 += TK) {
+      const int ni = imin(TK, T - i0);
+      __syncthreads();
+      tile_load(qs, q, s3, i0, ni, hs);
+      tile_load(gs, gb, (size_t)C, i0, ni, hs);
+      for (int i = threadIdx.x; i < ni; i += blockDim.x) {
+        ls[i] = lse[row0 + i0 + i];
+        ds[i] = dsum[row0 + i0 + i];
+      }
+      __syncthreads();
+      for (int i = imax(0, first - i0); i < ni; i++) {
+        const float p = expf(dot_group(kj, qs + i * hs, gl, G, hs) * scale - ls[i]);
+        const float dp = dot_group(vj, gs + i * hs, gl, G, hs);
+        if (!live || i0 + i < t) continue;
+        axpy_group(dv, p, gs + i * hs, gl, G, hs);
+        axpy_group(dk, p * (dp - ds[i]), qs + i * hs, gl, G, hs);
+      }
+    }
+    if (live) {
+      float *dst = dqkv + ((size_t)b * T + t) * s3 + h * hs;
+      store_group(dst + C, dk, scale, gl, G, hs);
+      store_group(dst + 2 * C, dv, 1.0f, gl, G, hs);
+    }
   }
 }
 
@@ -157,23 +276,33 @@ static dt_status_t check_hs(int C, int NH, const char *what) {
   return DT_OK;
 }
 
+/* blocks of the tiled kernels: B * NH * ceil(T / R) */
+static size_t att_blocks(int B, int T, int NH, int G) {
+  const int R = DT_CUDA_BLOCK / G;
+  return (size_t)B * NH * (size_t)((T + R - 1) / R);
+}
+
+static int att_grid(size_t blocks) { return blocks < DT_CUDA_GRID_MAX ? (int)blocks : DT_CUDA_GRID_MAX; }
+
 dt_status_t dt_cu_flash_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, cudaStream_t s) {
   DT_TRY(check_hs(C, NH, "flash attention"));
-  const size_t rows = (size_t)B * NH * T;
-  DT_LAUNCH(flash_forward_k, dt_cuda_warp_rows_grid(rows, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, lse, qkv, T, C, NH,
-            1.0f / sqrtf((float)(C / NH)), rows);
+  const int hs = C / NH, G = att_group(hs);
+  const size_t blocks = att_blocks(B, T, NH, G);
+  DT_LAUNCH(flash_forward_k, att_grid(blocks), DT_CUDA_BLOCK, 0, s, out, lse, qkv, T, C, NH, G, att_tile_rows(hs),
+            1.0f / sqrtf((float)hs), blocks);
   return DT_OK;
 }
 
 dt_status_t dt_cu_flash_backward(float *dqkv, float *dsum, const float *dout, const float *qkv, const float *lse, int B,
                                  int T, int C, int NH, cudaStream_t s) {
   DT_TRY(check_hs(C, NH, "flash attention"));
-  const size_t rows = (size_t)B * NH * T;
-  const float scale = 1.0f / sqrtf((float)(C / NH));
-  DT_LAUNCH(flash_backward_q_k, dt_cuda_warp_rows_grid(rows, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dqkv, dsum, dout, qkv,
-            lse, T, C, NH, scale, rows);
-  DT_LAUNCH(flash_backward_kv_k, dt_cuda_warp_rows_grid(rows, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dqkv, dsum, dout,
-            qkv, lse, T, C, NH, scale, rows);
+  const int hs = C / NH, G = att_group(hs), TK = att_tile_rows(hs);
+  const size_t blocks = att_blocks(B, T, NH, G);
+  const float scale = 1.0f / sqrtf((float)hs);
+  DT_LAUNCH(flash_backward_q_k, att_grid(blocks), DT_CUDA_BLOCK, 0, s, dqkv, dsum, dout, qkv, lse, T, C, NH, G, TK,
+            scale, blocks);
+  DT_LAUNCH(flash_backward_kv_k, att_grid(blocks), DT_CUDA_BLOCK, 0, s, dqkv, dsum, dout, qkv, lse, T, C, NH, G, TK,
+            scale, blocks);
   return DT_OK;
 }
 

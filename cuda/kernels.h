@@ -39,8 +39,8 @@ static inline size_t dt_cu_col_scratch_floats(size_t cols) { return (size_t)DT_C
 dt_status_t dt_cu_softmax_causal(float *att, int rows, int T, cudaStream_t s);
 /* d (rows of T) = att * (d - <att, d>) on j <= t, 0 above the diagonal */
 dt_status_t dt_cu_softmax_causal_backward(float *d, const float *att, int rows, int T, cudaStream_t s);
-/* attention.cu: attention that keeps no (T,T) matrix; a warp per row, the head's dims over its
- * lanes (head size at most DT_CU_ATT_HS_MAX).
+/* attention.cu: attention that keeps no (T,T) matrix; a group of lanes per row, the head's dims
+ * over its lanes (head size at most DT_CU_ATT_HS_MAX), tiles of keys in shared memory.
  * Training (ops_cpu.h dt_attention_forward/backward; system.attention = flash): out (B,T,C) and
  * the row log-sum-exp lse (B,NH,T) from qkv (B,T,3C); backward writes dqkv from dout, qkv and lse,
  * with dsum (B,NH,T) as scratch (the rows' <dout, out>). */

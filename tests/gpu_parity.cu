@@ -362,6 +362,10 @@ int main(int argc, char **argv) {
   gp_attention_flash(1, 2, 64, 40, &r);          /* GPT-2's head size */
   gp_attention_flash(1, 1, 256, 9, &r);          /* the largest head size */
   gp_attention_flash(2, 5, 40, 33, &r);          /* a head size that is no multiple of the warp */
+  gp_attention_flash(1, 2, 64, 150, &r);         /* several key tiles (64 keys each), the last one partial */
+  gp_attention_flash(2, 2, 128, 77, &r);         /* 32-key tiles, 16 query rows per block */
+  gp_attention_flash(1, 3, 16, 300, &r);         /* 2 lanes per row, 128 rows per block */
+  gp_attention_flash(1, 1, 3, 520, &r);          /* 1 lane per row, 256-key tiles */
   if (!small) gp_attention_flash(1, 8201, 16, 64, &r); /* 524,864 rows: past the capped grid */
   if (huge) gp_crossentropy_huge(&r);
   if (backend) gp_backend_all(small);

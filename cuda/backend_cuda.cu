@@ -8,6 +8,7 @@
  * the rest of backward. Mixed precision (bf16/fp16) rounds with the same kmath.h functions, in
  * fp32 storage (checked on an H200: docs/gpu-runs.md). Also dt_cuda_device_count and friends. */
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -211,6 +212,8 @@ static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
     be->wparams = w;
   }
   be->precision = (int)p;
+  impl(be)->lin_16 = p != DT_PREC_FP32;
+  impl(be)->lin_compute = p == DT_PREC_BF16 ? CUBLAS_COMPUTE_32F_FAST_16BF : CUBLAS_COMPUTE_32F_FAST_16F;
   return DT_OK;
 }
 
@@ -250,10 +253,18 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
 /* Weights in two layouts, as on the CPU (ops_cpu.h): the lm_head's wte (OC, C) like nn.Linear
  * (w_in_out = 0), the blocks' (C, OC) like Hugging Face's Conv1D (w_in_out = 1). */
 
+/* a linear layer's product: cublasSgemm (fp32, TF32 with system.tf32), or 16-bit tensor cores on
+ * operands already rounded to bf16/fp16 (cu_impl_t's lin_16) */
+static dt_status_t gemm_lin(cu_impl_t *im, bool ta, bool tb, int M, int N, int K, const float *A, int lda,
+                            const float *B, int ldb, float beta, float *C, int ldc) {
+  if (im->lin_16) return gemm_rm_ex(im->blas, im->lin_compute, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  return gemm_rm(im->blas, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+}
+
 /* out (N,OC) = inp (N,C) W^T + bias with W (OC,C), or inp W + bias with W (C,OC) (w_in_out) */
 static dt_status_t linear_forward(cu_impl_t *im, float *out, const float *inp, const float *w, bool w_in_out,
                                   const float *bias, int N, int C, int OC) {
-  DT_TRY(gemm_rm(im->blas, false, !w_in_out, N, OC, C, 1.0f, inp, C, w, w_in_out ? OC : C, 0.0f, out, OC));
+  DT_TRY(gemm_lin(im, false, !w_in_out, N, OC, C, inp, C, w, w_in_out ? OC : C, 0.0f, out, OC));
   if (bias) DT_TRY(dt_cu_add_bias(out, bias, N, OC, im->compute));
   return DT_OK;
 }
@@ -262,9 +273,9 @@ static dt_status_t linear_forward(cu_impl_t *im, float *out, const float *inp, c
  * dweight (C,OC) += inp^T dout; dbias (OC) += sum_N dout */
 static dt_status_t linear_backward(cu_impl_t *im, float *dinp, float *dweight, float *dbias, const float *dout,
                                    const float *inp, const float *w, bool w_in_out, int N, int C, int OC) {
-  if (dinp) DT_TRY(gemm_rm(im->blas, false, w_in_out, N, C, OC, 1.0f, dout, OC, w, w_in_out ? OC : C, 0.0f, dinp, C));
-  if (w_in_out) DT_TRY(gemm_rm(im->blas, true, false, C, OC, N, 1.0f, inp, C, dout, OC, 1.0f, dweight, OC));
-  else DT_TRY(gemm_rm(im->blas, true, false, OC, C, N, 1.0f, dout, OC, inp, C, 1.0f, dweight, C));
+  if (dinp) DT_TRY(gemm_lin(im, false, w_in_out, N, C, OC, dout, OC, w, w_in_out ? OC : C, 0.0f, dinp, C));
+  if (w_in_out) DT_TRY(gemm_lin(im, true, false, C, OC, N, inp, C, dout, OC, 1.0f, dweight, OC));
+  else DT_TRY(gemm_lin(im, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C));
   if (dbias) DT_TRY(dt_cu_colscr_reserve(im, (size_t)OC));
   if (dbias) DT_TRY(dt_cu_col_sum(dbias, dout, N, OC, im->colscr, im->compute));
   return DT_OK;
@@ -570,8 +581,12 @@ static dt_status_t cu_synchronize(dt_backend_t *be) {
 }
 
 static const char *cu_engine(const dt_backend_t *be) {
-  if (be->flash) return be->tf32 ? "cuBLAS, TF32 tensor cores; attention: flash kernels" : "cuBLAS; attention: flash kernels";
-  return be->tf32 ? "cuBLAS, TF32 tensor cores" : "cuBLAS";
+  static char s[160];
+  const int lin16 = be->impl && ((const cu_impl_t *)be->impl)->lin_16;
+  snprintf(s, sizeof s, "cuBLAS%s%s%s", be->tf32 ? ", TF32 tensor cores" : "",
+           !lin16 ? "" : be->precision == DT_PREC_BF16 ? ", linear layers on bf16 tensor cores" : ", linear layers on fp16 tensor cores",
+           be->flash ? "; attention: flash kernels" : "");
+  return s;
 }
 
 /* Positional (C++17 has no designated initializers): the order of backend.h's dt_kernels_t. */

@@ -28,6 +28,12 @@ typedef struct {
   double *partial, *h_partial; /* device and host DT_CUDA_SUMSQ_BLOCKS */
   float *colscr;               /* column reductions' partials, for up to colscr_cols columns */
   size_t colscr_cols;
+  /* bf16/fp16: the linear layers' products on 16-bit tensor cores (cublasGemmEx with fp32
+   * operands, CUBLAS_COMPUTE_32F_FAST_16BF or _16F): their operands are already rounded to that
+   * format (the model's storage rounding and the rounded working copy of the weights), so the
+   * conversion is exact and only the fp32 accumulation order differs from cublasSgemm's */
+  int lin_16;
+  cublasComputeType_t lin_compute;
 } cu_impl_t;
 
 static inline cu_impl_t *impl(dt_backend_t *be) { return (cu_impl_t *)be->impl; }
@@ -42,6 +48,16 @@ static inline dt_status_t gemm_rm(cublasHandle_t h, bool ta, bool tb, int M, int
   dt_cuda_gemm_t g = dt_cuda_gemm_rowmajor(ta, tb, M, N, K);
   DT_CUBLAS_CHECK(
       cublasSgemm(h, op(g.op_first), op(g.op_second), g.m, g.n, g.k, &alpha, B, ldb, A, lda, &beta, C, ldc));
+  return DT_OK;
+}
+
+/* gemm_rm through cublasGemmEx: fp32 operands and result, `ct` the compute type */
+static inline dt_status_t gemm_rm_ex(cublasHandle_t h, cublasComputeType_t ct, bool ta, bool tb, int M, int N, int K,
+                                     float alpha, const float *A, int lda, const float *B, int ldb, float beta,
+                                     float *C, int ldc) {
+  dt_cuda_gemm_t g = dt_cuda_gemm_rowmajor(ta, tb, M, N, K);
+  DT_CUBLAS_CHECK(cublasGemmEx(h, op(g.op_first), op(g.op_second), g.m, g.n, g.k, &alpha, B, CUDA_R_32F, ldb, A,
+                               CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, ct, CUBLAS_GEMM_DEFAULT));
   return DT_OK;
 }
 

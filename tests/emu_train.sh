@@ -15,6 +15,12 @@
 #   4. system.tf32 = true (the emulated cuBLAS rounds every matmul's operands to TF32), steps 1-10
 #      (train.stop_after): losses within 1e-3 relative of the fp32 cuda run but not all bitwise
 #      equal (the switch reaches the matmuls), and the start line names the TF32 engine.
+#   6. train.precision = bf16 and fp16: the linear layers' products run on 16-bit tensor cores
+#      (cublasGemmEx, CUBLAS_COMPUTE_32F_FAST_16BF/_16F), which round their fp32 operands; with
+#      DTRAIN_EMU_EXACT16 the emulated cuBLAS fails any such product whose operands hold a value
+#      the rounding would change, so 4 steps of each (with an evaluation, with fp16's scaler)
+#      prove the operands are already rounded (the model's storage rounding, the rounded weight
+#      copy) and the tensor cores see exactly what the CPU backend multiplies.
 #   5. system.attention = flash (cuda/attention.cu: no (T,T) matrix, backward from the row
 #      log-sum-exp), without and with train.recompute: losses within 1e-6 and grad norms within
 #      1e-4 of the cpu run, final parameters within 1e-5, and the start line names the kernels.
@@ -40,6 +46,11 @@ mpi 1 "$EMU" "$cfg" system.backend=cuda system.attention=flash log.metrics="$t/f
   > "$t/flash.out"
 mpi 1 "$EMU" "$cfg" system.backend=cuda system.attention=flash train.recompute=true log.metrics="$t/flash_rc.jsonl" \
   checkpoint.dir="$t/flash_rc" > "$t/flash_rc.out"
+for p in bf16 fp16; do
+  mpi 1 -x DTRAIN_EMU_EXACT16=1 "$EMU" "$cfg" system.backend=cuda train.precision=$p train.stop_after=4 \
+    train.eval_every=2 log.metrics="$t/$p.jsonl" checkpoint.dir= > "$t/$p.out"
+  grep -q "^# backend: cuda.*linear layers on $p tensor cores" "$t/$p.out" || { echo "FAIL: $p: no tensor-core line"; exit 1; }
+done
 for f in flash flash_rc; do
   grep -q '^# backend: cuda.*attention: flash kernels' "$t/$f.out" || { echo "FAIL: $f: no flash attention line"; exit 1; }
 done

@@ -9,6 +9,7 @@
  * round otherwise, so tests compare TF32 against fp32 within a tolerance, never bitwise). */
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <vector>
@@ -17,6 +18,7 @@
 #include "emu_int.h"
 
 extern "C" {
+#include "kmath.h"
 #include "ops_cpu.h"
 }
 
@@ -49,26 +51,47 @@ static int operand_bad(const operand_t &o, int batch, int dev, char *why, size_t
   return 0;
 }
 
-/* A copy of an operand's span (every batch) with each value rounded to TF32: 1 + 8 + 10 bits,
- * to nearest, ties to even (NaN and infinity kept). */
-static const float *tf32_copy(std::vector<float> &dst, const operand_t &o, int batch) {
-  if (o.rows == 0 || o.cols == 0) return (const float *)o.p;
+/* How the tensor cores see fp32 operands: unchanged, or rounded to nearest (ties to even; NaN and
+ * infinity kept) to TF32 (1 + 8 + 10 bits), bf16 or fp16 (kmath.h's roundings, the CPU backend's). */
+enum { ROUND_NONE, ROUND_TF32, ROUND_BF16, ROUND_FP16 };
+
+static float round_to(float x, int mode) {
+  if (mode == ROUND_BF16) return dt_round_bf16(x);
+  if (mode == ROUND_FP16) return dt_round_fp16(x);
+  uint32_t u;
+  memcpy(&u, &x, 4);
+  if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
+  memcpy(&x, &u, 4);
+  return x;
+}
+
+/* A copy of an operand's span (every batch) with each value rounded as `mode` says. */
+static const float *rounded_copy(std::vector<float> &dst, const operand_t &o, int batch, int mode) {
+  if (o.rows == 0 || o.cols == 0 || mode == ROUND_NONE) return (const float *)o.p;
   size_t span = (size_t)((long long)(batch - 1) * o.stride + (long long)o.ld * (o.cols - 1) + o.rows);
   dst.resize(span);
   const float *src = (const float *)o.p;
-  for (size_t i = 0; i < span; i++) {
-    uint32_t u;
-    memcpy(&u, &src[i], 4);
-    if ((u & 0x7f800000u) != 0x7f800000u) u = (u + 0xfffu + ((u >> 13) & 1u)) & ~0x1fffu;
-    memcpy(&dst[i], &u, 4);
-  }
+  for (size_t i = 0; i < span; i++) dst[i] = round_to(src[i], mode);
   return dst.data();
+}
+
+/* Does the rounded copy r of operand o differ from it anywhere (NaN equals NaN)? */
+static int changed(const float *r, const operand_t &o, int batch) {
+  if (r == o.p || o.rows == 0 || o.cols == 0) return 0;
+  for (int i = 0; i < batch; i++)
+    for (long long c = 0; c < o.cols; c++)
+      for (long long e = 0; e < o.rows; e++) {
+        const long long at = i * o.stride + c * o.ld + e;
+        if (r[at] != o.p[at] && !(r[at] != r[at] && o.p[at] != o.p[at])) return 1;
+      }
+  return 0;
 }
 
 static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                            int k, const float *alpha, const float *A, int lda, long long sA, const float *B, int ldb,
-                           long long sB, const float *beta, float *C, int ldc, long long sC, int batch) {
+                           long long sB, const float *beta, float *C, int ldc, long long sC, int batch, int mode) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  if (mode < 0) mode = h->math == CUBLAS_TF32_TENSOR_OP_MATH ? ROUND_TF32 : ROUND_NONE;
   if (ta > CUBLAS_OP_C || tb > CUBLAS_OP_C || ta < CUBLAS_OP_N || tb < CUBLAS_OP_N) return CUBLAS_STATUS_INVALID_VALUE;
   int tA = ta != CUBLAS_OP_N, tB = tb != CUBLAS_OP_N;
   long long ra = tA ? k : m, ca = tA ? m : k, rb = tB ? n : k, cb = tB ? k : n;
@@ -92,7 +115,7 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t
   op_t op;
   op.what = call;
   op.writes.push_back(range_t{(uintptr_t)C, (uintptr_t)(C + (long long)(batch - 1) * sC + (long long)ldc * (n - 1) + m)});
-  int dev = h->device, tf32 = h->math == CUBLAS_TF32_TENSOR_OP_MATH;
+  int dev = h->device, exact16 = getenv("DTRAIN_EMU_EXACT16") != NULL;
   op.run = [=]() {
     char why[320];
     if (operand_bad(oa, batch, dev, why, sizeof why) || operand_bad(ob, batch, dev, why, sizeof why) ||
@@ -101,8 +124,17 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t
       return;
     }
     float al = host ? a : *alpha, be = host ? b : *beta;
-    std::vector<float> ta32, tb32; /* TF32: products of the operands rounded to 10 mantissa bits */
-    const float *pa = tf32 ? tf32_copy(ta32, oa, batch) : A, *pb = tf32 ? tf32_copy(tb32, ob, batch) : B;
+    std::vector<float> ra, rb; /* the operands as the tensor cores see them */
+    const float *pa = rounded_copy(ra, oa, batch, mode), *pb = rounded_copy(rb, ob, batch, mode);
+    if (exact16 && (mode == ROUND_BF16 || mode == ROUND_FP16)) {
+      const char *bad = changed(pa, oa, batch) ? "A" : changed(pb, ob, batch) ? "B" : NULL;
+      if (bad) {
+        fail_sticky(dev, cudaErrorLaunchFailure, "%s(m=%d, n=%d, k=%d): operand %s holds values that are not %s "
+                    "(DTRAIN_EMU_EXACT16: the 16-bit tensor-core products would round them)", call, m, n, k, bad,
+                    mode == ROUND_BF16 ? "bf16" : "fp16");
+        return;
+      }
+    }
     for (int i = 0; i < batch; i++)
       dt_cpu_sgemm(tB, tA, n, m, k, al, pb + (long long)i * sB, ldb, pa + (long long)i * sA, lda, be,
                    C + (long long)i * sC, ldc);
@@ -168,7 +200,23 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode) {
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                            int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
                            const float *beta, float *C, int ldc) {
-  return gemm("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1);
+  return gemm("cublasSgemm", handle, transa, transb, m, n, k, alpha, A, lda, 0, B, ldb, 0, beta, C, ldc, 0, 1, -1);
+}
+
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void *alpha, const void *A, cudaDataType_t Atype, int lda, const void *B,
+                            cudaDataType_t Btype, int ldb, const void *beta, void *C, cudaDataType_t Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo) {
+  if (Atype != CUDA_R_32F || Btype != CUDA_R_32F || Ctype != CUDA_R_32F || algo != CUBLAS_GEMM_DEFAULT)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  int mode = computeType == CUBLAS_COMPUTE_32F_FAST_16BF  ? ROUND_BF16
+             : computeType == CUBLAS_COMPUTE_32F_FAST_16F ? ROUND_FP16
+             : computeType == CUBLAS_COMPUTE_32F_FAST_TF32 ? ROUND_TF32
+             : computeType == CUBLAS_COMPUTE_32F           ? -1
+                                                           : -2;
+  if (mode == -2) return CUBLAS_STATUS_NOT_SUPPORTED;
+  return gemm("cublasGemmEx", handle, transa, transb, m, n, k, (const float *)alpha, (const float *)A, lda, 0,
+              (const float *)B, ldb, 0, (const float *)beta, (float *)C, ldc, 0, 1, mode);
 }
 
 cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
@@ -176,7 +224,7 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          long long strideA, const float *B, int ldb, long long strideB,
                                          const float *beta, float *C, int ldc, long long strideC, int batchCount) {
   return gemm("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB,
-              beta, C, ldc, strideC, batchCount);
+              beta, C, ldc, strideC, batchCount, -1);
 }
 
 }  // extern "C"

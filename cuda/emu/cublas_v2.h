@@ -1,5 +1,5 @@
 /* CUDA emulation: the cuBLAS subset dtrain calls (cublasCreate/Destroy/SetStream, cublasSgemm,
- * cublasSgemmStridedBatched), column-major as in cuBLAS. The products run as stream work on the
+ * cublasSgemmStridedBatched, cublasGemmEx on fp32 operands), column-major as in cuBLAS. The products run as stream work on the
  * handle's stream through dt_cpu_sgemm (src/backend/ops_cpu.h), the CPU backend's own sgemm: a
  * column-major product is the row-major product of the transposes (cuda/emu/cublas.cpp). */
 #ifndef DT_EMU_CUBLAS_V2_H
@@ -24,6 +24,17 @@ typedef enum { CUBLAS_POINTER_MODE_HOST = 0, CUBLAS_POINTER_MODE_DEVICE = 1 } cu
 /* TF32: the emulation rounds A and B to 10 mantissa bits (to nearest) before an fp32 product */
 typedef enum { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 } cublasMath_t;
 
+/* cublasGemmEx's compute types for fp32 operands: the FAST ones round A and B (to nearest, ties to
+ * even) to TF32, bf16 or fp16 before an fp32 product, as the tensor cores see them */
+typedef enum {
+  CUBLAS_COMPUTE_32F = 68,
+  CUBLAS_COMPUTE_32F_FAST_16F = 74,
+  CUBLAS_COMPUTE_32F_FAST_16BF = 75,
+  CUBLAS_COMPUTE_32F_FAST_TF32 = 77,
+} cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
+typedef enum { CUDA_R_32F = 0 } cudaDataType_t; /* library_types.h: only fp32 operands here */
+
 typedef struct dt_emu_cublas *cublasHandle_t;
 
 /* library_types.h */
@@ -43,6 +54,10 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t handle, cublasMath_t mode);
 cublasStatus_t cublasSgemm(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
                            int k, const float *alpha, const float *A, int lda, const float *B, int ldb,
                            const float *beta, float *C, int ldc);
+cublasStatus_t cublasGemmEx(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb, int m, int n,
+                            int k, const void *alpha, const void *A, cudaDataType_t Atype, int lda, const void *B,
+                            cudaDataType_t Btype, int ldb, const void *beta, void *C, cudaDataType_t Ctype, int ldc,
+                            cublasComputeType_t computeType, cublasGemmAlgo_t algo);
 cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_t transa, cublasOperation_t transb,
                                          int m, int n, int k, const float *alpha, const float *A, int lda,
                                          long long strideA, const float *B, int ldb, long long strideB,

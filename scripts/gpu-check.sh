@@ -258,7 +258,7 @@ elif [ $have_gpu = 1 ]; then
   [ $quick = 0 ] && [ "$(elapsed)" -lt 240 ] && extra=(--compile)
   DTRAIN="$dt" DATA="$DATA_DIR/austen_train_*.bin" \
     bash "$here/bench/gpu_step.sh" --steps $([ $quick = 1 ] && echo 8 || echo 12) --out "$work/speed" "${extra[@]}" \
-      --prec fp32,tf32,tf32+flash,$([ $quick = 1 ] || echo tf32+rc,)bf16 \
+      --prec fp32,tf32,tf32+flash,$([ $quick = 1 ] || echo tf32+rc,)bf16,bf16+tf32,bf16+tf32+flash \
     > "$work/speed.txt" 2>&1
   rc=$?
   cat "$work/speed.txt"

@@ -7,5 +7,6 @@ b=${1:?usage: $0 BUILD_DIR}
 cd "$b"
 for o in cuda/kernels.o cuda/kernels_tp.o cuda/attention.o cuda/backend_cuda.o cuda/comm_nccl.o; do
   echo "== $o"
-  make -s -B "$o" NVCC_PTXAS_V="-Xptxas -v" 2>&1 | grep '^ptxas\|bytes stack' | grep -v '^ptxas info    : Compile time' | c++filt
+  rm -f "$o" # not make -B: that also reruns config.status, which blanks every dependency file
+  make -s "$o" NVCC_PTXAS_V="-Xptxas -v" 2>&1 | grep '^ptxas\|bytes stack' | grep -v '^ptxas info    : Compile time' | c++filt
 done

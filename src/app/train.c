@@ -113,7 +113,8 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   DT_TRY(dt_train_pick_backend(cfg, cfg_name, &ops, &devices));
   int cuda = !ops->host_memory; /* a device backend: GPUs assigned per rank (mesh.h) */
   dt_mesh_opts_t mo = {.cuda = cuda, .runtime_devices = cuda ? devices : -1, .threads = cfg->threads,
-                       .dp = cfg->dp, .tp = cfg->tp, .pp = cfg->pp, .args = cfg_name};
+                       .dp = cfg->dp, .tp = cfg->tp, .pp = cfg->pp, .args = cfg_name,
+                       .device_comm_mpi = !strcmp(cfg->device_comm, "mpi")};
   DT_TRY(dt_mesh_init(&tr->mesh, &mo));
   DT_TRY(derive_batch(tr));
   dt_dims_t d = dt_dims_from_config(&tr->cfg);

@@ -176,7 +176,8 @@ dt_status_t dt_cnn_trainer_init(dt_cnn_trainer_t *tr, const dt_config_t *cfg, co
   tr->be.ops = ops;
   const int cuda = !ops->host_memory; /* a device backend: GPUs assigned per rank (mesh.h) */
   dt_mesh_opts_t mo = {.cuda = cuda, .runtime_devices = cuda ? devices : -1, .threads = cfg->threads, .dp = cfg->dp,
-                       .tp = 1, .pp = 1, .args = cfg_name};
+                       .tp = 1, .pp = 1, .args = cfg_name,
+                       .device_comm_mpi = !strcmp(cfg->device_comm, "mpi")};
   DT_TRY(dt_mesh_init(&tr->mesh, &mo)); /* also sets the rank's OpenMP threads (our sgemm's split included) */
   DT_TRY(dt_gemm_init()); /* DT_GEMM=auto|own|blas, a bad value reported now */
   int dp = 0;

@@ -78,11 +78,28 @@ static dt_status_t check_nodeids(const dt_mesh_t *m) {
   return st;
 }
 
+/* DTRAIN_TEST_SHARED_GPU=1 (test-only: scripts/gpu-check.sh's parallel stage runs tp, pp, dp and
+ * ZeRO layouts on a machine with one GPU) lets local ranks share a GPU, but only when no device
+ * buffer goes through NCCL (system.device_comm = mpi): NCCL refuses two ranks on one device. */
+static int test_shared_gpu(void) {
+  const char *e = getenv("DTRAIN_TEST_SHARED_GPU");
+  return e && !strcmp(e, "1");
+}
+
+/* The node's ranks whose GPU another local rank also has (ids: their PCI bus ids). */
+static int count_shared(const char *ids, size_t stride, int n) {
+  int k = 0;
+  for (int j = 0; j < n; j++) k += dt_devid_shared(ids, stride, n, j) >= 0;
+  return k;
+}
+
 /* Two ranks of a node on one physical GPU (the same PCI bus id, whatever CUDA_VISIBLE_DEVICES
  * calls it: under Slurm's device cgroups every task's GPU is "0"): refused here, in words, rather
  * than left to NCCL ("duplicate GPU detected") or to two ranks sharing one GPU's memory. Ranks
- * whose runtime cannot name their device (no driver: `dtrain layout` on a login node) skip it. */
-static dt_status_t check_shared_gpu(dt_mesh_t *m, MPI_Comm node) {
+ * whose runtime cannot name their device (no driver: `dtrain layout` on a login node) skip it.
+ * Allowed for tests by DTRAIN_TEST_SHARED_GPU=1 with device_comm = mpi: one line from each such
+ * node's first rank. */
+static dt_status_t check_shared_gpu(dt_mesh_t *m, const dt_mesh_opts_t *o, MPI_Comm node) {
   enum { ID = 32 };
   char mine[ID] = "", *ids = calloc((size_t)m->local_size, ID);
   if (!ids) return DT_ERR(DT_ERR_NOMEM, "mesh: out of memory");
@@ -92,15 +109,25 @@ static dt_status_t check_shared_gpu(dt_mesh_t *m, MPI_Comm node) {
   }
   int rc = dt_wd_allgather(mine, ID, MPI_CHAR, ids, ID, MPI_CHAR, node, "allgather of GPU bus ids (node)");
   int other = rc == MPI_SUCCESS ? dt_devid_shared(ids, ID, m->local_size, m->local_rank) : -1;
+  int shared = rc == MPI_SUCCESS ? count_shared(ids, ID, m->local_size) : 0;
   free(ids);
   if (rc != MPI_SUCCESS) return dt__mpi_error(rc, "MPI_Allgather", __FILE__, __LINE__);
-  if (other >= 0)
-    return DT_ERR(DT_ERR_LAUNCH,
-                  "rank %d (host %s): local ranks %d and %d of node %d both run on the GPU at PCI bus %s (device "
-                  "ordinal %d); dtrain uses one GPU per rank: start at most as many ranks per node as it has GPUs",
-                  m->rank, m->host, other < m->local_rank ? other : m->local_rank,
-                  other < m->local_rank ? m->local_rank : other, m->node, mine, m->device);
-  return DT_OK;
+  int test = test_shared_gpu();
+  if (shared > 0 && test && o->device_comm_mpi && m->local_rank == 0) {
+    printf("# test: local ranks share GPUs (DTRAIN_TEST_SHARED_GPU=1): %d of the %d ranks of node %d (host %s) "
+           "share a GPU with another; device buffers go over MPI (system.device_comm = mpi), no NCCL\n",
+           shared, m->local_size, m->node, m->host);
+    fflush(stdout);
+  }
+  if (other < 0 || (test && o->device_comm_mpi)) return DT_OK;
+  return DT_ERR(DT_ERR_LAUNCH,
+                "rank %d (host %s): local ranks %d and %d of node %d both run on the GPU at PCI bus %s (device "
+                "ordinal %d); dtrain uses one GPU per rank: start at most as many ranks per node as it has GPUs%s",
+                m->rank, m->host, other < m->local_rank ? other : m->local_rank,
+                other < m->local_rank ? m->local_rank : other, m->node, mine, m->device,
+                test ? " (DTRAIN_TEST_SHARED_GPU=1, test-only, allows it only with system.device_comm = mpi: "
+                       "NCCL refuses two ranks on one GPU)"
+                     : "");
 }
 
 /* Names of the communicators in the watchdog's messages (MPI_Comm_set_name). */
@@ -199,7 +226,7 @@ static dt_status_t mesh_env(dt_mesh_t *m, const dt_mesh_opts_t *o, MPI_Comm w) {
     st = mesh_local(m, o, node);
   }
   DT_TRY(dt_mpi_agree(w, st));
-  return dt_mpi_agree(w, check_shared_gpu(m, node)); /* collective: after the agreement */
+  return dt_mpi_agree(w, check_shared_gpu(m, o, node)); /* collective: after the agreement */
 }
 
 /* The process mesh (the same inputs on every rank, so the same answer) and its communicators. */

@@ -87,6 +87,8 @@ typedef struct {
   int threads;         /* [train] threads; 0 = auto */
   int dp, tp, pp;      /* [parallel]; dp 0 = auto */
   const char *args;    /* the dtrain arguments for hints in messages; NULL = "..." */
+  int device_comm_mpi; /* 1: device buffers go over MPI, no NCCL (system.device_comm = mpi): with
+                          DTRAIN_TEST_SHARED_GPU=1 (test-only) local ranks may share a GPU */
 } dt_mesh_opts_t;
 
 /* One row of the rank table (gathered from every rank). */

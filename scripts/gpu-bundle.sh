@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Build dtrain with CUDA and gather into one git-ignored folder what a lent GPU machine lacks (it
 # has CUDA, cuBLAS, NCCL, PyTorch; no MPI, HDF5, OpenBLAS, Criterion or compiler toolchain of
-# ours): the binaries (dtrain, tests/gpu_parity, tests/gpu_nccl), the shared libraries of
-# Open MPI (with its plugins, so a singleton rank starts without mpirun), HDF5, OpenBLAS and their
-# own dependencies, the bundled token shards and the small configs. Not the CUDA libraries:
+# ours): the binaries (dtrain, tests/gpu_parity, tests/gpu_nccl), Open MPI's launcher (mpirun,
+# for one node: no orted) and shared libraries (with its plugins, so a singleton rank starts
+# without mpirun), HDF5, OpenBLAS and their own dependencies, the bundled token shards, a
+# Fashion-MNIST subset (data/fmnist: 2048 training and 500 test images) and the small configs. Not the CUDA libraries:
 # scripts/gpu-check.sh finds those on the GPU machine. Also writes BUNDLE.tar.xz, the form that
 # travels (device `carry`), and checks here that everything resolves from the bundle plus the
-# base-system libraries listed below, by running the bundled dtrain under `env -i` on the CPU.
+# base-system libraries listed below, by running the bundled dtrain under `env -i` on the CPU,
+# once alone and once as 2 ranks started by the bundled mpirun.
 #
 #   scripts/gpu-bundle.sh [BUNDLE]      (default BUNDLE: gpu-bundle, at the top of the tree)
 #
@@ -47,6 +49,12 @@ for b in dtrain tests/gpu_parity tests/gpu_nccl; do
   cp "$b" "$out/bin/"
   strip "$out/bin/$(basename "$b")"
 done
+# mpirun is Open MPI's orterun (a symlink through /etc/alternatives); single-node launches fork the
+# ranks themselves (plugin odls_default), so orted stays behind
+orterun=$(readlink -f "$(command -v mpirun || true)")
+[ "$(basename "$orterun")" = orterun ] || die "mpirun is not Open MPI's orterun (found '$orterun')"
+cp "$orterun" "$out/bin/mpirun"
+strip "$out/bin/mpirun"
 objs=("$out"/bin/*)
 for p in "$ompi_plugins"/*.so; do
   deps=$(ldd "$p" 2>&1) || die "ldd $p failed: $deps"
@@ -55,8 +63,11 @@ for p in "$ompi_plugins"/*.so; do
   cp "$p" "$out/lib/openmpi3/"
   objs+=("$out/lib/openmpi3/$(basename "$p")")
 done
-# what a singleton rank and its checkpoints cannot do without (a missing one fails only at run time)
-for need in state_app ess_singleton io_ompio fs_ufs fbtl_posix fcoll_vulcan sharedfp_lockedfile; do
+# what a singleton rank and its checkpoints cannot do without (a missing one fails only at run time),
+# and what mpirun needs to start ranks on its own node
+for need in state_app ess_singleton io_ompio fs_ufs fbtl_posix fcoll_vulcan sharedfp_lockedfile \
+  ess_hnp state_hnp plm_rsh odls_default errmgr_default_hnp iof_hnp rmaps_round_robin ras_simulator schizo_ompi \
+  oob_tcp rml_oob routed_direct grpcomm_direct filem_raw pmix_ext3x btl_vader btl_tcp; do
   [ -f "$out/lib/openmpi3/mca_$need.so" ] || die "Open MPI plugin mca_$need.so was not bundled"
 done
 if [ -n "$pmix_plugins" ]; then
@@ -72,6 +83,20 @@ ldd "${objs[@]}" 2>/dev/null | awk 'NF >= 3 && $2 == "=>" {print $1, $3}' | sort
   done
 cp /usr/share/openmpi/help-*.txt "$out/share/openmpi/" 2>/dev/null || true
 cp data/austen_train_000000.bin data/austen_val_000000.bin "$out/data/"
+# the image classifiers' real data: the first 2048 training and 500 test images of Debian's
+# Fashion-MNIST as IDX files (the header's count cut to match), ~2 MiB
+fm=/usr/share/datasets/fashion-mnist
+[ -f $fm/train-images-idx3-ubyte.gz ] || die "$fm is missing: scripts/install-deps.sh --test installs dataset-fashion-mnist"
+mkdir -p "$out/data/fmnist"
+/usr/bin/python3 - "$fm" "$out/data/fmnist" <<'PY'
+import gzip, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+for split, n in (("train", 2048), ("t10k", 500)):
+    img = gzip.open(f"{src}/{split}-images-idx3-ubyte.gz").read()
+    lab = gzip.open(f"{src}/{split}-labels-idx1-ubyte.gz").read()
+    open(f"{dst}/{split}-images-idx3-ubyte", "wb").write(img[:4] + struct.pack(">I", n) + img[8:16] + img[16:16 + n * 784])
+    open(f"{dst}/{split}-labels-idx1-ubyte", "wb").write(lab[:4] + struct.pack(">I", n) + lab[8:8 + n])
+PY
 cp inputs/*.ini "$out/inputs/"
 cp tests/small.ini "$out/configs/small.ini"
 cp validation/small.ini "$out/configs/validation_small.ini"
@@ -89,6 +114,7 @@ export OMPI_MCA_ess_singleton_isolated=1
 export OMPI_MCA_mca_base_component_show_load_errors=0
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
 export OMPI_MCA_btl=self,vader,tcp
+export PMIX_MCA_psec=native
 export PATH="$b/bin:$PATH"
 EOF
 git rev-parse HEAD > "$out/COMMIT"
@@ -118,6 +144,19 @@ rm -rf "/tmp/gpu-bundle-ckpt.$$"
 cd "$top"
 grep -q '^ *2 ' "$out/check.log" && [ $rc -eq 0 ] || { cat "$out/check.log"; die "the bundled dtrain did not train 2 steps under env -i (exit $rc)"; }
 say "the bundled dtrain trained 2 steps on the CPU under env -i with only the bundle's library path"
+# the bundled mpirun: 2 ranks (dp = 2) of the bundled dtrain, as gpu-check.sh's parallel stage starts them
+cd "$out"
+set +e
+env -i HOME=/tmp PATH=/usr/bin:/bin bash -c "source ./env.sh; export LD_LIBRARY_PATH=$out/lib;
+  mpirun --oversubscribe --bind-to none -n 2 -x OMP_NUM_THREADS=1 dtrain configs/small.ini system.backend=cpu \
+    train.steps=2 log.every=1 data.train='data/austen_train_*.bin' data.val= checkpoint.dir= checkpoint.resume=never" \
+  > check_mpirun.log 2>&1
+rc=$?
+set -e
+cd "$top"
+grep -q '^# layout: 2 ranks on 1 node, mesh dp=2' "$out/check_mpirun.log" && grep -q '^ *2 ' "$out/check_mpirun.log" &&
+  [ $rc -eq 0 ] || { cat "$out/check_mpirun.log"; die "the bundled mpirun did not train 2 steps with 2 ranks under env -i (exit $rc)"; }
+say "the bundled mpirun started 2 ranks of the bundled dtrain (dp = 2) that trained 2 steps under env -i"
 
 XZ_OPT="-T0 -3" tar -C "$(dirname "$out")" -cJf "$out.tar.xz" "$(basename "$out")"
 mib=$(du -m "$out.tar.xz" | cut -f1)

@@ -4,8 +4,9 @@
 # ours): the binaries (dtrain, tests/gpu_parity, tests/gpu_nccl), Open MPI's launcher (mpirun,
 # for one node: no orted) and shared libraries (with its plugins, so a singleton rank starts
 # without mpirun), HDF5, OpenBLAS and their own dependencies, the bundled token shards, a
-# Fashion-MNIST subset (data/fmnist: 2048 training and 500 test images) and the small configs. Not the CUDA libraries:
-# scripts/gpu-check.sh finds those on the GPU machine. Also writes BUNDLE.tar.xz, the form that
+# Fashion-MNIST subset (data/fmnist: 2048 training and 500 test images, scripts/fmnist_subset.py)
+# and the small configs. Not the CUDA libraries: scripts/gpu-check.sh finds those on the GPU
+# machine. Also writes BUNDLE.tar.xz, the form that
 # travels (device `carry`), and checks here that everything resolves from the bundle plus the
 # base-system libraries listed below, by running the bundled dtrain under `env -i` on the CPU,
 # once alone and once as 2 ranks started by the bundled mpirun.
@@ -87,16 +88,7 @@ cp data/austen_train_000000.bin data/austen_val_000000.bin "$out/data/"
 # Fashion-MNIST as IDX files (the header's count cut to match), ~2 MiB
 fm=/usr/share/datasets/fashion-mnist
 [ -f $fm/train-images-idx3-ubyte.gz ] || die "$fm is missing: scripts/install-deps.sh --test installs dataset-fashion-mnist"
-mkdir -p "$out/data/fmnist"
-/usr/bin/python3 - "$fm" "$out/data/fmnist" <<'PY'
-import gzip, struct, sys
-src, dst = sys.argv[1], sys.argv[2]
-for split, n in (("train", 2048), ("t10k", 500)):
-    img = gzip.open(f"{src}/{split}-images-idx3-ubyte.gz").read()
-    lab = gzip.open(f"{src}/{split}-labels-idx1-ubyte.gz").read()
-    open(f"{dst}/{split}-images-idx3-ubyte", "wb").write(img[:4] + struct.pack(">I", n) + img[8:16] + img[16:16 + n * 784])
-    open(f"{dst}/{split}-labels-idx1-ubyte", "wb").write(lab[:4] + struct.pack(">I", n) + lab[8:8 + n])
-PY
+/usr/bin/python3 scripts/fmnist_subset.py $fm "$out/data/fmnist" 2048 500
 cp inputs/*.ini "$out/inputs/"
 cp tests/small.ini "$out/configs/small.ini"
 cp validation/small.ini "$out/configs/validation_small.ini"

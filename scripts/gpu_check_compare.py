@@ -6,6 +6,10 @@
   gpu_check_compare.py same A.jsonl B.jsonl --steps N --what W      loss and grad norm bitwise equal
   gpu_check_compare.py reference REF.json RUN.jsonl                 validation's numerics reference
   gpu_check_compare.py resume DIR                                   the checkpoint stage's runs
+  gpu_check_compare.py runs --rtol R --norm-rtol N --steps S [--acc-images K] NAME=A.jsonl,B.jsonl ...
+                          pairs of runs (A: the one checked, B: its reference): per-step loss within R and
+                          grad norm within N relative; with --acc-images, the last step's evaluation too
+                          (val_loss within R, val_acc within one of K images)
 Prints what it compared with the numbers; the last line is the one-line result; exit 0 = pass.
 """
 import json
@@ -111,8 +115,50 @@ def cmd_resume(argv):
     return 1 if bad else 0
 
 
+def check_eval(name, a, b, n, rtol, images):
+    """The evaluation at step n of run a against b's: (ok, text)."""
+    va, vb = a[n].get("val_loss"), b[n].get("val_loss")
+    if va is None or vb is None:
+        return False, f"{name}: no evaluation at step {n}"
+    e, da = rel(va, vb), round(abs(a[n]["val_acc"] - b[n]["val_acc"]) * images)
+    ok = e <= rtol and da <= 1
+    return ok, (f"{name}: test loss {va:.7f} vs {vb:.7f} ({e:.1e}), accuracy {a[n]['val_acc']:.4f} vs "
+                f"{b[n]['val_acc']:.4f} ({da} of {images} images differ)")
+
+
+def cmd_runs(argv):
+    opt = {k: argv[argv.index(k) + 1] for k in ("--rtol", "--norm-rtol", "--steps", "--acc-images") if k in argv}
+    rtol, nrtol, n = float(opt["--rtol"]), float(opt["--norm-rtol"]), int(opt["--steps"])
+    images = int(opt.get("--acc-images", 0))
+    pairs = [x for x in argv if "=" in x and "," in x]
+    bad, wl, wn = [], (0.0, "-"), (0.0, "-")
+    for p in pairs:
+        name, files = p.split("=", 1)
+        try:
+            a, b = (rows(f) for f in files.split(","))
+            (l, ls), (g, gs) = worst(a, b, range(1, n + 1)), worst(a, b, range(1, n + 1), "grad_norm")
+        except (OSError, ValueError, KeyError, SystemExit) as e:
+            print(f"FAIL: {name}: {e or 'no metrics'}")
+            bad.append(name)
+            continue
+        ok = l <= rtol and g <= nrtol
+        print(f"{'ok' if ok else 'FAIL'}: {name}: loss {l:.2e} (step {ls}), grad norm {g:.2e} (step {gs}) over {n} steps")
+        if images:
+            eok, text = check_eval(name, a, b, n, rtol, images)
+            print(f"{'ok' if eok else 'FAIL'}: {text}")
+            ok = ok and eok
+        bad += [] if ok else [name]
+        wl, wn = max(wl, (l, name)), max(wn, (g, name))
+    lim = f"(tolerance {rtol:g} loss, {nrtol:g} grad norm)"
+    if bad or not pairs:
+        print(f"FAIL: {', '.join(bad) or 'no runs'}: outside {lim}")
+        return 1
+    print(f"{len(pairs)} runs agree: worst loss {wl[0]:.1e} ({wl[1]}), worst grad norm {wn[0]:.1e} ({wn[1]}) {lim}")
+    return 0
+
+
 def main():
-    cmds = {"losses": cmd_losses, "same": cmd_same, "reference": cmd_reference, "resume": cmd_resume}
+    cmds = {"losses": cmd_losses, "same": cmd_same, "reference": cmd_reference, "resume": cmd_resume, "runs": cmd_runs}
     if len(sys.argv) < 3 or sys.argv[1] not in cmds:
         print(__doc__)
         return 2

@@ -19,11 +19,19 @@
 # bitwise equal to cuda without; cuda with TF32 near cpu; validation's numerics reference on
 # cuda), checkpoints (save/resume across backends, exact GPU resume, eval agreement), generate
 # (`dtrain generate --verify` greedy on cuda: cached vs uncached logits, tokens equal cpu's), nccl (every
-# collective, one rank, over NCCL and over the host-staged MPI communicator), speed (bench/gpu_step.sh: dtrain vs PyTorch, GPT-2 124M, fp32, TF32,
-# bf16). --profile adds a last stage: bench/gpu_profile.sh (ncu's time per kernel of one GPT-2
-# 124M step, fp32 and TF32; ~2 more minutes), written to profile.txt.
+# collective, one rank, over NCCL and over the host-staged MPI communicator), parallel (tp=2, pp=2,
+# dp=2 x tp=2, ZeRO-1/2/3 at dp=2 on cuda vs cpu, 20 steps of tests/small.ini, the ranks sharing the
+# one GPU through the bundle's mpirun: system.device_comm=mpi and DTRAIN_TEST_SHARED_GPU=1, so no
+# NCCL; losses within 1e-4, grad norms 1e-3), classifiers (real Fashion-MNIST from the bundle:
+# SimpleCNN 20 steps B=64 cuda vs cpu with a test-set evaluation, the same at dp=2 on the shared GPU
+# vs dp=1, ResNet-18 width 16 10 steps cuda vs cpu; ResNet-50 CIFAR B=256 ms/step on cuda, and
+# PyTorch's when its python3 has torch with CUDA: rows in speed.txt), speed (bench/gpu_step.sh:
+# dtrain vs PyTorch, GPT-2 124M, fp32, TF32, bf16). --profile adds a last stage:
+# bench/gpu_profile.sh (ncu's time per kernel of one GPT-2 124M step, fp32 and TF32; ~2 more
+# minutes), written to profile.txt.
 # --quick (under 3 minutes): small parity shapes, memcheck only, 20 training steps, speed without
-# torch.compile. Full: about 8 minutes on an H100 (2 on the H200 of docs/gpu-runs.md).
+# torch.compile. Full: about 8 minutes on an H100 (on the H200 of docs/gpu-runs.md 219 s before the
+# parallel and classifiers stages, which add about a minute, the ResNet-50 timing at most 2).
 set -uo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 quick=0
@@ -35,7 +43,7 @@ for a in "$@"; do
     --quick) quick=1 ;;
     --emulation) emu=1 ;;
     --profile) profile=1 ;;
-    -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,32p' "$0"; exit 0 ;;
     *) bundle=$a ;;
   esac
 done
@@ -73,6 +81,46 @@ stage() {
 run() { echo "+ $*"; "$@"; }
 elapsed() { echo $(($(date +%s) - t_start)); }
 
+# cnn_speed DIR: ResNet-50 with the CIFAR stem (inputs/resnet50_cifar10.ini) on cuda, fp32, micro
+# batch 256 of random CIFAR-10 records, 5 steps (median of steps 3-5); then PyTorch's same model
+# (tests/ref/ref_cnn_model.py via bench/torch_cnn.py; torchvision's has the ImageNet stem) on the
+# GPU when this python3 has torch with CUDA and numpy. Rows to $work/cnn_speed.txt, a summary out.
+cnn_speed() {
+  local d=$1 ms="" tms="" note
+  python3 - "$d/cifar" <<'PY'
+import os, sys
+os.makedirs(sys.argv[1], exist_ok=True)
+with open(f"{sys.argv[1]}/data_batch_1.bin", "wb") as f:
+    for i in range(1280):
+        f.write(bytes([i % 10]) + os.urandom(3072))
+PY
+  echo "+ $dt inputs/resnet50_cifar10.ini system.backend=cuda train.micro_batch=256 train.steps=5 (timeout 60 s)" >&2
+  timeout 60 "$dt" "$here/inputs/resnet50_cifar10.ini" system.backend=cuda train.micro_batch=256 train.global_batch=256 \
+    train.steps=5 train.eval_every=0 log.every=1 "data.train=$d/cifar/data_batch_*.bin" data.val= checkpoint.dir= \
+    checkpoint.resume=never log.metrics="$d/rn50.jsonl" > "$d/rn50.out" 2>&1
+  note="exit $?"
+  tail -n 4 "$d/rn50.out" >&2
+  ms=$(python3 -c 'import json, statistics, sys; r = [json.loads(l)["ms"] for l in open(sys.argv[1])][2:5]
+print(f"{statistics.median(r):.1f}" if len(r) == 3 else "")' "$d/rn50.jsonl" 2>/dev/null)
+  if python3 -c 'import numpy, torch; assert torch.cuda.is_available()' 2>/dev/null; then
+    echo "+ python3 bench/torch_cnn.py resnet50 256 3,32,32 64 10 0 3 2 $(nproc) cuda (timeout 60 s)" >&2
+    timeout 60 python3 "$here/bench/torch_cnn.py" resnet50 256 3,32,32 64 10 0 3 2 "$(nproc)" cuda > "$d/torch.out" 2>&1
+    tail -n 2 "$d/torch.out" >&2
+    tms=$(sed -n 's/^RESULT .*step_ms=\([0-9.]*\).*/\1/p' "$d/torch.out")
+  fi
+  {
+    echo "# image classifiers: ResNet-50 (CIFAR stem) fp32, micro_batch 256 of 3x32x32, SGD; median step of 3"
+    printf '%-22s %-10s %10s %12s\n' "run" "prec" "ms/step" "images/s"
+    [ -n "$ms" ] && printf '%-22s %-10s %10s %12.0f\n' "dtrain resnet50" fp32 "$ms" "$(awk -v m="$ms" 'BEGIN {print 256000 / m}')" ||
+      printf '%-22s %-10s %10s %12s\n' "dtrain resnet50" fp32 "$note" "-"
+    [ -n "$tms" ] && printf '%-22s %-10s %10s %12.0f\n' "torch resnet50" fp32 "$tms" "$(awk -v m="$tms" 'BEGIN {print 256000 / m}')"
+  } > "$work/cnn_speed.txt"
+  cat "$work/cnn_speed.txt" >&2
+  local torch="PyTorch SKIP (no torch with CUDA and numpy, or it failed: see the log)"
+  [ -n "$tms" ] && torch="PyTorch $tms ms"
+  echo "ResNet-50 CIFAR B=256 fp32: ${ms:-no time ($note)} ms/step, $torch (speed.txt)"
+}
+
 echo "# gpu-check $(date -u +%FT%TZ) on $(hostname), bundle $bundle, quick=$quick"
 
 # ---- preflight: the GPU, the driver, the CUDA libraries this machine has -------------------
@@ -92,7 +140,7 @@ for soname in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2; do
   fi
 done
 if [ $emu = 1 ]; then
-  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DTRAIN_EMU_DEVICES=1
+  export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DTRAIN_EMU_DEVICES=1 PMIX_MCA_psec=native
   dt=$here/dtrain_emu parity=$here/tests/gpu_parity_emu nccl=$here/tests/gpu_nccl_emu DATA_DIR=$here/data
   cfg=$here/tests/small.ini # tiny.ini runs ~100x slower on the emulation than small.ini
 else
@@ -250,6 +298,97 @@ else
   stage nccl SKIP "no GPU"
 fi
 
+# ---- parallel: multi-rank layouts of the CUDA backend, all ranks on the one GPU ----------------
+# NCCL refuses two ranks on one device; system.device_comm = mpi stages every device buffer through
+# host memory over MPI, and DTRAIN_TEST_SHARED_GPU=1 lets dtrain put the ranks on one GPU (a
+# correctness check of the tp, pp, dp and ZeRO code on a GPU; not of NCCL, not a speed). Each
+# layout on cuda against the same layout on the cpu backend (those run in the background on the
+# GPU machine's cores while the cuda runs take turns on the GPU).
+mpirun_bin=$([ $emu = 1 ] && command -v mpirun || echo "$bundle/bin/mpirun")
+mp() { # NRANKS OUT ARGS...: NRANKS ranks of dtrain, 1 thread each, sharing the GPU
+  local n=$1 o=$2
+  shift 2
+  echo "+ mpirun -n $n dtrain $*"
+  "$mpirun_bin" --oversubscribe --bind-to none -n "$n" -x OMP_NUM_THREADS=1 -x DTRAIN_TEST_SHARED_GPU=1 "$dt" "$@" \
+    > "$o" 2>&1 || { echo "(exit $?)" >> "$o"; tail -3 "$o"; }
+}
+if [ $have_gpu = 1 ]; then
+  p=$work/par
+  mkdir -p "$p"
+  small=("$here/tests/small.ini" train.steps=20 train.eval_every=0 log.every=1 "data.train=$DATA_DIR/austen_train_*.bin"
+         "data.val=$DATA_DIR/austen_val_*.bin" checkpoint.dir= checkpoint.resume=never system.device_comm=mpi)
+  layouts=("tp2 2 parallel.tp=2" "pp2 2 parallel.pp=2 train.micro_batch=2" "dp2xtp2 4 parallel.tp=2"
+           "zero1 2 parallel.zero=1 train.micro_batch=2" "zero2 2 parallel.zero=2 train.micro_batch=2"
+           "zero3 2 parallel.zero=3 train.micro_batch=2")
+  pairs=() pids=()
+  for l in "${layouts[@]}"; do # the cpu references: in parallel on a GPU machine's cores, in turn here
+    read -r name n rest <<< "$l"
+    if [ $emu = 1 ]; then mp "$n" "$p/${name}_cpu.out" "${small[@]}" $rest system.backend=cpu log.metrics="$p/${name}_cpu.jsonl"
+    else mp "$n" "$p/${name}_cpu.out" "${small[@]}" $rest system.backend=cpu log.metrics="$p/${name}_cpu.jsonl" & pids+=($!); fi
+    pairs+=("$name=$p/${name}_cuda.jsonl,$p/${name}_cpu.jsonl")
+  done
+  bad=""
+  for l in "${layouts[@]}"; do
+    read -r name n rest <<< "$l"
+    mp "$n" "$p/${name}_cuda.out" "${small[@]}" $rest system.backend=cuda log.metrics="$p/${name}_cuda.jsonl"
+    grep -q '^# test: local ranks share GPUs' "$p/${name}_cuda.out" &&
+      grep -q '^# device communication: MPI, each call staged' "$p/${name}_cuda.out" || bad="$bad $name"
+  done
+  [ ${#pids[@]} = 0 ] || wait "${pids[@]}" # not a bare wait: that would wait for the log's tee too
+  # 1e-4 / 1e-3 (emu_mp.sh: 1e-5 / 1e-4 on the emulation): cuBLAS and the GPU's reductions add in
+  # other orders than the CPU backend, over 20 unclipped steps; the one-rank training stage measured
+  # 7e-7, and a layout bug (a missing or doubled shard, a wrong average) is 1e-2 or more
+  r=$($cmp runs --rtol 1e-4 --norm-rtol 1e-3 --steps 20 "${pairs[@]}" 2>&1)
+  rc=$?
+  echo "$r"
+  if [ -n "$bad" ]; then stage parallel FAIL "not on one shared GPU over MPI:$bad (see the log)"
+  elif [ $rc = 0 ]; then stage parallel PASS "cuda vs cpu, 20 steps of tests/small.ini, ranks sharing the GPU (system.device_comm=mpi): $(echo "$r" | tail -1)"
+  else stage parallel FAIL "$(echo "$r" | tail -1)"; fi
+else
+  stage parallel SKIP "no GPU"
+fi
+
+# ---- classifiers: SimpleCNN and ResNet-18 on real Fashion-MNIST, cuda vs cpu; ResNet-50 speed ------
+if [ $have_gpu = 1 ]; then
+  c=$work/cnn
+  mkdir -p "$c"
+  fm=$bundle/data/fmnist
+  if [ $emu = 1 ]; then fm=$c/fmnist; python3 "$here/scripts/fmnist_subset.py" /usr/share/datasets/fashion-mnist "$fm" 2048 500; fi
+  sc=("$here/inputs/fmnist.ini" "data.train=$fm/train-images-idx3-ubyte" "data.train_labels=$fm/train-labels-idx1-ubyte"
+      "data.val=$fm/t10k-images-idx3-ubyte" "data.val_labels=$fm/t10k-labels-idx1-ubyte" train.steps=20 train.eval_every=20
+      log.every=1 checkpoint.dir= checkpoint.resume=never)
+  rn=("$here/inputs/fmnist.ini" "data.train=$fm/train-images-idx3-ubyte" "data.train_labels=$fm/train-labels-idx1-ubyte"
+      data.val= model.arch=resnet18 train.optimizer=adamw train.lr=1e-3 train.warmup=2 train.eval_every=0 log.every=1
+      checkpoint.dir= checkpoint.resume=never)
+  rn_steps=10
+  if [ $emu = 1 ]; then rn+=(model.width=4 train.micro_batch=8 train.global_batch=8); rn_steps=4 # ~100x slower emulated
+  else rn+=(model.width=16 train.micro_batch=32 train.global_batch=32); fi
+  rn+=(train.steps=$rn_steps)
+  for be in cpu cuda; do
+    run "$dt" "${sc[@]}" system.backend=$be log.metrics="$c/cnn_$be.jsonl" > "$c.cnn_$be.out" 2>&1 || tail -3 "$c.cnn_$be.out"
+    run "$dt" "${rn[@]}" system.backend=$be log.metrics="$c/rn_$be.jsonl" > "$c.rn_$be.out" 2>&1 || tail -3 "$c.rn_$be.out"
+  done
+  mp 2 "$c.cnn_dp2.out" "${sc[@]}" system.backend=cuda system.device_comm=mpi train.micro_batch=32 log.metrics="$c/cnn_dp2.jsonl"
+  tail -n 2 "$c.cnn_cuda.out" "$c.cnn_dp2.out" "$c.rn_cuda.out"
+  r1=$($cmp runs --rtol 1e-4 --norm-rtol 1e-3 --steps 20 --acc-images 500 "SimpleCNN=$c/cnn_cuda.jsonl,$c/cnn_cpu.jsonl" \
+    "SimpleCNN-dp2=$c/cnn_dp2.jsonl,$c/cnn_cuda.jsonl" 2>&1)
+  ok1=$?
+  r2=$($cmp runs --rtol 1e-4 --norm-rtol 1e-3 --steps $rn_steps "ResNet-18=$c/rn_cuda.jsonl,$c/rn_cpu.jsonl" 2>&1)
+  ok2=$?
+  printf '%s\n' "$r1" "$r2"
+  speed=""
+  [ $emu = 0 ] && speed="; $(cnn_speed "$c")"
+  acc=$(echo "$r1" | sed -n 's/^ok: SimpleCNN: test loss .*, accuracy \([0-9.]*\) vs .*/\1/p')
+  detail="SimpleCNN 20 steps cuda vs cpu and dp=2 on the shared GPU vs dp=1 (test accuracy $acc of 500 images,"
+  detail="$detail equal within one), $(echo "$r1" | tail -1 | sed 's/^2 runs agree: //; s/ (tolerance.*//');"
+  detail="$detail ResNet-18 $rn_steps steps: $(echo "$r2" | tail -1 | sed 's/^1 runs agree: //; s/ (ResNet-18)//g')"
+  if [ $ok1 = 0 ] && [ $ok2 = 0 ]; then
+    stage classifiers PASS "$detail$speed"
+  else stage classifiers FAIL "$(printf '%s\n' "$r1" "$r2" | grep -m1 FAIL)"; fi
+else
+  stage classifiers SKIP "no GPU"
+fi
+
 # ---- speed -----------------------------------------------------------------------------------
 if [ $emu = 1 ]; then
   stage speed SKIP "emulation: no speed to measure"
@@ -262,13 +401,14 @@ elif [ $have_gpu = 1 ]; then
     > "$work/speed.txt" 2>&1
   rc=$?
   cat "$work/speed.txt"
-  [ -n "$out" ] && cp "$work/speed.txt" "$out/"
   rows=$(grep -c '^dtrain \|^torch ' "$work/speed.txt" || true)
   if [ $rc = 0 ] && grep -q '^dtrain .* [0-9.]* *[0-9]* *[0-9.]* ' "$work/speed.txt"; then
     stage speed PASS "$(grep '^dtrain ' "$work/speed.txt" | awk '{printf "%s %s ms, ", $2, $3}')see speed.txt ($rows rows)"
   else
     stage speed FAIL "exit $rc; see speed.txt"
   fi
+  [ -f "$work/cnn_speed.txt" ] && { echo; cat "$work/cnn_speed.txt"; } >> "$work/speed.txt" # the classifiers stage's rows
+  [ -n "$out" ] && cp "$work/speed.txt" "$out/"
 else
   stage speed SKIP "no GPU"
 fi

@@ -1,6 +1,6 @@
 /* The CUDA backend's image-classifier kernels (src/backend/cnn_kernels.h): convolutions as im2col
- * + cuBLAS products over chunks of images (a 1x1 convolution with stride 1 multiplies the images
- * themselves), the other layers from kernels_cnn.cu. Everything is queued on the compute stream;
+ * + one cuBLAS product per chunk of images (the chunk's im2col matrices side by side, so the
+ * weight gradient sums images and positions in one product), the other layers from kernels_cnn.cu. Everything is queued on the compute stream;
  * the results match the CPU twins to rounding (tests/gpu_parity_cnn.cu). Not yet cuDNN. */
 #include <stdlib.h>
 
@@ -12,8 +12,9 @@ extern "C" {
 #include "kernels.h"
 #include "kernels_cnn.h"
 
-/* Floats of im2col matrices a chunk may hold: chunks of images share one product call, up to
- * this many floats of scratch (64 MiB) or one image whatever its size. */
+/* Floats of scratch a chunk of images may use: the chunk's im2col matrix (C*K*K rows, a column per
+ * output position of every image) and its output or output gradient in the products' layout
+ * (OC, n*P): up to this many floats (64 MiB) or one image whatever its size. */
 #define CONV_SCRATCH_FLOATS ((size_t)16 << 20)
 
 static cudaStream_t S(dt_backend_t *be) { return impl(be)->compute; }
@@ -23,64 +24,54 @@ static dt_cu_conv_t geom(int C, int H, int W, int K, int stride, int pad) {
   return g;
 }
 
-static int pointwise(const dt_cu_conv_t *g) { return g->K == 1 && g->stride == 1 && g->pad == 0; }
-
-/* Images per chunk: as many im2col matrices (ckk x P) as CONV_SCRATCH_FLOATS holds, at least 1. */
-static int chunk_images(size_t ckk, size_t P) {
-  size_t n = CONV_SCRATCH_FLOATS / (ckk * P);
+/* Images per chunk: as many (ckk + OC) x P slices as CONV_SCRATCH_FLOATS holds, at least 1. */
+static int chunk_images(size_t ckk, size_t OC, size_t P) {
+  size_t n = CONV_SCRATCH_FLOATS / ((ckk + OC) * P);
   return n < 1 ? 1 : n > ((size_t)1 << 20) ? 1 << 20 : (int)n;
 }
 
 static size_t conv_scratch(const dt_backend_t *be, int C, int K, int OC, int OH, int OW) {
-  (void)be, (void)OC;
-  size_t one = (size_t)C * K * K * OH * OW;
-  return one * (size_t)chunk_images((size_t)C * K * K, (size_t)OH * OW);
+  (void)be;
+  const size_t ckk = (size_t)C * K * K, P = (size_t)OH * OW;
+  return (ckk + OC) * P * (size_t)chunk_images(ckk, (size_t)OC, P);
 }
 
-/* out_b (OC, P) = W (OC, ckk) col_b (ckk, P) [+ bias] for every image: one strided batched
- * product per chunk (the weight's stride 0) */
+/* Per chunk of n images: col (ckk, n*P) = im2col, outT (OC, n*P) = W (OC, ckk) col in one
+ * product, then outT into the chunk's NCHW output; the bias over the whole batch at the end. */
 static dt_status_t conv_forward(dt_backend_t *be, float *out, float *scratch, const float *inp, const float *w,
                                 const float *bias, int B, int C, int H, int W, int OC, int K, int stride, int pad) {
   cu_impl_t *im = impl(be);
   const dt_cu_conv_t g = geom(C, H, W, K, stride, pad);
-  const int ckk = C * K * K, P = g.OH * g.OW, G = chunk_images((size_t)ckk, (size_t)P);
+  const int ckk = C * K * K, P = g.OH * g.OW, G = chunk_images((size_t)ckk, (size_t)OC, (size_t)P);
   for (int b0 = 0; b0 < B; b0 += G) {
-    const int n = b0 + G <= B ? G : B - b0;
-    const float *col = inp + (size_t)b0 * C * H * W;
-    if (!pointwise(&g)) {
-      DT_TRY(dt_cu_im2col(scratch, col, n, g, S(be)));
-      col = scratch;
-    }
-    DT_TRY(gemm_rm_batched(im->blas, false, false, OC, P, ckk, 1.0f, w, ckk, 0, col, P, (long long)ckk * P, 0.0f,
-                           out + (size_t)b0 * OC * P, P, (long long)OC * P, n));
+    const int n = b0 + G <= B ? G : B - b0, nP = n * P;
+    float *col = scratch, *outT = scratch + (size_t)ckk * nP;
+    DT_TRY(dt_cu_im2col(col, inp + (size_t)b0 * C * H * W, n, g, S(be)));
+    DT_TRY(gemm_rm(im->blas, false, false, OC, nP, ckk, 1.0f, w, ckk, col, nP, 0.0f, outT, nP));
+    DT_TRY(dt_cu_cnp_to_nchw(out + (size_t)b0 * OC * P, outT, n, OC, P, S(be)));
   }
   return bias ? dt_cu_bias_nchw(out, bias, B, OC, P, S(be)) : DT_OK;
 }
 
-/* dweight (OC, ckk) += sum_b dout_b col_b^T (one product per image, in image order); dinp_b =
- * col2im(W^T dout_b) (batched per chunk); dbias += the channel sums of dout */
+/* Per chunk: col = im2col, dT (OC, n*P) = the chunk's dout in the products' layout, dweight (OC,
+ * ckk) += dT col^T (the chunk's images and positions in one sum), then col = W^T dT (the columns
+ * are used up) and dinp = col2im(col); dbias += the channel sums of dout */
 static dt_status_t conv_backward(dt_backend_t *be, float *dinp, float *dw, float *db, float *scratch,
                                  const float *dout, const float *inp, const float *w, int B, int C, int H, int W,
                                  int OC, int K, int stride, int pad) {
   cu_impl_t *im = impl(be);
   const dt_cu_conv_t g = geom(C, H, W, K, stride, pad);
-  const int ckk = C * K * K, P = g.OH * g.OW, G = chunk_images((size_t)ckk, (size_t)P);
+  const int ckk = C * K * K, P = g.OH * g.OW, G = chunk_images((size_t)ckk, (size_t)OC, (size_t)P);
   const size_t img = (size_t)C * H * W;
   for (int b0 = 0; b0 < B; b0 += G) {
-    const int n = b0 + G <= B ? G : B - b0;
-    const float *col = inp + (size_t)b0 * img, *d = dout + (size_t)b0 * OC * P;
-    if (!pointwise(&g)) {
-      DT_TRY(dt_cu_im2col(scratch, col, n, g, S(be)));
-      col = scratch;
-    }
-    for (int i = 0; i < n; i++)
-      DT_TRY(gemm_rm(im->blas, false, true, OC, ckk, P, 1.0f, d + (size_t)i * OC * P, P, col + (size_t)i * ckk * P, P,
-                     1.0f, dw, ckk));
+    const int n = b0 + G <= B ? G : B - b0, nP = n * P;
+    float *col = scratch, *dT = scratch + (size_t)ckk * nP;
+    DT_TRY(dt_cu_im2col(col, inp + (size_t)b0 * img, n, g, S(be)));
+    DT_TRY(dt_cu_nchw_to_cnp(dT, dout + (size_t)b0 * OC * P, n, OC, P, S(be)));
+    DT_TRY(gemm_rm(im->blas, false, true, OC, ckk, nP, 1.0f, dT, nP, col, nP, 1.0f, dw, ckk));
     if (!dinp) continue;
-    float *dcol = pointwise(&g) ? dinp + (size_t)b0 * img : scratch; /* the chunk's columns are used up */
-    DT_TRY(gemm_rm_batched(im->blas, true, false, ckk, P, OC, 1.0f, w, ckk, 0, d, P, (long long)OC * P, 0.0f, dcol, P,
-                           (long long)ckk * P, n));
-    if (!pointwise(&g)) DT_TRY(dt_cu_col2im(dinp + (size_t)b0 * img, scratch, n, g, S(be)));
+    DT_TRY(gemm_rm(im->blas, true, false, ckk, nP, OC, 1.0f, w, ckk, dT, nP, 0.0f, col, nP));
+    DT_TRY(dt_cu_col2im(dinp + (size_t)b0 * img, col, n, g, S(be)));
   }
   return db ? dt_cu_bias_nchw_backward(db, dout, B, OC, P, S(be)) : DT_OK;
 }

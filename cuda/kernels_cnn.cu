@@ -14,10 +14,12 @@
 
 /* ---- convolution pieces -------------------------------------------------------------------- */
 
-__global__ static void im2col_k(float *col, const float *inp, size_t n, dt_cu_conv_t g) {
-  const size_t P = (size_t)g.OH * g.OW, ckk = (size_t)g.C * g.K * g.K;
-  DT_CUDA_FOR_N(e, n) {
-    size_t b = e / (ckk * P), r = e / P % ckk, p = e % P;
+/* col (C*K*K, n*P): column b*P + p of row (c, i, j) is input pixel (c, p's y * stride - pad + i,
+ * p's x * stride - pad + j) of image b, 0 outside */
+__global__ static void im2col_k(float *col, const float *inp, size_t total, int n, dt_cu_conv_t g) {
+  const size_t P = (size_t)g.OH * g.OW, nP = (size_t)n * P;
+  DT_CUDA_FOR_N(e, total) {
+    size_t r = e / nP, b = e % nP / P, p = e % P;
     int c = (int)(r / ((size_t)g.K * g.K)), i = (int)(r / g.K % g.K), j = (int)(r % g.K);
     int iy = (int)(p / g.OW) * g.stride - g.pad + i, ix = (int)(p % g.OW) * g.stride - g.pad + j;
     col[e] = iy >= 0 && iy < g.H && ix >= 0 && ix < g.W ? inp[((b * g.C + c) * g.H + iy) * g.W + ix] : 0.0f;
@@ -27,7 +29,7 @@ __global__ static void im2col_k(float *col, const float *inp, size_t n, dt_cu_co
 dt_status_t dt_cu_im2col(float *col, const float *inp, int n, dt_cu_conv_t g, cudaStream_t s) {
   size_t total = (size_t)n * g.C * g.K * g.K * g.OH * g.OW;
   if (total == 0) return DT_OK;
-  DT_LAUNCH(im2col_k, dt_cuda_grid(total, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, col, inp, total, g);
+  DT_LAUNCH(im2col_k, dt_cuda_grid(total, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, col, inp, total, n, g);
   return DT_OK;
 }
 
@@ -39,12 +41,12 @@ __device__ static void covering(int v, int K, int stride, int pad, int On, int *
   if (*o1 > On) *o1 = On;
 }
 
-__global__ static void col2im_k(float *dinp, const float *col, size_t n, dt_cu_conv_t g) {
-  const size_t P = (size_t)g.OH * g.OW, ckk = (size_t)g.C * g.K * g.K, HW = (size_t)g.H * g.W;
-  DT_CUDA_FOR_N(e, n) {
+__global__ static void col2im_k(float *dinp, const float *col, size_t total, int n, dt_cu_conv_t g) {
+  const size_t P = (size_t)g.OH * g.OW, nP = (size_t)n * P, HW = (size_t)g.H * g.W;
+  DT_CUDA_FOR_N(e, total) {
     size_t b = e / ((size_t)g.C * HW);
     int c = (int)(e / HW % g.C), iy = (int)(e % HW / g.W), ix = (int)(e % g.W);
-    const float *cb = col + b * ckk * P;
+    const float *cb = col + b * P;
     float s = 0.0f;
     for (int i = 0; i < g.K; i++) { /* rows (c, i, j) in order, as the CPU adds them */
       int y = iy + g.pad - i;
@@ -52,7 +54,7 @@ __global__ static void col2im_k(float *dinp, const float *col, size_t n, dt_cu_c
       for (int j = 0; j < g.K; j++) {
         int x = ix + g.pad - j;
         if (x < 0 || x % g.stride || x / g.stride >= g.OW) continue;
-        s += cb[((size_t)(c * g.K + i) * g.K + j) * P + (size_t)(y / g.stride) * g.OW + x / g.stride];
+        s += cb[((size_t)(c * g.K + i) * g.K + j) * nP + (size_t)(y / g.stride) * g.OW + x / g.stride];
       }
     }
     dinp[e] = s;
@@ -62,7 +64,30 @@ __global__ static void col2im_k(float *dinp, const float *col, size_t n, dt_cu_c
 dt_status_t dt_cu_col2im(float *dinp, const float *col, int n, dt_cu_conv_t g, cudaStream_t s) {
   size_t total = (size_t)n * g.C * g.H * g.W;
   if (total == 0) return DT_OK;
-  DT_LAUNCH(col2im_k, dt_cuda_grid(total, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dinp, col, total, g);
+  DT_LAUNCH(col2im_k, dt_cuda_grid(total, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dinp, col, total, n, g);
+  return DT_OK;
+}
+
+/* dst (C, n, P) = src (n, C, P), or back (to_nchw) */
+__global__ static void permute_k(float *dst, const float *src, size_t total, int n, int C, int P, int to_nchw) {
+  DT_CUDA_FOR_N(e, total) { /* e indexes src */
+    size_t p = e % P, a = e / P % (to_nchw ? n : C), z = e / P / (to_nchw ? n : C);
+    /* src (z, a, p): (b, c, p) from NCHW, (c, b, p) back */
+    dst[(a * (to_nchw ? C : n) + z) * P + p] = src[e];
+  }
+}
+
+dt_status_t dt_cu_nchw_to_cnp(float *dst, const float *src, int n, int C, int P, cudaStream_t s) {
+  size_t total = (size_t)n * C * P;
+  if (total == 0) return DT_OK;
+  DT_LAUNCH(permute_k, dt_cuda_grid(total, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dst, src, total, n, C, P, 0);
+  return DT_OK;
+}
+
+dt_status_t dt_cu_cnp_to_nchw(float *dst, const float *src, int n, int C, int P, cudaStream_t s) {
+  size_t total = (size_t)n * C * P;
+  if (total == 0) return DT_OK;
+  DT_LAUNCH(permute_k, dt_cuda_grid(total, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dst, src, total, n, C, P, 1);
   return DT_OK;
 }
 

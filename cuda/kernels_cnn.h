@@ -16,11 +16,16 @@ typedef struct {
   int C, H, W, K, stride, pad, OH, OW;
 } dt_cu_conv_t;
 
-/* col (n, C*K*K, OH*OW): the im2col matrices of images [0, n) of inp (n, C, H, W), zero outside */
+/* col (C*K*K, n*OH*OW): the im2col matrix of images [0, n) of inp (n, C, H, W) side by side (image
+ * b's output positions are columns b*OH*OW ...), zero outside: one product serves the n images */
 dt_status_t dt_cu_im2col(float *col, const float *inp, int n, dt_cu_conv_t g, cudaStream_t s);
-/* dinp (n, C, H, W) = the sum over each pixel's window positions of col's entries (written; the
- * positions added in (i, j) order as the CPU's col2im adds them) */
+/* dinp (n, C, H, W) = the sum over each pixel's window positions of col's entries (col laid out
+ * as dt_cu_im2col's; written; the positions added in (i, j) order as the CPU's col2im adds them) */
 dt_status_t dt_cu_col2im(float *dinp, const float *col, int n, dt_cu_conv_t g, cudaStream_t s);
+/* dst (C, n, P) = src (n, C, P), and back: an output or its gradient to and from the products'
+ * channel-major layout */
+dt_status_t dt_cu_nchw_to_cnp(float *dst, const float *src, int n, int C, int P, cudaStream_t s);
+dt_status_t dt_cu_cnp_to_nchw(float *dst, const float *src, int n, int C, int P, cudaStream_t s);
 /* out (B, OC, P) += bias[oc] */
 dt_status_t dt_cu_bias_nchw(float *out, const float *bias, int B, int OC, int P, cudaStream_t s);
 /* dbias[oc] += the sum of dout (B, OC, P) over b and p */

@@ -165,6 +165,7 @@ void gp_cnn_all(dt_rng_t *r) {
   conv_case(3, 5, 9, 7, 6, 3, 2, 1, r); /* odd sizes, stride 2 */
   conv_case(2, 4, 6, 6, 3, 1, 1, 0, r); /* pointwise: the images multiplied directly */
   conv_case(2, 3, 7, 7, 4, 5, 1, 2, r); /* a 5x5 window */
+  conv_case(27, 16, 64, 64, 16, 3, 1, 1, r); /* the CUDA side in two chunks of images (25 + 2) */
   for (int prec : {(int)DT_PREC_FP32, (int)DT_PREC_BF16}) {
     dt_cnn_config_t simple = {DT_CNN_SIMPLE, 1, 12, 12, 10, 4, 16, 0};
     cnn_case("cnn", simple, 5, 0, 0.05f, prec, r);

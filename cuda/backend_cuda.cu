@@ -253,14 +253,6 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
 /* Weights in two layouts, as on the CPU (ops_cpu.h): the lm_head's wte (OC, C) like nn.Linear
  * (w_in_out = 0), the blocks' (C, OC) like Hugging Face's Conv1D (w_in_out = 1). */
 
-/* a linear layer's product: cublasSgemm (fp32, TF32 with system.tf32), or 16-bit tensor cores on
- * operands already rounded to bf16/fp16 (cu_impl_t's lin_16) */
-static dt_status_t gemm_lin(cu_impl_t *im, bool ta, bool tb, int M, int N, int K, const float *A, int lda,
-                            const float *B, int ldb, float beta, float *C, int ldc) {
-  if (im->lin_16) return gemm_rm_ex(im->blas, im->lin_compute, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
-  return gemm_rm(im->blas, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
-}
-
 /* out (N,OC) = inp (N,C) W^T + bias with W (OC,C), or inp W + bias with W (C,OC) (w_in_out) */
 static dt_status_t linear_forward(cu_impl_t *im, float *out, const float *inp, const float *w, bool w_in_out,
                                   const float *bias, int N, int C, int OC) {
@@ -584,7 +576,7 @@ static const char *cu_engine(const dt_backend_t *be) {
   static char s[160];
   const int lin16 = be->impl && ((const cu_impl_t *)be->impl)->lin_16;
   snprintf(s, sizeof s, "cuBLAS%s%s%s", be->tf32 ? ", TF32 tensor cores" : "",
-           !lin16 ? "" : be->precision == DT_PREC_BF16 ? ", linear layers on bf16 tensor cores" : ", linear layers on fp16 tensor cores",
+           !lin16 ? "" : be->precision == DT_PREC_BF16 ? ", layer matmuls on bf16 tensor cores" : ", layer matmuls on fp16 tensor cores",
            be->flash ? "; attention: flash kernels" : "");
   return s;
 }

@@ -47,7 +47,7 @@ static dt_status_t conv_forward(dt_backend_t *be, float *out, float *scratch, co
     const int n = b0 + G <= B ? G : B - b0, nP = n * P;
     float *col = scratch, *outT = scratch + (size_t)ckk * nP;
     DT_TRY(dt_cu_im2col(col, inp + (size_t)b0 * C * H * W, n, g, S(be)));
-    DT_TRY(gemm_rm(im->blas, false, false, OC, nP, ckk, 1.0f, w, ckk, col, nP, 0.0f, outT, nP));
+    DT_TRY(gemm_lin(im, false, false, OC, nP, ckk, w, ckk, col, nP, 0.0f, outT, nP));
     DT_TRY(dt_cu_cnp_to_nchw(out + (size_t)b0 * OC * P, outT, n, OC, P, S(be)));
   }
   return bias ? dt_cu_bias_nchw(out, bias, B, OC, P, S(be)) : DT_OK;
@@ -68,9 +68,9 @@ static dt_status_t conv_backward(dt_backend_t *be, float *dinp, float *dw, float
     float *col = scratch, *dT = scratch + (size_t)ckk * nP;
     DT_TRY(dt_cu_im2col(col, inp + (size_t)b0 * img, n, g, S(be)));
     DT_TRY(dt_cu_nchw_to_cnp(dT, dout + (size_t)b0 * OC * P, n, OC, P, S(be)));
-    DT_TRY(gemm_rm(im->blas, false, true, OC, ckk, nP, 1.0f, dT, nP, col, nP, 1.0f, dw, ckk));
+    DT_TRY(gemm_lin(im, false, true, OC, ckk, nP, dT, nP, col, nP, 1.0f, dw, ckk));
     if (!dinp) continue;
-    DT_TRY(gemm_rm(im->blas, true, false, ckk, nP, OC, 1.0f, w, ckk, dT, nP, 0.0f, col, nP));
+    DT_TRY(gemm_lin(im, true, false, ckk, nP, OC, w, ckk, dT, nP, 0.0f, col, nP));
     DT_TRY(dt_cu_col2im(dinp + (size_t)b0 * img, col, n, g, S(be)));
   }
   return db ? dt_cu_bias_nchw_backward(db, dout, B, OC, P, S(be)) : DT_OK;

@@ -28,7 +28,7 @@ typedef struct {
   double *partial, *h_partial; /* device and host DT_CUDA_SUMSQ_BLOCKS */
   float *colscr;               /* column reductions' partials, for up to colscr_cols columns */
   size_t colscr_cols;
-  /* bf16/fp16: the linear layers' products on 16-bit tensor cores (cublasGemmEx with fp32
+  /* bf16/fp16: the layers' products (linear, convolution) on 16-bit tensor cores (cublasGemmEx with fp32
    * operands, CUBLAS_COMPUTE_32F_FAST_16BF or _16F): their operands are already rounded to that
    * format (the model's storage rounding and the rounded working copy of the weights), so the
    * conversion is exact and only the fp32 accumulation order differs from cublasSgemm's */
@@ -59,6 +59,14 @@ static inline dt_status_t gemm_rm_ex(cublasHandle_t h, cublasComputeType_t ct, b
   DT_CUBLAS_CHECK(cublasGemmEx(h, op(g.op_first), op(g.op_second), g.m, g.n, g.k, &alpha, B, CUDA_R_32F, ldb, A,
                                CUDA_R_32F, lda, &beta, C, CUDA_R_32F, ldc, ct, CUBLAS_GEMM_DEFAULT));
   return DT_OK;
+}
+
+/* A layer's product (the linear layers, the convolutions): cublasSgemm (fp32, TF32 with
+ * system.tf32), or 16-bit tensor cores on operands already rounded to bf16/fp16 (lin_16) */
+static inline dt_status_t gemm_lin(cu_impl_t *im, bool ta, bool tb, int M, int N, int K, const float *A, int lda,
+                                   const float *B, int ldb, float beta, float *C, int ldc) {
+  if (im->lin_16) return gemm_rm_ex(im->blas, im->lin_compute, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
+  return gemm_rm(im->blas, ta, tb, M, N, K, 1.0f, A, lda, B, ldb, beta, C, ldc);
 }
 
 /* The same over `batch` problems at fixed strides (elements) between consecutive A, B, C. */

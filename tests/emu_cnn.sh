@@ -18,6 +18,11 @@
 #      parameters all-gathered on the devices), 4 steps, against the CPU backend's same run: losses
 #      within 1e-4, norms within 1e-3 (measured 1.7e-8 and 0; at width 32 1.2e-5 and 2e-4: values on
 #      either side of a bf16 rounding boundary).
+#   6. bf16 and fp16: the convolutions' and the linear layer's products on 16-bit tensor cores
+#      (cublasGemmEx FAST_16BF/_16F) must see only values already rounded to that format (the
+#      images are rounded on upload like every stored activation): 2 steps of the SimpleCNN (width
+#      8) and of ResNet-18 (width 4) each with DTRAIN_EMU_EXACT16, under which the emulated cuBLAS
+#      fails any such product holding a value the conversion would change.
 source "$top_srcdir/tests/lib.sh"
 begin_test
 need_fmnist
@@ -44,6 +49,11 @@ mpi 1 "$DTRAIN" "$ini" $rn log.metrics="$t/rn_cpu.jsonl" > "$t/rn_cpu.out"
 mpi 1 "$EMU" "$ini" $rn system.backend=cuda log.metrics="$t/rn_cuda.jsonl" > "$t/rn_cuda.out"
 z2="train.steps=4 train.global_batch=32 train.micro_batch=16 train.warmup=2 log.every=1 train.threads=1 data.val="
 z2="$z2 checkpoint.dir= parallel.zero=2 train.precision=bf16 model.width=8 model.hidden=32"
+for p in bf16 fp16; do
+  x16="train.precision=$p train.steps=2 train.global_batch=8 train.micro_batch=8 data.val= checkpoint.dir= train.threads=1"
+  mpi 1 -x DTRAIN_EMU_EXACT16=1 "$EMU" "$ini" $x16 system.backend=cuda model.width=8 model.hidden=32 > "$t/x16.out"
+  mpi 1 -x DTRAIN_EMU_EXACT16=1 "$EMU" "$ini" $x16 system.backend=cuda model.arch=resnet18 model.width=4 > "$t/x16.out"
+done
 mpi 2 "$DTRAIN" "$ini" $z2 log.metrics="$t/z2_cpu.jsonl" > "$t/z2_cpu.out"
 mpi 2 -x DTRAIN_EMU_DEVICES=2 "$EMU" "$ini" $z2 system.backend=cuda log.metrics="$t/z2_cuda.jsonl" > "$t/z2_cuda.out"
 grep -q '^# gradients: zero2 over dp=2' "$t/z2_cuda.out" || { echo "FAIL: the ZeRO-2 run is not ZeRO-2 over dp=2"; exit 1; }

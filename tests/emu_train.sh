@@ -49,7 +49,7 @@ mpi 1 "$EMU" "$cfg" system.backend=cuda system.attention=flash train.recompute=t
 for p in bf16 fp16; do
   mpi 1 -x DTRAIN_EMU_EXACT16=1 "$EMU" "$cfg" system.backend=cuda train.precision=$p train.stop_after=4 \
     train.eval_every=2 log.metrics="$t/$p.jsonl" checkpoint.dir= > "$t/$p.out"
-  grep -q "^# backend: cuda.*linear layers on $p tensor cores" "$t/$p.out" || { echo "FAIL: $p: no tensor-core line"; exit 1; }
+  grep -q "^# backend: cuda.*layer matmuls on $p tensor cores" "$t/$p.out" || { echo "FAIL: $p: no tensor-core line"; exit 1; }
 done
 for f in flash flash_rc; do
   grep -q '^# backend: cuda.*attention: flash kernels' "$t/$f.out" || { echo "FAIL: $f: no flash attention line"; exit 1; }

@@ -222,6 +222,7 @@ dt_status_t dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const 
   dt_backend_t *be = m->be;
   const int B = m->B, K = m->cfg.classes;
   DT_TRY(be->k->upload(be, m->acts, x, (size_t)B * slot_floats(&m->slots[0]) * sizeof(float)));
+  DT_TRY(be->k->round(be, m->acts, (size_t)B * slot_floats(&m->slots[0]))); /* the images, stored in bf16/fp16 too */
   for (int i = 0; i < m->n_ops; i++) {
     const int f = m->fused[i]; /* a batch norm writing its ReLU's output (op i + 1) */
     float *out = m->acts + m->slots[i + 1 + f].off;

@@ -575,8 +575,8 @@ static dt_status_t cu_synchronize(dt_backend_t *be) {
 static const char *cu_engine(const dt_backend_t *be) {
   static char s[160];
   const int lin16 = be->impl && ((const cu_impl_t *)be->impl)->lin_16;
-  snprintf(s, sizeof s, "cuBLAS%s%s%s", be->tf32 ? ", TF32 tensor cores" : "",
-           !lin16 ? "" : be->precision == DT_PREC_BF16 ? ", layer matmuls on bf16 tensor cores" : ", layer matmuls on fp16 tensor cores",
+  snprintf(s, sizeof s, "cuBLAS%s%s%s%s", be->tf32 ? ", TF32 tensor cores" : "", lin16 ? ", layer matmuls on " : "",
+           !lin16 ? "" : be->precision == DT_PREC_BF16 ? "bf16 tensor cores" : "fp16 tensor cores",
            be->flash ? "; attention: flash kernels" : "");
   return s;
 }

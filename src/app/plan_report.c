@@ -207,7 +207,8 @@ static void print_roofline(const dt_plan_t *p, FILE *o, const char *prefix) {
       pl(o, prefix, "roofline: %-15s %-5s %9.1f %9.4f %9.4f %9.4f %9.4f %12.4g  %s%s", gs[g]->name, mname[m], peak / 1e12,
          tf, tm, tc, t, tokens / t, bound,
          m == 0 ? " (dtrain's CUDA path, system.tf32 = false: cuBLAS SGEMM, fp32 storage)"
-         : m == 2 ? " (needs 2-byte storage + tensor cores: not implemented)"
+         : m == 2 ? " (train.precision = bf16: layer matmuls on bf16 tensor cores, fp32 storage; the attention's "
+                    "products run fp32/TF32, counted here at the bf16 peak)"
                   : " (system.tf32 = true: TF32 matmuls, fp32 storage)");
     }
 }

@@ -133,6 +133,15 @@ __device__ static inline void tile_load(float *tile, const float *src, size_t st
   for (int i = threadIdx.x; i < n * hs; i += blockDim.x) tile[i] = src[(size_t)(r0 + i / hs) * stride + i % hs];
 }
 
+/* keys [k0, k0 + nk) of one head into the shared tiles ks and vs (base: the head's q columns of
+ * batch row b), between barriers: the block's previous tile is no longer read */
+__device__ static inline void load_kv_tile(float *ks, float *vs, const float *base, int C, int k0, int nk, int hs) {
+  __syncthreads();
+  tile_load(ks, base + C, 3 * (size_t)C, k0, nk, hs);
+  tile_load(vs, base + 2 * C, 3 * (size_t)C, k0, nk, hs);
+  __syncthreads();
+}
+
 /* The block's (b, h) and first row r0 from its index, this thread's row t and lane gl in it */
 #define TILE_INDICES(blk, T, NH, R, G)                                                 \
   const int tiles_ = ((T) + (R) - 1) / (R), r0 = (int)((blk) % tiles_) * (R);           \
@@ -162,10 +171,7 @@ __global__ static void flash_forward_k(float *out, float *lse, const float *qkv,
     for (int a = 0; a < ATT_DPL; a++) acc[a] = 0.0f;
     for (int k0 = 0; k0 < end; k0 += TK) {
       const int nk = imin(TK, end - k0), nw = imin(nk, t_warp - k0 + 1);
-      __syncthreads();
-      tile_load(ks, base + C, s3, k0, nk, hs);
-      tile_load(vs, base + 2 * C, s3, k0, nk, hs);
-      __syncthreads();
+      load_kv_tile(ks, vs, base, C, k0, nk, hs);
       for (int j = 0; j < nw; j++) {
         const float sc = dot_group(q, ks + j * hs, gl, G, hs) * scale;
         if (k0 + j > t) continue;
@@ -208,10 +214,7 @@ __global__ static void flash_backward_q_k(float *dqkv, float *dsum, const float 
     for (int pass = 0; pass < 2; pass++)
       for (int k0 = 0; k0 < end; k0 += TK) {
         const int nk = imin(TK, end - k0), nw = imin(nk, t_warp - k0 + 1);
-        __syncthreads();
-        tile_load(ks, base + C, s3, k0, nk, hs);
-        tile_load(vs, base + 2 * C, s3, k0, nk, hs);
-        __syncthreads();
+        load_kv_tile(ks, vs, base, C, k0, nk, hs);
         for (int j = 0; j < nw; j++) {
           const float p = expf(dot_group(q, ks + j * hs, gl, G, hs) * scale - L);
           const float dp = dot_group(g, vs + j * hs, gl, G, hs);

@@ -102,6 +102,7 @@ extern "C" void dt_cuda_print_versions(FILE *out) {
           CUBLAS_VER_PATCH, lib_of((const void *)cublasGetProperty));
   fprintf(out, "nccl: %d.%d.%d (built against %d.%d.%d) %s\n", nc / 10000, nc / 100 % 100, nc % 100, NCCL_MAJOR,
           NCCL_MINOR, NCCL_PATCH, lib_of((const void *)ncclGetVersion));
+  dt_cu_cudnn_print_version(out);
   print_devices(out);
   cudaGetLastError();
 }
@@ -113,6 +114,7 @@ static void cu_free(dt_backend_t *be) {
   if (im) {
     if (im->device >= 0) cudaSetDevice(im->device);
     if (im->blas) cublasDestroy(im->blas);
+    dt_cu_cudnn_free(im);
     if (im->group_ev)
       for (int g = 0; g < be->lay->d.L + 2; g++)
         if (im->group_ev[g]) cudaEventDestroy(im->group_ev[g]);
@@ -198,7 +200,7 @@ static dt_status_t init_all(dt_backend_t *be, cu_impl_t *im) {
   be->wparams = be->params;
   be->precision = DT_PREC_FP32;
   be->loss_scale = 1.0f;
-  return DT_OK;
+  return be->cudnn_conv ? dt_cu_cudnn_init(be) : DT_OK;
 }
 
 
@@ -220,7 +222,7 @@ static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
 /* be->device (set by the caller before init; < 0 = device 0) chooses the GPU, be->tf32 the math
  * mode of every matmul, be->flash the attention kernels. */
 static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads) {
-  int device = be->device < 0 ? 0 : be->device, tf32 = be->tf32, flash = be->flash;
+  int device = be->device < 0 ? 0 : be->device, tf32 = be->tf32, flash = be->flash, cudnn = be->cudnn_conv;
   size_t opt_lo = be->opt_lo, opt_hi = be->opt_hi; /* ZeRO: m, v of this shard only */
   if (opt_hi > lay->n_params || opt_lo > opt_hi)
     return DT_ERR(DT_ERR_ARG, "cuda backend: optimizer range [%zu, %zu) outside the arena of %zu", opt_lo, opt_hi,
@@ -235,6 +237,7 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
   be->device = device;
   be->tf32 = tf32;
   be->flash = flash;
+  be->cudnn_conv = cudnn;
   be->opt_lo = opt_lo;
   be->opt_hi = opt_hi;
   if (B < 1 || T < 1 || T > lay->d.T)
@@ -573,11 +576,13 @@ static dt_status_t cu_synchronize(dt_backend_t *be) {
 }
 
 static const char *cu_engine(const dt_backend_t *be) {
-  static char s[160];
-  const int lin16 = be->impl && ((const cu_impl_t *)be->impl)->lin_16;
-  snprintf(s, sizeof s, "cuBLAS%s%s%s%s", be->tf32 ? ", TF32 tensor cores" : "", lin16 ? ", layer matmuls on " : "",
+  static char s[200];
+  const cu_impl_t *im = (const cu_impl_t *)be->impl;
+  const int lin16 = im && im->lin_16;
+  const char *dnn = im ? dt_cu_cudnn_name(im) : NULL;
+  snprintf(s, sizeof s, "cuBLAS%s%s%s%s%s%s", be->tf32 ? ", TF32 tensor cores" : "", lin16 ? ", layer matmuls on " : "",
            !lin16 ? "" : be->precision == DT_PREC_BF16 ? "bf16 tensor cores" : "fp16 tensor cores",
-           be->flash ? "; attention: flash kernels" : "");
+           be->flash ? "; attention: flash kernels" : "", dnn ? "; convolutions: " : "", dnn ? dnn : "");
   return s;
 }
 

@@ -11,6 +11,9 @@ extern "C" {
 #include "backend_cuda_int.h"
 #include "kernels.h"
 #include "kernels_cnn.h"
+#if DT_CU_CUDNN
+#include "conv_cudnn.h"
+#endif
 
 /* Floats of scratch a chunk of images may use: the chunk's im2col matrix (C*K*K rows, a column per
  * output position of every image) and its output or output gradient in the products' layout
@@ -36,6 +39,47 @@ static size_t conv_scratch(const dt_backend_t *be, int C, int K, int OC, int OH,
   return (ckk + OC) * P * (size_t)chunk_images(ckk, (size_t)OC, P);
 }
 
+/* ---- system.conv = cudnn ------------------------------------------------------------------ */
+
+dt_status_t dt_cu_cudnn_init(dt_backend_t *be) {
+#if DT_CU_CUDNN
+  return dt_cudnn_open(&impl(be)->cudnn, impl(be)->compute, be->tf32);
+#else
+  (void)be;
+#ifdef DT_CUDA_EMU_RUNTIME
+  const char *why = "the CUDA emulation runs our own convolutions only";
+#else
+  const char *why = "configure found no cudnn.h";
+#endif
+  return DT_ERR(DT_ERR_UNSUPPORTED, "system.conv = cudnn: this build has no cuDNN (%s); system.conv = own needs none",
+                why);
+#endif
+}
+
+void dt_cu_cudnn_print_version(FILE *out) {
+#if DT_CU_CUDNN
+  dt_cudnn_print_version(out);
+#else
+  fprintf(out, "cudnn: not in this build (system.conv = cudnn unavailable)\n");
+#endif
+}
+
+const char *dt_cu_cudnn_name(const cu_impl_t *im) {
+#if DT_CU_CUDNN
+  return im->cudnn ? dt_cudnn_version(im->cudnn) : NULL;
+#else
+  (void)im;
+  return NULL;
+#endif
+}
+
+void dt_cu_cudnn_free(cu_impl_t *im) {
+#if DT_CU_CUDNN
+  dt_cudnn_close(im->cudnn);
+#endif
+  im->cudnn = NULL;
+}
+
 /* Per chunk of n images: col (ckk, n*P) = im2col, outT (OC, n*P) = W (OC, ckk) col in one
  * product, then outT into the chunk's NCHW output; the bias over the whole batch at the end. */
 static dt_status_t conv_forward(dt_backend_t *be, float *out, float *scratch, const float *inp, const float *w,
@@ -43,6 +87,12 @@ static dt_status_t conv_forward(dt_backend_t *be, float *out, float *scratch, co
   cu_impl_t *im = impl(be);
   const dt_cu_conv_t g = geom(C, H, W, K, stride, pad);
   const int ckk = C * K * K, P = g.OH * g.OW, G = chunk_images((size_t)ckk, (size_t)OC, (size_t)P);
+#if DT_CU_CUDNN
+  if (im->cudnn) {
+    DT_TRY(dt_cudnn_conv_forward(im->cudnn, out, inp, w, B, C, H, W, OC, K, stride, pad));
+    return bias ? dt_cu_bias_nchw(out, bias, B, OC, P, S(be)) : DT_OK;
+  }
+#endif
   for (int b0 = 0; b0 < B; b0 += G) {
     const int n = b0 + G <= B ? G : B - b0, nP = n * P;
     float *col = scratch, *outT = scratch + (size_t)ckk * nP;
@@ -63,6 +113,12 @@ static dt_status_t conv_backward(dt_backend_t *be, float *dinp, float *dw, float
   const dt_cu_conv_t g = geom(C, H, W, K, stride, pad);
   const int ckk = C * K * K, P = g.OH * g.OW, G = chunk_images((size_t)ckk, (size_t)OC, (size_t)P);
   const size_t img = (size_t)C * H * W;
+#if DT_CU_CUDNN
+  if (im->cudnn) {
+    DT_TRY(dt_cudnn_conv_backward(im->cudnn, dinp, dw, dout, inp, w, B, C, H, W, OC, K, stride, pad));
+    return db ? dt_cu_bias_nchw_backward(db, dout, B, OC, P, S(be)) : DT_OK;
+  }
+#endif
   for (int b0 = 0; b0 < B; b0 += G) {
     const int n = b0 + G <= B ? G : B - b0, nP = n * P;
     float *col = scratch, *dT = scratch + (size_t)ckk * nP;

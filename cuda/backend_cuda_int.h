@@ -6,6 +6,9 @@
 
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
+#include <stdio.h>
+
+#include "dt_build.h"
 
 extern "C" {
 #include "backend.h"
@@ -34,9 +37,22 @@ typedef struct {
    * conversion is exact and only the fp32 accumulation order differs from cublasSgemm's */
   int lin_16;
   cublasComputeType_t lin_compute;
+  struct dt_cudnn *cudnn; /* system.conv = cudnn: conv_cudnn.h's state (NULL: our convolutions) */
 } cu_impl_t;
 
 static inline cu_impl_t *impl(dt_backend_t *be) { return (cu_impl_t *)be->impl; }
+
+/* cuDNN is only in the real CUDA build, and only where configure found cudnn.h */
+#if defined(DT_HAVE_CUDNN_H) && !defined(DT_CUDA_EMU_RUNTIME)
+#define DT_CU_CUDNN 1
+#else
+#define DT_CU_CUDNN 0
+#endif
+/* backend_cuda_cnn.cu: open cuDNN for be->cudnn_conv (an error where this build has none), close it */
+dt_status_t dt_cu_cudnn_init(dt_backend_t *be);
+void dt_cu_cudnn_free(cu_impl_t *im);
+void dt_cu_cudnn_print_version(FILE *out); /* dtrain --version's cudnn line */
+const char *dt_cu_cudnn_name(const cu_impl_t *im); /* "cuDNN 9.x.y" in use, else NULL */
 
 /* C = alpha op(A) op(B) + beta C on ROW-major matrices, like cblas_sgemm(CblasRowMajor, ...),
  * through dt_cuda_gemm_rowmajor (cuda_launch.h, tested on the CPU against a column-major

@@ -29,6 +29,7 @@ typedef struct {
   float *p, *g, *mo, *v, *bufs; /* backend memory */
 } side_t;
 
+/* gpu: 0 the CPU backend, 1 the CUDA backend, 2 the CUDA backend with cuDNN's convolutions */
 static void side_init(side_t *s, const dt_cnn_config_t *c, int B, int gpu, int prec) {
   memset(s, 0, sizeof *s);
   GP_TRY(dt_cnn_build(&s->m, c));
@@ -36,6 +37,7 @@ static void side_init(side_t *s, const dt_cnn_config_t *c, int B, int gpu, int p
     s->lay = s->m.lay;
     s->lay.d.T = 1, s->lay.d.L = 0; /* one gradient group; micro-batches of B x 1 */
     s->be.device = 0;
+    s->be.cudnn_conv = gpu == 2;
     GP_TRY(dt_backend_cuda.init(&s->be, &s->lay, B, 1, 1));
   } else {
     s->be.ops = &dt_backend_cpu, s->be.k = dt_backend_cpu.kernels, s->be.threads = 1;
@@ -73,12 +75,13 @@ static void compare(const char *what, const char *shape, int prec, side_t *cpu, 
  * rounding boundary differ by one bf16 step (2^-8) and carry it on */
 static double tol(int prec, double fp32) { return prec == DT_PREC_FP32 ? fp32 : 2e-2; }
 
-static void cnn_case(const char *name, dt_cnn_config_t c, int B, int adamw, float lr, int prec, dt_rng_t *r) {
+static void cnn_case(const char *name, dt_cnn_config_t c, int B, int adamw, float lr, int prec, dt_rng_t *r,
+                     int gpu = 1) {
   char shape[64];
   snprintf(shape, sizeof shape, "%s %dx%dx%d B=%d %s", name, c.C, c.H, c.W, B, adamw ? "adamw" : "sgd");
   side_t cs, gs;
   side_init(&cs, &c, B, 0, prec);
-  side_init(&gs, &c, B, 1, prec);
+  side_init(&gs, &c, B, gpu, prec);
   const size_t np = cs.m.lay.n_params, nb = cs.m.bufs.n_params, nx = (size_t)B * c.C * c.H * c.W;
   float *p = (float *)gp_host(np * sizeof(float)), *bufs = (float *)gp_host(nb * sizeof(float) + 4);
   dt_cnn_init_params(&cs.m, p, bufs, 5);
@@ -127,13 +130,14 @@ static void cnn_case(const char *name, dt_cnn_config_t c, int B, int adamw, floa
 
 /* One convolution with a bias (no network here has one) through both tables: the output, and
  * dinp, dweight, dbias (accumulated onto nonzero values) of a random dout. */
-static void conv_case(int B, int C, int H, int W, int OC, int K, int stride, int pad, dt_rng_t *r) {
+static void conv_case(int B, int C, int H, int W, int OC, int K, int stride, int pad, dt_rng_t *r, int gpu = 1) {
   char shape[64];
-  snprintf(shape, sizeof shape, "%dx%dx%dx%d->%d k%d s%d p%d", B, C, H, W, OC, K, stride, pad);
+  snprintf(shape, sizeof shape, "%dx%dx%dx%d->%d k%d s%d p%d%s", B, C, H, W, OC, K, stride, pad,
+           gpu == 2 ? " cudnn" : "");
   const dt_cnn_config_t c = {DT_CNN_SIMPLE, 1, 8, 8, 10, 4, 16, 0};
   side_t cs, gs;
   side_init(&cs, &c, 1, 0, DT_PREC_FP32);
-  side_init(&gs, &c, 1, 1, DT_PREC_FP32);
+  side_init(&gs, &c, 1, gpu, DT_PREC_FP32);
   const int OH = (H + 2 * pad - K) / stride + 1, OW = (W + 2 * pad - K) / stride + 1;
   const size_t nx = (size_t)B * C * H * W, ny = (size_t)B * OC * OH * OW, nw = (size_t)OC * C * K * K;
   float *h[5] = {gp_rand(r, nx, 1.0f, 0), gp_rand(r, nw, 0.3f, 0), gp_rand(r, OC, 1.0f, 0), gp_rand(r, ny, 1.0f, 0),
@@ -178,4 +182,13 @@ void gp_cnn_all(dt_rng_t *r) {
    * thread counts to 3.4e-4), at 0.005 to 3.7e-5, at 0 they stay 4.7e-6 (no state carried wrong). */
   dt_cnn_config_t r50 = {DT_CNN_RESNET50, 3, 16, 16, 7, 4, 0, 0};
   cnn_case("resnet50", r50, 4, 0, 0.002f, DT_PREC_FP32, r);
+#if defined(DT_HAVE_CUDNN_H) && !defined(DT_CUDA_EMU_RUNTIME)
+  /* system.conv = cudnn (the real CUDA build only): the same convolutions and a whole ResNet-18 */
+  conv_case(3, 5, 9, 7, 6, 3, 2, 1, r, 2);
+  conv_case(2, 4, 6, 6, 3, 1, 1, 0, r, 2);
+  conv_case(2, 3, 7, 7, 4, 5, 1, 2, r, 2);
+  conv_case(27, 16, 64, 64, 16, 3, 1, 1, r, 2);
+  dt_cnn_config_t r18c = {DT_CNN_RESNET18, 3, 8, 8, 10, 4, 0, 0};
+  cnn_case("resnet18 cudnn", r18c, 3, 1, 1e-3f, DT_PREC_FP32, r, 2);
+#endif
 }

@@ -111,6 +111,7 @@ static dt_status_t init_arenas(dt_cnn_trainer_t *tr) {
   const dt_backend_ops_t *ops = tr->be.ops;
   tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
   tr->be.tf32 = c->tf32;
+  tr->be.cudnn_conv = !strcmp(c->conv, "cudnn");
   /* the CUDA backend's per-row host buffers are for B rows (the loss); the CPU's need none */
   DT_TRY(ops->init(&tr->be, &tr->arena, ops->host_memory ? 1 : tr->B, 1, tr->mesh.threads));
   tr->bufs = tr->be.params + tr->model.lay.n_params;
@@ -327,8 +328,11 @@ static void print_header(void *t) {
     printf("# backend: cpu (src/backend/ops_cnn_cpu.c), %d threads per rank, matmul: %s\n", tr->mesh.threads,
            dt_gemm_engine_name());
   else
-    printf("# backend: %s (cuda/backend_cuda_cnn.cu: im2col + %s, no cuDNN yet), device %d\n", tr->be.ops->name,
-           tr->be.ops->engine(&tr->be), tr->mesh.device);
+    printf("# backend: %s (cuda/backend_cuda_cnn.cu), device %d, matmul: %s%s\n", tr->be.ops->name, tr->mesh.device,
+           tr->be.ops->engine(&tr->be), tr->be.cudnn_conv ? "" : "; convolutions: im2col + cuBLAS (ours)");
+  if (tr->be.ops->host_memory && strcmp(c->conv, "own"))
+    printf("# note: system.conv = %s has no effect on the %s backend (its own convolutions)\n", c->conv,
+           tr->be.ops->name);
   dt_train_print_precision(stdout, (dt_precision_t)tr->be.precision, &tr->scaler);
   printf("# FLOPs per image (forward + backward: 3 x 2 x the convolutions' and linear layers' multiply-adds) = %.4g\n",
          tr->flops_per_image);

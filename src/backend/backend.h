@@ -171,6 +171,8 @@ struct dt_backend {
   int tf32;                      /* CUDA: matmuls on TF32 tensor cores (system.tf32), set before init */
   int flash;                     /* CUDA: attention by the fused kernels (system.attention = flash),
                                     set before init */
+  int cudnn_conv;                /* CUDA: the classifiers' convolutions by cuDNN (system.conv = cudnn),
+                                    set before init */
   size_t opt_lo, opt_hi;         /* the arena range whose AdamW state this rank holds, set by the
                                     caller before init on a zeroed struct (ZeRO shards; 0, 0 = the
                                     whole arena; dt_backend_t be = {0} for plain use): m and v

@@ -1,0 +1,244 @@
+/* cuDNN convolutions for the image classifiers (conv_cudnn.h). The library is opened with dlopen and
+ * its functions looked up by name into a table typed from cudnn.h's own declarations, so the build
+ * needs only the header and a machine without cuDNN only loses this option. Per convolution shape
+ * (batch, input, window, stride, padding) the descriptors and the three algorithms are made once
+ * and cached: the first algorithm cuDNN's heuristics rank that succeeds, is deterministic and needs
+ * at most WS_MAX bytes of workspace. */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <cudnn.h>
+
+#include "conv_cudnn.h"
+#include "cuda_check.h"
+
+#define WS_MAX ((size_t)512 << 20) /* workspace per algorithm at most */
+#define CACHE 64 /* shapes remembered (ResNet-50 has 23 per batch size); past that the oldest go */
+
+#define CUDNN_FUNCS(X)                                                                                          \
+  X(cudnnCreate) X(cudnnDestroy) X(cudnnSetStream) X(cudnnGetErrorString) X(cudnnGetVersion)                    \
+  X(cudnnCreateTensorDescriptor) X(cudnnSetTensor4dDescriptor) X(cudnnDestroyTensorDescriptor)                  \
+  X(cudnnCreateFilterDescriptor) X(cudnnSetFilter4dDescriptor) X(cudnnDestroyFilterDescriptor)                  \
+  X(cudnnCreateConvolutionDescriptor) X(cudnnSetConvolution2dDescriptor) X(cudnnSetConvolutionMathType)         \
+  X(cudnnDestroyConvolutionDescriptor) X(cudnnGetConvolutionForwardAlgorithm_v7)                                \
+  X(cudnnGetConvolutionBackwardDataAlgorithm_v7) X(cudnnGetConvolutionBackwardFilterAlgorithm_v7)               \
+  X(cudnnConvolutionForward) X(cudnnConvolutionBackwardData) X(cudnnConvolutionBackwardFilter)
+
+typedef struct {
+#define FIELD(f) decltype(&::f) f;
+  CUDNN_FUNCS(FIELD)
+#undef FIELD
+} fns_t;
+
+typedef struct {
+  int key[8]; /* B, C, H, W, OC, K, stride, pad */
+  cudnnTensorDescriptor_t x, y;
+  cudnnFilterDescriptor_t w;
+  cudnnConvolutionDescriptor_t conv;
+  cudnnConvolutionFwdAlgo_t fwd;
+  cudnnConvolutionBwdDataAlgo_t bwd_data;
+  cudnnConvolutionBwdFilterAlgo_t bwd_filter;
+  size_t ws_fwd, ws_data, ws_filter;
+} shape_t;
+
+struct dt_cudnn {
+  void *lib;
+  fns_t f;
+  cudnnHandle_t h;
+  int tf32, n, next; /* shapes[0, n) in use; when all are, shapes[next] is reused next */
+  shape_t shapes[CACHE];
+  void *ws;
+  size_t ws_bytes;
+  char version[32];
+};
+
+#define CUDNN_TRY(c, call)                                                                                   \
+  do {                                                                                                       \
+    cudnnStatus_t st_ = (call);                                                                              \
+    if (st_ != CUDNN_STATUS_SUCCESS)                                                                         \
+      return DT_ERR(DT_ERR_CUDA, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, (c)->f.cudnnGetErrorString(st_)); \
+  } while (0)
+
+/* dlopen cuDNN and look every function up; the library handle, or NULL with *why saying why */
+static void *load(fns_t *f, char *why, size_t n) {
+  void *lib = dlopen("libcudnn.so.9", RTLD_NOW | RTLD_LOCAL);
+  if (!lib) {
+    snprintf(why, n, "cannot load cuDNN (%s)", dlerror());
+    return NULL;
+  }
+#define LOAD(fn)                                                                     \
+  if (!(f->fn = (decltype(f->fn))dlsym(lib, #fn))) {                                 \
+    snprintf(why, n, "libcudnn.so.9 has no %s", #fn);                                \
+    dlclose(lib);                                                                    \
+    return NULL;                                                                     \
+  }
+  CUDNN_FUNCS(LOAD)
+#undef LOAD
+  return lib;
+}
+
+static void version_of(const fns_t *f, char *out, size_t n) {
+  size_t v = f->cudnnGetVersion();
+  snprintf(out, n, "cuDNN %zu.%zu.%zu", v / 10000, v / 100 % 100, v % 100);
+}
+
+void dt_cudnn_print_version(FILE *out) {
+  fns_t f;
+  char why[512];
+  void *lib = load(&f, why, sizeof why);
+  if (!lib) {
+    fprintf(out, "cudnn: %s: system.conv = cudnn unavailable\n", why);
+    return;
+  }
+  char v[32];
+  Dl_info info;
+  version_of(&f, v, sizeof v);
+  fprintf(out, "cudnn: %s %s (the %d functions system.conv = cudnn uses found)\n", v + 6,
+          dladdr((const void *)f.cudnnGetVersion, &info) && info.dli_fname ? info.dli_fname : "",
+          (int)(sizeof f / sizeof(void *)));
+  dlclose(lib);
+}
+
+dt_status_t dt_cudnn_open(dt_cudnn_t **out, cudaStream_t s, int tf32) {
+  *out = NULL;
+  dt_cudnn_t *c = (dt_cudnn_t *)calloc(1, sizeof *c);
+  if (!c) return DT_ERR(DT_ERR_NOMEM, "cudnn: out of memory");
+  char why[512];
+  if (!(c->lib = load(&c->f, why, sizeof why))) {
+    free(c);
+    return DT_ERR(DT_ERR_UNSUPPORTED, "system.conv = cudnn: %s; system.conv = own needs none", why);
+  }
+  c->tf32 = tf32;
+  version_of(&c->f, c->version, sizeof c->version);
+  cudnnStatus_t st = c->f.cudnnCreate(&c->h);
+  if (st == CUDNN_STATUS_SUCCESS) st = c->f.cudnnSetStream(c->h, s);
+  if (st != CUDNN_STATUS_SUCCESS) {
+    dt_status_t e = DT_ERR(DT_ERR_CUDA, "system.conv = cudnn: %s: cudnnCreate/SetStream: %s", c->version,
+                           c->f.cudnnGetErrorString(st));
+    dt_cudnn_close(c);
+    return e;
+  }
+  *out = c;
+  return DT_OK;
+}
+
+static void shape_free(dt_cudnn_t *c, shape_t *p) {
+  if (p->x) c->f.cudnnDestroyTensorDescriptor(p->x);
+  if (p->y) c->f.cudnnDestroyTensorDescriptor(p->y);
+  if (p->w) c->f.cudnnDestroyFilterDescriptor(p->w);
+  if (p->conv) c->f.cudnnDestroyConvolutionDescriptor(p->conv);
+  memset(p, 0, sizeof *p);
+}
+
+void dt_cudnn_close(dt_cudnn_t *c) {
+  if (!c) return;
+  for (int i = 0; i < c->n; i++) shape_free(c, &c->shapes[i]);
+  if (c->h) c->f.cudnnDestroy(c->h);
+  cudaFree(c->ws);
+  if (c->lib) dlclose(c->lib);
+  free(c);
+}
+
+const char *dt_cudnn_version(const dt_cudnn_t *c) { return c->version; }
+
+/* The first ranked algorithm (of n results) that succeeded, is deterministic and fits WS_MAX. */
+template <typename Perf, typename Algo>
+static dt_status_t pick(const Perf *perf, int n, Algo *algo, size_t *ws, const char *what) {
+  for (int i = 0; i < n; i++)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC && perf[i].memory <= WS_MAX) {
+      *algo = perf[i].algo;
+      *ws = perf[i].memory;
+      return DT_OK;
+    }
+  return DT_ERR(DT_ERR_UNSUPPORTED, "cudnn: no deterministic %s algorithm within %zu MiB of workspace", what,
+                WS_MAX >> 20);
+}
+
+static dt_status_t algorithms(dt_cudnn_t *c, shape_t *p) {
+  enum { N = 16 };
+  int n = 0;
+  cudnnConvolutionFwdAlgoPerf_t fwd[N];
+  CUDNN_TRY(c, c->f.cudnnGetConvolutionForwardAlgorithm_v7(c->h, p->x, p->w, p->conv, p->y, N, &n, fwd));
+  DT_TRY(pick(fwd, n, &p->fwd, &p->ws_fwd, "forward"));
+  cudnnConvolutionBwdDataAlgoPerf_t data[N];
+  CUDNN_TRY(c, c->f.cudnnGetConvolutionBackwardDataAlgorithm_v7(c->h, p->w, p->y, p->conv, p->x, N, &n, data));
+  DT_TRY(pick(data, n, &p->bwd_data, &p->ws_data, "backward data"));
+  cudnnConvolutionBwdFilterAlgoPerf_t filt[N];
+  CUDNN_TRY(c, c->f.cudnnGetConvolutionBackwardFilterAlgorithm_v7(c->h, p->x, p->y, p->conv, p->w, N, &n, filt));
+  DT_TRY(pick(filt, n, &p->bwd_filter, &p->ws_filter, "backward filter"));
+  return DT_OK;
+}
+
+/* The cached shape for these sizes, made on first use. */
+static dt_status_t shape(dt_cudnn_t *c, const int key[8], shape_t **out) {
+  for (int i = 0; i < c->n; i++)
+    if (!memcmp(c->shapes[i].key, key, sizeof c->shapes[i].key)) {
+      *out = &c->shapes[i];
+      return DT_OK;
+    }
+  shape_t *p;
+  if (c->n < CACHE) {
+    p = &c->shapes[c->n++];
+  } else {
+    p = &c->shapes[c->next];
+    c->next = (c->next + 1) % CACHE;
+  }
+  shape_free(c, p); /* key all 0: matches nothing until the shape is complete */
+  const int B = key[0], C = key[1], H = key[2], W = key[3], OC = key[4], K = key[5], st = key[6], pad = key[7];
+  const int OH = (H + 2 * pad - K) / st + 1, OW = (W + 2 * pad - K) / st + 1;
+  CUDNN_TRY(c, c->f.cudnnCreateTensorDescriptor(&p->x));
+  CUDNN_TRY(c, c->f.cudnnCreateTensorDescriptor(&p->y));
+  CUDNN_TRY(c, c->f.cudnnCreateFilterDescriptor(&p->w));
+  CUDNN_TRY(c, c->f.cudnnCreateConvolutionDescriptor(&p->conv));
+  CUDNN_TRY(c, c->f.cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B, C, H, W));
+  CUDNN_TRY(c, c->f.cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B, OC, OH, OW));
+  CUDNN_TRY(c, c->f.cudnnSetFilter4dDescriptor(p->w, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, OC, C, K, K));
+  CUDNN_TRY(c, c->f.cudnnSetConvolution2dDescriptor(p->conv, pad, pad, st, st, 1, 1, CUDNN_CROSS_CORRELATION,
+                                                    CUDNN_DATA_FLOAT));
+  CUDNN_TRY(c, c->f.cudnnSetConvolutionMathType(p->conv, c->tf32 ? CUDNN_DEFAULT_MATH : CUDNN_FMA_MATH));
+  DT_TRY(algorithms(c, p));
+  memcpy(p->key, key, sizeof p->key);
+  *out = p;
+  return DT_OK;
+}
+
+/* The workspace holds at least `bytes` (freed and allocated again when it grows: cudaFree waits for
+ * the device, so nothing queued still uses the old one). */
+static dt_status_t workspace(dt_cudnn_t *c, size_t bytes) {
+  if (bytes <= c->ws_bytes) return DT_OK;
+  DT_CUDA_CHECK(cudaFree(c->ws));
+  c->ws = NULL;
+  c->ws_bytes = 0;
+  DT_CUDA_CHECK(cudaMalloc(&c->ws, bytes));
+  c->ws_bytes = bytes;
+  return DT_OK;
+}
+
+dt_status_t dt_cudnn_conv_forward(dt_cudnn_t *c, float *out, const float *inp, const float *w, int B, int C, int H,
+                                  int W, int OC, int K, int stride, int pad) {
+  const int key[8] = {B, C, H, W, OC, K, stride, pad};
+  shape_t *p;
+  DT_TRY(shape(c, key, &p));
+  DT_TRY(workspace(c, p->ws_fwd));
+  const float one = 1.0f, zero = 0.0f;
+  CUDNN_TRY(c, c->f.cudnnConvolutionForward(c->h, &one, p->x, inp, p->w, w, p->conv, p->fwd, c->ws, p->ws_fwd, &zero,
+                                            p->y, out));
+  return DT_OK;
+}
+
+dt_status_t dt_cudnn_conv_backward(dt_cudnn_t *c, float *dinp, float *dw, const float *dout, const float *inp,
+                                   const float *w, int B, int C, int H, int W, int OC, int K, int stride, int pad) {
+  const int key[8] = {B, C, H, W, OC, K, stride, pad};
+  shape_t *p;
+  DT_TRY(shape(c, key, &p));
+  DT_TRY(workspace(c, p->ws_filter > p->ws_data ? p->ws_filter : p->ws_data));
+  const float one = 1.0f, zero = 0.0f;
+  CUDNN_TRY(c, c->f.cudnnConvolutionBackwardFilter(c->h, &one, p->x, inp, p->y, dout, p->conv, p->bwd_filter, c->ws,
+                                                   p->ws_filter, &one, p->w, dw));
+  if (dinp)
+    CUDNN_TRY(c, c->f.cudnnConvolutionBackwardData(c->h, &one, p->w, w, p->y, dout, p->conv, p->bwd_data, c->ws,
+                                                   p->ws_data, &zero, p->x, dinp));
+  return DT_OK;
+}

@@ -23,7 +23,7 @@
 # dp=2 x tp=2, ZeRO-1/2/3 at dp=2 on cuda vs cpu, 20 steps of tests/small.ini, the ranks sharing the
 # one GPU through the bundle's mpirun: system.device_comm=mpi and DTRAIN_TEST_SHARED_GPU=1, so no
 # NCCL; losses within 1e-4, grad norms 1e-3), classifiers (real Fashion-MNIST from the bundle:
-# SimpleCNN 20 steps B=64 cuda vs cpu with a test-set evaluation, the same at dp=2 on the shared GPU
+# SimpleCNN 20 steps (10 on the emulation, as parallel's) B=64 cuda vs cpu with a test-set evaluation, the same at dp=2 on the shared GPU
 # vs dp=1, ResNet-18 width 16 10 steps cuda vs cpu, also with system.conv=cudnn when cuDNN loads;
 # ResNet-50 CIFAR B=256 ms/step on cuda in fp32 (ours, and cuDNN's) and bf16, and PyTorch's when its
 # python3 has torch with CUDA: rows in speed.txt), speed (bench/gpu_step.sh:
@@ -159,6 +159,7 @@ for soname in libcudart.so.13 libcublas.so.13 libcublasLt.so.13 libnccl.so.2 lib
     echo "gpu-check: $soname not found under $roots"
   fi
 done
+psteps=$([ $emu = 1 ] && echo 10 || echo 20) # the parallel and classifiers stages' steps (the emulation is slow)
 if [ $emu = 1 ]; then
   export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 DTRAIN_EMU_DEVICES=1 PMIX_MCA_psec=native
   dt=$here/dtrain_emu parity=$here/tests/gpu_parity_emu nccl=$here/tests/gpu_nccl_emu DATA_DIR=$here/data
@@ -335,7 +336,7 @@ mp() { # NRANKS OUT ARGS...: NRANKS ranks of dtrain, 1 thread each, sharing the 
 if [ $have_gpu = 1 ]; then
   p=$work/par
   mkdir -p "$p"
-  small=("$here/tests/small.ini" train.steps=20 train.eval_every=0 log.every=1 "data.train=$DATA_DIR/austen_train_*.bin"
+  small=("$here/tests/small.ini" train.steps=$psteps train.eval_every=0 log.every=1 "data.train=$DATA_DIR/austen_train_*.bin"
          "data.val=$DATA_DIR/austen_val_*.bin" checkpoint.dir= checkpoint.resume=never system.device_comm=mpi)
   layouts=("tp2 2 parallel.tp=2" "pp2 2 parallel.pp=2 train.micro_batch=2" "dp2xtp2 4 parallel.tp=2"
            "zero1 2 parallel.zero=1 train.micro_batch=2" "zero2 2 parallel.zero=2 train.micro_batch=2"
@@ -358,11 +359,11 @@ if [ $have_gpu = 1 ]; then
   # 1e-4 / 1e-3 (emu_mp.sh: 1e-5 / 1e-4 on the emulation): cuBLAS and the GPU's reductions add in
   # other orders than the CPU backend, over 20 unclipped steps; the one-rank training stage measured
   # 7e-7, and a layout bug (a missing or doubled shard, a wrong average) is 1e-2 or more
-  r=$($cmp runs --rtol 1e-4 --norm-rtol 1e-3 --steps 20 "${pairs[@]}" 2>&1)
+  r=$($cmp runs --rtol 1e-4 --norm-rtol 1e-3 --steps $psteps "${pairs[@]}" 2>&1)
   rc=$?
   echo "$r"
   if [ -n "$bad" ]; then stage parallel FAIL "not on one shared GPU over MPI:$bad (see the log)"
-  elif [ $rc = 0 ]; then stage parallel PASS "cuda vs cpu, 20 steps of tests/small.ini, ranks sharing the GPU (system.device_comm=mpi): $(echo "$r" | tail -1)"
+  elif [ $rc = 0 ]; then stage parallel PASS "cuda vs cpu, $psteps steps of tests/small.ini, ranks sharing the GPU (system.device_comm=mpi): $(echo "$r" | tail -1)"
   else stage parallel FAIL "$(echo "$r" | tail -1)"; fi
 else
   stage parallel SKIP "no GPU"
@@ -375,7 +376,7 @@ if [ $have_gpu = 1 ]; then
   fm=$bundle/data/fmnist
   if [ $emu = 1 ]; then fm=$c/fmnist; python3 "$here/scripts/fmnist_subset.py" /usr/share/datasets/fashion-mnist "$fm" 2048 500; fi
   sc=("$here/inputs/fmnist.ini" "data.train=$fm/train-images-idx3-ubyte" "data.train_labels=$fm/train-labels-idx1-ubyte"
-      "data.val=$fm/t10k-images-idx3-ubyte" "data.val_labels=$fm/t10k-labels-idx1-ubyte" train.steps=20 train.eval_every=20
+      "data.val=$fm/t10k-images-idx3-ubyte" "data.val_labels=$fm/t10k-labels-idx1-ubyte" train.steps=$psteps train.eval_every=$psteps
       train.lr=0.01 log.every=1 checkpoint.dir= checkpoint.resume=never)
   # lr 0.01, not the ini's 0.05: at 0.05 (warmup to step 50, momentum 0.9) the runs are chaotic by step
   # 15-20 (max pooling's ties on the images' flat background flip with the last bit of a sum): even cpu
@@ -400,7 +401,7 @@ if [ $have_gpu = 1 ]; then
     rn_pairs+=("ResNet-18-cudnn=$c/rn_cudnn.jsonl,$c/rn_cpu.jsonl") dnn="with system.conv = cudnn too"
   fi
   tail -n 2 "$c.cnn_cuda.out" "$c.cnn_dp2.out" "$c.rn_cuda.out"
-  r1=$($cmp runs --rtol 1e-4 --norm-rtol 1e-3 --steps 20 --acc-images 500 "SimpleCNN=$c/cnn_cuda.jsonl,$c/cnn_cpu.jsonl" \
+  r1=$($cmp runs --rtol 1e-4 --norm-rtol 1e-3 --steps $psteps --acc-images 500 "SimpleCNN=$c/cnn_cuda.jsonl,$c/cnn_cpu.jsonl" \
     "SimpleCNN-dp2=$c/cnn_dp2.jsonl,$c/cnn_cuda.jsonl" 2>&1)
   ok1=$?
   r2=$($cmp runs --rtol 1e-4 --norm-rtol 1e-3 --steps $rn_steps "${rn_pairs[@]}" 2>&1)
@@ -409,7 +410,7 @@ if [ $have_gpu = 1 ]; then
   speed=""
   [ $emu = 0 ] && speed="; $(cnn_speed "$c")"
   acc=$(echo "$r1" | sed -n 's/^ok: SimpleCNN: test loss .*, accuracy \([0-9.]*\) vs .*/\1/p')
-  detail="SimpleCNN 20 steps cuda vs cpu and dp=2 on the shared GPU vs dp=1 (test accuracy $acc of 500 images,"
+  detail="SimpleCNN $psteps steps cuda vs cpu and dp=2 on the shared GPU vs dp=1 (test accuracy $acc of 500 images,"
   detail="$detail equal within one), $(echo "$r1" | tail -1 | sed 's/^2 runs agree: //; s/ (tolerance.*//');"
   detail="$detail ResNet-18 $rn_steps steps ($dnn): $(echo "$r2" | tail -1 | sed 's/^[0-9] runs agree: //')"
   if [ $ok1 = 0 ] && [ $ok2 = 0 ]; then

@@ -6,6 +6,7 @@
  *   gemm.c calls it only when the CPU has those features. */
 #include <immintrin.h>
 #include <omp.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -196,8 +197,12 @@ static void kernel(int kc, const float *restrict a, const float *restrict b, flo
 }
 
 /* Packing buffers, one set per thread (the caller and each OpenMP worker), allocated on first use
- * and kept for the thread's life: no allocation per call. */
+ * and kept for the thread's life: no allocation per call. The B buffer (KC x NC_MAX floats) is
+ * freed when its thread exits (a key's destructor): OpenMP runtimes end and start workers as team
+ * sizes change, and each new worker allocates its own (it leaked ~20 MB per step at 16 threads). */
 static _Thread_local float *tl_bbuf;
+static pthread_key_t g_bbuf_key;
+static pthread_once_t g_bbuf_once = PTHREAD_ONCE_INIT;
 static _Thread_local float tl_abuf[MR * KC + 16] __attribute__((aligned(64))); /* + tail, see pack_a */
 
 static int g_nc; /* NC, chosen once */
@@ -214,8 +219,14 @@ static int nc_get(void) {
   return nc;
 }
 
+static void bbuf_key_make(void) { pthread_key_create(&g_bbuf_key, free); }
+
 static float *bbuf_get(void) {
-  if (!tl_bbuf) tl_bbuf = aligned_alloc(64, sizeof(float) * (size_t)KC * NC_MAX);
+  if (!tl_bbuf) {
+    tl_bbuf = aligned_alloc(64, sizeof(float) * (size_t)KC * NC_MAX);
+    pthread_once(&g_bbuf_once, bbuf_key_make);
+    pthread_setspecific(g_bbuf_key, tl_bbuf); /* free(tl_bbuf) at thread exit */
+  }
   return tl_bbuf;
 }
 
@@ -299,15 +310,17 @@ void dt__sgemm_avx512(int transA, int transB, int M, int N, int K, float alpha, 
     return;
   }
   const int slab = split_n ? nc_get() : ROW_SLAB, nslabs = (dim + slab - 1) / slab;
-#pragma omp parallel num_threads(nth)
+  /* the whole team, with the threads past nth idle: a smaller team would make the OpenMP runtime
+   * end its surplus workers and start new ones at the next full-size region (libgomp does) */
+#pragma omp parallel
   {
-    const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int tid = omp_get_thread_num(), nt = nth < omp_get_num_threads() ? nth : omp_get_num_threads();
     if (nslabs >= 2 * nt) {
 #pragma omp for schedule(dynamic, 1) nowait
       for (int c = 0; c < nslabs; c++)
         gemm_slab(split_n, c * slab, (c + 1) * slab < dim ? (c + 1) * slab : dim, transA, transB, M, N, K, alpha, A, lda,
                   B, ldb, beta, C, ldc);
-    } else {
+    } else if (tid < nt) {
       const int u0 = (int)((long)units * tid / nt), u1 = (int)((long)units * (tid + 1) / nt);
       gemm_slab(split_n, u0 * unit, u1 * unit < dim ? u1 * unit : dim, transA, transB, M, N, K, alpha, A, lda, B, ldb,
                 beta, C, ldc);

@@ -126,18 +126,23 @@ PY
   fi
   {
     echo "# image classifiers: ResNet-50 (CIFAR stem), micro_batch 256 of 3x32x32, SGD; median step of 3"
-    printf '%-22s %-10s %10s %12s\n' "run" "prec" "ms/step" "images/s"
+    printf '%-22s %-10s %10s %12s %12s\n' "run" "prec" "ms/step" "images/s" "device MiB"
     for r in "${runs[@]}"; do
+      local mib
+      mib=$(sed -n 's/^# memory: rank 0 device memory in use \([0-9.]*\) MiB.*/\1/p' "$d/rn50_$r.out")
       if [ -n "${ms[$r]}" ]; then
-        printf '%-22s %-10s %10s %12.0f\n' "dtrain resnet50" "$r" "${ms[$r]}" "$(awk -v m="${ms[$r]}" 'BEGIN {print 256000 / m}')"
+        printf '%-22s %-10s %10s %12.0f %12s\n' "dtrain resnet50" "$r" "${ms[$r]}" \
+          "$(awk -v m="${ms[$r]}" 'BEGIN {print 256000 / m}')" "${mib:--}"
       else printf '%-22s %-10s %10s %12s\n' "dtrain resnet50" "$r" "$(tail -1 "$d/rn50_$r.out")" "-"; fi
     done
-    [ -n "$tms" ] && printf '%-22s %-10s %10s %12.0f\n' "torch resnet50" fp32 "$tms" "$(awk -v m="$tms" 'BEGIN {print 256000 / m}')"
+    [ -n "$tms" ] && printf '%-22s %-10s %10s %12.0f %12s\n' "torch resnet50" fp32 "$tms" "$(awk -v m="$tms" 'BEGIN {print 256000 / m}')" -
   } > "$work/cnn_speed.txt"
   cat "$work/cnn_speed.txt" >&2
   local torch="PyTorch SKIP (no torch with CUDA and numpy, or it failed: see the log)" line="ResNet-50 CIFAR B=256:"
   [ -n "$tms" ] && torch="PyTorch fp32 $tms ms"
-  for r in "${runs[@]}"; do line="$line $r ${ms[$r]:-no time} ms,"; done
+  for r in "${runs[@]}"; do
+    if [ -n "${ms[$r]}" ]; then line="$line $r ${ms[$r]} ms,"; else line="$line $r no time,"; fi
+  done
   echo "$line $torch (speed.txt)"
 }
 

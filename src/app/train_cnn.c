@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "cnn_kernels.h"
+#include "dt_cuda.h"
 #include "fault.h"
 #include "gemm.h"
 #include "optim.h"
@@ -359,6 +360,10 @@ dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr) {
                         tr->mesh.threads);
     dt_plan_cnn_print_rss(&p, stdout);
   }
+  double dev_used = 0; /* measured only: the planner has no device rows for the classifiers yet */
+  if (is_root(tr) && tr->mesh.device >= 0 && dt_cuda_mem_used(tr->mesh.device, &dev_used) == DT_OK)
+    printf("# memory: rank 0 device memory in use %.1f MiB (cudaMemGetInfo: all of the device's, context and "
+           "library workspaces included; no plan for the classifiers on CUDA yet)\n", dev_used / (1 << 20));
   /* the final state is always saved, unless it is already on disk */
   if (tr->saved_step != tr->step && tr->resumed_step != tr->step) DT_TRY(dt_cnn_trainer_save(tr));
   return DT_OK;

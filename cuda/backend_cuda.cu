@@ -107,8 +107,6 @@ extern "C" void dt_cuda_print_versions(FILE *out) {
   cudaGetLastError();
 }
 
-
-
 static void cu_free(dt_backend_t *be) {
   cu_impl_t *im = impl(be);
   if (im) {
@@ -202,7 +200,6 @@ static dt_status_t init_all(dt_backend_t *be, cu_impl_t *im) {
   be->loss_scale = 1.0f;
   return be->cudnn_conv ? dt_cu_cudnn_init(be) : DT_OK;
 }
-
 
 /* bf16/fp16: a device working copy of the parameters, rounded from the master in forward. */
 static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
@@ -328,7 +325,6 @@ static dt_status_t attention_backward(cu_impl_t *im, float *dqkv, float *scratch
  * between them over the tp group's NCCL communicator on the same stream. */
 
 static cudaStream_t S(dt_backend_t *be) { return impl(be)->compute; }
-
 
 static dt_status_t k_alloc(dt_backend_t *be, void **p, size_t bytes) {
   DT_CUDA_CHECK(cudaSetDevice(impl(be)->device));

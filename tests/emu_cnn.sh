@@ -18,6 +18,11 @@
 #      parameters all-gathered on the devices), 4 steps, against the CPU backend's same run: losses
 #      within 1e-4, norms within 1e-3 (measured 1.7e-8 and 0; at width 32 1.2e-5 and 2e-4: values on
 #      either side of a bf16 rounding boundary).
+#   7. the planner's device total (plan_cnn.c: arenas, activations with the CUDA convolution
+#      scratch, + an assumed 512 MiB context) against the emulated device's allocations (its
+#      cudaMemGetInfo counts them exactly, with no context): the SimpleCNN (B=32, with a
+#      checkpoint's staging), ResNet-18 (B=8) and the ZeRO-2 bf16 run at dp=2 within 1% once the
+#      512 MiB are taken off (measured: equal to the printed 0.1 MiB);
 #   6. bf16 and fp16: the convolutions' and the linear layer's products on 16-bit tensor cores
 #      (cublasGemmEx FAST_16BF/_16F) must see only values already rounded to that format (the
 #      images are rounded on upload like every stored activation): 2 steps of the SimpleCNN (width
@@ -57,6 +62,13 @@ done
 mpi 2 "$DTRAIN" "$ini" $z2 log.metrics="$t/z2_cpu.jsonl" > "$t/z2_cpu.out"
 mpi 2 -x DTRAIN_EMU_DEVICES=2 "$EMU" "$ini" $z2 system.backend=cuda log.metrics="$t/z2_cuda.jsonl" > "$t/z2_cuda.out"
 grep -q '^# gradients: zero2 over dp=2' "$t/z2_cuda.out" || { echo "FAIL: the ZeRO-2 run is not ZeRO-2 over dp=2"; exit 1; }
+for r in cuda rn_cuda z2_cuda; do
+  line=$(grep '^# memory: rank 0 device memory in use' "$t/$r.out") || { echo "FAIL: $r: no device memory line"; exit 1; }
+  echo "$r: ${line#\# memory: rank 0 }"
+  echo "$line" | awk '{ for (i = 1; i <= NF; i++) { if ($i == "use") u = $(i + 1); if ($i == "zero0)" || $i == "zero2)") p = $(i + 1) } }
+    END { d = p - 512; exit !(u > 0 && (d - u) / u < 0.01 && (u - d) / u < 0.01) }' ||
+    { echo "FAIL: $r: planned device total - 512 MiB context is not within 1% of the emulated allocations"; exit 1; }
+done
 "$PY" - "$t" "$top_srcdir/tests/ref" <<'PY'
 import sys
 d = sys.argv[1]

@@ -34,9 +34,7 @@
 #define GB 1e9
 #define GIB 1073741824.0
 #define MIB 1048576.0
-/* Device memory dtrain does not allocate itself but a CUDA process holds: context, cuBLAS
- * workspace, allocator slack. An assumption (typically 0.3-0.6 GiB), not a measurement. */
-#define CUDA_CONTEXT_BYTES (512 * MIB)
+#define CUDA_CONTEXT_BYTES DT_PLAN_CUDA_CONTEXT_BYTES
 
 /* Datasheet peaks (dense, no sparsity), per GPU:
  *   NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): FP32 19.5 TFLOPS, TF32 156 TFLOPS,

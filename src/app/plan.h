@@ -13,6 +13,10 @@
 #include "model.h"
 #include "status.h"
 
+/* Device memory dtrain does not allocate itself but a CUDA process holds: context, cuBLAS
+ * workspace, allocator slack. An assumption (typically 0.3-0.6 GiB), not a measurement. */
+#define DT_PLAN_CUDA_CONTEXT_BYTES (512 * 1048576.0)
+
 #define DT_PLAN_ZERO_STAGES 4
 #define DT_PLAN_MAX_PP 1024
 

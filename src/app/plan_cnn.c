@@ -12,7 +12,10 @@
  *   model    dt_cnn_alloc_bytes: activations and their gradients, convolution scratch, statistics
  *   images   the training and test sets in memory (a byte per pixel and label), the sampler's
  *            order (4 B per image) and the batch (B images in fp32)
- * Training prints the configured stage against its peak RSS at the end (dt_plan_cnn_print_rss). */
+ * The CUDA backend's device total: the arenas, dt_cnn_alloc_bytes with its convolution scratch,
+ * and the assumed context (plan.h); the images and MPI's buffers stay on the host. Training prints
+ * the configured stage against its peak RSS (CPU) or the device memory in use (CUDA) at the end. */
+#include "dt_build.h" /* first: with DT_HAVE_CUDA, backend.h declares dt_backend_cuda (its conv scratch) */
 #include "plan_cnn.h"
 
 #include <stdio.h>
@@ -38,7 +41,10 @@ void dt_plan_cnn_compute(dt_plan_cnn_t *p, const dt_config_t *cfg, const dt_cnn_
   p->dp = dp, p->accum = accum, p->B = B, p->threads = threads, p->zero = cfg->zero;
   p->params_true = m->lay.n_params_true, p->bufs_true = m->bufs.n_params_true, p->arena = P;
   p->n_train = train->n, p->n_val = val ? val->n : 0, p->C = train->C, p->H = train->H, p->W = train->W;
-  p->model = dt_cnn_alloc_bytes(m, B, threads);
+  p->model = dt_cnn_alloc_bytes(m, B, threads, NULL);
+#ifdef DT_HAVE_CUDA
+  p->model_gpu = dt_cnn_alloc_bytes(m, B, 1, dt_backend_cuda.cnn);
+#endif
   p->images = (p->n_train + p->n_val) * (img + 1) + 4.0 * p->n_train + (double)B * (4 * img + 4);
   const double bucket = cfg->bucket_mb * MIB < 4 * P ? cfg->bucket_mb * MIB : 4 * P; /* a small model: one bucket */
   for (int z = 0; z < DT_PLAN_CNN_STAGES; z++) {
@@ -49,6 +55,9 @@ void dt_plan_cnn_compute(dt_plan_cnn_t *p, const dt_config_t *cfg, const dt_cnn_
     r->m = r->v = 4 * (z >= 1 ? ceil_div(P, dp) : P);
     r->comm = dp > 1 ? (z >= 1 ? 3 : 2) * bucket : 0;
     r->total = r->params + r->wparams + r->grads + r->m + r->v + r->comm + p->model + p->images;
+    /* the arenas and the model's arrays on the device, the images and MPI's buffers on the host */
+    if (p->model_gpu > 0)
+      r->total_gpu = r->params + r->wparams + r->grads + r->m + r->v + p->model_gpu + DT_PLAN_CUDA_CONTEXT_BYTES;
   }
 }
 
@@ -64,7 +73,8 @@ void dt_plan_cnn_print(const dt_plan_cnn_t *p, const dt_config_t *cfg, FILE *out
   fprintf(out, "plan: world %d = dp %d; micro_batch %d x grad_accum %d; precision %s; optimizer %s; bucket %d MiB; "
           "%d CPU threads; %d training and %d test images in memory\n", p->dp, p->dp, p->B, p->accum, cfg->precision,
           cfg->optimizer, cfg->bucket_mb, p->threads, p->n_train, p->n_val);
-  fprintf(out, "plan: units: GB = 1e9 bytes; CPU backend (the classifiers have no CUDA kernels yet)\n");
+  fprintf(out, "plan: units: GB = 1e9 bytes; host memory of the CPU backend, and the CUDA backend's device total%s\n",
+          p->model_gpu > 0 ? "" : " (not in this build)");
   fprintf(out, "plan: per rank, GB                                  zero0     zero1     zero2\n");
   ROW("parameters + running statistics (fp32)", params);
   ROW("working copy (bf16/fp16, emulated in fp32)", wparams);
@@ -75,12 +85,23 @@ void dt_plan_cnn_print(const dt_plan_cnn_t *p, const dt_config_t *cfg, FILE *out
   row(out, "activations, gradients, scratch (B images)", p->model, p->model, p->model);
   row(out, "image sets in memory + the batch", p->images, p->images, p->images);
   ROW("total host RSS (+ libraries and MPI)", total);
+  if (p->model_gpu > 0) {
+    row(out, "CUDA: activations, gradients, scratch", p->model_gpu, p->model_gpu, p->model_gpu);
+    ROW("CUDA: total device (incl. 0.5 GiB context)", total_gpu);
+  }
   fprintf(out, "plan: configured parallel.zero = %d (ZeRO-3 does not train the classifiers)\n", p->zero);
 }
 
 void dt_plan_cnn_print_rss(const dt_plan_cnn_t *p, FILE *out) {
   int z = p->zero >= 0 && p->zero < DT_PLAN_CNN_STAGES ? p->zero : 0;
   dt_plan_print_rss_line(out, "CPU backend", z, p->z[z].total);
+}
+
+void dt_plan_cnn_print_device(const dt_plan_cnn_t *p, double used, FILE *out) {
+  int z = p->zero >= 0 && p->zero < DT_PLAN_CNN_STAGES ? p->zero : 0;
+  fprintf(out, "# memory: rank 0 device memory in use %.1f MiB (cudaMemGetInfo: context and library workspaces "
+          "included); planned device total (CUDA backend, zero%d) %.1f MiB (%+.1f%%)\n", used / MIB, z,
+          p->z[z].total_gpu / MIB, used > 0 ? 100 * (p->z[z].total_gpu - used) / used : 0.0);
 }
 
 dt_status_t dt_plan_cnn_run(const dt_config_t *cfg, const char *name, int world, int threads, FILE *out) {

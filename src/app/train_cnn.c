@@ -354,16 +354,15 @@ dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr) {
   DT_TRY(dt_run_loop(&L, &tr->stopped_by_signal));
   if (is_root(tr)) tr->sync.ops->report(&tr->sync, tr->step - tr->first_step, stdout); /* communication hidden */
   if (tr->stopped_by_signal) return DT_OK;
-  if (is_root(tr) && tr->be.ops->host_memory) { /* the peak so far against the planner's (plan_cnn.c: CPU) */
+  if (is_root(tr)) { /* the peak so far against the planner's (plan_cnn.c) */
     static dt_plan_cnn_t p;
+    double dev_used = 0;
     dt_plan_cnn_compute(&p, c, &tr->model, &tr->train, tr->have_val ? &tr->val : NULL, tr->mesh.dp, tr->accum,
                         tr->mesh.threads);
-    dt_plan_cnn_print_rss(&p, stdout);
+    if (tr->be.ops->host_memory) dt_plan_cnn_print_rss(&p, stdout);
+    else if (tr->mesh.device >= 0 && dt_cuda_mem_used(tr->mesh.device, &dev_used) == DT_OK)
+      dt_plan_cnn_print_device(&p, dev_used, stdout);
   }
-  double dev_used = 0; /* measured only: the planner has no device rows for the classifiers yet */
-  if (is_root(tr) && tr->mesh.device >= 0 && dt_cuda_mem_used(tr->mesh.device, &dev_used) == DT_OK)
-    printf("# memory: rank 0 device memory in use %.1f MiB (cudaMemGetInfo: all of the device's, context and "
-           "library workspaces included; no plan for the classifiers on CUDA yet)\n", dev_used / (1 << 20));
   /* the final state is always saved, unless it is already on disk */
   if (tr->saved_step != tr->step && tr->resumed_step != tr->step) DT_TRY(dt_cnn_trainer_save(tr));
   return DT_OK;

@@ -46,13 +46,14 @@ static size_t slot_kept(const dt_cnn_t *m, int s) {
 }
 
 /* Floats of dt_cnn_alloc's arrays for batches of B: the activation arena (acts, and dacts the
- * same), the widest slot (tmp), the largest convolution scratch (be's, or the CPU's for nthr
- * threads when be is NULL), the maxpools' indices, the widest batch norm's C. */
+ * same), the widest slot (tmp), the largest convolution scratch (ck's, asked with be, or the CPU's
+ * for nthr threads when ck is NULL), the maxpools' indices, the widest batch norm's C. */
 typedef struct {
   size_t acts, tmp, scratch, idx, maxc;
 } cnn_sizes_t;
 
-static cnn_sizes_t cnn_sizes(const dt_cnn_t *m, const dt_backend_t *be, int B, int nthr) {
+static cnn_sizes_t cnn_sizes(const dt_cnn_t *m, const dt_cnn_kernels_t *ck, const dt_backend_t *be, int B,
+                             int nthr) {
   cnn_sizes_t z = {0, 0, 0, 0, 1};
   for (int i = 0; i < m->n_slots; i++) {
     size_t n = (size_t)B * slot_kept(m, i);
@@ -63,7 +64,7 @@ static cnn_sizes_t cnn_sizes(const dt_cnn_t *m, const dt_backend_t *be, int B, i
     const dt_cnn_op_t *o = &m->ops[i];
     const dt_cnn_slot_t *y = &m->slots[i + 1];
     if (o->kind == DT_OP_CONV) {
-      size_t s = be ? be->ops->cnn->conv2d_scratch_floats(be, o->C, o->K, o->OC, y->H, y->W)
+      size_t s = ck ? ck->conv2d_scratch_floats(be, o->C, o->K, o->OC, y->H, y->W)
                     : dt_conv2d_scratch_floats(o->C, o->K, o->K, o->OC, y->H, y->W, nthr);
       if (s > z.scratch) z.scratch = s;
     } else if (o->kind == DT_OP_MAXPOOL) {
@@ -75,8 +76,8 @@ static cnn_sizes_t cnn_sizes(const dt_cnn_t *m, const dt_backend_t *be, int B, i
   return z;
 }
 
-double dt_cnn_alloc_bytes(const dt_cnn_t *m, int B, int nthr) {
-  cnn_sizes_t z = cnn_sizes(m, NULL, B, nthr);
+double dt_cnn_alloc_bytes(const dt_cnn_t *m, int B, int nthr, const dt_cnn_kernels_t *ck) {
+  cnn_sizes_t z = cnn_sizes(m, ck, NULL, B, nthr);
   double ns = m->n_stat ? (double)m->n_stat : 1.0;
   return 4.0 * (2.0 * z.acts + z.tmp + z.scratch + 5 * ns + 2.0 * B) + 4.0 * (z.idx + B) + m->n_slots +
          24.0 * z.maxc + 4.0 * m->lay.n_tensors + m->n_ops + 4.0 * B * m->cfg.classes;
@@ -110,7 +111,7 @@ dt_status_t dt_cnn_alloc(dt_cnn_t *m, dt_backend_t *be, int B) {
   if (!be->ops->cnn)
     return DT_ERR(DT_ERR_CONFIG, "the %s backend has no kernels for the image classifiers", be->ops->name);
   m->be = be;
-  const cnn_sizes_t z = cnn_sizes(m, be, B, 0);
+  const cnn_sizes_t z = cnn_sizes(m, be->ops->cnn, be, B, 0);
   size_t at = 0, ix = 0;
   for (int i = 0; i < m->n_slots; i++) {
     m->slots[i].off = at;

@@ -111,9 +111,10 @@ dt_status_t dt_cnn_build(dt_cnn_t *m, const dt_cnn_config_t *c);
  * model from then on; be needs no init for this: alloc, release and the kernels). DT_ERR_CONFIG
  * naming the backend when it has no image-classifier kernels (be->ops->cnn NULL). */
 dt_status_t dt_cnn_alloc(dt_cnn_t *m, dt_backend_t *be, int B);
-/* The bytes dt_cnn_alloc allocates for B images on the CPU backend with nthr threads, of a built
- * model (for the planner). */
-double dt_cnn_alloc_bytes(const dt_cnn_t *m, int B, int nthr);
+/* The bytes dt_cnn_alloc allocates for B images of a built model (for the planner): on the CPU
+ * backend with nthr threads (ck NULL), or with the convolution scratch of kernel table ck, whose
+ * conv2d_scratch_floats is asked without a backend (the CUDA table's needs none). */
+double dt_cnn_alloc_bytes(const dt_cnn_t *m, int B, int nthr, const dt_cnn_kernels_t *ck);
 void dt_cnn_free(dt_cnn_t *m);
 
 /* torchvision's initialisation, deterministic in seed: convolutions kaiming normal (fan_out,

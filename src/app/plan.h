@@ -126,6 +126,8 @@ void dt_plan_print_rss_line(FILE *out, const char *what, int zero, double plan);
 /* The same for a CUDA rank: device memory in use (bytes, cudaMemGetInfo's total - free, so the
  * CUDA context and library workspaces count) against the plan's CUDA-backend total. */
 void dt_plan_print_device(const dt_config_t *cfg, const char *name, int world, int threads, double used, FILE *out);
+/* That line for a planned device total of `plan` bytes at ZeRO stage `zero` (the classifiers' too). */
+void dt_plan_print_device_line(FILE *out, double used, int zero, double plan);
 
 /* `dtrain plan CONFIG [section.key=value ...] [--world N] [--device-mem 80GiB]`. */
 int dt_plan_main(int argc, char **argv);

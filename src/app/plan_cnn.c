@@ -99,9 +99,7 @@ void dt_plan_cnn_print_rss(const dt_plan_cnn_t *p, FILE *out) {
 
 void dt_plan_cnn_print_device(const dt_plan_cnn_t *p, double used, FILE *out) {
   int z = p->zero >= 0 && p->zero < DT_PLAN_CNN_STAGES ? p->zero : 0;
-  fprintf(out, "# memory: rank 0 device memory in use %.1f MiB (cudaMemGetInfo: context and library workspaces "
-          "included); planned device total (CUDA backend, zero%d) %.1f MiB (%+.1f%%)\n", used / MIB, z,
-          p->z[z].total_gpu / MIB, used > 0 ? 100 * (p->z[z].total_gpu - used) / used : 0.0);
+  dt_plan_print_device_line(out, used, z, p->z[z].total_gpu);
 }
 
 dt_status_t dt_plan_cnn_run(const dt_config_t *cfg, const char *name, int world, int threads, FILE *out) {

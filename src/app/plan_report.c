@@ -298,10 +298,13 @@ void dt_plan_print_device(const dt_config_t *cfg, const char *name, int world, i
   int z = 0;
   if (plan_for(&p, cfg, name, world, threads) != 0) return;
   z = p.in.zero >= 0 && p.in.zero < DT_PLAN_ZERO_STAGES ? p.in.zero : 0;
-  double plan = p.z[z].total_gpu;
+  dt_plan_print_device_line(out, used, z, p.z[z].total_gpu);
+}
+
+void dt_plan_print_device_line(FILE *out, double used, int zero, double plan) {
   fprintf(out, "# memory: rank 0 device memory in use %.1f MiB (cudaMemGetInfo: context and library workspaces "
           "included); planned device total (CUDA backend, zero%d) %.1f MiB (%+.1f%%)\n",
-          used / MIB, z, plan / MIB, used > 0 ? 100 * (plan - used) / used : 0.0);
+          used / MIB, zero, plan / MIB, used > 0 ? 100 * (plan - used) / used : 0.0);
 }
 
 /* ---- `dtrain plan` ---------------------------------------------------------------------------- */

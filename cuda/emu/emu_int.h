@@ -67,6 +67,8 @@ struct stream_t;
 struct op_t {
   const char *what = "";         /* kernel name or API call, for messages */
   std::function<void()> run;     /* the work; empty for a wait */
+  std::function<bool()> step;    /* or work that waits for peers (NCCL's): called until it returns
+                                    true; the stream stays at this op until then */
   stream_t *wait_s = nullptr;    /* a wait: run wait_s up to wait_seq first */
   uint64_t wait_seq = 0;
   std::vector<range_t> writes;   /* device bytes it may write (hazard check of host reads) */
@@ -85,6 +87,8 @@ stream_t *get_stream(cudaStream_t s, cudaError_t *err);
 void enqueue(stream_t *s, op_t op);
 op_t wait_op(stream_t *on, uint64_t seq); /* an op that runs `on` up to its op number seq */
 void run_until(stream_t *s, uint64_t seq);
+/* The same without waiting: 0 when an op that waits for peers (step) is not finished yet. */
+int try_run_until(stream_t *s, uint64_t seq);
 void run_stream(stream_t *s);
 void sync_device(int dev);
 void drop_device_streams(int dev);

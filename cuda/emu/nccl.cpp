@@ -4,7 +4,9 @@
  * MPI_Comm_create_group, which involves only the members: ranks ordered as NCCL numbers them.
  * Calls are checked when issued (device buffers of the communicator's device, in range; types
  * MPI has) and queued on their stream; when the stream runs they start nonblocking MPI
- * operations and wait for them. Calls between ncclGroupStart and ncclGroupEnd become one queued
+ * operations on host copies of their buffers and test them: the stream stays at the call until
+ * every peer has taken part (cudaEventQuery says cudaErrorNotReady meanwhile, as on a GPU, so a
+ * stalled peer reaches dtrain's polling and its hang watchdog). Calls between ncclGroupStart and ncclGroupEnd become one queued
  * operation (started together, so a send/recv ring cannot deadlock) on the first call's stream,
  * ordered after the other calls' streams' earlier work and before their later work. ncclAvg is
  * the sum divided by the rank count (as comm_mpi.c does). 16-bit types are not emulated. */
@@ -25,6 +27,7 @@ struct dt_emu_nccl {
   MPI_Comm mc;
   int rank, size, device;
   ncclResult_t async;
+  int aborted; /* by ncclCommAbort: its calls still queued finish without doing anything */
 };
 
 namespace dt_emu {
@@ -113,68 +116,102 @@ static void avg(void *p, size_t n, ncclDataType_t t, int d) {
   }
 }
 
-static int overlaps(const void *a, size_t an, const void *b, size_t bn) {
-  return (uintptr_t)a < (uintptr_t)b + bn && (uintptr_t)b < (uintptr_t)a + an;
+/* One queued NCCL call or group on its way: host copies of its buffers (MPI never touches device
+ * memory, which is inaccessible outside stream work: a peer's progress may come in any MPI call)
+ * and the MPI requests. */
+struct flight_t {
+  std::vector<call_t> calls;
+  std::vector<MPI_Request> req;
+  std::vector<std::vector<char>> send, recv;
+  int started = 0;
+};
+
+/* Bytes call k reads from its send buffer and writes to its recv buffer on this rank. */
+static void sizes(const call_t &k, size_t *sb, size_t *rb) {
+  size_t es;
+  mpi_type(k.t, &es);
+  size_t b = k.count * es, all = b * (size_t)k.c->size, root = k.c->rank == k.root;
+  switch (k.kind) {
+    case C_ALLREDUCE: *sb = b; *rb = b; return;
+    case C_REDUCE: *sb = b; *rb = root ? b : 0; return;
+    case C_BCAST: *sb = root ? b : 0; *rb = b; return;
+    case C_REDUCE_SCATTER: *sb = all; *rb = b; return;
+    case C_ALLGATHER: *sb = b; *rb = all; return;
+    case C_SEND: *sb = b; *rb = 0; return;
+    case C_RECV: *sb = 0; *rb = b; return;
+  }
+  *sb = *rb = 0;
 }
 
-/* Start call k's MPI operation; copies of overlapping inputs go to keep. */
-static int start(const call_t &k, MPI_Request *r, std::vector<std::unique_ptr<char[]>> &keep) {
-  size_t es;
+/* Start call i of f on host copies of its inputs. */
+static int start(flight_t &f, size_t i) {
+  const call_t &k = f.calls[i];
+  size_t es, sb, rb;
   MPI_Datatype mt = mpi_type(k.t, &es);
+  sizes(k, &sb, &rb);
+  f.send[i].assign((const char *)k.send, (const char *)k.send + sb);
+  f.recv[i].resize(rb);
+  char *snd = f.send[i].data(), *rcv = f.recv[i].data();
   MPI_Comm mc = k.c->mc;
-  int n = (int)k.count, me = k.c->rank;
-  const void *send = k.send;
-  size_t bytes = k.count * es;
+  MPI_Request *r = &f.req[i];
+  int n = (int)k.count;
   switch (k.kind) {
-    case C_ALLREDUCE:
-      return MPI_Iallreduce(send == k.recv ? MPI_IN_PLACE : send, k.recv, n, mt, mpi_op(k.op), mc, r);
-    case C_REDUCE:
-      return MPI_Ireduce(me == k.root && send == k.recv ? MPI_IN_PLACE : send, k.recv, n, mt, mpi_op(k.op), k.root, mc, r);
+    case C_ALLREDUCE: return MPI_Iallreduce(snd, rcv, n, mt, mpi_op(k.op), mc, r);
+    case C_REDUCE: return MPI_Ireduce(snd, rcv, n, mt, mpi_op(k.op), k.root, mc, r);
     case C_BCAST:
-      if (me == k.root && send != k.recv) memmove(k.recv, send, bytes);
-      return MPI_Ibcast(k.recv, n, mt, k.root, mc, r);
-    case C_REDUCE_SCATTER:
-      if (overlaps(send, bytes * (size_t)k.c->size, k.recv, bytes)) {
-        keep.emplace_back(new char[bytes * (size_t)k.c->size]);
-        memcpy(keep.back().get(), send, bytes * (size_t)k.c->size);
-        send = keep.back().get();
-      }
-      return MPI_Ireduce_scatter_block(send, k.recv, n, mt, mpi_op(k.op), mc, r);
-    case C_ALLGATHER:
-      if (send == (const char *)k.recv + (size_t)me * bytes)
-        return MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, k.recv, n, mt, mc, r);
-      if (overlaps(send, bytes, k.recv, bytes * (size_t)k.c->size)) {
-        keep.emplace_back(new char[bytes]);
-        memcpy(keep.back().get(), send, bytes);
-        send = keep.back().get();
-      }
-      return MPI_Iallgather(send, n, mt, k.recv, n, mt, mc, r);
-    case C_SEND: return MPI_Isend(send, n, mt, k.root, P2P_TAG, mc, r);
-    case C_RECV: return MPI_Irecv(k.recv, n, mt, k.root, P2P_TAG, mc, r);
+      if (sb) memcpy(rcv, snd, sb);
+      return MPI_Ibcast(rcv, n, mt, k.root, mc, r);
+    case C_REDUCE_SCATTER: return MPI_Ireduce_scatter_block(snd, rcv, n, mt, mpi_op(k.op), mc, r);
+    case C_ALLGATHER: return MPI_Iallgather(snd, n, mt, rcv, n, mt, mc, r);
+    case C_SEND: return MPI_Isend(snd, n, mt, k.root, P2P_TAG, mc, r);
+    case C_RECV: return MPI_Irecv(rcv, n, mt, k.root, P2P_TAG, mc, r);
   }
   return MPI_ERR_OTHER;
 }
 
-/* The stream work of one call or one group: start everything, wait, finish ncclAvg. */
-static void run_calls(const std::vector<call_t> &calls) {
-  std::vector<MPI_Request> req(calls.size(), MPI_REQUEST_NULL);
-  std::vector<std::unique_ptr<char[]>> keep;
-  for (size_t i = 0; i < calls.size(); i++) {
-    int rc = start(calls[i], &req[i], keep);
-    if (rc != MPI_SUCCESS) {
-      calls[i].c->async = bad(ncclSystemError, "%s: MPI failed to start it (error %d)", CALL_NAME[calls[i].kind], rc);
-      return;
+/* The stream work of one call or one group, run while device memory is accessible: start
+ * everything, then test; when all is done, copy the results into the recv buffers and finish
+ * ncclAvg. true when finished (or failed: the communicator's async error says so), false while
+ * a peer has not taken part yet. */
+static bool step_calls(flight_t &f) {
+  dt_emu_nccl *c0 = f.calls[0].c;
+  if (c0->aborted) return true;
+  if (!f.started) {
+    f.started = 1;
+    f.req.assign(f.calls.size(), MPI_REQUEST_NULL);
+    f.send.resize(f.calls.size());
+    f.recv.resize(f.calls.size());
+    for (size_t i = 0; i < f.calls.size(); i++) {
+      int rc = start(f, i);
+      if (rc != MPI_SUCCESS) {
+        f.calls[i].c->async = bad(ncclSystemError, "%s: MPI failed to start it (error %d)", CALL_NAME[f.calls[i].kind], rc);
+        return true;
+      }
     }
   }
-  if (MPI_Waitall((int)req.size(), req.data(), MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
-    calls[0].c->async = bad(ncclSystemError, "%s: MPI_Waitall failed", CALL_NAME[calls[0].kind]);
-    return;
+  int flag = 0;
+  if (MPI_Testall((int)f.req.size(), f.req.data(), &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
+    c0->async = bad(ncclSystemError, "%s: MPI_Testall failed", CALL_NAME[f.calls[0].kind]);
+    return true;
   }
-  for (const call_t &k : calls) {
+  if (!flag) return false;
+  for (size_t i = 0; i < f.calls.size(); i++) {
+    const call_t &k = f.calls[i];
+    if (!f.recv[i].empty()) memcpy(k.recv, f.recv[i].data(), f.recv[i].size());
     if (k.op != ncclAvg || (k.kind != C_ALLREDUCE && k.kind != C_REDUCE_SCATTER && k.kind != C_REDUCE)) continue;
     if (k.kind == C_REDUCE && k.c->rank != k.root) continue;
     avg(k.recv, k.count, k.t, k.c->size);
   }
+  return true;
+}
+
+static op_t nccl_op(const char *what, std::vector<call_t> calls) {
+  op_t op;
+  op.what = what;
+  auto f = std::make_shared<flight_t>();
+  f->calls = std::move(calls);
+  op.step = [f]() { return step_calls(*f); };
+  return op;
 }
 
 /* Bytes a call writes on this rank (recv buffer), for the host-read hazard check. */
@@ -224,10 +261,8 @@ static ncclResult_t issue(call_t k, cudaStream_t stream) {
     t_group.push_back(k);
     return ncclSuccess;
   }
-  op_t op;
-  op.what = CALL_NAME[k.kind];
+  op_t op = nccl_op(CALL_NAME[k.kind], std::vector<call_t>{k});
   op.writes.push_back(written(k));
-  op.run = [k]() { run_calls(std::vector<call_t>{k}); };
   enqueue(k.s, std::move(op));
   return ncclSuccess;
 }
@@ -241,10 +276,8 @@ static ncclResult_t group_end(void) {
   for (const call_t &k : calls)
     if (k.s != s0 && std::find(others.begin(), others.end(), k.s) == others.end()) others.push_back(k.s);
   for (stream_t *o : others) enqueue(s0, wait_op(o, o->enq));
-  op_t op;
-  op.what = "ncclGroupEnd";
+  op_t op = nccl_op("ncclGroupEnd", calls);
   for (const call_t &k : calls) op.writes.push_back(written(k));
-  op.run = [calls]() { run_calls(calls); };
   enqueue(s0, std::move(op));
   for (stream_t *o : others) enqueue(o, wait_op(s0, s0->enq));
   return ncclSuccess;
@@ -341,7 +374,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId u
   MPI_Group_free(&wg);
   if (rc != MPI_SUCCESS) return bad(ncclSystemError, "ncclCommInitRank: MPI_Comm_create_group failed");
   MPI_Comm_set_errhandler(mc, MPI_ERRORS_RETURN);
-  *comm = new dt_emu_nccl{mc, rank, nranks, dev, ncclSuccess};
+  *comm = new dt_emu_nccl{mc, rank, nranks, dev, ncclSuccess, 0};
   return ncclSuccess;
 }
 
@@ -358,7 +391,7 @@ ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newc
     return bad(ncclSystemError, "ncclCommSplit: MPI_Comm_split failed");
   if (nm == MPI_COMM_NULL) return ncclSuccess;
   MPI_Comm_set_errhandler(nm, MPI_ERRORS_RETURN);
-  dt_emu_nccl *c = new dt_emu_nccl{nm, 0, 1, comm->device, ncclSuccess};
+  dt_emu_nccl *c = new dt_emu_nccl{nm, 0, 1, comm->device, ncclSuccess, 0};
   MPI_Comm_rank(nm, &c->rank);
   MPI_Comm_size(nm, &c->size);
   *newcomm = c;
@@ -376,9 +409,13 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm) {
   return ncclSuccess;
 }
 
-/* Drops the communicator without MPI (peers may be gone): its MPI communicator is leaked. */
+/* Drops the communicator without MPI (peers may be gone): its MPI communicator is leaked, and
+ * the handle stays (reachable, for LeakSanitizer) because calls still queued name it. */
 ncclResult_t ncclCommAbort(ncclComm_t comm) {
-  delete comm;
+  static std::vector<dt_emu_nccl *> &aborted = *new std::vector<dt_emu_nccl *>;
+  if (!comm) return ncclInvalidArgument;
+  comm->aborted = 1;
+  aborted.push_back(comm);
   return ncclSuccess;
 }
 

@@ -1,7 +1,9 @@
 /* CUDA emulation: streams and events. A stream is a queue; nothing runs when it is enqueued.
  * Work runs, in order, only when the host waits for it: cudaStreamSynchronize, cudaEventSynchronize,
  * cudaEventQuery/cudaStreamQuery (which run the work and then report it done), cudaDeviceSynchronize,
- * and the calls that are synchronous in CUDA (cudaMemcpy to host, cudaFree). So a host read that
+ * and the calls that are synchronous in CUDA (cudaMemcpy to host, cudaFree). An NCCL call's op
+ * finishes only when its peers have taken part: the queries return cudaErrorNotReady until then
+ * (the rest of the stream waits behind it), the synchronising calls poll it. So a host read that
  * is not ordered after a kernel sees the memory as it was before the kernel. cudaStreamWaitEvent
  * queues a wait: running it first runs the other stream up to the event. The legacy default
  * stream (NULL) waits for all earlier work of the device's blocking streams and they wait for it;
@@ -101,18 +103,44 @@ void enqueue(stream_t *s, op_t op) {
   push(s, std::move(op));
 }
 
-void run_until(stream_t *s, uint64_t seq) {
-  if (s->done >= seq) return;
+/* An op that waits for peers: 1 once it has finished; with block, polls until then. */
+static int step_op(op_t &op, int block) {
+  for (;;) {
+    if (op.step()) return 1;
+    if (!block) return 0;
+    struct timespec ts = {0, 20000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+/* Runs s up to its op number seq; 0 (only without block) when a step op or a stream waited for
+ * is not finished: that op stays first in its queue. */
+static int advance(stream_t *s, uint64_t seq, int block) {
+  if (s->done >= seq) return 1;
   heap_open();
+  int reached = 1;
   while (s->done < seq && !s->q.empty()) {
+    if (s->q.front().step && sticky(s->device) == cudaSuccess && !step_op(s->q.front(), block)) {
+      reached = 0;
+      break;
+    }
     op_t op = std::move(s->q.front());
     s->q.pop_front();
-    if (op.wait_s) run_until(op.wait_s, op.wait_seq);
-    else if (sticky(s->device) == cudaSuccess) op.run();
+    if (op.wait_s && !advance(op.wait_s, op.wait_seq, block)) {
+      s->q.push_front(std::move(op));
+      reached = 0;
+      break;
+    }
+    if (!op.wait_s && !op.step && sticky(s->device) == cudaSuccess) op.run();
     s->done++;
   }
   heap_close();
+  return reached;
 }
+
+void run_until(stream_t *s, uint64_t seq) { advance(s, seq, 1); }
+
+int try_run_until(stream_t *s, uint64_t seq) { return advance(s, seq, 0); }
 
 void run_stream(stream_t *s) { run_until(s, s->enq); }
 
@@ -190,7 +218,16 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   return entry();
 }
 
-cudaError_t cudaStreamQuery(cudaStream_t stream) { return cudaStreamSynchronize(stream); }
+/* Runs what it can; cudaErrorNotReady while an NCCL call waits for its peers (not an error:
+ * nothing is recorded). */
+cudaError_t cudaStreamQuery(cudaStream_t stream) {
+  cudaError_t e = entry();
+  if (e != cudaSuccess) return e;
+  stream_t *s = get_stream(stream, &e);
+  if (!s) return e;
+  if (!try_run_until(s, s->enq)) return cudaErrorNotReady;
+  return entry();
+}
 
 cudaError_t cudaStreamWaitEvent(cudaStream_t stream, cudaEvent_t event, unsigned int flags) {
   cudaError_t e = entry();
@@ -253,7 +290,14 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   return entry();
 }
 
-cudaError_t cudaEventQuery(cudaEvent_t event) { return cudaEventSynchronize(event); }
+cudaError_t cudaEventQuery(cudaEvent_t event) {
+  cudaError_t e = entry();
+  if (e != cudaSuccess) return e;
+  dt_emu_event *ev = get_event(event);
+  if (!ev) return fail(cudaErrorInvalidResourceHandle, "cudaEventQuery: %p is not a live event", (void *)event);
+  if (ev->s && !try_run_until(ev->s, ev->seq)) return cudaErrorNotReady;
+  return entry();
+}
 
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end) {
   dt_emu_event *a = get_event(start), *b = get_event(end);

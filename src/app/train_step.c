@@ -60,6 +60,7 @@ static dt_status_t microsteps(dt_trainer_t *tr, uint64_t slice, double *loss_sum
   DT_TRY(dt_pipe_flush(&tr->pipe));
   tr->t_pp_step += dt_time_now() - t_step;
   tr->n_pp_steps++;
+  if (dt_fault_at("stall", tr->mesh.rank, tr->step + 1)) raise(SIGSTOP); /* test-only (fault.h) */
   return DT_OK;
 }
 
@@ -100,7 +101,6 @@ static dt_status_t test_faults(dt_trainer_t *tr, int step) {
   if (dt_fault("bad_math", tr->mesh.rank, step)) /* block 1's grads */
     DT_TRY(fault_scale_grads(be, tr->lay.layer_begin[1], tr->lay.layer_begin[2] - tr->lay.layer_begin[1]));
   if (dt_fault("slow_rank", tr->mesh.rank, step)) dt_fault_sleep(DT_FAULT_SLOW_RANK_S);
-  if (dt_fault_at("stall", tr->mesh.rank, step)) raise(SIGSTOP);
   if (dt_fault_at("grad_inf", tr->mesh.rank, step)) { /* one inf in block 0's grads */
     float inf = INFINITY;
     DT_TRY(be->ops->copy_from_host(be, DT_BUF_GRADS, tr->lay.layer_begin[1], 1, &inf));

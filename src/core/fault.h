@@ -31,9 +31,11 @@
  *   stall_start    this rank stops itself (SIGSTOP) before the first collective of a training run:
  *                  a rank that never arrives; the hang watchdog's start deadline ends the job
  *                  (tests/hang_rank.sh)
- *   stall          at exactly step `step` this rank stops itself (SIGSTOP) after its backward: a
- *                  node that hangs mid-run; the watchdog ends the job (tests/slurm_hang.sh: a job
- *                  that restarts without that rank, on fewer nodes, runs on)
+ *   stall          at exactly step `step` this rank stops itself (SIGSTOP) after its backward,
+ *                  before its gradients are summed: a node that hangs mid-run, its peers wait in
+ *                  the gradient collective; the watchdog ends the job (tests/slurm_hang.sh: a job
+ *                  that restarts without that rank, on fewer nodes, runs on; tests/emu_hang.sh:
+ *                  the peers wait in NCCL)
  * validation/ (tests/validation.sh) plants each and expects the matching check to fail. */
 #ifndef DT_FAULT_H
 #define DT_FAULT_H

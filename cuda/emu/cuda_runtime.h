@@ -62,6 +62,13 @@ typedef struct dt_emu_event *cudaEvent_t;
 
 enum cudaFuncAttribute { cudaFuncAttributeMaxDynamicSharedMemorySize = 8 };
 
+#define cudaEnableDefault 0x0
+enum cudaDriverEntryPointQueryResult {
+  cudaDriverEntryPointSuccess = 0,
+  cudaDriverEntryPointSymbolNotFound = 1,
+  cudaDriverEntryPointVersionNotSufficent = 2,
+};
+
 enum cudaDeviceAttr {
   cudaDevAttrMaxThreadsPerBlock = 1,
   cudaDevAttrMaxSharedMemoryPerBlock = 8,
@@ -163,6 +170,9 @@ cudaError_t cudaEventRecord(cudaEvent_t event, cudaStream_t stream);
 cudaError_t cudaEventSynchronize(cudaEvent_t event);
 cudaError_t cudaEventQuery(cudaEvent_t event);
 cudaError_t cudaEventElapsedTime(float *ms, cudaEvent_t start, cudaEvent_t end);
+/* a driver API function (cuda.h) by name: the emulated ones of cuda/emu/vmm.cpp */
+cudaError_t cudaGetDriverEntryPointByVersion(const char *symbol, void **funcPtr, unsigned int cudaVersion,
+                                             unsigned long long flags, enum cudaDriverEntryPointQueryResult *status);
 /* the opt-in above 48 KiB of dynamic shared memory (a kernel's function pointer as void *) */
 cudaError_t dt_emu_func_set_attribute(const void *func, enum cudaFuncAttribute attr, int value);
 }

@@ -40,6 +40,8 @@ struct alloc_t {
   uintptr_t lo, hi; /* the pages made accessible while device work runs (slack included) */
   int device;
   int live;
+  int vmm;          /* a cuMemAddressReserve range: its pages are vmm.cpp's (mapped or not, with the
+                       access of cuMemSetAccess, not switched by heap_open/close) */
   unsigned long id; /* 1, 2, ... in order of allocation */
 };
 cudaError_t heap_alloc(int device, size_t size, void **out);
@@ -57,6 +59,14 @@ void heap_close(void);
 /* The first allocation whose canary bytes around it changed: 0 and a message; else -1. */
 int heap_check_canaries(char *why, size_t n);
 size_t heap_used(int device);
+/* Physical memory of device dev taken (delta > 0: 0 when it does not fit, else 1) or given back. */
+int heap_account(int device, long long delta);
+/* cuMemAddressReserve: size bytes (page multiple) of address range with nothing mapped, recorded
+ * as an allocation (vmm = 1) for the range checks and messages; heap_unreserve ends it. */
+cudaError_t heap_reserve(int device, size_t size, size_t align, void **out);
+cudaError_t heap_unreserve(void *p, size_t size);
+/* vmm.cpp: what is mapped at a, for messages. */
+void vmm_describe(uintptr_t a, char *out, size_t n);
 int host_pinned(const void *p, size_t n); /* inside a cudaMallocHost block (runtime.cpp) */
 
 /* ---- streams (stream.cpp) -------------------------------------------------------------------- */

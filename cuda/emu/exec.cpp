@@ -408,7 +408,7 @@ static int check_args(const dt_emu_launch_t *l, int dev) {
     const void *p = l->ptr[i];
     if (!p) continue;
     const alloc_t *x = heap_contains(p) ? heap_find(p) : NULL;
-    char d[200];
+    char d[256];
     if (x && x->live && x->device == dev) continue;
     if (!heap_contains(p) && host_pinned(p, 1)) continue;
     if (heap_contains(p)) heap_describe(p, d, sizeof d);

@@ -27,6 +27,7 @@ static size_t g_reserved, g_page;
 static uintptr_t g_next;
 static std::vector<alloc_t> g_allocs; /* in address order (addresses only grow) */
 static std::vector<size_t> g_used;    /* bytes per device */
+static std::vector<size_t> g_peak;    /* most bytes in use at once, per device (DTRAIN_EMU_PEAK) */
 static int g_open, g_protect = -1;
 static struct sigaction g_old_segv;
 
@@ -39,6 +40,12 @@ static int protect_on(void) {
 }
 
 static void on_segv(int sig, siginfo_t *si, void *ucv);
+
+/* DTRAIN_EMU_PEAK=1: one line per device at exit, the most device memory in use at once. */
+static void print_peak(void) {
+  for (size_t d = 0; d < g_peak.size(); d++)
+    fprintf(stderr, "dt_emu: device %zu peak memory in use %zu bytes\n", d, g_peak[d]);
+}
 
 static void heap_init(void) {
   if (g_base) return;
@@ -55,6 +62,7 @@ static void heap_init(void) {
     abort();
   }
   g_next = (uintptr_t)g_base + g_page;
+  if (env_str("DTRAIN_EMU_PEAK") && strcmp(env_str("DTRAIN_EMU_PEAK"), "0") != 0) atexit(print_peak);
   /* faults on a fiber's guard page need a stack of their own */
   static char altstack[1 << 16];
   stack_t ss = {};
@@ -98,6 +106,13 @@ void heap_describe(const void *p, char *out, size_t n) {
     return;
   }
   const char *st = x->live ? "" : "freed ";
+  if (x->vmm && a >= x->base && a < x->base + x->size) {
+    char m[120];
+    vmm_describe(a, m, sizeof m);
+    snprintf(out, n, "byte %zu of %sreserved range #%lu (%zu bytes, device %d; %s)", (size_t)(a - x->base), st, x->id,
+             x->size, x->device, m);
+    return;
+  }
   if (a < x->base)
     snprintf(out, n, "%zu bytes before the start of %sallocation #%lu (%zu bytes, device %d)", (size_t)(x->base - a), st,
              x->id, x->size, x->device);
@@ -111,7 +126,7 @@ void heap_describe(const void *p, char *out, size_t n) {
 
 int heap_check_range(const void *p, size_t n, int dev, char *why, size_t nwhy) {
   const alloc_t *x = heap_contains(p) ? heap_find(p) : NULL;
-  char d[160];
+  char d[256];
   if (!x || !x->live) {
     heap_describe(p, d, sizeof d);
     snprintf(why, nwhy, "%p is %s", p, d);
@@ -137,15 +152,56 @@ static void set_access(const alloc_t &x, int on) {
 }
 
 void heap_open(void) {
-  if (g_open++ == 0 && protect_on())
+  if (g_open++ == 0 && protect_on()) {
     for (const alloc_t &x : g_allocs)
-      if (x.live) set_access(x, 1);
+      if (x.live && !x.vmm) set_access(x, 1);
+  }
 }
 
 void heap_close(void) {
-  if (--g_open == 0 && protect_on())
+  if (--g_open == 0 && protect_on()) {
     for (const alloc_t &x : g_allocs)
-      if (x.live) set_access(x, 0);
+      if (x.live && !x.vmm) set_access(x, 0);
+  }
+}
+
+
+int heap_account(int device, long long delta) {
+  if ((int)g_used.size() <= device) g_used.resize((size_t)device + 1, 0);
+  if ((int)g_peak.size() <= device) g_peak.resize((size_t)device + 1, 0);
+  if (delta > 0 && g_used[device] + (size_t)delta > device_mem()) return 0;
+  g_used[device] += (size_t)delta; /* a negative delta wraps back down */
+  if (g_used[device] > g_peak[device]) g_peak[device] = g_used[device];
+  return 1;
+}
+
+cudaError_t heap_reserve(int device, size_t size, size_t align, void **out) {
+  heap_init();
+  if (align < g_page) align = g_page;
+  uintptr_t lo = (g_next + align - 1) / align * align;
+  if (size == 0 || size % g_page || lo + size + g_page > (uintptr_t)g_base + g_reserved)
+    return fail(cudaErrorMemoryAllocation, "cuMemAddressReserve of %zu bytes: not a page multiple, or the range is used up",
+                size);
+  alloc_t x = {};
+  x.lo = x.base = lo;
+  x.hi = lo + size;
+  x.size = size;
+  x.device = device;
+  x.live = 1;
+  x.vmm = 1;
+  x.id = g_allocs.size() + 1;
+  g_next = x.hi + g_page;
+  g_allocs.push_back(x);
+  *out = (void *)lo;
+  return cudaSuccess;
+}
+
+cudaError_t heap_unreserve(void *p, size_t size) {
+  alloc_t *x = heap_contains(p) ? find_span((uintptr_t)p) : NULL;
+  if (!x || !x->vmm || !x->live || x->base != (uintptr_t)p || x->size != size)
+    return fail(cudaErrorInvalidValue, "cuMemAddressFree(%p, %zu): not a live reserved range", p, size);
+  x->live = 0;
+  return cudaSuccess;
 }
 
 cudaError_t heap_alloc(int device, size_t size, void **out) {
@@ -154,6 +210,7 @@ cudaError_t heap_alloc(int device, size_t size, void **out) {
   if (size > device_mem() || g_used[device] + size > device_mem())
     return fail(cudaErrorMemoryAllocation, "cudaMalloc of %zu bytes: device %d has %zu of %zu bytes in use", size,
                 device, g_used[device], device_mem());
+  heap_account(device, 0); /* the peak's slot */
   size_t r = (size + ALIGN - 1) / ALIGN * ALIGN, span = (r + g_page - 1) / g_page * g_page;
   if (span - r < CANARY_FRONT) span += g_page; /* room for the front canary */
   if (g_next + span + g_page > (uintptr_t)g_base + g_reserved)
@@ -173,20 +230,20 @@ cudaError_t heap_alloc(int device, size_t size, void **out) {
   memset((void *)(x.base + size), CANARY, r - size);
   if (protect_on() && !g_open) set_access(x, 0);
   g_allocs.push_back(x);
-  g_used[device] += size;
+  heap_account(device, (long long)size);
   *out = (void *)x.base;
   return cudaSuccess;
 }
 
 cudaError_t heap_free(void *p) {
   alloc_t *x = heap_contains(p) ? find_span((uintptr_t)p) : NULL;
-  if (!x || x->base != (uintptr_t)p || !x->live) {
-    char d[160];
+  if (!x || x->base != (uintptr_t)p || !x->live || x->vmm) {
+    char d[256];
     heap_describe(p, d, sizeof d);
     return fail(cudaErrorInvalidValue, "cudaFree(%p): not the start of a live allocation (%s)", p, d);
   }
   x->live = 0;
-  g_used[x->device] -= x->size;
+  heap_account(x->device, -(long long)x->size);
   madvise((void *)x->lo, x->hi - x->lo, MADV_DONTNEED);
   set_access(*x, 0);
   return cudaSuccess;
@@ -196,7 +253,7 @@ size_t heap_used(int device) { return device < (int)g_used.size() ? g_used[devic
 
 int heap_check_canaries(char *why, size_t n) {
   for (const alloc_t &x : g_allocs) {
-    if (!x.live) continue;
+    if (!x.live || x.vmm) continue;
     const unsigned char *f = (const unsigned char *)(x.base - CANARY_FRONT);
     size_t r = (x.size + ALIGN - 1) / ALIGN * ALIGN;
     const unsigned char *t = (const unsigned char *)(x.base + x.size);
@@ -245,7 +302,7 @@ static void on_segv(int sig, siginfo_t *si, void *ucv) {
   int w = fault_is_write(ucv);
   const char *rw = w < 0 ? "access" : w ? "write" : "read";
   const char *where = exec_where();
-  char d[200];
+  char d[256];
   if (where && fiber_guard(a)) {
     fail_sticky(current_device(), cudaErrorIllegalAddress, "%s: stack overflow (the fiber's guard page at %p)", where,
                 a);

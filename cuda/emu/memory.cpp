@@ -77,7 +77,7 @@ static cudaError_t host_read(stream_t *s, uint64_t seq, const char *call, const 
   if (e != cudaSuccess) return e;
   char why[400];
   if (pending_writer(s->device, (uintptr_t)src, (uintptr_t)src + n, s, why, sizeof why)) {
-    char d[160], msg[768];
+    char d[256], msg[768];
     heap_describe(src, d, sizeof d);
     snprintf(msg, sizeof msg, "%s (device to host) of %zu bytes at %p (%s): %s; synchronise that stream or make this "
              "one wait for an event recorded after it", call, n, src, d, why);

@@ -129,6 +129,14 @@ static void cu_free(dt_backend_t *be) {
     free(im->h_buckets);
     free(im->h_losses);
     free(im->h_partial);
+    if (im->sp_params) { /* not cudaMalloc's */
+      dt_cu_sparse_free(im->sp_params);
+      be->params = NULL;
+    }
+    if (im->sp_grads) {
+      dt_cu_sparse_free(im->sp_grads);
+      be->grads = NULL;
+    }
     free(im);
   }
   if (be->wparams != be->params) cudaFree(be->wparams);
@@ -175,8 +183,10 @@ static dt_status_t init_all(dt_backend_t *be, cu_impl_t *im) {
   DT_CUBLAS_CHECK(cublasSetStream(im->blas, im->compute));
   if (be->tf32) DT_CUBLAS_CHECK(cublasSetMathMode(im->blas, CUBLAS_TF32_TENSOR_OP_MATH));
   cudaStream_t s = im->compute;
-  DT_TRY(alloc_zero((void **)&be->params, n, s));
-  DT_TRY(alloc_zero((void **)&be->grads, n, s));
+  if (be->sparse & DT_SPARSE_PARAMS) DT_TRY(dt_cu_sparse_create(im->device, n, s, &im->sp_params, (void **)&be->params));
+  else DT_TRY(alloc_zero((void **)&be->params, n, s));
+  if (be->sparse & DT_SPARSE_GRADS) DT_TRY(dt_cu_sparse_create(im->device, n, s, &im->sp_grads, (void **)&be->grads));
+  else DT_TRY(alloc_zero((void **)&be->grads, n, s));
   size_t nopt = dt_backend_opt_floats(be) * sizeof(float); /* m[i]: arena offset opt_lo + i */
   DT_TRY(alloc_zero((void **)&be->m, nopt, s));
   DT_TRY(alloc_zero((void **)&be->v, nopt, s));
@@ -220,6 +230,7 @@ static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
  * mode of every matmul, be->flash the attention kernels. */
 static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads) {
   int device = be->device < 0 ? 0 : be->device, tf32 = be->tf32, flash = be->flash, cudnn = be->cudnn_conv;
+  int sparse = be->sparse;
   size_t opt_lo = be->opt_lo, opt_hi = be->opt_hi; /* ZeRO: m, v of this shard only */
   if (opt_hi > lay->n_params || opt_lo > opt_hi)
     return DT_ERR(DT_ERR_ARG, "cuda backend: optimizer range [%zu, %zu) outside the arena of %zu", opt_lo, opt_hi,
@@ -235,6 +246,7 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
   be->tf32 = tf32;
   be->flash = flash;
   be->cudnn_conv = cudnn;
+  be->sparse = sparse;
   be->opt_lo = opt_lo;
   be->opt_hi = opt_hi;
   if (B < 1 || T < 1 || T > lay->d.T)
@@ -507,10 +519,8 @@ static dt_status_t k_sumsq(dt_backend_t *be, const float *x, size_t n, double *o
   return DT_OK;
 }
 
-static dt_status_t k_clear(dt_backend_t *be, float *x, size_t n) {
-  if (n) DT_CUDA_CHECK(cudaMemsetAsync(x, 0, n * sizeof(float), S(be)));
-  return DT_OK;
-}
+static dt_status_t k_clear(dt_backend_t *be, float *x, size_t n) { return dt_cu_arena_clear(be, x, n); }
+static dt_status_t k_populate(dt_backend_t *be, float *x, size_t n) { return dt_cu_arena_populate(be, x, n); }
 static dt_status_t k_divide(dt_backend_t *be, float *x, size_t n, float d) { return dt_cu_divide(x, n, d, S(be)); }
 
 /* over the optimizer range (ZeRO: this rank's shard) */
@@ -557,6 +567,8 @@ static dt_status_t cu_copy_from_host(dt_backend_t *be, dt_buf_t buf, size_t off,
   cu_impl_t *im = impl(be);
   DT_TRY(dt_backend_check_range(be, buf, off, count));
   DT_TRY(join_comm(im));
+  if (buf == DT_BUF_PARAMS || buf == DT_BUF_GRADS) /* a sparse arena's dropped part has no memory to write */
+    DT_TRY(dt_cu_arena_populate(be, dt_backend_buf(be, buf) + off, count));
   DT_CUDA_CHECK(cudaMemcpyAsync(dt_backend_buf(be, buf) + off, src, count * sizeof(float), cudaMemcpyHostToDevice,
                                 im->compute));
   DT_CUDA_CHECK(cudaStreamSynchronize(im->compute));
@@ -589,7 +601,7 @@ static const dt_kernels_t cuda_kernels = {
     k_bias_residual,   k_layernorm_forward, k_layernorm_backward, k_linear_forward, k_linear_backward,
     k_attention_forward, k_attention_backward, k_attention_decode, k_gelu_forward, k_gelu_backward, k_crossentropy_forward,
     k_xent_max,        k_xent_sumexp,       k_xent_finish,    k_crossentropy_backward, k_round,
-    k_round_copy,      k_sumsq,             k_clear,          k_divide,
+    k_round_copy,      k_sumsq,             k_clear,          k_populate,        k_divide,
 };
 
 extern "C" const dt_backend_ops_t dt_backend_cuda = {

@@ -16,6 +16,7 @@ extern "C" {
 #include "cuda_check.h"
 #include "cuda_launch.h"
 #include "embed_buckets.h"
+#include "sparse.h"
 
 /* The activations are the model's (gpt2.c carves them from k_alloc); the backend keeps its
  * streams, the gradient-group events, cuBLAS, and the host-side scratch of its kernels. */
@@ -38,9 +39,15 @@ typedef struct {
   int lin_16;
   cublasComputeType_t lin_compute;
   struct dt_cudnn *cudnn; /* system.conv = cudnn: conv_cudnn.h's state (NULL: our convolutions) */
+  dt_cu_sparse_t *sp_params, *sp_grads; /* be->sparse: those arenas (sparse.h), else NULL */
 } cu_impl_t;
 
 static inline cu_impl_t *impl(dt_backend_t *be) { return (cu_impl_t *)be->impl; }
+
+/* The kernel table's clear and populate (backend.h): on a sparse arena (sparse.cu) a drop and a
+ * populate, elsewhere a memset and nothing. */
+dt_status_t dt_cu_arena_clear(dt_backend_t *be, float *x, size_t n);
+dt_status_t dt_cu_arena_populate(dt_backend_t *be, float *x, size_t n);
 
 /* cuDNN is only in the real CUDA build, and only where configure found cudnn.h */
 #if defined(DT_HAVE_CUDNN_H) && !defined(DT_CUDA_EMU_RUNTIME)

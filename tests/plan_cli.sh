@@ -2,8 +2,8 @@
 # `dtrain plan`: GPT-2 1.5B (inputs/gpt2-xl.ini) at world 8 against an 80 GiB device prints the
 # seed arithmetic (6.23 GB parameters, 12.46 GB AdamW moments, 18.69 GB with the fp32 master),
 # the four ZeRO columns with the fit verdicts computed here by hand (all fit 80 GiB; at 64 GiB
-# zero1-3, whose device rows are equal: the CUDA backend's stages 2 and 3 keep whole parameter and
-# gradient arenas; at 56 GiB none), the roofline rows for A100 and H100; a world of 1 with
+# zero1-3; at 52 GiB zero3 alone: the sparse device arenas of zero2/3 hold the shard and what is in
+# use), the roofline rows for A100 and H100; a world of 1 with
 # B=8 does not fit; tp/pp can be planned; a bad key, a bad size and a bad layout each give
 # one error line naming the problem and exit status 2.
 source "$top_srcdir/tests/lib.sh"
@@ -21,7 +21,9 @@ grep -q 'stage 1 shards m + v: 12.46 / 8 = 1.56 GB; stage 2 also the gradients: 
 grep -Eq 'per rank, GB .* zero0 +zero1 +zero2 +zero3' "$t/out" || fail "zero stage header"
 # The fit verdicts, hand-computed from the memory model in src/app/plan.c's header (per rank, bytes):
 # fp32 master 4P, bf16 working copy 4P, gradients 4P, m and v 4P each divided by dp for ZeRO
-# (on the device only m and v are sharded, at every stage: zero.h); MPI/ZeRO buffers of 2 or
+# (on the device the working copy stays whole; ZeRO-3's master holds the shard plus the gathered
+# embeddings, ln_f and 3 blocks, ZeRO-2/3's gradients the shard plus the embeddings', ln_f's, 2
+# blocks' and one 25 MiB bucket, each of those less the own part: cuda/sparse.h); MPI/ZeRO buffers of 2 or
 # 3 x 25 MiB; the CUDA activations llm.c's layout keeps (per layer and token: ln1, qkv, atty,
 # the NH*T attention row, residual2, ln2, fch, fch_gelu, residual3 = 16C + NH*T plus 4 mean/rstd;
 # once per token: encoded, lnf, logits, the backward scratch = 11C + 2Vp + NH*T + 4); the token
@@ -36,13 +38,16 @@ Vp = (V + 127) // 128 * 128                          # the padded vocabulary (50
 P = Vp * C + T * C + L * (12 * C * C + 13 * C) + 2 * C   # floats per arena: 1,557,686,400
 bt, dp, MiB = B * T, world, 2.0 ** 20
 act = 4 * bt * (L * (16 * C + 4 + NH * T) + 11 * C + 4 + 2 * Vp + NH * T)
+emb, head, blk = Vp * C + T * C, 2 * C, 12 * C * C + 13 * C
 out = []
 for z in range(4):
     shard = lambda on: 4 * P / dp if on else 4 * P
-    state = 2 * shard(False) + shard(False) + 2 * shard(z >= 1)  # master + working copy, grads, m + v
-    gather = 0  # ZeRO-3 gathers into the whole device arena
+    own = 1 - 1 / dp  # the part of a gathered or held group that is not the rank's own
+    master = shard(True) + 4 * (emb + head + 3 * blk) * own if z >= 3 else 4 * P
+    grads = shard(True) + (4 * (emb + head + 2 * blk) + 25 * MiB) * own if z >= 2 else 4 * P
+    state = master + 4 * P + grads + 2 * shard(z >= 1)  # master, working copy, grads, m + v
     comm = ((3 if z else 2) * 25 * MiB) if dp > 1 else 0
-    total = (state + gather + comm + act + 2 * bt * 4 + 512 * MiB) / 2 ** 30
+    total = (state + comm + act + 2 * bt * 4 + 512 * MiB) / 2 ** 30
     assert abs(total - gib) >= 1.9, f"zero{z}: {total:.2f} GiB too close to {gib} GiB to judge by hand"
     out.append("fits" if total <= gib else "NO")
     print(f"world {world} B={B} zero{z}: {total:.2f} GiB by hand vs {gib:g} GiB: {out[-1]}", file=sys.stderr)
@@ -59,8 +64,8 @@ check_verdicts() { # check_verdicts FILE WORLD B GIB: dtrain's verdict line is t
 check_verdicts "$t/out" 8 4 80
 run "$DTRAIN" plan "$xl" --world 8 --device-mem 64GiB > "$t/64"
 check_verdicts "$t/64" 8 4 64
-run "$DTRAIN" plan "$xl" --world 8 --device-mem 56GiB > "$t/56"
-check_verdicts "$t/56" 8 4 56
+run "$DTRAIN" plan "$xl" --world 8 --device-mem 52GiB > "$t/52"
+check_verdicts "$t/52" 8 4 52
 for g in A100-SXM4-80GB H100-SXM5-80GB; do
   [ "$(grep -c "^roofline: $g" "$t/out")" = 3 ] || fail "3 roofline rows for $g"
 done

@@ -50,8 +50,8 @@ static const char *const paragraphs[] = {
     "the hang watchdog (a rank waited longer than system.comm_timeout for others; no checkpoint): requeue.",
     "parallel.tp = N: Megatron-style tensor parallelism over N consecutive ranks; parallel.pp = N: N pipeline "
     "stages run 1F1B; parallel.zero = 1|2|3: ZeRO over dp (1|2 with pp > 1). tp and pp on both backends "
-    "(cuda: emulation-tested, not yet on GPUs); ZeRO 1-3 on both (cuda: stages 2 and 3 without their memory "
-    "saving yet, whole device arenas).",
+    "(cuda: emulation-tested, not yet on GPUs); ZeRO 1-3 on both (cuda: stages 2 and 3 with device memory "
+    "only where in use, CUDA virtual memory, emulation-tested).",
     "train.precision = bf16 | fp16 (fp16 with dynamic loss scaling) works on the CPU backend by rounding "
     "float storage (emulated: for numerics, not speed).",
     "The CUDA backend is compiled in when configured; one GPU checked (docs/gpu-runs.md), multi-GPU "

@@ -234,9 +234,17 @@ static dt_plan_zero_t stage_memory(const dt_plan_t *p, const dt_plan_in_t *in, c
   r.work_cpu = a->ints + (pp > 1 ? 2 * 4 * bt * in->d.C : 0);
   r.work_gpu = CUDA_CONTEXT_BYTES;
   double state = r.params + r.wparams + r.grads + r.m + r.v + r.gather + r.comm;
-  /* the device keeps whole parameter and gradient arenas under ZeRO-2/3 (zero.h: its drops
-   * clear, they free nothing; the gathered blocks land in the whole arena) */
-  double state_gpu = 4 * P + (a->mixed ? 4 * P : 0) + 4 * P + r.m + r.v + r.comm;
+  /* the device's sparse arenas (cuda/sparse.h) under ZeRO-2/3: the shard, the gathered blocks as
+   * on the CPU and one more (given back only once the kernels queued on it have run), and for the
+   * gradients also what backward holds before it is reduced: the
+   * embeddings' and ln_f's (written at both ends of backward), one bucket and 2 blocks (the block
+   * a bucket ends on, and the next one populated while the reduction runs), less the own part */
+  const double held =
+      dp > 1 ? (1.0 - 1.0 / dp) * (4 * (p->group_emb + p->group_head + 2 * p->group_blk) + in->bucket_mb * MIB) : 0;
+  const double own = 1.0 - 1.0 / dp; /* ZeRO-3: a third block, released but not yet given back */
+  double params_gpu = z >= 3 ? r.params + r.gather + 4 * p->group_blk * own : 4 * P;
+  double grads_gpu = z >= 2 ? r.grads + held : 4 * P;
+  double state_gpu = params_gpu + (a->mixed ? 4 * P : 0) + grads_gpu + r.m + r.v + r.comm;
   r.total_cpu = state + r.act_cpu + r.work_cpu;
   r.total_gpu = state_gpu + r.act_gpu + r.work_gpu;
   r.total_gpu_rc = state_gpu + r.act_gpu_rc + r.work_gpu;

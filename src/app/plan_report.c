@@ -162,8 +162,9 @@ static void print_notes(const dt_plan_t *p, FILE *o, const char *prefix) {
   pl(o, prefix, "plan: host memory with the CUDA backend (not in the device totals): a copy of the parameters %.3f GB "
      "(initial weights, checkpoint staging), + m, v %.3f GB once a checkpoint is written or read", 4 * n / GB,
      8 * n / GB);
-  pl(o, prefix, "plan: the CUDA backend runs ZeRO-2 and -3 over whole parameter and gradient arenas (the same "
-     "updates and communication, not yet their memory saving): its device rows count them whole");
+  pl(o, prefix, "plan: the CUDA backend's ZeRO-2/3 arenas have memory only where in use (CUDA virtual memory, 2 MiB "
+     "granules): its device rows count the shard, the gathered blocks and, for the gradients, the embeddings', "
+     "ln_f's, 2 blocks' and one bucket that backward holds before reducing them");
   if (in->zero >= 0)
     pl(o, prefix, "plan: configured parallel.zero = %d", in->zero);
   else

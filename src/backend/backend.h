@@ -22,6 +22,7 @@ typedef struct dt_backend dt_backend_t;
 typedef struct dt_cnn_kernels dt_cnn_kernels_t; /* the image classifiers' kernels: cnn_kernels.h */
 
 typedef enum { DT_BUF_PARAMS, DT_BUF_GRADS, DT_BUF_M, DT_BUF_V } dt_buf_t;
+enum { DT_SPARSE_PARAMS = 1, DT_SPARSE_GRADS = 2 }; /* dt_backend_t.sparse */
 
 
 typedef struct {
@@ -111,8 +112,13 @@ typedef struct {
   /* *out_host = sum of x[i]^2 over (n) (float64 accumulation) */
   dt_status_t (*sumsq)(dt_backend_t *be, const float *x, size_t n, double *out_host);
   /* x (n) = 0 (ZeRO-2/3 on device arenas: what lies outside the rank's shard after a reduction
-   * or a use; host arenas give their pages back instead, zero.h) */
+   * or a use; host arenas give their pages back instead, zero.h). In a sparse arena (be->sparse)
+   * the memory of what lies wholly inside goes back too, once the work queued before is done. */
   dt_status_t (*clear)(dt_backend_t *be, float *x, size_t n);
+  /* x (n) has memory again before its next use (zeros where clear gave it back): a sparse arena's
+   * gather or backward is about to write there. Nothing to do elsewhere (the CPU's pages come
+   * back by themselves). */
+  dt_status_t (*populate)(dt_backend_t *be, float *x, size_t n);
   /* x (n) = x / d elementwise, a true division as DT_AVG's (ZeRO-2: the shard's sum over the dp
    * ranks made their mean) */
   dt_status_t (*divide)(dt_backend_t *be, float *x, size_t n, float d);
@@ -173,6 +179,8 @@ struct dt_backend {
                                     set before init */
   int cudnn_conv;                /* CUDA: the classifiers' convolutions by cuDNN (system.conv = cudnn),
                                     set before init */
+  int sparse;                    /* CUDA: DT_SPARSE_* arenas with memory only where in use (ZeRO-2/3,
+                                    cuda/sparse.h), set before init */
   size_t opt_lo, opt_hi;         /* the arena range whose AdamW state this rank holds, set by the
                                     caller before init on a zeroed struct (ZeRO shards; 0, 0 = the
                                     whole arena; dt_backend_t be = {0} for plain use): m and v

@@ -389,6 +389,10 @@ static dt_status_t k_clear(dt_backend_t *be, float *x, size_t n) {
   zero_floats(x, n);
   return DT_OK;
 }
+static dt_status_t k_populate(dt_backend_t *be, float *x, size_t n) {
+  (void)be, (void)x, (void)n;
+  return DT_OK;
+}
 
 DT_CPU_VEC static dt_status_t k_divide(dt_backend_t *be, float *restrict x, size_t n, float d) {
   (void)be;
@@ -507,6 +511,7 @@ static const dt_kernels_t cpu_kernels = {
     .round_copy = k_round_copy,
     .sumsq = k_sumsq,
     .clear = k_clear,
+    .populate = k_populate,
     .divide = k_divide,
 };
 

@@ -168,10 +168,17 @@ static dt_status_t drop_grads(dt_sync_t *s) {
   return dt_zero_clear(&s->zero, s->be->grads, 0, s->lay->n_params); /* zero, and host pages back */
 }
 
-/* Every micro-batch's buckets go to their owners as backward finishes them. */
+/* Every micro-batch's buckets go to their owners as backward finishes them. On device arenas the
+ * gradients of the embeddings and ln_f (written at both ends of backward) are populated first; the
+ * blocks' come with the layer hook (dt_zero2_hook). */
 static dt_grad_ready_fn zero2_hook(dt_sync_t *s, int mb, int m) {
   (void)mb, (void)m;
+  const size_t *g = s->lay->layer_begin;
+  int L = s->lay->d.L;
+  dt_status_t st = dt_zero_populate_grads(&s->zero, g[0], g[1]);
+  if (st == DT_OK) st = dt_zero_populate_grads(&s->zero, g[L + 1], g[L + 2]);
   dt_ddp_begin(&s->ddp);
+  s->ddp.err = st; /* reported by backward_end (dt_ddp_finish) */
   return dt_ddp_ready;
 }
 
@@ -281,9 +288,21 @@ dt_status_t dt_sync_init(dt_sync_t *s, int stage, dt_comm_t *dp_comm, int dp, in
   return dt_zero_init(&s->zero, stage, dp_comm, dp_idx, n, bucket_bytes);
 }
 
+int dt_sync_sparse(const dt_sync_t *s) {
+  if (s->dp < 2) return 0;
+  return (s->zero.stage >= 2 ? DT_SPARSE_GRADS : 0) | (s->zero.stage >= 3 ? DT_SPARSE_PARAMS : 0);
+}
+
 dt_status_t dt_sync_attach(dt_sync_t *s, dt_gpt2_t *model) {
   if (s->zero.stage > 0 && !s->be->ops->host_memory) dt_zero_set_device(&s->zero, s->be);
-  if (!s->ops->params_sharded) return DT_OK;
+  if (!s->ops->params_sharded) {
+    if (!model || !s->zero.grads) return DT_OK;
+    s->zero.group = s->lay->layer_begin; /* ZeRO-2 on device arenas: blocks' gradients populated */
+    s->zero.L = s->lay->d.L;
+    model->layer_hook = dt_zero2_hook;
+    model->hook_ctx = &s->zero;
+    return DT_OK;
+  }
   DT_TRY(dt_zero3_attach(&s->zero, s->be->params, s->lay->layer_begin, s->lay->d.L));
   model->layer_hook = dt_zero3_hook;
   model->hook_ctx = &s->zero;

@@ -82,8 +82,13 @@ struct dt_sync {
  * group boundary grow) and be->opt_lo/opt_hi become this rank's shard. */
 dt_status_t dt_sync_init(dt_sync_t *s, int stage, dt_comm_t *dp_comm, int dp, int dp_idx, int accum,
                          dt_layout_t *lay, dt_backend_t *be, size_t bucket_bytes);
+/* The backend's sparse arenas (backend.h DT_SPARSE_*) this strategy wants, for be->sparse before
+ * the backend allocates: the gradients under ZeRO-2/3, the parameters under ZeRO-3, with dp > 1.
+ * Only for a model that calls the layer hook (dt_sync_attach with a model). */
+int dt_sync_sparse(const dt_sync_t *s);
 /* After the backend and model exist: ZeRO on device arenas uses the backend's kernels and stream;
- * ZeRO-3 hooks its gathers into the model's blocks (model: NULL for stages 0-2). */
+ * ZeRO-3 hooks its gathers into the model's blocks, ZeRO-2 on device arenas its gradient
+ * populates (model: NULL where there are no layer hooks). */
 dt_status_t dt_sync_attach(dt_sync_t *s, dt_gpt2_t *model);
 /* Before the first step (after weights are in place): the buckets over grad_comm (NCCL for device
  * arenas, else dp_comm), the tied group (NULL if none) and the reference timings of the report. */

@@ -52,6 +52,11 @@ static size_t round_len(const dt_zero_t *z, size_t off) { return z->shard - off 
 void dt_zero_set_device(dt_zero_t *z, dt_backend_t *be) {
   z->dev = be;
   z->stream = be->stream;
+  z->grads = z->stage >= 2 ? be->grads : NULL;
+}
+
+dt_status_t dt_zero_populate_grads(dt_zero_t *z, size_t lo, size_t hi) {
+  return z->grads && lo < hi ? z->dev->k->populate(z->dev, z->grads + lo, hi - lo) : DT_OK;
 }
 
 dt_status_t dt_zero_use_device_comm(dt_zero_t *z, dt_comm_t *comm) {
@@ -157,6 +162,7 @@ dt_status_t dt_zero3_attach(dt_zero_t *z, float *params, const size_t *layer_beg
 /* Start the broadcasts that bring [lo, hi) from its owners (reqs: one per owner; NULL = blocking). */
 static dt_status_t gather_start(dt_zero_t *z, size_t lo, size_t hi, dt_comm_req_t **req) {
   if (z->comm->size == 1) return DT_OK; /* the shard is the arena */
+  if (z->dev && lo < hi) DT_TRY(z->dev->k->populate(z->dev, z->params + lo, hi - lo));
   for (int r = 0; r < z->comm->size; r++) {
     size_t a = (size_t)r * z->shard, e = a + z->shard;
     if (a < lo) a = lo;
@@ -188,9 +194,15 @@ static dt_status_t block_start(dt_zero_t *z, int l) {
   return gather_start(z, z->group[l + 1], z->group[l + 2], z->req);
 }
 
+dt_status_t dt_zero2_hook(void *ctx, int l, dt_hook_phase_t phase) {
+  dt_zero_t *z = ctx;
+  return phase == DT_HOOK_BWD ? dt_zero_populate_grads(z, z->group[l + 1], z->group[l + 2]) : DT_OK;
+}
+
 dt_status_t dt_zero3_hook(void *ctx, int l, dt_hook_phase_t phase) {
   dt_zero_t *z = ctx;
   if (phase == DT_HOOK_FWD_DONE || phase == DT_HOOK_BWD_DONE) return dt_zero3_release(z, z->group[l + 1], z->group[l + 2]);
+  DT_TRY(dt_zero2_hook(z, l, phase));
   double t0 = dt_time_now();
   if (z->have != l) { /* nothing prefetched for l (the first block of a pass): bring it now */
     DT_TRY(gather_wait(z));

@@ -10,9 +10,11 @@
  * Then each rank updates its shard of the parameters and the parameters are all-gathered.
  * Stage 3 (below) keeps only the shard of the parameters between their uses.
  * Device arenas (dt_zero_use_device_comm): the same collectives over NCCL on the backend's compute
- * stream, and "dropped" means cleared by the backend's clear kernel: the arenas stay allocated at
- * full size, so on a GPU stages 2 and 3 make the same updates with the same communication but do
- * not yet lower the device memory (their saving is stage 1's: m and v of the shard only).
+ * stream, and "dropped" means the backend's clear kernel: in its sparse arenas (be->sparse, CUDA's
+ * virtual memory, cuda/sparse.h) that gives the memory back too. As the device has no pages that
+ * come back by themselves, what is about to be written is populated first: a block's parameters
+ * before their gather, a block's gradients before its backward (the layer hook, stages 2 and 3),
+ * the embeddings' and ln_f's gradients before every micro-batch's backward.
  * Clipping uses the global norm (shard sums of squares all-reduced) and weight decay follows
  * each tensor's flag, so the update is the one plain data parallelism makes. */
 #ifndef DT_ZERO_H
@@ -41,7 +43,10 @@ typedef struct {
   size_t lo, hi;        /* this rank's shard [lo, hi) = [dp_idx * shard, (dp_idx + 1) * shard) */
   size_t piece;         /* floats per rank per collective: the arena moves in bucket-sized rounds */
   void *stream;         /* device arenas (dt_zero_set_device): be->stream, the collectives' stream (NULL: host) */
-  dt_backend_t *dev;    /* and this backend's clear and divide kernels do the drops and the mean */
+  dt_backend_t *dev;    /* and this backend's clear and divide kernels do the drops and the mean,
+                           its populate brings back what a gather or backward writes next */
+  float *grads;         /* stages 2 and 3 on device arenas: the gradient arena the layer hook
+                           populates block by block (NULL: nothing to populate) */
   float *stage_buf;     /* dp * piece floats: round j packs piece j of every shard here */
 } dt_zero_t;
 
@@ -79,6 +84,11 @@ dt_status_t dt_zero3_release(dt_zero_t *z, size_t lo, size_t hi);
  * when possible) is completed and the next block's is started (l + 1 forward, l - 1 backward);
  * after it ran, its parameters outside this rank's shard are dropped. */
 dt_status_t dt_zero3_hook(void *ctx, int l, dt_hook_phase_t phase);
+/* Stage 2's layer hook on device arenas (ctx = dt_zero_t): block l's gradients populated before its
+ * backward. Stage 3's hook does the same. */
+dt_status_t dt_zero2_hook(void *ctx, int l, dt_hook_phase_t phase);
+/* Device arenas: grads[lo, hi) populated (the embeddings' and ln_f's groups before a backward). */
+dt_status_t dt_zero_populate_grads(dt_zero_t *z, size_t lo, size_t hi);
 /* A device backend's arenas (after its init): collectives on be's compute stream, stages 2 and 3
  * clear and average with be's kernels (the note at the top). */
 void dt_zero_set_device(dt_zero_t *z, dt_backend_t *be);

@@ -12,6 +12,12 @@
 #     the kill happened mid-write.
 #  2. A truncated newest checkpoint and a bit-flipped one (a byte inside a tensor's data) are
 #     each reported with a clear message and skipped in favour of the one before.
+#  3. Every checkpoint unusable: an error, no silent fresh start.
+#  4. A full disk during the step-10 save (each rank's writes past 600 KiB of a file fail: a
+#     file-size limit with SIGXFSZ ignored stands in for ENOSPC, the same failed write(); the file
+#     is 1.4 MB): one line names the temp file, the dataset and the failed write, the exit status is
+#     nonzero, nothing of step 10 is left or committed, latest stays step 5, and the next start
+#     resumes there and logs steps 6-20 bitwise as the uninterrupted run.
 source "$top_srcdir/tests/lib.sh"
 begin_test
 common="checkpoint.every=5 checkpoint.keep=5"
@@ -20,6 +26,7 @@ mpi 2 "$DTRAIN" "$cfg" $common checkpoint.dir="$t/ref" log.metrics="$t/ref.jsonl
 # 1. killed mid-save
 mpi 2 "$DTRAIN" "$cfg" $common checkpoint.dir="$t/k" train.stop_after=5 > "$t/k1.out"
 cp -a "$t/k" "$t/kz"
+cp -a "$t/k" "$t/full"
 # kill_mid_save NAME RANK DIR ARGS...: resume from DIR's step-5 checkpoint with ckpt_kill on RANK;
 # the run must die in the middle of writing the step-10 file and leave the step-5 one in charge
 kill_mid_save() {
@@ -115,4 +122,29 @@ tail -n 3 "$t/allbad.err"
 [ "$status" -ne 0 ] || { echo "FAIL: all-bad: training started anyway"; exit 1; }
 grep -q 'all 1 checkpoint(s) are unusable' "$t/allbad.err" || { echo "FAIL: all-bad: no clear message"; exit 1; }
 [ "$(ls "$t/allbad")" = ckpt_00000020.h5 ] || { echo "FAIL: all-bad: directory changed: $(ls "$t/allbad")"; exit 1; }
+# 4. a full disk during a save (the ranks talk over TCP: Open MPI's shared-memory segment is a file too)
+status=0
+mpi 2 --mca btl self,tcp bash -c 'trap "" XFSZ; ulimit -f 600; exec "$@"' limit "$DTRAIN" "$cfg" $common \
+  checkpoint.dir="$t/full" checkpoint.resume=auto > "$t/full1.out" 2>&1 || status=$?
+grep 'cannot write' "$t/full1.out" || true
+ls -a "$t/full"
+[ "$status" -ne 0 ] || { cat "$t/full1.out"; echo "FAIL: full disk: the run went on"; exit 1; }
+grep -Eq "^dtrain: rank 0 .*/\.ckpt_00000010\.h5\.tmp: /[a-z_/.0-9]+: cannot write dataset \(HDF5: .*write failed\)" "$t/full1.out" ||
+  { cat "$t/full1.out"; echo "FAIL: full disk: no line naming the file, the dataset and the failed write"; exit 1; }
+[ ! -e "$t/full/ckpt_00000010.h5" ] && [ ! -e "$t/full/.ckpt_00000010.h5.tmp" ] ||
+  { echo "FAIL: full disk: step 10's file was committed or left behind"; exit 1; }
+[ "$(cat "$t/full/latest")" = ckpt_00000005.h5 ] || { echo "FAIL: full disk: latest is '$(cat "$t/full/latest")'"; exit 1; }
+mpi 2 "$DTRAIN" "$cfg" $common checkpoint.dir="$t/full" checkpoint.resume=auto log.metrics="$t/full2.jsonl" > "$t/full2.out"
+grep -q "^# resume: .*ckpt_00000005.h5 at step 5" "$t/full2.out" || { echo "FAIL: full disk: did not resume from step 5"; exit 1; }
+"$PY" - "$t" <<'PY'
+import json, sys
+d = sys.argv[1]
+load = lambda n: {r["step"]: r for r in map(json.loads, open(f"{d}/{n}.jsonl"))}
+ref, got = load("ref"), load("full2")
+assert sorted(got) == list(range(6, 21)), sorted(got)
+for s, r in got.items():
+    for k in ("loss", "grad_norm", "lr"):
+        assert r[k] == ref[s][k], f"step {s}: {k} {r[k]!r} after the full disk, {ref[s][k]!r} uninterrupted"
+print("after the full disk: resumed at step 5, steps 6-20 bitwise as the uninterrupted run")
+PY
 echo "ckpt_faults: OK"

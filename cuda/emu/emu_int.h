@@ -27,6 +27,10 @@ cudaError_t sticky(int dev);
 /* cudaSuccess, or the sticky error of the current device (also remembered as the last error). */
 cudaError_t entry(void);
 int quiet(void); /* DTRAIN_EMU_QUIET=1: no diagnostics on stderr */
+/* "dt_emu: <message>" on stderr unless quiet(); EMU_BAD(r, fmt, ...) says it and is r (the NCCL
+ * and driver API emulations' failures). */
+void diag(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+#define EMU_BAD(r, ...) (dt_emu::diag(__VA_ARGS__), (r))
 /* A planted bug of the emulation itself (src/core/fault.h's DTRAIN_FAULT, this process's MPI rank from
  * the launcher's environment), for tests/emu_bugs.sh:
  *   emu_skip_sync   cudaStreamSynchronize returns without running the stream

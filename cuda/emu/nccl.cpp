@@ -59,19 +59,6 @@ struct emu_id_t {
 static thread_local int t_group_depth;
 static thread_local std::vector<call_t> t_group;
 
-static ncclResult_t bad(ncclResult_t r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static ncclResult_t bad(ncclResult_t r, const char *fmt, ...) {
-  if (!quiet()) {
-    char msg[512];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "dt_emu: %s\n", msg);
-  }
-  return r;
-}
-
 static MPI_Datatype mpi_type(ncclDataType_t t, size_t *size) {
   switch (t) {
     case ncclInt8: *size = 1; return MPI_INT8_T;
@@ -184,14 +171,14 @@ static bool step_calls(flight_t &f) {
     for (size_t i = 0; i < f.calls.size(); i++) {
       int rc = start(f, i);
       if (rc != MPI_SUCCESS) {
-        f.calls[i].c->async = bad(ncclSystemError, "%s: MPI failed to start it (error %d)", CALL_NAME[f.calls[i].kind], rc);
+        f.calls[i].c->async = EMU_BAD(ncclSystemError, "%s: MPI failed to start it (error %d)", CALL_NAME[f.calls[i].kind], rc);
         return true;
       }
     }
   }
   int flag = 0;
   if (MPI_Testall((int)f.req.size(), f.req.data(), &flag, MPI_STATUSES_IGNORE) != MPI_SUCCESS) {
-    c0->async = bad(ncclSystemError, "%s: MPI_Testall failed", CALL_NAME[f.calls[0].kind]);
+    c0->async = EMU_BAD(ncclSystemError, "%s: MPI_Testall failed", CALL_NAME[f.calls[0].kind]);
     return true;
   }
   if (!flag) return false;
@@ -226,20 +213,20 @@ static range_t written(const call_t &k) {
 static ncclResult_t check_buf(const call_t &k, const char *which, const void *p, size_t bytes) {
   char why[256];
   if (bytes && heap_check_range(p, bytes, k.c->device, why, sizeof why))
-    return bad(ncclInvalidArgument, "%s: %s buffer: %s", CALL_NAME[k.kind], which, why);
+    return EMU_BAD(ncclInvalidArgument, "%s: %s buffer: %s", CALL_NAME[k.kind], which, why);
   return ncclSuccess;
 }
 
 static ncclResult_t issue(call_t k, cudaStream_t stream) {
-  if (!k.c) return bad(ncclInvalidArgument, "%s: NULL communicator", CALL_NAME[k.kind]);
+  if (!k.c) return EMU_BAD(ncclInvalidArgument, "%s: NULL communicator", CALL_NAME[k.kind]);
   size_t es;
   if (mpi_type(k.t, &es) == MPI_DATATYPE_NULL)
-    return bad(ncclInvalidArgument, "%s: data type %d is not emulated (16-bit types)", CALL_NAME[k.kind], (int)k.t);
-  if (mpi_op(k.op) == MPI_OP_NULL) return bad(ncclInvalidArgument, "%s: reduction %d", CALL_NAME[k.kind], (int)k.op);
-  if (k.count > (size_t)2147483647) return bad(ncclInvalidArgument, "%s: count %zu > INT_MAX", CALL_NAME[k.kind], k.count);
+    return EMU_BAD(ncclInvalidArgument, "%s: data type %d is not emulated (16-bit types)", CALL_NAME[k.kind], (int)k.t);
+  if (mpi_op(k.op) == MPI_OP_NULL) return EMU_BAD(ncclInvalidArgument, "%s: reduction %d", CALL_NAME[k.kind], (int)k.op);
+  if (k.count > (size_t)2147483647) return EMU_BAD(ncclInvalidArgument, "%s: count %zu > INT_MAX", CALL_NAME[k.kind], k.count);
   int p2p = k.kind == C_SEND || k.kind == C_RECV;
   if (k.root < 0 || k.root >= k.c->size || (p2p && k.root == k.c->rank))
-    return bad(ncclInvalidArgument, "%s: %s %d of %d ranks", CALL_NAME[k.kind], p2p ? "peer" : "root", k.root, k.c->size);
+    return EMU_BAD(ncclInvalidArgument, "%s: %s %d of %d ranks", CALL_NAME[k.kind], p2p ? "peer" : "root", k.root, k.c->size);
   size_t b = k.count * es, all = b * (size_t)k.c->size, me = k.c->rank == k.root;
   ncclResult_t r = ncclSuccess;
   switch (k.kind) {
@@ -253,9 +240,9 @@ static ncclResult_t issue(call_t k, cudaStream_t stream) {
   }
   if (r != ncclSuccess) return r;
   cudaError_t e;
-  if (!(k.s = get_stream(stream, &e))) return bad(ncclInvalidArgument, "%s: not a live stream", CALL_NAME[k.kind]);
+  if (!(k.s = get_stream(stream, &e))) return EMU_BAD(ncclInvalidArgument, "%s: not a live stream", CALL_NAME[k.kind]);
   if (k.s->device != k.c->device)
-    return bad(ncclInvalidArgument, "%s: a stream of device %d for a communicator of device %d", CALL_NAME[k.kind],
+    return EMU_BAD(ncclInvalidArgument, "%s: a stream of device %d for a communicator of device %d", CALL_NAME[k.kind],
                k.s->device, k.c->device);
   if (t_group_depth > 0) {
     t_group.push_back(k);
@@ -294,7 +281,7 @@ static ncclResult_t members(const emu_id_t &id, int nranks, int rank, int tag, s
       int pair[2];
       MPI_Recv(pair, 2, MPI_INT, MPI_ANY_SOURCE, tag, MPI_COMM_WORLD, MPI_STATUS_IGNORE);
       if (pair[0] < 0 || pair[0] >= nranks || world[pair[0]] >= 0)
-        return bad(ncclInvalidArgument, "ncclCommInitRank: rank %d joined twice or is outside [0, %d)", pair[0], nranks);
+        return EMU_BAD(ncclInvalidArgument, "ncclCommInitRank: rank %d joined twice or is outside [0, %d)", pair[0], nranks);
       world[pair[0]] = pair[1];
     }
     for (int r = 0; r < nranks; r++)
@@ -336,7 +323,7 @@ ncclResult_t ncclGetUniqueId(ncclUniqueId *out) {
   static int counter;
   int init = 0;
   MPI_Initialized(&init);
-  if (!init) return bad(ncclSystemError, "ncclGetUniqueId: the NCCL emulation needs MPI to be initialised");
+  if (!init) return EMU_BAD(ncclSystemError, "ncclGetUniqueId: the NCCL emulation needs MPI to be initialised");
   emu_id_t id = {};
   memcpy(id.magic, ID_MAGIC, sizeof id.magic);
   MPI_Comm_rank(MPI_COMM_WORLD, &id.creator);
@@ -353,13 +340,13 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId u
   emu_id_t id;
   memcpy(&id, uid.internal, sizeof id);
   if (memcmp(id.magic, ID_MAGIC, sizeof id.magic) != 0)
-    return bad(ncclInvalidArgument, "ncclCommInitRank: not an id from ncclGetUniqueId");
+    return EMU_BAD(ncclInvalidArgument, "ncclCommInitRank: not an id from ncclGetUniqueId");
   if (nranks < 1 || rank < 0 || rank >= nranks)
-    return bad(ncclInvalidArgument, "ncclCommInitRank: rank %d of %d", rank, nranks);
+    return EMU_BAD(ncclInvalidArgument, "ncclCommInitRank: rank %d of %d", rank, nranks);
   int dev = -1;
   if (cudaGetDevice(&dev) != cudaSuccess || entry() != cudaSuccess) {
     cudaGetLastError();
-    return bad(ncclUnhandledCudaError, "ncclCommInitRank: no usable CUDA device");
+    return EMU_BAD(ncclUnhandledCudaError, "ncclCommInitRank: no usable CUDA device");
   }
   int tag = 20000 + (id.counter * 131 + id.creator) % 10000;
   std::vector<int> world;
@@ -372,7 +359,7 @@ ncclResult_t ncclCommInitRankConfig(ncclComm_t *comm, int nranks, ncclUniqueId u
   int rc = MPI_Comm_create_group(MPI_COMM_WORLD, g, tag, &mc);
   MPI_Group_free(&g);
   MPI_Group_free(&wg);
-  if (rc != MPI_SUCCESS) return bad(ncclSystemError, "ncclCommInitRank: MPI_Comm_create_group failed");
+  if (rc != MPI_SUCCESS) return EMU_BAD(ncclSystemError, "ncclCommInitRank: MPI_Comm_create_group failed");
   MPI_Comm_set_errhandler(mc, MPI_ERRORS_RETURN);
   *comm = new dt_emu_nccl{mc, rank, nranks, dev, ncclSuccess, 0};
   return ncclSuccess;
@@ -385,10 +372,10 @@ ncclResult_t ncclCommInitRank(ncclComm_t *comm, int nranks, ncclUniqueId id, int
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t *newcomm, ncclConfig_t *config) {
   (void)config;
   *newcomm = NULL;
-  if (!comm) return bad(ncclInvalidArgument, "ncclCommSplit: NULL communicator");
+  if (!comm) return EMU_BAD(ncclInvalidArgument, "ncclCommSplit: NULL communicator");
   MPI_Comm nm;
   if (MPI_Comm_split(comm->mc, color == NCCL_SPLIT_NOCOLOR ? MPI_UNDEFINED : color, key, &nm) != MPI_SUCCESS)
-    return bad(ncclSystemError, "ncclCommSplit: MPI_Comm_split failed");
+    return EMU_BAD(ncclSystemError, "ncclCommSplit: MPI_Comm_split failed");
   if (nm == MPI_COMM_NULL) return ncclSuccess;
   MPI_Comm_set_errhandler(nm, MPI_ERRORS_RETURN);
   dt_emu_nccl *c = new dt_emu_nccl{nm, 0, 1, comm->device, ncclSuccess, 0};
@@ -484,7 +471,7 @@ ncclResult_t ncclGroupStart(void) {
 }
 
 ncclResult_t ncclGroupEnd(void) {
-  if (t_group_depth < 1) return bad(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
+  if (t_group_depth < 1) return EMU_BAD(ncclInvalidUsage, "ncclGroupEnd without ncclGroupStart");
   if (--t_group_depth > 0) return ncclSuccess;
   return group_end();
 }

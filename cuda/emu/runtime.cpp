@@ -57,6 +57,16 @@ int quiet(void) {
   return e && strcmp(e, "0") != 0;
 }
 
+void diag(const char *fmt, ...) {
+  if (quiet()) return;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  fprintf(stderr, "dt_emu: %s\n", msg);
+}
+
 int current_device(void) { return t_cur; }
 
 int planted(const char *name) {

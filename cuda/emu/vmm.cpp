@@ -46,19 +46,6 @@ static std::map<CUmemGenericAllocationHandle, phys_t> &g_phys = *new std::map<CU
 static std::map<uintptr_t, map_t> &g_maps = *new std::map<uintptr_t, map_t>; /* by address */
 static CUmemGenericAllocationHandle g_next_h = 1;
 
-static CUresult vbad(CUresult r, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static CUresult vbad(CUresult r, const char *fmt, ...) {
-  if (!quiet()) {
-    char msg[400];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    fprintf(stderr, "dt_emu: %s\n", msg);
-  }
-  return r;
-}
-
 static size_t granule(void) {
   const char *e = env_str("DTRAIN_EMU_GRANULE");
   size_t page = (size_t)sysconf(_SC_PAGESIZE), g = e ? (size_t)atoll(e) : page;
@@ -116,7 +103,7 @@ CUresult cuGetErrorString(CUresult error, const char **pStr) {
 CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *prop, CUmemAllocationGranularity_flags o) {
   (void)o;
   if (!g || !prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-    return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemGetAllocationGranularity: not pinned device memory");
+    return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemGetAllocationGranularity: not pinned device memory");
   *g = granule();
   return CUDA_SUCCESS;
 }
@@ -124,10 +111,10 @@ CUresult cuMemGetAllocationGranularity(size_t *g, const CUmemAllocationProp *pro
 CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CUdeviceptr addr, unsigned long long f) {
   (void)addr, (void)f; /* the address is a hint */
   void *p = NULL;
-  if (size % granule()) return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemAddressReserve: %zu bytes, not a granule multiple", size);
+  if (size % granule()) return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemAddressReserve: %zu bytes, not a granule multiple", size);
   if (heap_reserve(current_device(), size, alignment, &p) != cudaSuccess) {
     cudaGetLastError();
-    return vbad(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAddressReserve of %zu bytes failed", size);
+    return EMU_BAD(CUDA_ERROR_OUT_OF_MEMORY, "cuMemAddressReserve of %zu bytes failed", size);
   }
   *ptr = (CUdeviceptr)(uintptr_t)p;
   return CUDA_SUCCESS;
@@ -136,10 +123,10 @@ CUresult cuMemAddressReserve(CUdeviceptr *ptr, size_t size, size_t alignment, CU
 CUresult cuMemAddressFree(CUdeviceptr ptr, size_t size) {
   auto it = g_maps.lower_bound((uintptr_t)ptr);
   if (it != g_maps.end() && it->first < (uintptr_t)ptr + size)
-    return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemAddressFree(0x%llx): the range still has mappings", ptr);
+    return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemAddressFree(0x%llx): the range still has mappings", ptr);
   if (heap_unreserve((void *)(uintptr_t)ptr, size) != cudaSuccess) {
     cudaGetLastError();
-    return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemAddressFree(0x%llx, %zu): not a reserved range", ptr, size);
+    return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemAddressFree(0x%llx, %zu): not a reserved range", ptr, size);
   }
   return CUDA_SUCCESS;
 }
@@ -148,18 +135,18 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAl
   (void)f;
   if (!h || !prop || prop->type != CU_MEM_ALLOCATION_TYPE_PINNED || prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
       prop->location.id < 0 || prop->location.id >= device_count())
-    return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemCreate: not pinned memory of an existing device");
-  if (size == 0 || size % granule()) return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemCreate: %zu bytes, not a granule multiple", size);
-  if (g_fd < 0 && (g_fd = memfd_create("dt_emu_vmm", 0)) < 0) return vbad(CUDA_ERROR_OUT_OF_MEMORY, "memfd_create failed");
+    return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemCreate: not pinned memory of an existing device");
+  if (size == 0 || size % granule()) return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemCreate: %zu bytes, not a granule multiple", size);
+  if (g_fd < 0 && (g_fd = memfd_create("dt_emu_vmm", 0)) < 0) return EMU_BAD(CUDA_ERROR_OUT_OF_MEMORY, "memfd_create failed");
   if (!heap_account(prop->location.id, (long long)size))
-    return vbad(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate of %zu bytes: device %d is full", size, prop->location.id);
+    return EMU_BAD(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate of %zu bytes: device %d is full", size, prop->location.id);
   phys_t p = {g_fd_end, size, prop->location.id, 0, 0};
   void *m = MAP_FAILED;
   if (ftruncate(g_fd, g_fd_end + (off_t)size) == 0)
     m = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, g_fd, p.off);
   if (m == MAP_FAILED) {
     heap_account(prop->location.id, -(long long)size);
-    return vbad(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate of %zu bytes: no host memory", size);
+    return EMU_BAD(CUDA_ERROR_OUT_OF_MEMORY, "cuMemCreate of %zu bytes: no host memory", size);
   }
   memset(m, 0xff, size); /* fresh device memory is not zero */
   munmap(m, size);
@@ -171,7 +158,7 @@ CUresult cuMemCreate(CUmemGenericAllocationHandle *h, size_t size, const CUmemAl
 
 CUresult cuMemRelease(CUmemGenericAllocationHandle h) {
   auto it = g_phys.find(h);
-  if (it == g_phys.end() || it->second.released) return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemRelease(%llu): not a live handle", h);
+  if (it == g_phys.end() || it->second.released) return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemRelease(%llu): not a live handle", h);
   it->second.released = 1;
   if (it->second.maps == 0) give_back(h);
   return CUDA_SUCCESS;
@@ -181,17 +168,17 @@ CUresult cuMemMap(CUdeviceptr ptr, size_t size, size_t offset, CUmemGenericAlloc
   (void)f;
   uintptr_t va = (uintptr_t)ptr;
   auto it = g_phys.find(h);
-  if (it == g_phys.end() || it->second.released) return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemMap: handle %llu is not live", h);
+  if (it == g_phys.end() || it->second.released) return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemMap: handle %llu is not live", h);
   if (size == 0 || size % granule() || va % granule() || offset % granule() || offset + size > it->second.size)
-    return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemMap(0x%llx, %zu, offset %zu): not granule-aligned or past the handle's %zu bytes",
+    return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemMap(0x%llx, %zu, offset %zu): not granule-aligned or past the handle's %zu bytes",
                 ptr, size, offset, it->second.size);
-  if (!reserved(va, size)) return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemMap(0x%llx, %zu): not inside a reserved range", ptr, size);
+  if (!reserved(va, size)) return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemMap(0x%llx, %zu): not inside a reserved range", ptr, size);
   auto next = g_maps.lower_bound(va);
   if ((next != g_maps.end() && next->first < va + size) ||
       (next != g_maps.begin() && std::prev(next)->first + std::prev(next)->second.size > va))
-    return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemMap(0x%llx, %zu): part of it is mapped already", ptr, size);
+    return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemMap(0x%llx, %zu): part of it is mapped already", ptr, size);
   if (mmap((void *)va, size, PROT_NONE, MAP_SHARED | MAP_FIXED, g_fd, it->second.off + (off_t)offset) == MAP_FAILED)
-    return vbad(CUDA_ERROR_OUT_OF_MEMORY, "cuMemMap: mmap failed");
+    return EMU_BAD(CUDA_ERROR_OUT_OF_MEMORY, "cuMemMap: mmap failed");
   g_maps[va] = map_t{size, h, PROT_NONE};
   it->second.maps++;
   return CUDA_SUCCESS;
@@ -201,9 +188,9 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
   uintptr_t va = (uintptr_t)ptr;
   auto it = g_maps.find(va);
   if (it == g_maps.end() || it->second.size != size)
-    return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemUnmap(0x%llx, %zu): not one whole mapping (CUDA unmaps no sub-range)", ptr, size);
+    return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemUnmap(0x%llx, %zu): not one whole mapping (CUDA unmaps no sub-range)", ptr, size);
   if (mmap((void *)va, size, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED, -1, 0) == MAP_FAILED)
-    return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemUnmap: mmap failed");
+    return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemUnmap: mmap failed");
   CUmemGenericAllocationHandle h = it->second.h;
   g_maps.erase(it);
   phys_t &p = g_phys[h];
@@ -214,14 +201,14 @@ CUresult cuMemUnmap(CUdeviceptr ptr, size_t size) {
 CUresult cuMemSetAccess(CUdeviceptr ptr, size_t size, const CUmemAccessDesc *desc, size_t count) {
   uintptr_t va = (uintptr_t)ptr, end = va + size;
   if (!desc || count != 1 || desc->location.type != CU_MEM_LOCATION_TYPE_DEVICE)
-    return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess: one device location expected");
+    return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess: one device location expected");
   int prot = desc->flags == CU_MEM_ACCESS_FLAGS_PROT_READWRITE ? PROT_READ | PROT_WRITE
              : desc->flags == CU_MEM_ACCESS_FLAGS_PROT_READ    ? PROT_READ
                                                                : PROT_NONE;
   for (uintptr_t a = va; a < end;) { /* fully mapped, whole mappings */
     auto it = g_maps.find(a);
     if (it == g_maps.end() || a + it->second.size > end)
-      return vbad(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess(0x%llx, %zu): not a fully mapped range", ptr, size);
+      return EMU_BAD(CUDA_ERROR_INVALID_VALUE, "cuMemSetAccess(0x%llx, %zu): not a fully mapped range", ptr, size);
     a += it->second.size;
   }
   for (auto it = g_maps.find(va); it != g_maps.end() && it->first < end; ++it) {

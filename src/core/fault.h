@@ -9,7 +9,7 @@
  *                  but incomplete, as after a lost flush); rank 0 decides (rank field: 0 or '*')
  *   bad_math       from `step` on, this rank's gradients of the first transformer block are
  *                  multiplied by DT_FAULT_BAD_MATH_SCALE after the all-reduce (wrong arithmetic
- *                  in one layer on one rank; CPU backend only: host gradient arena)
+ *                  in one layer on one rank; device arenas through a host copy)
  *   slow_rank      this rank sleeps DT_FAULT_SLOW_RANK_S seconds in every step from `step` on
  *   slow_io        every checkpoint save of this rank lasts DT_FAULT_SLOW_IO_X times as long: after
  *                  the save it sleeps (X - 1) times the save's duration, and every rank waits for

@@ -26,6 +26,11 @@ const char *dt_cuda_device_error(void);
 dt_status_t dt_cuda_device_bus_id(int ordinal, char *buf, size_t n);
 /* Device memory in use on `ordinal` (cudaMemGetInfo: total - free, every process's), bytes. */
 dt_status_t dt_cuda_mem_used(int ordinal, double *used);
+/* One line about a CUDA backend's sparse ZeRO arenas (cuda/sparse.h; be->sparse): for the
+ * parameters and the gradients, the device memory behind them now and at most, of the arena's
+ * size. Nothing when be has none (or without CUDA). */
+struct dt_backend;
+void dt_cuda_print_sparse(const struct dt_backend *be, FILE *out);
 /* `dtrain --version` lines about CUDA: runtime and driver, cuBLAS and NCCL versions as loaded
  * (and as built against), and each visible device (name, compute capability, memory); or one line
  * saying CUDA is not built in. */

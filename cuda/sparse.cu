@@ -338,3 +338,19 @@ dt_status_t dt_cu_arena_populate(dt_backend_t *be, float *x, size_t n) {
   dt_cu_sparse_t *a = n ? sparse_of(be, x, &off) : NULL;
   return a ? dt_cu_sparse_populate(a, off, off + n * sizeof(float), impl(be)->compute) : DT_OK;
 }
+
+extern "C" void dt_cuda_print_sparse(const dt_backend_t *be, FILE *out) {
+  const cu_impl_t *im = (const cu_impl_t *)be->impl;
+  if (!im || (!im->sp_params && !im->sp_grads)) return;
+  const double M = 1048576.0;
+  fprintf(out, "# memory: rank 0 sparse device arenas (ZeRO, memory only where in use)");
+  const char *name[2] = {"parameters", "gradients"};
+  const dt_cu_sparse_t *a[2] = {im->sp_params, im->sp_grads};
+  for (int i = 0; i < 2; i++) {
+    size_t now, peak, size;
+    if (!a[i]) continue;
+    dt_cu_sparse_usage(a[i], &now, &peak, &size);
+    fprintf(out, "; %s %.1f MiB now, %.1f MiB at most, of %.1f MiB", name[i], now / M, peak / M, size / M);
+  }
+  fputc('\n', out);
+}

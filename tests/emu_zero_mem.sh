@@ -5,7 +5,9 @@
 # model (1.6M parameters, 6.5 MB per arena), 3 steps at ZeRO-1, -2 and -3, 1 MiB buckets.
 #   1. Losses bitwise equal at the three stages, gradient norms within 1e-6 (the gradients are
 #      summed in buckets at ZeRO-2/3, reduce-scattered whole at ZeRO-1: another order).
-#   2. The emulated device's peak memory in use (DTRAIN_EMU_PEAK, every allocation and every
+#   2. The run's own "sparse device arenas" line (ZeRO-2: the gradients; ZeRO-3: the parameters
+#      too): at most 80% of the arena behind it at any time.
+#   3. The emulated device's peak memory in use (DTRAIN_EMU_PEAK, every allocation and every
 #      cuMemCreate counted) falls from ZeRO-1 to -2 to -3, each step by at least half of what
 #      `dtrain plan` (the run's own "planned device total" line) predicts for it.
 # A sparse arena that is written where it has no memory (a missing populate) faults in the
@@ -26,6 +28,13 @@ for z in (1, 2, 3):
     rows[z] = [(r["loss"], r["grad_norm"]) for r in map(json.loads, open(f"{t}/z{z}.jsonl")) if "grad_norm" in r]
     out = open(f"{t}/z{z}.out").read()
     peak[z] = max(int(b) for b in re.findall(r"dt_emu: device \d+ peak memory in use (\d+) bytes", out))
+    if z > 1:
+        line = re.search(r"^# memory: rank 0 sparse device arenas.*$", out, re.M).group(0)
+        print(line)
+        arenas = re.findall(r"(\w+) ([0-9.]+) MiB now, ([0-9.]+) MiB at most, of ([0-9.]+) MiB", line)
+        assert [a[0] for a in arenas] == (["gradients"] if z == 2 else ["parameters", "gradients"]), arenas
+        for name, now, most, size in arenas:
+            assert float(most) <= 0.8 * float(size), f"zero{z}: {name}: {most} of {size} MiB backed at most"
     plan[z] = float(re.search(r"planned device total \(CUDA backend, zero%d\) ([0-9.]+) MiB" % z, out).group(1)) * 2**20
     print(f"zero{z}: peak device memory {peak[z] / 2**20:.2f} MiB (emulated), planned {plan[z] / 2**20:.2f} MiB "
           f"(with a 512 MiB context); losses {[round(l, 6) for l, _ in rows[z]]}")

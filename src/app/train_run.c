@@ -143,6 +143,7 @@ dt_status_t dt_trainer_run(dt_trainer_t *tr) {
   double dev_used = 0;
   if (is_root(tr) && tr->mesh.device >= 0 && dt_cuda_mem_used(tr->mesh.device, &dev_used) == DT_OK)
     dt_plan_print_device(c, tr->cfg_name, tr->mesh.size, tr->mesh.threads, dev_used, stdout);
+  if (is_root(tr) && tr->be.sparse) dt_cuda_print_sparse(&tr->be, stdout);
   /* The final state is always saved, unless it is already on disk. */
   if (tr->saved_step != tr->step && tr->resumed_step != tr->step) DT_TRY(dt_trainer_save(tr));
   return DT_OK;

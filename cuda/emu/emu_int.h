@@ -104,6 +104,9 @@ void run_until(stream_t *s, uint64_t seq);
 /* The same without waiting: 0 when an op that waits for peers (step) is not finished yet. */
 int try_run_until(stream_t *s, uint64_t seq);
 void run_stream(stream_t *s);
+/* The stream op running on this thread (its name: a cuBLAS call, a memset, an NCCL call), else NULL:
+ * for the fault handler's message. */
+const char *stream_op(void);
 void sync_device(int dev);
 void drop_device_streams(int dev);
 /* Ops still queued on other streams of the device that may write [lo, hi): their description in

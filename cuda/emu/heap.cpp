@@ -317,11 +317,14 @@ static void on_segv(int sig, siginfo_t *si, void *ucv) {
     fail_sticky(current_device(), cudaErrorIllegalAddress, "%s: %s of device memory at %p: %s", where, rw, a, d);
     exec_abandon();
   }
-  char msg[400];
-  int n = snprintf(msg, sizeof msg,
-                   "dt_emu: the host tried to %s device memory at %p (%s) outside any kernel or copy: device memory "
-                   "is not accessible from the host (use cudaMemcpy)\n",
-                   rw, a, d);
+  char msg[480];
+  const char *op = stream_op();
+  int n = op ? snprintf(msg, sizeof msg, "dt_emu: %s (stream work, run on the host) tried to %s device memory at %p (%s)\n",
+                        op, rw, a, d)
+             : snprintf(msg, sizeof msg,
+                        "dt_emu: the host tried to %s device memory at %p (%s) outside any kernel or copy: device "
+                        "memory is not accessible from the host (use cudaMemcpy)\n",
+                        rw, a, d);
   if (write(2, msg, (size_t)n) < 0) {
   }
   signal(sig, SIG_DFL);

@@ -103,10 +103,16 @@ void enqueue(stream_t *s, op_t op) {
   push(s, std::move(op));
 }
 
+static thread_local const char *t_op;
+const char *stream_op(void) { return t_op; }
+
 /* An op that waits for peers: 1 once it has finished; with block, polls until then. */
 static int step_op(op_t &op, int block) {
   for (;;) {
-    if (op.step()) return 1;
+    t_op = op.what;
+    bool done = op.step();
+    t_op = NULL;
+    if (done) return 1;
     if (!block) return 0;
     struct timespec ts = {0, 20000};
     nanosleep(&ts, NULL);
@@ -131,7 +137,11 @@ static int advance(stream_t *s, uint64_t seq, int block) {
       reached = 0;
       break;
     }
-    if (!op.wait_s && !op.step && sticky(s->device) == cudaSuccess) op.run();
+    if (!op.wait_s && !op.step && sticky(s->device) == cudaSuccess) {
+      t_op = op.what;
+      op.run();
+      t_op = NULL;
+    }
     s->done++;
   }
   heap_close();

@@ -29,6 +29,8 @@
 #      reduced) vs cuda pp = 2, and ZeRO-3 at dp = 2 x tp = 2 vs cuda dp = 2 x tp = 2, both on
 #      cuda, the same limits; the cuda ZeRO-3 step-10 checkpoint resumed on cuda ZeRO-3: steps
 #      11-20 within 1e-5 of the uninterrupted run.
+#   8. all three at once: dp = 2 x tp = 2 x pp = 2 on 8 ranks (8 emulated devices, NCCL) vs cuda
+#      pp = 2: losses within 1e-5, grad norms within 1e-4, final tensors vs the cpu pp = 2 run as in 1.
 # Runs 2 (dp = 2 x tp = 2), ZeRO-3 at dp = 2 and ZeRO-2 at dp = 2 x pp = 2 move their device buffers
 # over MPI instead, each call staged through pinned host memory (system.device_comm = mpi, the start
 # line must say so): DDP's bucket all-reduces, tp all-reduces, ZeRO-2's reduces and all-gather,
@@ -74,6 +76,7 @@ for r in dp2 z3 z2pp; do
 done
 grep -q '^# device communication: NCCL' "$t/z1.out" || { echo "FAIL: z1: not over NCCL"; exit 1; }
 emu 4 z3tp parallel.zero=3 parallel.tp=2
+emu 8 hyb8 parallel.tp=2 parallel.pp=2 train.micro_batch=2
 emu 2 z3half parallel.zero=3 train.micro_batch=2 train.eval_every=5 train.stop_after=10
 emu 2 z3half parallel.zero=3 train.micro_batch=2 train.eval_every=5 checkpoint.resume=auto log.metrics="$t/z3res.jsonl"
 grep '^# resume' "$t/z3half.out"
@@ -85,7 +88,8 @@ cp "$t/half/ckpt_00000010.h5" "$t/one/"
 mpi 1 "$DTRAIN" "$cfg" $m checkpoint.dir="$t/one" checkpoint.resume=auto log.metrics="$t/one.jsonl" > "$t/one.out"
 grep '^# resume' "$t/one.out"
 "$PY" "$top_srcdir/tests/ref/tensors_match.py" "$t/cpu/ckpt_00000020.h5" 3e-5 1e-4 1e-4 "$t/cuda/ckpt_00000020.h5=cuda tp=2"
-"$PY" "$top_srcdir/tests/ref/tensors_match.py" "$t/cpu_pp/ckpt_00000020.h5" 3e-5 1e-4 1e-4 "$t/pp/ckpt_00000020.h5=cuda pp=2"
+"$PY" "$top_srcdir/tests/ref/tensors_match.py" "$t/cpu_pp/ckpt_00000020.h5" 3e-5 1e-4 1e-4 "$t/pp/ckpt_00000020.h5=cuda pp=2" \
+  "$t/hyb8/ckpt_00000020.h5=cuda dp=2 x tp=2 x pp=2"
 for z in z1 z2 z3; do
   "$PY" "$top_srcdir/tests/ref/tensors_match.py" "$t/cpu_z1/ckpt_00000020.h5" 3e-5 1e-4 1e-4 "$t/$z/ckpt_00000020.h5=cuda zero=${z#z}"
 done
@@ -113,7 +117,8 @@ print(f"cuda zero=1 dp=2 vs cpu zero=1 dp=2: loss {w[7]:.2e} (limit 1e-5), grad 
 assert w[7] <= 1e-5 and w[8] <= 1e-4, "zero=1 on cuda drifted"
 for name, ref, what in (("z2", z1, "cuda zero=2 dp=2 vs cuda zero=1 dp=2"), ("z3", z1, "cuda zero=3 dp=2 vs cuda zero=1 dp=2"),
                         ("z2pp", pp, "cuda zero=2 dp=2 x pp=2 vs cuda pp=2"),
-                        ("z3tp", dp2, "cuda zero=3 dp=2 x tp=2 vs cuda dp=2 x tp=2")):
+                        ("z3tp", dp2, "cuda zero=3 dp=2 x tp=2 vs cuda dp=2 x tp=2"),
+                        ("hyb8", pp, "cuda dp=2 x tp=2 x pp=2 (8 ranks) vs cuda pp=2")):
     r = load(name)
     lw, gw = worst(r, ref, "loss"), worst(r, ref, "grad_norm")
     print(f"{what}: loss {lw:.2e} (limit 1e-5), grad norm {gw:.2e} (limit 1e-4)")

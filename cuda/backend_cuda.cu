@@ -519,8 +519,6 @@ static dt_status_t k_sumsq(dt_backend_t *be, const float *x, size_t n, double *o
   return DT_OK;
 }
 
-static dt_status_t k_clear(dt_backend_t *be, float *x, size_t n) { return dt_cu_arena_clear(be, x, n); }
-static dt_status_t k_populate(dt_backend_t *be, float *x, size_t n) { return dt_cu_arena_populate(be, x, n); }
 static dt_status_t k_divide(dt_backend_t *be, float *x, size_t n, float d) { return dt_cu_divide(x, n, d, S(be)); }
 
 /* over the optimizer range (ZeRO: this rank's shard) */
@@ -601,7 +599,7 @@ static const dt_kernels_t cuda_kernels = {
     k_bias_residual,   k_layernorm_forward, k_layernorm_backward, k_linear_forward, k_linear_backward,
     k_attention_forward, k_attention_backward, k_attention_decode, k_gelu_forward, k_gelu_backward, k_crossentropy_forward,
     k_xent_max,        k_xent_sumexp,       k_xent_finish,    k_crossentropy_backward, k_round,
-    k_round_copy,      k_sumsq,             k_clear,          k_populate,        k_divide,
+    k_round_copy,      k_sumsq,             dt_cu_arena_clear, dt_cu_arena_populate, k_divide,
 };
 
 extern "C" const dt_backend_ops_t dt_backend_cuda = {

@@ -44,7 +44,6 @@ struct dt_cu_sparse {
   pend_t *pend;
   int npend, cap;
   unsigned next_seq;
-  size_t peak;
 };
 
 static vmm_t g_vmm;
@@ -108,11 +107,6 @@ static dt_status_t set_access(dt_cu_sparse_t *a, CUdeviceptr at, size_t size, CU
 
 static CUdeviceptr at(const dt_cu_sparse_t *a, size_t g) { return a->va + g * a->gran; }
 
-static void note_peak(dt_cu_sparse_t *a) {
-  size_t now = (a->nown + a->nspare + 1) * a->gran;
-  if (now > a->peak) a->peak = now;
-}
-
 /* Granule g gets memory of its own (a spare one, else new), read-write; not yet cleared. */
 static dt_status_t own(dt_cu_sparse_t *a, size_t g) {
   CUmemGenericAllocationHandle h;
@@ -125,7 +119,6 @@ static dt_status_t own(dt_cu_sparse_t *a, size_t g) {
   a->h[g] = h;
   a->state[g] = G_OWN;
   a->nown++;
-  note_peak(a);
   return set_access(a, at(a, g), a->gran, CU_MEM_ACCESS_FLAGS_PROT_READWRITE);
 }
 
@@ -186,7 +179,6 @@ dt_status_t dt_cu_sparse_create(int device, size_t bytes, cudaStream_t s, dt_cu_
     a->state[g] = G_ZERO;
     DT_TRY(map_zero(a, g));
   }
-  note_peak(a);
   *base = (void *)(uintptr_t)a->va;
   return DT_OK;
 }
@@ -286,7 +278,7 @@ dt_status_t dt_cu_sparse_populate(dt_cu_sparse_t *a, size_t lo, size_t hi, cudaS
 
 void dt_cu_sparse_usage(const dt_cu_sparse_t *a, size_t *now, size_t *peak, size_t *size) {
   *now = a ? (a->nown + a->nspare + 1) * a->gran : 0;
-  *peak = a ? a->peak : 0;
+  *peak = *now; /* memory given back stays as spares, so the memory behind never shrinks */
   *size = a ? a->n * a->gran : 0;
 }
 

@@ -30,8 +30,8 @@ int dt_cu_sparse_holds(const dt_cu_sparse_t *a, const void *p);
 /* Byte offsets [lo, hi) of the arena, as above. */
 dt_status_t dt_cu_sparse_drop(dt_cu_sparse_t *a, size_t lo, size_t hi, cudaStream_t s);
 dt_status_t dt_cu_sparse_populate(dt_cu_sparse_t *a, size_t lo, size_t hi, cudaStream_t s);
-/* Device memory behind the arena now and at most so far (own, spare and the zero granule), and
- * the arena's size, bytes. */
+/* Device memory behind the arena now and at most so far (own, spare and the zero granule: the
+ * same, as spares are kept), and the arena's size, bytes. */
 void dt_cu_sparse_usage(const dt_cu_sparse_t *a, size_t *now, size_t *peak, size_t *size);
 /* After the device has finished with it. NULL is fine. */
 void dt_cu_sparse_free(dt_cu_sparse_t *a);

@@ -108,11 +108,9 @@ static dt_status_t push_arenas(dt_trainer_t *tr) {
   size_t n = tr->lay.n_params;
   float *p = tr->host_arena, *m = p + n, *v = m + n;
   size_t nopt = dt_backend_opt_floats(&tr->be); /* ZeRO: m, v of the shard */
-  if (tr->sync.ops->params_sharded) /* ZeRO-3: the shard was loaded; the rest comes by gathers */
-    DT_TRY(tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, tr->sync.zero.lo, tr->sync.zero.hi - tr->sync.zero.lo,
-                                      p + tr->sync.zero.lo));
-  else
-    DT_TRY(tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, 0, n, p));
+  int z3 = tr->sync.ops->params_sharded; /* ZeRO-3: the shard was loaded; the rest comes by gathers */
+  size_t lo = z3 ? tr->sync.zero.lo : 0, hi = z3 ? tr->sync.zero.hi : n;
+  DT_TRY(tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, lo, hi - lo, p + lo));
   DT_TRY(tr->be.ops->copy_from_host(&tr->be, DT_BUF_M, 0, nopt, m));
   return tr->be.ops->copy_from_host(&tr->be, DT_BUF_V, 0, nopt, v);
 }

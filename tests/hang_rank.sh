@@ -74,7 +74,7 @@ stop_one() {
   [ "$(grep -c '^dtrain: watchdog: rank' "$t/$name.out")" -eq 1 ] || { echo "FAIL: $name: more than one watchdog line"; return 1; }
   echo "$line" | grep -q "did not report waiting within [0-9]* s: $vr (host " ||
     { echo "FAIL: $name: the line does not name rank $vr (alone) as not arrived"; return 1; }
-  echo "$line" | grep -Eq ': (allreduce|allgather|reduce_scatter|broadcast|reduce|barrier|send|recv)[ a-z]* .*on communicator [a-z]+ \(rank [0-9]+ of [0-9]+, [0-9]+ bytes\) not complete after' ||
+  echo "$line" | grep -Eq ': (allreduce|allgather|reduce_scatter|broadcast|reduce|barrier|send|recv)[ a-z]* .*on communicator [a-z]+( \([a-z ]+\))? \(rank [0-9]+ of [0-9]+, [0-9]+ bytes\) not complete after' ||
     { echo "FAIL: $name: the line does not name the operation and its communicator"; return 1; }
   echo "$line" | grep -q "exit status 75" || { echo "FAIL: $name: the line does not give the exit status"; return 1; }
 }

@@ -90,6 +90,7 @@ dt_status_t dt_plan_input(dt_plan_in_t *in, const dt_config_t *cfg, const char *
     return DT_ERR(DT_ERR_CONFIG, "%s: train.precision: '%s' is not one of fp32|bf16|fp16", name, cfg->precision);
   in->precision = (int)prec;
   in->bucket_mb = cfg->bucket_mb;
+  in->ddp_shm = strcmp(cfg->ddp_comm, "mpi") != 0;
   in->threads = threads > 0 ? threads : 1;
   in->zero = configured_zero(cfg);
   in->pp_balance = (int)dt_pp_balance_of(cfg);
@@ -227,7 +228,8 @@ static dt_plan_zero_t stage_memory(const dt_plan_t *p, const dt_plan_in_t *in, c
   r.gather = z >= 3 ? 4 * (p->group_emb + p->group_head + 2 * p->group_blk) * (1.0 - 1.0 / dp) : 0;
   /* DDP: MPI's temporaries of the 2 bucket all-reduces in flight (ddp.c); ZeRO: its staging
    * bucket (zero.h) + the temporaries of the collective on it (measured at 124M, dp=4) */
-  r.comm = dp > 1 ? (z >= 1 ? 3 : 2) * in->bucket_mb * MIB : 0; /* dp = 1: no collectives */
+  r.comm = r.comm_gpu = dp > 1 ? (z >= 1 ? 3 : 2) * in->bucket_mb * MIB : 0; /* dp = 1: no collectives */
+  if (dp > 1 && z == 0 && in->ddp_shm) r.comm = 4 * P * (dp - 1) / dp; /* DDP in shared memory (ddp_shm.c) */
   stage_acts(in, a, s, p->stage_blocks[s], inflight, &r);
   /* CPU: the trainer's (B,T) batch (the initial weights are made and broadcast in the
    * parameter arena itself); pp > 1: its send and receive buffers of (B,T,C) */
@@ -244,7 +246,7 @@ static dt_plan_zero_t stage_memory(const dt_plan_t *p, const dt_plan_in_t *in, c
   const double own = 1.0 - 1.0 / dp; /* ZeRO-3: a third block, released but not yet given back */
   double params_gpu = z >= 3 ? r.params + r.gather + 4 * p->group_blk * own : 4 * P;
   double grads_gpu = z >= 2 ? r.grads + held : 4 * P;
-  double state_gpu = params_gpu + (a->mixed ? 4 * P : 0) + grads_gpu + r.m + r.v + r.comm;
+  double state_gpu = params_gpu + (a->mixed ? 4 * P : 0) + grads_gpu + r.m + r.v + r.comm_gpu;
   r.total_cpu = state + r.act_cpu + r.work_cpu;
   r.total_gpu = state_gpu + r.act_gpu + r.work_gpu;
   r.total_gpu_rc = state_gpu + r.act_gpu_rc + r.work_gpu;

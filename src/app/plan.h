@@ -26,6 +26,9 @@ typedef struct {
   int dp, tp, pp;     /* mesh; world = dp * tp * pp */
   int precision;      /* dt_precision_t of the working copy, activations, activation gradients */
   int bucket_mb;      /* parallel.bucket_mb */
+  int ddp_shm;        /* parallel.ddp_comm = auto | shm (auto assumed to find the dp group on one
+                         node): the CPU backend's DDP averages in shared memory, no MPI temporaries,
+                         but each rank touches (dp-1)/dp of an arena in its peers' (ddp_shm.c) */
   int threads;        /* CPU OpenMP threads per rank (the attention scratch is per thread) */
   int zero;           /* configured parallel.zero, or -1 when this build has no such key */
   int pp_balance;     /* dt_pp_balance_t: what the pipeline stages balance */
@@ -43,7 +46,10 @@ typedef struct {
   double grads;       /* fp32 gradient arena */
   double m, v;        /* AdamW moments, fp32 */
   double gather;      /* ZeRO-3: full-size working parameters of 2 groups (current + prefetched) */
-  double comm;        /* communication staging (ZeRO-2/3: one bucket); DDP reduces in place */
+  double comm;        /* communication staging on the host: MPI's temporaries of DDP's buckets in
+                         flight, ZeRO's staging; DDP in shared memory: the peers' gradient slices
+                         this rank touches (shared pages, held once per node, in every rank's RSS) */
+  double comm_gpu;    /* the same in the device total */
   double act_cpu, act_gpu;       /* activations (+ activation-gradient scratch) of this stage (CPU:
                                     with train.recompute as configured) */
   double act_cpu_alt;            /* CPU activations with the other choice of train.recompute */

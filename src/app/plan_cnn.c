@@ -8,7 +8,9 @@
  *   m, v     the optimizer range: P, or P/dp under ZeRO-1/2 (SGD keeps its
  *            momentum in m; the backend allocates v for it too, unused)        4 B x P (/dp) each
  *   comm     MPI's temporaries of 2 bucket all-reduces in flight (DDP), 3 buckets under ZeRO (as
- *            the token model's planner, plan.c; a bucket no larger than the gradients)
+ *            the token model's planner, plan.c; a bucket no larger than the gradients); DDP
+ *            averaging in shared memory (parallel.ddp_comm auto | shm): the (dp-1)/dp of an arena
+ *            this rank touches in its peers' (ddp_shm.c), counted in its RSS
  *   model    dt_cnn_alloc_bytes: activations and their gradients, convolution scratch, statistics
  *   images   the training and test sets in memory (a byte per pixel and label), the sampler's
  *            order (4 B per image) and the batch (B images in fp32)
@@ -54,6 +56,7 @@ void dt_plan_cnn_compute(dt_plan_cnn_t *p, const dt_config_t *cfg, const dt_cnn_
     r->grads = 4 * P;
     r->m = r->v = 4 * (z >= 1 ? ceil_div(P, dp) : P);
     r->comm = dp > 1 ? (z >= 1 ? 3 : 2) * bucket : 0;
+    if (dp > 1 && z == 0 && strcmp(cfg->ddp_comm, "mpi")) r->comm = 4 * P * (dp - 1) / dp; /* DDP in shared memory */
     r->total = r->params + r->wparams + r->grads + r->m + r->v + r->comm + p->model + p->images;
     /* the arenas and the model's arrays on the device, the images and MPI's buffers on the host */
     if (p->model_gpu > 0)
@@ -81,7 +84,8 @@ void dt_plan_cnn_print(const dt_plan_cnn_t *p, const dt_config_t *cfg, FILE *out
   ROW("gradients (fp32, whole)", grads);
   ROW(sgd ? "SGD momentum (fp32)" : "AdamW m (fp32)", m);
   ROW(sgd ? "second moment (allocated, unused by SGD)" : "AdamW v (fp32)", v);
-  ROW("comm buffers (MPI temporaries, ZeRO staging)", comm);
+  ROW(strcmp(cfg->ddp_comm, "mpi") && p->dp > 1 ? "comm: DDP shm peers' slices, ZeRO staging"
+                                                : "comm buffers (MPI temporaries, ZeRO staging)", comm);
   row(out, "activations, gradients, scratch (B images)", p->model, p->model, p->model);
   row(out, "image sets in memory + the batch", p->images, p->images, p->images);
   ROW("total host RSS (+ libraries and MPI)", total);

@@ -104,7 +104,8 @@ static void print_ranks(const dt_plan_t *p, FILE *o, const char *prefix) {
   ROW("AdamW m (fp32)", m);
   ROW("AdamW v (fp32)", v);
   ROW("zero3 gathered params (emb+ln_f+2 blocks)", gather);
-  ROW("comm buffers (MPI temporaries, ZeRO staging)", comm);
+  ROW(in->ddp_shm && in->dp > 1 ? "comm: DDP shm peers' slices, ZeRO staging" : "comm buffers (MPI temporaries, ZeRO staging)",
+      comm);
   ROW("activations, CPU backend", act_cpu);
   ROW(in->flash ? "activations, CUDA backend (flash attention)" : "activations, CUDA backend (keeps B*NH*T*T)",
       act_gpu);
@@ -165,6 +166,11 @@ static void print_notes(const dt_plan_t *p, FILE *o, const char *prefix) {
   pl(o, prefix, "plan: the CUDA backend's ZeRO-2/3 arenas have memory only where in use (CUDA virtual memory, 2 MiB "
      "granules): its device rows count the shard, the gathered blocks and, for the gradients, the embeddings', "
      "ln_f's, 2 blocks' and one bucket that backward holds before reducing them");
+  if (in->ddp_shm && in->dp > 1)
+    pl(o, prefix, "plan: zero0 on the CPU backend averages the gradients in shared memory (parallel.ddp_comm = auto "
+       "finding all dp ranks on one node, or shm): no MPI temporaries, but each rank touches %.3f GB ((dp-1)/dp of "
+       "an arena) in its peers' arenas, shared pages that the node holds once and each rank's RSS counts; the "
+       "device total keeps MPI's 2 buckets", 4 * n * (in->dp - 1) / in->dp / GB);
   if (in->zero >= 0)
     pl(o, prefix, "plan: configured parallel.zero = %d", in->zero);
   else

@@ -127,6 +127,7 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   DT_TRY(dt_sync_init(&tr->sync, cfg->zero, tr->mesh.dp_comm, tr->mesh.dp, tr->mesh.dp_idx, tr->accum, &tr->lay,
                       &tr->be, (size_t)cfg->bucket_mb << 20));
   tr->sync.probe_every = cfg->ddp_probe;
+  tr->sync.ddp_comm = dt_sync_ddp_comm(cfg->ddp_comm);
   tr->be.sparse = dt_sync_sparse(&tr->sync); /* ZeRO-2/3 device arenas: memory only where in use */
   if (tr->sync.ops->optim_sharded && tr->lay.tp == 1 && tr->lay.pp <= 1) /* tp, pp: host_arenas clips the boxes */
     DT_TRY(dt_ckpt_ranges_add_flat(&tr->zero_optim, &tr->lay, tr->be.opt_lo, tr->be.opt_hi));

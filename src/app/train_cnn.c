@@ -107,6 +107,7 @@ static dt_status_t init_arenas(dt_cnn_trainer_t *tr) {
   DT_TRY(dt_sync_init(&tr->sync, c->zero, tr->mesh.dp_comm, tr->mesh.dp, tr->mesh.dp_idx, tr->accum, &tr->arena,
                       &tr->be, (size_t)c->bucket_mb << 20));
   tr->sync.probe_every = c->ddp_probe;
+  tr->sync.ddp_comm = dt_sync_ddp_comm(c->ddp_comm);
   if (tr->sync.ops->optim_sharded)
     DT_TRY(dt_ckpt_ranges_add_flat(&tr->zero_optim, &tr->ck, tr->be.opt_lo, tr->be.opt_hi));
   const dt_backend_ops_t *ops = tr->be.ops;
@@ -311,8 +312,9 @@ static void print_header(void *t) {
   printf("# batch: micro_batch=%d x grad_accum=%d x dp=%d = %d images per step%s\n", tr->B, tr->accum, tr->mesh.dp,
          tr->global_batch, tr->mesh.dp > 1 ? "; batch norm synchronised over dp" : "");
   if (tr->mesh.dp > 1 || c->zero > 0)
-    printf("# gradients: %s over dp=%d (parallel.zero = %d), %d buckets of at most %d MiB during backward\n",
-           tr->sync.ops->name, tr->mesh.dp, c->zero, tr->sync.ddp.n_buckets, c->bucket_mb);
+    printf("# gradients: %s over dp=%d (parallel.zero = %d), %d buckets of at most %d MiB during backward%s%s\n",
+           tr->sync.ops->name, tr->mesh.dp, c->zero, tr->sync.ddp.n_buckets, c->bucket_mb,
+           dt_sync_transport(&tr->sync)[0] ? ", " : "", dt_sync_transport(&tr->sync));
   printf("# data: %s: %d images (an epoch: %.1f steps); normalised by mean", tr->train.what, tr->train.n,
          (double)tr->train.n / tr->global_batch);
   for (int k = 0; k < tr->train.C; k++) printf(" %.4f", tr->train.mean[k]);

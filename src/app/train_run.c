@@ -38,6 +38,8 @@ static void print_header(dt_trainer_t *tr) {
           (unsigned long long)dt_data_num_samples(tr->train));
   fprintf(o, "# backend: %s, %d threads per rank, matmul: %s\n", tr->be.ops->name, tr->mesh.threads,
           tr->be.ops->engine(&tr->be));
+  if (tr->mesh.dp > 1 && dt_sync_transport(&tr->sync)[0])
+    fprintf(o, "# gradients: %d buckets, %s\n", tr->sync.ddp.n_buckets, dt_sync_transport(&tr->sync));
   if (!tr->be.ops->host_memory && tr->mesh.size > 1) {
     int aware = dt_mpi_cuda_aware();
     if (!strcmp(tr->cfg.device_comm, "mpi"))

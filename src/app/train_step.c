@@ -48,6 +48,7 @@ static dt_status_t microsteps(dt_trainer_t *tr, uint64_t slice, double *loss_sum
     } else {
       if (last) DT_TRY(dt_pipe_flush(&tr->pipe));
       else DT_TRY(dt_pipe_recv(&tr->pipe, tr->pp_recv, n, s + 1));
+      if (op.mb == m - 1 && dt_fault_at("stall", tr->mesh.rank, tr->step + 1)) raise(SIGSTOP); /* test-only (fault.h) */
       t0 = dt_time_now();
       dt_grad_ready_fn ready = sy->ops->backward_begin(sy, op.mb, m);
       DT_TRY(dt_gpt2_stage_backward(&tr->model, slot, m, last ? NULL : tr->pp_recv, first ? NULL : tr->pp_send, ready,
@@ -60,7 +61,6 @@ static dt_status_t microsteps(dt_trainer_t *tr, uint64_t slice, double *loss_sum
   DT_TRY(dt_pipe_flush(&tr->pipe));
   tr->t_pp_step += dt_time_now() - t_step;
   tr->n_pp_steps++;
-  if (dt_fault_at("stall", tr->mesh.rank, tr->step + 1)) raise(SIGSTOP); /* test-only (fault.h) */
   return DT_OK;
 }
 

@@ -70,6 +70,7 @@ typedef struct {
   int micro_batches; /* parallel.micro_batches: another name for grad_accum (0 = unset) */
   char pp_balance[DT_NAME_MAX]; /* params | compute (model.h dt_pp_balance_t) */
   int bucket_mb;     /* DDP gradient bucket size in MiB */
+  char ddp_comm[DT_NAME_MAX]; /* parallel.ddp_comm: auto | shm | mpi */
   int ddp_probe;     /* every Nth step starts the all-reduce after backward (the overlap report); 0 = never */
   int zero;          /* ZeRO stage: 0 = plain DDP, 1 = AdamW state sharded over dp */
   /* [checkpoint] */

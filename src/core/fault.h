@@ -31,11 +31,14 @@
  *   stall_start    this rank stops itself (SIGSTOP) before the first collective of a training run:
  *                  a rank that never arrives; the hang watchdog's start deadline ends the job
  *                  (tests/hang_rank.sh)
- *   stall          at exactly step `step` this rank stops itself (SIGSTOP) after its backward,
- *                  before its gradients are summed: a node that hangs mid-run, its peers wait in
- *                  the gradient collective; the watchdog ends the job (tests/slurm_hang.sh: a job
+ *   stall          at exactly step `step` this rank stops itself (SIGSTOP) before its last
+ *                  micro-batch's backward, the one whose buckets are summed as it runs: a node that
+ *                  hangs mid-run, its peers wait in the gradient collective (MPI, NCCL or shared
+ *                  memory; after backward, this rank could already have done its part of it); the watchdog ends the job (tests/slurm_hang.sh: a job
  *                  that restarts without that rank, on fewer nodes, runs on; tests/emu_hang.sh:
  *                  the peers wait in NCCL)
+ *   ddp_shm_nospace  DDP's shared-memory setup (ddp_shm.c) finds no room in /dev/shm, as on a
+ *                  node with a small one; rank 0 of the dp group decides (tests/ddp_shm.sh)
  * validation/ (tests/validation.sh) plants each and expects the matching check to fail. */
 #ifndef DT_FAULT_H
 #define DT_FAULT_H

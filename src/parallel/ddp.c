@@ -32,6 +32,8 @@ dt_status_t dt_ddp_init(dt_ddp_t *d, dt_comm_t *comm, float *grads, size_t n, co
 }
 
 void dt_ddp_free(dt_ddp_t *d) {
+  dt_ddp_shm_free(d->shm);
+  d->shm = NULL;
   free(d->buckets);
   d->buckets = NULL;
 }
@@ -45,6 +47,7 @@ void dt_ddp_begin(dt_ddp_t *d) {
     d->buckets[i].req = NULL;
     d->buckets[i].started = 0;
   }
+  if (d->shm) dt_ddp_shm_begin(d);
 }
 
 /* At most DT_DDP_IN_FLIGHT all-reduces at once (the oldest is completed first): each nonblocking
@@ -83,6 +86,10 @@ void dt_ddp_ready(void *ctx, size_t lo, size_t hi) {
   dt_ddp_t *d = ctx;
   (void)hi;
   if (lo < d->ready_lo) d->ready_lo = lo;
+  if (d->shm) {
+    dt_ddp_shm_ready(d);
+    return;
+  }
   if (d->defer) return;
   for (int i = 0; i < d->n_buckets; i++) {
     dt_bucket_t *b = &d->buckets[i];
@@ -103,6 +110,11 @@ dt_status_t dt_ddp_finish(dt_ddp_t *d) {
     d->t_skew += dt_time_now() - tb;
   }
   double t0 = dt_time_now();
+  if (d->shm) {
+    if (d->err == DT_OK) d->err = dt_ddp_shm_finish(d);
+    d->t_comm_wait += dt_time_now() - t0;
+    return d->err;
+  }
   for (int i = 0; i < d->n_buckets; i++)
     if (!d->buckets[i].started) start(d, &d->buckets[i]);
   for (int i = 0; i < d->n_buckets; i++) {

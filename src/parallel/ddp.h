@@ -1,7 +1,9 @@
 /* Data-parallel gradient averaging: the gradient arena is cut into buckets of about bucket_mb,
  * each a contiguous arena range. Backward reports ranges whose gradients are final (from the end
  * of the arena downwards); each bucket's in-place average all-reduce starts as soon as all of it
- * is final, so communication overlaps the rest of backward. dt_ddp_finish waits for all. */
+ * is final, so communication overlaps the rest of backward. dt_ddp_finish waits for all.
+ * Two transports: the communicator's nonblocking all-reduce (MPI, NCCL), or, for host arenas of a
+ * dp group on one node, the arenas themselves in shared memory (ddp_shm.c). */
 #ifndef DT_DDP_H
 #define DT_DDP_H
 
@@ -15,6 +17,8 @@ typedef struct {
   dt_comm_req_t *req;   /* in flight, or NULL */
   int started;
 } dt_bucket_t;
+
+typedef struct dt_ddp_shm dt_ddp_shm_t;
 
 typedef struct {
   dt_comm_t *comm;      /* data-parallel communicator */
@@ -37,6 +41,7 @@ typedef struct {
   /* With an action: arena range [hold_lo, hold_hi) is left out of it (the caller handles it
    * after the step: pipeline parallelism's tied embedding under ZeRO-2); empty = none. */
   size_t hold_lo, hold_hi;
+  dt_ddp_shm_t *shm;    /* the arenas in shared memory (dt_ddp_shm_init), or NULL */
 } dt_ddp_t;
 
 /* group_begin: the layout's group start offsets (n_groups+1 entries, last = n); buckets are
@@ -50,5 +55,17 @@ void dt_ddp_begin(dt_ddp_t *d);
 void dt_ddp_ready(void *ctx, size_t lo, size_t hi);
 /* Start what has not started, wait for everything; gradients are then averaged over ranks. */
 dt_status_t dt_ddp_finish(dt_ddp_t *d);
+
+/* Shared-memory transport (parallel.ddp_comm): after dt_ddp_init, collective over d->comm. Puts
+ * this rank's gradient arena (page-aligned host memory, e.g. an anonymous mapping) into a file in
+ * /dev/shm shared by the group, mapped at the same address; its contents are not kept (the
+ * gradients are zeroed at every step). When the group is not on one node, its communicator is not
+ * MPI's or the memory is not there: with `required` an error, else DT_OK, d->shm NULL and `why`
+ * says why. dt_ddp_free releases it; the arena's own mapping stays the owner's to unmap. */
+dt_status_t dt_ddp_shm_init(dt_ddp_t *d, int required, char *why, size_t whylen);
+void dt_ddp_shm_free(dt_ddp_shm_t *s);
+void dt_ddp_shm_begin(dt_ddp_t *d);
+void dt_ddp_shm_ready(dt_ddp_t *d);
+dt_status_t dt_ddp_shm_finish(dt_ddp_t *d);
 
 #endif

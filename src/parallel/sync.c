@@ -113,6 +113,14 @@ static double median(const double *v, int n) {
   return n == 0 ? 0.0 : n % 2 ? a[n / 2] : 0.5 * (a[n / 2 - 1] + a[n / 2]);
 }
 
+/* Median absolute deviation from the median m. */
+static double mad(const double *v, int n, double m) {
+  double d[DT_SYNC_SAMPLES];
+  n = n < DT_SYNC_SAMPLES ? n : DT_SYNC_SAMPLES;
+  for (int i = 0; i < n; i++) d[i] = fabs(v[i] - m);
+  return median(d, n);
+}
+
 static void ddp_report(const dt_sync_t *s, int steps, FILE *o) {
   (void)steps;
   if (s->n_probe == 0 || s->n_run == 0) {
@@ -121,15 +129,24 @@ static void ddp_report(const dt_sync_t *s, int steps, FILE *o) {
             s->ddp.n_buckets, s->n_run ? 1e3 * s->t_wait_sum / s->n_run : 0.0, s->n_probe, s->n_run, s->probe_every);
     return;
   }
+  int nr = s->n_run < DT_SYNC_SAMPLES ? s->n_run : DT_SYNC_SAMPLES;
+  int np = s->n_probe < DT_SYNC_SAMPLES ? s->n_probe : DT_SYNC_SAMPLES;
   double run = median(s->run_win, s->n_run), probe = median(s->probe_win, s->n_probe);
-  double comm = median(s->probe_comm, s->n_probe), hid = comm > 0 ? (probe - run) / comm : 0.0;
+  double comm = median(s->probe_comm, s->n_probe);
+  /* Two standard errors of probe - run, from the windows' spread (a median's standard error is
+   * 1.86 MAD / sqrt(n) for normal noise; the larger MAD for both, a few probes say little of
+   * theirs): a difference within it is noise, and counts as nothing hidden. */
+  double spread = fmax(mad(s->run_win, s->n_run, run), mad(s->probe_win, s->n_probe, probe));
+  double noise = 2 * 1.86 * spread * sqrt(1.0 / nr + 1.0 / np);
+  double hid = comm > 0 && probe - run > noise ? (probe - run) / comm : 0.0;
   fprintf(o, "# ddp: %d buckets; backward + gradient all-reduce %.1f ms/step overlapped (median of %d steps) vs "
           "%.1f ms with the all-reduce after backward (median of %d probe steps, parallel.ddp_probe = %d), the "
           "all-reduce alone %.1f ms: %.0f%% of the all-reduce hidden behind backward (the probes' barrier before "
-          "it, waiting for the slowest rank, %.1f ms)\n",
-          s->ddp.n_buckets, 1e3 * run, s->n_run < DT_SYNC_SAMPLES ? s->n_run : DT_SYNC_SAMPLES, 1e3 * probe,
-          s->n_probe < DT_SYNC_SAMPLES ? s->n_probe : DT_SYNC_SAMPLES, s->probe_every, 1e3 * comm,
-          100.0 * fmin(1.0, fmax(0.0, hid)), 1e3 * median(s->probe_skew, s->n_probe));
+          "it, waiting for the slowest rank, %.1f ms); the difference of the two windows counts only beyond its "
+          "noise, %.1f ms (2 standard errors, from their spread)%s\n",
+          s->ddp.n_buckets, 1e3 * run, nr, 1e3 * probe, np, s->probe_every, 1e3 * comm, 100.0 * fmin(1.0, fmax(0.0, hid)),
+          1e3 * median(s->probe_skew, s->n_probe), 1e3 * noise,
+          s->ddp.shm ? "; averaged in shared memory by the ranks' own threads, in backward's hooks and after it" : "");
 }
 
 static const dt_sync_ops_t sync_local = {
@@ -137,10 +154,28 @@ static const dt_sync_ops_t sync_local = {
     .after_backward = tied_sum, .reduce_norm = no_reduce, .after_update = no_gather, .begin_eval = nothing,
     .end_eval = nothing, .start = no_start, .report = no_report};
 
+/* Host arenas of a dp group on one node: average them in shared memory (ddp_shm.c), unless
+ * parallel.ddp_comm = mpi. */
+static dt_status_t ddp_start(dt_sync_t *s, dt_comm_t *grad_comm) {
+  (void)grad_comm;
+  s->shm_why[0] = '\0';
+  if (!s->be->ops->host_memory || s->ddp_comm == DT_DDP_COMM_MPI) return DT_OK;
+  return dt_ddp_shm_init(&s->ddp, s->ddp_comm == DT_DDP_COMM_SHM, s->shm_why, sizeof s->shm_why);
+}
+
 static const dt_sync_ops_t sync_ddp = {
     .name = "ddp", .begin_step = ddp_begin_step, .backward_begin = ddp_hook, .backward_end = nothing,
     .after_backward = ddp_after_backward, .reduce_norm = no_reduce, .after_update = no_gather,
-    .begin_eval = nothing, .end_eval = nothing, .start = no_start, .report = ddp_report};
+    .begin_eval = nothing, .end_eval = nothing, .start = ddp_start, .report = ddp_report};
+
+const char *dt_sync_transport(const dt_sync_t *s) {
+  static char buf[256];
+  if (s->ops != &sync_ddp || !s->be->ops->host_memory) return "";
+  if (s->ddp.shm) return "averaged in shared memory, straight from the dp ranks' arenas (parallel.ddp_comm)";
+  snprintf(buf, sizeof buf, "MPI nonblocking all-reduce (parallel.ddp_comm = %s%s%s)",
+           s->ddp_comm == DT_DDP_COMM_MPI ? "mpi" : "auto", s->shm_why[0] ? "; no shared memory: " : "", s->shm_why);
+  return buf;
+}
 
 /* ---- ZeRO-1 ---- */
 

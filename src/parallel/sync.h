@@ -56,6 +56,12 @@ typedef struct {
   void (*report)(const dt_sync_t *s, int steps, FILE *o);
 } dt_sync_ops_t;
 
+enum { DT_DDP_COMM_AUTO, DT_DDP_COMM_MPI, DT_DDP_COMM_SHM };
+/* parallel.ddp_comm's value (auto | mpi | shm, checked by the config) as DT_DDP_COMM_*. */
+static inline int dt_sync_ddp_comm(const char *v) {
+  return v[0] == 'm' ? DT_DDP_COMM_MPI : v[0] == 's' ? DT_DDP_COMM_SHM : DT_DDP_COMM_AUTO;
+}
+
 struct dt_sync {
   const dt_sync_ops_t *ops;
   dt_backend_t *be;
@@ -72,6 +78,10 @@ struct dt_sync {
    * gradients are averaged, of the last DT_SYNC_SAMPLES probe and other steps, the probes'
    * all-reduce times and their barrier waits before it (rank skew) */
   int probe_every, n_steps, n_probe, n_run;
+  /* DDP's transport for host arenas (parallel.ddp_comm; set after init): DT_DDP_COMM_*; after
+   * dt_sync_start, ddp.shm says which one runs and shm_why why not shared memory (auto) */
+  int ddp_comm;
+  char shm_why[160];
   double t_bwd0, t_wait_sum;
   double probe_win[DT_SYNC_SAMPLES], probe_comm[DT_SYNC_SAMPLES], probe_skew[DT_SYNC_SAMPLES];
   double run_win[DT_SYNC_SAMPLES];
@@ -94,5 +104,7 @@ dt_status_t dt_sync_attach(dt_sync_t *s, dt_gpt2_t *model);
  * arenas, else dp_comm), the tied group (NULL if none) and the reference timings of the report. */
 dt_status_t dt_sync_start(dt_sync_t *s, dt_comm_t *grad_comm, dt_comm_t *tied);
 void dt_sync_free(dt_sync_t *s);
+/* DDP on host arenas: how the gradients are averaged (after dt_sync_start); "" otherwise. */
+const char *dt_sync_transport(const dt_sync_t *s);
 
 #endif

@@ -104,8 +104,8 @@ static void print_ranks(const dt_plan_t *p, FILE *o, const char *prefix) {
   ROW("AdamW m (fp32)", m);
   ROW("AdamW v (fp32)", v);
   ROW("zero3 gathered params (emb+ln_f+2 blocks)", gather);
-  ROW(in->ddp_shm && in->dp > 1 ? "comm: DDP shm peers' slices, ZeRO staging" : "comm buffers (MPI temporaries, ZeRO staging)",
-      comm);
+  ROW(in->ddp_shm && in->dp > 1 ? "comm: DDP shm peers' slices, ZeRO staging"
+                                 : "comm buffers (MPI temporaries, ZeRO staging)", comm);
   ROW("activations, CPU backend", act_cpu);
   ROW(in->flash ? "activations, CUDA backend (flash attention)" : "activations, CUDA backend (keeps B*NH*T*T)",
       act_gpu);

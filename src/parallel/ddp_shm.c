@@ -1,11 +1,11 @@
 /* DDP's gradient average through shared memory, for a dp group whose ranks share a node (ddp.h,
  * parallel.ddp_comm). Issue #27 measured MPI's nonblocking all-reduce on such a node: Open MPI
  * copies each bucket into a temporary, through the kernel (CMA) and back, then dtrain divides in
- * another pass; 124M floats cost 400-700 ms of CPU per step at dp = 2, and its progress happens
- * only inside MPI calls. Here every rank's gradient arena is a slice of one shared-memory file
- * (its own pages mapped over the backend's arena at the same address), so a bucket is averaged
- * straight from the arenas: sum the dp values, divide, store the average into every arena, one
- * pass (~100 ms at 124M, dp = 2).
+ * another pass; 124M floats cost 450-1000 ms of CPU per step at dp = 2 on 2 cores, and it
+ * progresses only inside MPI calls. Here every rank's gradient arena is a slice of one
+ * shared-memory file (its own pages mapped over the backend's arena at the same address), so a
+ * bucket is averaged straight from the arenas: sum the dp values, divide, store the average into
+ * every arena, one pass (53 ms per step at 124M, dp = 2 on those cores; bench/ddp_overlap.sh).
  *
  * Protocol, per optimizer step s (counted alike on every rank): a rank stores ready[b][p] = s
  * (release) once its bucket b is final; once every rank's is, rank p averages its own slice of
@@ -36,7 +36,7 @@
 #include "timer.h"
 #include "watchdog.h"
 
-#define BLOCK 1024              /* floats summed through a stack buffer at a time */
+#define BLOCK 1024 /* floats summed through a stack buffer at a time */
 
 typedef _Atomic uint64_t counter_t;
 
@@ -209,7 +209,8 @@ static dt_status_t setup(dt_ddp_t *d, dt_ddp_shm_t *s, char *why, size_t whylen)
   s->ready = (counter_t *)s->map;
   s->done = (counter_t *)(s->map + flags);
   /* a page counts in the RSS once per mapping that touched it: this rank's own through its own */
-  for (int p = 0; p < s->size; p++) s->arena[p] = p == s->rank ? d->grads : (float *)(s->map + ctrl + (size_t)p * s->stride);
+  for (int p = 0; p < s->size; p++)
+    s->arena[p] = p == s->rank ? d->grads : (float *)(s->map + ctrl + (size_t)p * s->stride);
   return DT_OK;
 }
 

@@ -144,7 +144,8 @@ static void ddp_report(const dt_sync_t *s, int steps, FILE *o) {
           "all-reduce alone %.1f ms: %.0f%% of the all-reduce hidden behind backward (the probes' barrier before "
           "it, waiting for the slowest rank, %.1f ms); the difference of the two windows counts only beyond its "
           "noise, %.1f ms (2 standard errors, from their spread)%s\n",
-          s->ddp.n_buckets, 1e3 * run, nr, 1e3 * probe, np, s->probe_every, 1e3 * comm, 100.0 * fmin(1.0, fmax(0.0, hid)),
+          s->ddp.n_buckets, 1e3 * run, nr, 1e3 * probe, np, s->probe_every, 1e3 * comm,
+          100.0 * fmin(1.0, fmax(0.0, hid)),
           1e3 * median(s->probe_skew, s->n_probe), 1e3 * noise,
           s->ddp.shm ? "; averaged in shared memory by the ranks' own threads, in backward's hooks and after it" : "");
 }

@@ -24,7 +24,7 @@
 #     accuracy within 2 images (on the first 2,000 test images, written as an IDX file here);
 #     SIGUSR1 mid-run writes a checkpoint of that step and exits 75 (requeue);
 #  4. what the classifiers do not have yet is refused with one line naming the key, exit 2,
-#     before any work: tp, ZeRO-3, the cuda backend, token data for a CNN, IDX images without
+#     before any work: tp, pp, token data for a CNN, IDX images without
 #     labels; a missing image file is named;
 #  5. `dtrain eval` of a checkpoint gives the test loss and accuracy training logged.
 source "$top_srcdir/tests/lib.sh"
@@ -161,7 +161,7 @@ refuse() {
   [ "$rc" -ne 0 ] || { echo "FAIL: exit 0"; exit 1; }
 }
 refuse "parallel.tp: tensor parallelism is not implemented for the image classifiers" parallel.tp=2
-refuse "parallel.zero: ZeRO-3 is not implemented for the image classifiers" parallel.zero=3
+refuse "parallel.pp: pipeline parallelism is not implemented for the image classifiers" parallel.pp=2
 refuse "data.format: tokens data for model.arch = cnn" data.format=tokens
 refuse "data.train_labels: data.format = idx needs the labels file" data.train_labels=
 refuse "nope-images.gz" data.train=/nonexistent/nope-images.gz

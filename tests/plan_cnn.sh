@@ -3,11 +3,14 @@
 #  1. `dtrain plan inputs/resnet50_cifar10.ini` (on 64 CIFAR-10-format records written here) counts
 #     the parameters and batch-norm running statistics PyTorch counts for the same network
 #     (tests/ref/ref_cnn_model.py's ResNet-50, torchvision's structure), says micro_batch 256's
-#     activations per rank, and its ZeRO-1 column over --world 4 holds a quarter of the momentum;
+#     activations per rank, and its ZeRO-1 column over --world 4 holds a quarter of the momentum,
+#     its ZeRO-3 column a quarter of the parameters + the running statistics + the gathered
+#     tensors (the first convolution and 3 x the largest, from PyTorch's tensors);
 #  2. trained runs print rank 0's peak RSS against the plan of the configured stage: plan + the
 #     RSS before the model within 5% of the measured peak for the SimpleCNN on Fashion-MNIST (data
 #     and activations), ResNet-18 width 16 at dp=2 with ZeRO-1 in bf16 (sharded m, v; working copy)
-#     and ResNet-50 width 16 at B=32 (activations); measured when written: +1.6%, +0.5%, -0.2%;
+#     ResNet-50 width 16 at B=32 (activations) and ResNet-18 width 16 at dp=2 with ZeRO-3;
+#     measured when written: +1.6%, +0.5%, -0.2%, +2.7%;
 #  3. a missing image set: one line naming it, exit 2, nothing printed on stdout.
 source "$top_srcdir/tests/lib.sh"
 begin_test
@@ -46,6 +49,11 @@ act = a["activations, gradients, scratch (B images)"][0]
 assert 10 < act < 40, f"ResNet-50 at 256 images: {act} GB of activations per rank"
 print(f"micro_batch 256: {act:.1f} GB of activations per rank; ZeRO-1 over 4 ranks: momentum {z[mom][1]:.4f} GB"
       f" of {a[mom][0]:.4f}")
+ps = list(model.parameters())
+want = 4 * (n_par / 4 + n_buf + ps[0].numel() + 3 * max(p.numel() for p in ps[1:])) / 1e9
+got = z["parameters + running statistics (fp32)"][3]
+assert abs(got - want) <= 0.002, f"ZeRO-3 over 4 ranks: parameters {got} GB, want {want:.4f}"
+print(f"ZeRO-3 over 4 ranks: parameters {got:.3f} GB (a quarter + statistics + gathered: {want:.4f}) of {a['parameters + running statistics (fp32)'][0]:.3f}")
 PY
 check_rss() { # OUT: plan + pre-model RSS within 5% of the peak
   local line pct
@@ -64,6 +72,9 @@ check_rss "$t/rn18.out"
 run "$DTRAIN" "$top_srcdir/inputs/resnet50_cifar10.ini" $cifar $sc model.width=16 train.micro_batch=32 \
   train.global_batch=32 checkpoint.dir="$t/ck3" > "$t/rn50.out"
 check_rss "$t/rn50.out"
+mpi 2 "$DTRAIN" "$top_srcdir/inputs/fmnist.ini" $sc model.arch=resnet18 model.width=16 train.micro_batch=16 \
+  train.global_batch=32 parallel.zero=3 data.val= checkpoint.dir="$t/ck4" > "$t/rn18z3.out"
+check_rss "$t/rn18z3.out"
 set +e
 "$DTRAIN" plan "$top_srcdir/inputs/fmnist.ini" data.train=/nonexistent/x-idx3-ubyte > "$t/bad.out" 2> "$t/bad.err"
 rc=$?

@@ -127,3 +127,27 @@ Test(zero, zero3_prefetches_the_next_block_of_the_pass_only) {
   dt_zero_free(&z);
   free(bc_base);
 }
+
+/* The image classifiers' bound (dt_zero3_bound): the hook serves only the first `blocks` blocks
+ * (no prefetch past them), and a release never drops the arena from `keep` on (the batch-norm
+ * running statistics every rank keeps whole). */
+Test(zero, zero3_bound_stops_prefetch_and_keeps_the_tail) {
+  const dt_comm_ops_t ops = {.name = "fake", .broadcast = r_bcast, .wait = r_wait};
+  dt_comm_t c = {.ops = &ops, .size = 2, .rank = 0};
+  dt_zero_t z;
+  cr_assert_eq(dt_zero_init(&z, 3, &c, 0, 64, 1 << 20), DT_OK);
+  bc_base = calloc(64, sizeof(float));
+  const size_t grp[] = {0, 8, 24, 40, 64};
+  cr_assert_eq(dt_zero3_attach(&z, bc_base, grp, 2), DT_OK);
+  dt_zero3_bound(&z, 1, 40); /* block 1 ([24, 40)) and the tail [40, 64) are not the hook's */
+  n_bc = 0;
+  cr_assert_eq(dt_zero3_hook(&z, 0, DT_HOOK_FWD), DT_OK);
+  cr_assert_eq(n_bc, 1, "block 0 only, no prefetch of block 1: %d broadcasts", n_bc);
+  cr_assert(bc[0].off == 8 && bc[0].n == 16 && bc[0].root == 0);
+  for (int i = 0; i < 64; i++) bc_base[i] = 7;
+  cr_assert_eq(dt_zero3_release(&z, 0, 64), DT_OK); /* rank 0's shard is [0, 32) */
+  for (int i = 0; i < 64; i++)
+    cr_assert_eq(bc_base[i], i >= 32 && i < 40 ? 0.0f : 7.0f, "element %d: %g", i, bc_base[i]);
+  dt_zero_free(&z);
+  free(bc_base);
+}

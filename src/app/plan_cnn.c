@@ -2,10 +2,15 @@
  * The model of what train_cnn.c allocates per rank on the CPU backend, P = the arena (the
  * parameters, then batch norm's running statistics):
  *   params   fp32 master arena                                                 4 B x P
+ *            ZeRO-3: this rank's shard of the parameters, the running statistics
+ *            whole, and the tensors gathered at a time: the first convolution
+ *            (pinned), the one in use and the next one prefetched, bounded by
+ *            3 x the largest tensor (a prefetch out of arena order stays until
+ *            its use)                                                         4 B x (Pp/dp + Pb + gathered)
  *   wparams  bf16/fp16 working copy, emulated in fp32                          4 B x P (mixed only)
  *   grads    fp32 arena, whole under every ZeRO stage (ZeRO-2 shards the
  *            reduction, not this memory)                                       4 B x P
- *   m, v     the optimizer range: P, or P/dp under ZeRO-1/2 (SGD keeps its
+ *   m, v     the optimizer range: P, or P/dp under ZeRO-1/2/3 (SGD keeps its
  *            momentum in m; the backend allocates v for it too, unused)        4 B x P (/dp) each
  *   comm     MPI's temporaries of 2 bucket all-reduces in flight (DDP), 3 buckets under ZeRO (as
  *            the token model's planner, plan.c; a bucket no larger than the gradients); DDP
@@ -14,7 +19,8 @@
  *   model    dt_cnn_alloc_bytes: activations and their gradients, convolution scratch, statistics
  *   images   the training and test sets in memory (a byte per pixel and label), the sampler's
  *            order (4 B per image) and the batch (B images in fp32)
- * The CUDA backend's device total: the arenas, dt_cnn_alloc_bytes with its convolution scratch,
+ * The CUDA backend's device total: the arenas (whole also under ZeRO-3: the classifiers' device
+ * arenas are not sparse, dropped parameters are cleared, not freed), dt_cnn_alloc_bytes with its convolution scratch,
  * and the assumed context (plan.h); the images and MPI's buffers stay on the host. Training prints
  * the configured stage against its peak RSS (CPU) or the device memory in use (CUDA) at the end. */
 #include "dt_build.h" /* first: with DT_HAVE_CUDA, backend.h declares dt_backend_cuda (its conv scratch) */
@@ -49,9 +55,16 @@ void dt_plan_cnn_compute(dt_plan_cnn_t *p, const dt_config_t *cfg, const dt_cnn_
 #endif
   p->images = (p->n_train + p->n_val) * (img + 1) + 4.0 * p->n_train + (double)B * (4 * img + 4);
   const double bucket = cfg->bucket_mb * MIB < 4 * P ? cfg->bucket_mb * MIB : 4 * P; /* a small model: one bucket */
+  double big = 0; /* ZeRO-3's gathered tensors */
+  for (int t = 1; t < m->lay.n_tensors; t++) {
+    const dt_tensor_t *x = &m->lay.tensors[t];
+    if ((double)x->rows * x->cols > big) big = (double)x->rows * x->cols;
+  }
+  const double gathered = (double)m->lay.tensors[0].rows * m->lay.tensors[0].cols + 3 * big;
   for (int z = 0; z < DT_PLAN_CNN_STAGES; z++) {
     dt_plan_cnn_zero_t *r = &p->z[z];
     r->params = 4 * P;
+    if (z == 3 && dp > 1) r->params = 4 * (ceil_div((double)m->lay.n_params, dp) + m->bufs.n_params + gathered);
     r->wparams = prec != DT_PREC_FP32 ? 4 * P : 0;
     r->grads = 4 * P;
     r->m = r->v = 4 * (z >= 1 ? ceil_div(P, dp) : P);
@@ -60,14 +73,15 @@ void dt_plan_cnn_compute(dt_plan_cnn_t *p, const dt_config_t *cfg, const dt_cnn_
     r->total = r->params + r->wparams + r->grads + r->m + r->v + r->comm + p->model + p->images;
     /* the arenas and the model's arrays on the device, the images and MPI's buffers on the host */
     if (p->model_gpu > 0)
-      r->total_gpu = r->params + r->wparams + r->grads + r->m + r->v + p->model_gpu + DT_PLAN_CUDA_CONTEXT_BYTES;
+      r->total_gpu = 4 * P + r->wparams + r->grads + r->m + r->v + p->model_gpu + DT_PLAN_CUDA_CONTEXT_BYTES;
   }
 }
 
-static void row(FILE *out, const char *name, double z0, double z1, double z2) {
-  fprintf(out, "  %-44s %9.3f %9.3f %9.3f\n", name, z0 / GB, z1 / GB, z2 / GB);
+static void row(FILE *out, const char *name, double z0, double z1, double z2, double z3) {
+  fprintf(out, "  %-44s %9.3f %9.3f %9.3f %9.3f\n", name, z0 / GB, z1 / GB, z2 / GB, z3 / GB);
 }
-#define ROW(name, field) row(out, name, p->z[0].field, p->z[1].field, p->z[2].field)
+#define ROW(name, field) row(out, name, p->z[0].field, p->z[1].field, p->z[2].field, p->z[3].field)
+#define ROW1(name, v) row(out, name, v, v, v, v)
 
 void dt_plan_cnn_print(const dt_plan_cnn_t *p, const dt_config_t *cfg, FILE *out) {
   const int sgd = !strcmp(cfg->optimizer, "sgd");
@@ -78,7 +92,7 @@ void dt_plan_cnn_print(const dt_plan_cnn_t *p, const dt_config_t *cfg, FILE *out
           cfg->optimizer, cfg->bucket_mb, p->threads, p->n_train, p->n_val);
   fprintf(out, "plan: units: GB = 1e9 bytes; host memory of the CPU backend, and the CUDA backend's device total%s\n",
           p->model_gpu > 0 ? "" : " (not in this build)");
-  fprintf(out, "plan: per rank, GB                                  zero0     zero1     zero2\n");
+  fprintf(out, "plan: per rank, GB                                  zero0     zero1     zero2     zero3\n");
   ROW("parameters + running statistics (fp32)", params);
   ROW("working copy (bf16/fp16, emulated in fp32)", wparams);
   ROW("gradients (fp32, whole)", grads);
@@ -86,14 +100,15 @@ void dt_plan_cnn_print(const dt_plan_cnn_t *p, const dt_config_t *cfg, FILE *out
   ROW(sgd ? "second moment (allocated, unused by SGD)" : "AdamW v (fp32)", v);
   ROW(strcmp(cfg->ddp_comm, "mpi") && p->dp > 1 ? "comm: DDP shm peers' slices, ZeRO staging"
                                                 : "comm buffers (MPI temporaries, ZeRO staging)", comm);
-  row(out, "activations, gradients, scratch (B images)", p->model, p->model, p->model);
-  row(out, "image sets in memory + the batch", p->images, p->images, p->images);
+  ROW1("activations, gradients, scratch (B images)", p->model);
+  ROW1("image sets in memory + the batch", p->images);
   ROW("total host RSS (+ libraries and MPI)", total);
   if (p->model_gpu > 0) {
-    row(out, "CUDA: activations, gradients, scratch", p->model_gpu, p->model_gpu, p->model_gpu);
+    ROW1("CUDA: activations, gradients, scratch", p->model_gpu);
     ROW("CUDA: total device (incl. 0.5 GiB context)", total_gpu);
   }
-  fprintf(out, "plan: configured parallel.zero = %d (ZeRO-3 does not train the classifiers)\n", p->zero);
+  fprintf(out, "plan: configured parallel.zero = %d%s\n", p->zero,
+          p->zero == 3 && strcmp(cfg->precision, "fp32") ? " (ZeRO-3 trains in fp32 only)" : "");
 }
 
 void dt_plan_cnn_print_rss(const dt_plan_cnn_t *p, FILE *out) {

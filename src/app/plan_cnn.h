@@ -1,5 +1,5 @@
 /* Memory planner for the image classifiers (plan_cnn.c): per-rank host memory of the CPU
- * backend and device memory of the CUDA backend for parallel.zero = 0, 1, 2, from the model as
+ * backend and device memory of the CUDA backend for parallel.zero = 0 to 3, from the model as
  * training builds it and the image sets' sizes. `dtrain plan` prints it; training prints the
  * configured stage against its peak RSS (CPU) or the device memory in use (CUDA). */
 #ifndef DT_PLAN_CNN_H
@@ -12,7 +12,7 @@
 #include "images.h"
 #include "status.h"
 
-#define DT_PLAN_CNN_STAGES 3 /* ZeRO 0, 1, 2 */
+#define DT_PLAN_CNN_STAGES 4 /* ZeRO 0, 1, 2, 3 */
 
 typedef struct {
   double params, wparams, grads, m, v, comm, total; /* bytes per rank, host (CPU backend) */

@@ -163,7 +163,7 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   tr->pp_ops = malloc(sizeof *tr->pp_ops * 2 * (size_t)tr->accum);
   if (!tr->pp_ops) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   dt_pp_schedule(tr->mesh.pp_idx, tr->mesh.pp, tr->accum, tr->pp_ops);
-  DT_TRY(dt_sync_attach(&tr->sync, &tr->model)); /* ZeRO-3: blocks gathered around their use */
+  DT_TRY(dt_sync_attach(&tr->sync, &tr->model.layer_hook, &tr->model.hook_ctx)); /* ZeRO-3: blocks gathered around their use */
   dt_precision_t prec = DT_PREC_FP32;
   if (dt_precision_parse(cfg->precision, &prec) != 0)
     return DT_ERR(DT_ERR_CONFIG, "%s: train.precision: '%s' is not one of fp32|bf16|fp16", cfg_name, cfg->precision);

@@ -98,6 +98,32 @@ static dt_status_t arena_layout(dt_cnn_trainer_t *tr) {
   return DT_OK;
 }
 
+/* ZeRO-3's gathers around each parameter tensor's use (cnn.h layer_hook): tensor t is the sync
+ * strategy's block t - 1 (the arena layout has one group per tensor); tensor 0, the first
+ * convolution, is its pinned group, gathered for a whole step. */
+static dt_status_t cnn_zero3_hook(void *ctx, int t, dt_hook_phase_t phase) {
+  dt_cnn_trainer_t *tr = ctx;
+  return t > 0 ? tr->zero3_hook(tr->zero3_ctx, t - 1, phase) : DT_OK;
+}
+
+/* The sync strategy on the backend's arenas; ZeRO-3 hooked into the model. Its
+ * blocks are the parameter tensors 1 .. P-1; the running statistics after them are kept whole on
+ * every rank (each updates them from the same synchronised statistics). */
+static dt_status_t attach_sync(dt_cnn_trainer_t *tr) {
+  if (!tr->sync.ops->params_sharded) return dt_sync_attach(&tr->sync, NULL, NULL);
+  DT_TRY(dt_sync_attach(&tr->sync, &tr->zero3_hook, &tr->zero3_ctx));
+  dt_zero3_bound(&tr->sync.zero, tr->model.lay.n_tensors - 1, tr->model.lay.n_params);
+  tr->model.layer_hook = cnn_zero3_hook;
+  tr->model.hook_ctx = tr;
+  return DT_OK;
+}
+
+/* ZeRO-3 after the initial weights or a resume filled every rank's whole arena: only this rank's
+ * shard of the parameters stays. */
+static dt_status_t shard_params(dt_cnn_trainer_t *tr) {
+  return tr->sync.ops->params_sharded ? dt_zero3_release(&tr->sync.zero, 0, tr->model.lay.n_params) : DT_OK;
+}
+
 /* The arenas (system.backend's; tr->be.ops chosen) and the sync strategy over them: parallel.zero
  * over the dp group (ZeRO pads the arena's end to dp equal shards and keeps m, v of this rank's
  * shard). A device backend also gets host copies of the arenas (initial weights, checkpoints). */
@@ -117,7 +143,7 @@ static dt_status_t init_arenas(dt_cnn_trainer_t *tr) {
   /* the CUDA backend's per-row host buffers are for B rows (the loss); the CPU's need none */
   DT_TRY(ops->init(&tr->be, &tr->arena, ops->host_memory ? 1 : tr->B, 1, tr->mesh.threads));
   tr->bufs = tr->be.params + tr->model.lay.n_params;
-  DT_TRY(dt_sync_attach(&tr->sync, NULL)); /* ZeRO on device arenas (no ZeRO-3 here: no model hooks) */
+  DT_TRY(attach_sync(tr));
   if (!ops->host_memory &&
       !(tr->host = calloc(tr->arena.n_params + 2 * dt_backend_opt_floats(&tr->be), sizeof(float))))
     return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
@@ -191,6 +217,7 @@ dt_status_t dt_cnn_trainer_init(dt_cnn_trainer_t *tr, const dt_config_t *cfg, co
   DT_TRY(open_data(tr));
   DT_TRY(init_model(tr));
   DT_TRY(dt_cnn_trainer_resume(tr));
+  DT_TRY(shard_params(tr));
   tr->first_step = tr->step;
   if (tr->be.comm_stream && tr->mesh.dp > 1) /* device gradients: NCCL (or staged MPI) over dp */
     DT_TRY(dt_train_device_comm(cfg, tr->mesh.device, tr->mesh.dp_comm, &tr->dev_dp_comm));
@@ -282,8 +309,13 @@ dt_status_t dt_cnn_trainer_eval(dt_cnn_trainer_t *tr, double *loss, double *acc)
   const int n = tr->val.n, batches = (n + tr->B - 1) / tr->B;
   double sum[3] = {0, 0, 0}; /* loss x images, correct, images */
   const float *w;
+  dt_sync_t *sy = &tr->sync;
   DT_TRY(working_params(tr, &w));
-  for (int j = tr->mesh.dp_idx; j < batches; j += tr->mesh.dp) {
+  DT_TRY(sy->ops->begin_eval(sy)); /* ZeRO-3: the pinned tensor */
+  const int dp = tr->mesh.dp, rounds = (batches + dp - 1) / dp;
+  for (int r = 0; r < rounds; r++) { /* round r: batch r * dp + dp_idx on each rank */
+    const int real = r * dp + tr->mesh.dp_idx < batches, j = real ? r * dp + tr->mesh.dp_idx : 0;
+    if (!real && !sy->ops->collective_forward) break; /* ZeRO-3's gathers: every rank runs every round */
     int b = n - j * tr->B < tr->B ? n - j * tr->B : tr->B, correct = 0;
     m->B = b; /* a smaller last batch fits in the memory of B images */
     dt_images_batch_sequential(&tr->val, j * tr->B, b, tr->x, tr->y);
@@ -291,9 +323,11 @@ dt_status_t dt_cnn_trainer_eval(dt_cnn_trainer_t *tr, double *loss, double *acc)
     dt_status_t st = dt_cnn_forward(m, w, tr->bufs, tr->x, tr->y, 0, &l, &correct);
     m->B = tr->B;
     DT_TRY(st);
+    if (!real) continue; /* a forward for the gathers only */
     sum[0] += l * b;
     sum[1] += correct, sum[2] += b;
   }
+  DT_TRY(sy->ops->end_eval(sy));
   dt_comm_t *dpc = tr->mesh.dp_comm;
   if (tr->mesh.dp > 1) DT_TRY(dpc->ops->allreduce(dpc, sum, sum, 3, DT_F64, DT_SUM, NULL, NULL));
   *loss = sum[0] / sum[2];

@@ -7,10 +7,13 @@
  * Evaluation: loss and top-1 accuracy over the whole validation set, batch norm's running
  * statistics. The parameters, their batch norm statistics, gradients and optimizer state are the
  * CPU backend's arenas (backend.h) over one layout, and the gradients become final over dp through
- * GPT-2's sync strategies (sync.h): DDP's buckets all-reduced during backward, ZeRO-1 and ZeRO-2.
+ * GPT-2's sync strategies (sync.h): DDP's buckets all-reduced during backward, ZeRO-1 and ZeRO-2,
+ * and ZeRO-3 (fp32) with each parameter tensor gathered around its use through the
+ * model's layer hook (block l of the sync strategy = tensor l + 1; tensor 0 stays gathered for the
+ * whole step, the running statistics are never sharded).
  * Checkpoints (train_cnn_ckpt.c): GPT-2's format and commit protocol, exact and any-layout resume.
  * Mixed precision (train.precision = bf16 | fp16, emulated as GPT-2's: cnn.h) with fp16's loss scaler.
- * Not yet (README, Status): CUDA, tp, pp, ZeRO-3. The model-side seam that would
+ * Not yet (README, Status): tp, pp. The model-side seam that would
  * join this loop and GPT-2's into one trainer is docs/architecture.md's next step. */
 #ifndef DT_TRAIN_CNN_H
 #define DT_TRAIN_CNN_H
@@ -38,7 +41,9 @@ typedef struct {
   float *host;        /* a device backend: host copies of params (then bufs), m and v for the
                          initial weights and checkpoints (NULL on the CPU) */
   dt_comm_t *dev_dp_comm; /* a device backend with dp > 1: the gradients' communicator (NCCL) */
-  dt_sync_t sync;     /* local, ddp, zero1 or zero2 (parallel.zero) */
+  dt_sync_t sync;     /* local, ddp, zero1, zero2 or zero3 (parallel.zero) */
+  dt_layer_hook_fn zero3_hook; /* ZeRO-3: the sync strategy's block hook (model.layer_hook calls it) */
+  void *zero3_ctx;
   dt_scaler_t scaler; /* fp16's dynamic loss scale (precision.h); disabled otherwise */
   dt_ckpt_ranges_t zero_optim; /* ZeRO: the boxes of m, v in checkpoints */
   float *bufs;        /* the running statistics: be.params + model.lay.n_params */

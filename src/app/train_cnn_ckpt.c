@@ -4,8 +4,9 @@
  * weights (OC, C, KH, KW)); /optim/m is SGD's momentum buffer or AdamW's first moment, /optim/v AdamW's
  * second (zeros for SGD), both 0 for the statistics. The data position is the next global sample
  * index and the crops and flips are drawn from (seed, index), so a resume continues bitwise, on
- * any number of dp ranks and ZeRO stage (every rank holds all parameters; with ZeRO m and v are
- * this rank's shard of the arena, written and read as its boxes, tr->zero_optim). */
+ * any number of dp ranks and ZeRO stage (with ZeRO m and v are this rank's shard of the arena,
+ * written and read as its boxes, tr->zero_optim; ZeRO-3 writes the parameters from the same boxes
+ * and reads them whole on every rank, then drops what is not its shard: train_cnn.c). */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -39,12 +40,17 @@ dt_status_t dt_cnn_trainer_ckpt_layout(dt_cnn_trainer_t *tr) {
 static dt_status_t world_of(dt_cnn_trainer_t *tr, MPI_Comm *w) { return dt_comm_mpi_handle(tr->mesh.world, w); }
 
 /* The backend's arenas as checkpoint buffers (a device backend's host copies): m, v the optimizer
- * range's boxes under ZeRO. */
-static dt_ckpt_arenas_t arenas(dt_cnn_trainer_t *tr) {
+ * range's boxes under ZeRO; a ZeRO-3 save the parameters' too (each rank holds only its shard of
+ * them; the running statistics, whole on every rank, are written from the same boxes). */
+static dt_ckpt_arenas_t arenas(dt_cnn_trainer_t *tr, int save) {
   const size_t np = tr->arena.n_params, no = dt_backend_opt_floats(&tr->be);
   dt_ckpt_arenas_t a = tr->host ? dt_ckpt_arenas_full(tr->host, tr->host + np, tr->host + np + no)
                                 : dt_ckpt_arenas_full(tr->be.params, tr->be.m, tr->be.v);
   if (tr->sync.ops->optim_sharded) a.optim = tr->zero_optim;
+  if (save && tr->sync.ops->params_sharded) {
+    a.params += tr->sync.zero.lo;
+    a.model = tr->zero_optim;
+  }
   return a;
 }
 
@@ -65,7 +71,7 @@ static dt_status_t stage(dt_cnn_trainer_t *tr, int to_host) {
 dt_status_t dt_cnn_trainer_save(dt_cnn_trainer_t *tr) {
   if (!tr->cfg.ckpt_dir[0]) return DT_OK;
   DT_TRY(stage(tr, 1));
-  dt_ckpt_arenas_t a = arenas(tr);
+  dt_ckpt_arenas_t a = arenas(tr, 1);
   char *ini = dt_config_to_string(&tr->cfg), path[DT_PATH_MAX];
   dt_ckpt_state_t st = {.step = tr->step, .data_pos = (int64_t)tr->sample_pos,
                         .epoch = (int64_t)(tr->sample_pos / (uint64_t)tr->train.n), .seed = tr->cfg.seed,
@@ -87,7 +93,7 @@ dt_status_t dt_cnn_trainer_save(dt_cnn_trainer_t *tr) {
 dt_status_t dt_cnn_trainer_resume(dt_cnn_trainer_t *tr) {
   const char *r = tr->cfg.resume;
   if (!strcmp(r, "never") || (!strcmp(r, "auto") && !tr->cfg.ckpt_dir[0])) return DT_OK;
-  dt_ckpt_arenas_t a = arenas(tr);
+  dt_ckpt_arenas_t a = arenas(tr, 0);
   dt_ckpt_state_t st;
   memset(&st, 0, sizeof st);
   char path[DT_PATH_MAX] = "";

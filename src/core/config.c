@@ -19,7 +19,7 @@ const dt_config_key_t dt_config_keys[] = {
   {"model", "n_embd",     DT_KEY_INT,   OFF(n_embd),     "128",  1, 65536, NULL, "embedding width (C)"},
   {"model", "vocab_size", DT_KEY_INT,   OFF(vocab_size), "256",  2, 1 << 24, NULL, "vocabulary size V (padded to a multiple of 128 internally)"},
   {"model", "seq_len",    DT_KEY_INT,   OFF(seq_len),    "64",   1, 1 << 20, NULL, "sequence length T (also the position table size)"},
-  {"model", "arch",       DT_KEY_ENUM,  OFF(arch),       "gpt2", 0, 0, "gpt2|cnn|resnet18|resnet50", "the network: GPT-2 (the keys above), or an image classifier trained on data.format = idx|cifar10: cnn (2 x conv-BN-ReLU-maxpool, 2 linear layers), resnet18 / resnet50 (torchvision's, CIFAR stem); the classifiers train on the cpu backend with data parallelism, ZeRO 1-2 and bf16/fp16 (no tp, pp or ZeRO-3 yet: README, Status)"},
+  {"model", "arch",       DT_KEY_ENUM,  OFF(arch),       "gpt2", 0, 0, "gpt2|cnn|resnet18|resnet50", "the network: GPT-2 (the keys above), or an image classifier trained on data.format = idx|cifar10: cnn (2 x conv-BN-ReLU-maxpool, 2 linear layers), resnet18 / resnet50 (torchvision's, CIFAR stem); the classifiers train with data parallelism, ZeRO 1-3 (ZeRO-3: cpu backend) and bf16/fp16 (no tp or pp yet: README, Status)"},
   {"model", "classes",    DT_KEY_INT,   OFF(classes),    "10", 2, 1 << 20, NULL, "image classifiers: classes (labels must be below it)"},
   {"model", "width",      DT_KEY_INT,   OFF(width),      "0", 0, 1 << 16, NULL, "image classifiers: channels of cnn's first convolution (the second has twice as many) or of a resnet's stem and first stage; 0 = 32 for cnn, 64 for the resnets (torchvision's)"},
   {"model", "hidden",     DT_KEY_INT,   OFF(hidden),     "128", 1, 1 << 20, NULL, "cnn: units of the hidden linear layer"},
@@ -69,7 +69,7 @@ const dt_config_key_t dt_config_keys[] = {
   {"parallel", "pp",        DT_KEY_INT, OFF(pp),        "1", 1, 1 << 20, NULL, "pipeline-parallel stages (both backends; at most n_layer): contiguous blocks balanced by parameter count, embeddings on the first stage, ln_f and the tied lm_head on the last, 1F1B schedule; with zero <= 2"},
   {"parallel", "pp_balance", DT_KEY_ENUM, OFF(pp_balance), "params", 0, 0, "params|compute", "what pipeline stages balance: parameters (memory; the embeddings count on the first stage, ln_f and the wte copy on the last) or training FLOPs per token (the lm_head counts, the embedding lookup does not: faster steps, more memory on the first stage)"},
   {"parallel", "micro_batches", DT_KEY_INT, OFF(micro_batches), "0", 0, 1 << 20, NULL, "micro-batches per optimizer step that 1F1B pipelines (bubble (pp-1)/(micro_batches+pp-1)): another name for train.grad_accum; 0 = from it or global_batch"},
-  {"parallel", "zero",      DT_KEY_INT, OFF(zero),      "0", 0, 3, NULL, "ZeRO stage over the dp group: 0 = DDP (full state on every rank), 1 = AdamW m, v sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded too (each bucket reduced to its owners during backward, the rest freed); 3 (FSDP) = parameters sharded too (each block gathered before its forward and backward, the next one prefetched, freed after; fp32 only); the cuda backend runs every stage over NCCL, stages 2 and 3 with device memory only where in use (CUDA virtual memory; not yet run on a GPU)"},
+  {"parallel", "zero",      DT_KEY_INT, OFF(zero),      "0", 0, 3, NULL, "ZeRO stage over the dp group: 0 = DDP (full state on every rank), 1 = AdamW m, v sharded (gradients reduce-scattered, each rank updates its shard, parameters all-gathered); 2 = gradients sharded too (each bucket reduced to its owners during backward, the rest freed); 3 (FSDP) = parameters sharded too (each block, for the image classifiers each parameter tensor, gathered before its forward and backward, the next one prefetched, freed after; fp32 only); the cuda backend runs every stage over NCCL, stages 2 and 3 with device memory only where in use (CUDA virtual memory; not yet run on a GPU)"},
   {"parallel", "bucket_mb", DT_KEY_INT, OFF(bucket_mb), "25", 1, 1 << 16, NULL, "gradient all-reduce bucket size in MiB"},
   {"parallel", "ddp_comm",  DT_KEY_ENUM, OFF(ddp_comm), "auto", 0, 0, "auto|shm|mpi", "how DDP (zero = 0, dp > 1) averages the gradients of the cpu backend: shm = in shared memory, each rank averaging its claim of every finished bucket straight from all dp ranks' gradient arenas (one pass, no copies; the arenas live in /dev/shm; needs all dp ranks on one node); mpi = MPI's nonblocking all-reduce per bucket, tested between layers; auto = shm when all dp ranks share a node and /dev/shm has room, else mpi; the start line says which. The cuda backend uses system.device_comm"},
   {"parallel", "ddp_probe", DT_KEY_INT, OFF(ddp_probe), "10", 0, 1 << 30, NULL, "every Nth step from step 2 (zero = 0, dp > 1) starts the gradient all-reduce after backward instead of during it (same sums), so the end-of-run '# ddp:' line compares the two and says how much of the all-reduce the overlap hides; 0 = never (the line then gives only the wait)"},
@@ -356,14 +356,13 @@ static dt_status_t validate_images(const dt_config_t *cfg, const char *name, cha
   struct { const char *section, *key; int bad; const char *what; } no[] = {
     {"parallel", "tp", cfg->tp > 1, "tensor parallelism is"},
     {"parallel", "pp", cfg->pp > 1, "pipeline parallelism is"},
-    {"parallel", "zero", cfg->zero > 2, "ZeRO-3 is"},
     {"train", "recompute", cfg->recompute, "recomputation is"},
   };
   for (size_t i = 0; i < sizeof no / sizeof no[0]; i++)
     if (no[i].bad) {
       where(cfg, name, no[i].section, no[i].key, w, wn);
       return DT_ERR(DT_ERR_CONFIG, "%s: %s not implemented for the image classifiers yet (model.arch = %s trains "
-                    "with data parallelism and ZeRO 1-2 on the cpu backend)", w, no[i].what, cfg->arch);
+                    "with data parallelism and ZeRO 1-3)", w, no[i].what, cfg->arch);
     }
   return DT_OK;
 }

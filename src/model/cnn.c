@@ -218,6 +218,17 @@ static dt_status_t count_correct(dt_cnn_t *m, const float *logits, const int *y,
   return DT_OK;
 }
 
+/* The layer hook for the parameter tensors of operation o (cnn.h layer_hook): weight, then bias
+ * going forward; bias, then weight going backward. */
+static dt_status_t hook(dt_cnn_t *m, const dt_cnn_op_t *o, dt_hook_phase_t ph) {
+  if (!m->layer_hook) return DT_OK;
+  const int bwd = ph == DT_HOOK_BWD || ph == DT_HOOK_BWD_DONE;
+  const int t[2] = {bwd ? o->b : o->w, bwd ? o->w : o->b};
+  for (int k = 0; k < 2; k++)
+    if (t[k] >= 0) DT_TRY(m->layer_hook(m->hook_ctx, t[k], ph));
+  return DT_OK;
+}
+
 dt_status_t dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const float *x, const int *y, int training,
                            double *loss, int *correct) {
   dt_backend_t *be = m->be;
@@ -227,8 +238,10 @@ dt_status_t dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const 
   for (int i = 0; i < m->n_ops; i++) {
     const int f = m->fused[i]; /* a batch norm writing its ReLU's output (op i + 1) */
     float *out = m->acts + m->slots[i + 1 + f].off;
+    DT_TRY(hook(m, &m->ops[i], DT_HOOK_FWD));
     DT_TRY(op_forward(m, &m->ops[i], out, params, bufs, training, f));
     DT_TRY(be->k->round(be, out, (size_t)B * slot_floats(&m->slots[i + 1 + f]))); /* bf16, fp16: as stored */
+    DT_TRY(hook(m, &m->ops[i], DT_HOOK_FWD_DONE));
     i += f;
   }
   const float *logits = m->acts + m->slots[m->n_slots - 1].off;
@@ -316,7 +329,11 @@ dt_status_t dt_cnn_backward(dt_cnn_t *m, const float *params, float *grads, floa
   size_t hi = m->lay.n_params;
   for (int i = m->n_ops - 1; i >= 0; i--) {
     const int j = i > 0 && m->fused[i - 1] ? i - 1 : i; /* a fused ReLU: its batch norm's backward */
-    if (!m->fused[i] && m->written[i + 1]) DT_TRY(op_backward(m, &m->ops[j], j, params, grads));
+    if (!m->fused[i] && m->written[i + 1]) {
+      DT_TRY(hook(m, &m->ops[j], DT_HOOK_BWD));
+      DT_TRY(op_backward(m, &m->ops[j], j, params, grads));
+      DT_TRY(hook(m, &m->ops[j], DT_HOOK_BWD_DONE));
+    }
     if (!m->ready) continue;
     const int k0 = k;
     while (k > 0 && m->owner[k - 1] >= i) k--;

@@ -13,7 +13,7 @@
  *
  * Status: the layers, the models, training steps and evaluation are checked against PyTorch
  * (tests/ref_cnn.sh); `dtrain` trains them (model.arch, src/app/train_cnn.c) with data
- * parallelism (the sync strategies of parallel/sync.h: DDP buckets during backward, ZeRO-1 and 2),
+ * parallelism (the sync strategies of parallel/sync.h: DDP buckets during backward, ZeRO 1-3),
  * synchronised batch norm and checkpoints (train_cnn_ckpt.c), on the CPU and the CUDA backend
  * (checked on the CUDA emulation: tests/gpu_parity_cnn.cu, tests/emu_cnn.sh; not yet on a GPU). */
 #ifndef DT_CNN_H
@@ -98,6 +98,12 @@ typedef struct {
    * writes and every activation gradient is rounded to it as it is stored (forward's slots,
    * backward's slot gradients after each write or sum); batch norm's statistics, the loss, the
    * parameter gradients stay fp32. The caller passes the rounded working copy of the parameters. */
+  /* Layer hook (ZeRO-3's gathers; NULL: none): called with the index t (into lay.tensors) of every
+   * parameter tensor an operation reads: DT_HOOK_FWD before its forward and DT_HOOK_FWD_DONE after
+   * it, in increasing t; DT_HOOK_BWD before its backward and DT_HOOK_BWD_DONE after, in decreasing
+   * t. An error stops the pass. */
+  dt_layer_hook_fn layer_hook;
+  void *hook_ctx;
   int *owner;             /* lay.n_tensors: the operation using each tensor (n_ops: none) */
   unsigned char *fused;   /* n_ops: a batch norm run with the ReLU after it (dt_cnn_alloc) */
 } dt_cnn_t;

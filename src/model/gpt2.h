@@ -19,11 +19,6 @@
 extern "C" {
 #endif
 
-/* Points in forward/backward where a layer hook is called for block l (ZeRO-3 gathers a block's
- * parameters before it runs and frees them after). */
-typedef enum { DT_HOOK_FWD, DT_HOOK_FWD_DONE, DT_HOOK_BWD, DT_HOOK_BWD_DONE } dt_hook_phase_t;
-typedef dt_status_t (*dt_layer_hook_fn)(void *ctx, int l, dt_hook_phase_t phase);
-
 typedef struct dt_gpt2_state dt_gpt2_state_t;
 
 typedef struct {

@@ -71,6 +71,11 @@ typedef struct {
   int l0, l1;              /* blocks [l0, l1) are on this stage (dt_layout_stage reads them) */
 } dt_layout_t;
 
+/* Points in forward/backward where a model calls its layer hook for group l (ZeRO-3 gathers the
+ * group's parameters before it runs and frees them after): GPT-2 per block, the CNNs per tensor. */
+typedef enum { DT_HOOK_FWD, DT_HOOK_FWD_DONE, DT_HOOK_BWD, DT_HOOK_BWD_DONE } dt_hook_phase_t;
+typedef dt_status_t (*dt_layer_hook_fn)(void *ctx, int l, dt_hook_phase_t phase);
+
 /* Called by a model's backward (GPT-2's, the CNNs') each time the gradients in arena range
  * [lo, hi) are final for this micro-batch (ranges arrive in decreasing order and tile the arena). */
 typedef void (*dt_grad_ready_fn)(void *ctx, size_t lo, size_t hi);

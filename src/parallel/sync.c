@@ -292,7 +292,7 @@ static dt_status_t zero3_start(dt_sync_t *s, dt_comm_t *grad_comm) {
   if (s->dp < 2) return DT_OK;
   DT_TRY(s->dp_comm->ops->barrier(s->dp_comm));
   double t0 = dt_time_now();
-  for (int l = 0; l < lay->d.L; l++) {
+  for (int l = 0; l < s->zero.L; l++) { /* the blocks the hook serves (dt_zero3_bound) */
     DT_TRY(dt_zero3_gather(&s->zero, lay->layer_begin[l + 1], lay->layer_begin[l + 2]));
     DT_TRY(dt_zero3_release(&s->zero, lay->layer_begin[l + 1], lay->layer_begin[l + 2]));
   }
@@ -329,19 +329,20 @@ int dt_sync_sparse(const dt_sync_t *s) {
   return (s->zero.stage >= 2 ? DT_SPARSE_GRADS : 0) | (s->zero.stage >= 3 ? DT_SPARSE_PARAMS : 0);
 }
 
-dt_status_t dt_sync_attach(dt_sync_t *s, dt_gpt2_t *model) {
+dt_status_t dt_sync_attach(dt_sync_t *s, dt_layer_hook_fn *hook, void **hook_ctx) {
   if (s->zero.stage > 0 && !s->be->ops->host_memory) dt_zero_set_device(&s->zero, s->be);
   if (!s->ops->params_sharded) {
-    if (!model || !s->zero.grads) return DT_OK;
+    if (!hook || !s->zero.grads) return DT_OK;
     s->zero.group = s->lay->layer_begin; /* ZeRO-2 on device arenas: blocks' gradients populated */
     s->zero.L = s->lay->d.L;
-    model->layer_hook = dt_zero2_hook;
-    model->hook_ctx = &s->zero;
+    *hook = dt_zero2_hook;
+    *hook_ctx = &s->zero;
     return DT_OK;
   }
+  if (!hook) return DT_ERR(DT_ERR_INTERNAL, "sync: ZeRO-3 needs a model with layer hooks");
   DT_TRY(dt_zero3_attach(&s->zero, s->be->params, s->lay->layer_begin, s->lay->d.L));
-  model->layer_hook = dt_zero3_hook;
-  model->hook_ctx = &s->zero;
+  *hook = dt_zero3_hook;
+  *hook_ctx = &s->zero;
   return DT_OK;
 }
 

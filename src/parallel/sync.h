@@ -20,7 +20,6 @@
 #include "backend.h"
 #include "comm.h"
 #include "ddp.h"
-#include "gpt2.h"
 #include "model.h"
 #include "status.h"
 #include "zero.h"
@@ -94,12 +93,13 @@ dt_status_t dt_sync_init(dt_sync_t *s, int stage, dt_comm_t *dp_comm, int dp, in
                          dt_layout_t *lay, dt_backend_t *be, size_t bucket_bytes);
 /* The backend's sparse arenas (backend.h DT_SPARSE_*) this strategy wants, for be->sparse before
  * the backend allocates: the gradients under ZeRO-2/3, the parameters under ZeRO-3, with dp > 1.
- * Only for a model that calls the layer hook (dt_sync_attach with a model). */
+ * Only for a model that calls the layer hook (dt_sync_attach with a hook). */
 int dt_sync_sparse(const dt_sync_t *s);
 /* After the backend and model exist: ZeRO on device arenas uses the backend's kernels and stream;
- * ZeRO-3 hooks its gathers into the model's blocks, ZeRO-2 on device arenas its gradient
- * populates (model: NULL where there are no layer hooks). */
-dt_status_t dt_sync_attach(dt_sync_t *s, dt_gpt2_t *model);
+ * ZeRO-3 hooks its gathers into the model's groups, ZeRO-2 on device arenas its gradient
+ * populates: *hook and *hook_ctx are set to what the model calls with the layout's block index
+ * (hook NULL where the model has no layer hooks; untouched when the strategy needs none). */
+dt_status_t dt_sync_attach(dt_sync_t *s, dt_layer_hook_fn *hook, void **hook_ctx);
 /* Before the first step (after weights are in place): the buckets over grad_comm (NCCL for device
  * arenas, else dp_comm), the tied group (NULL if none) and the reference timings of the report. */
 dt_status_t dt_sync_start(dt_sync_t *s, dt_comm_t *grad_comm, dt_comm_t *tied);

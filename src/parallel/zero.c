@@ -152,6 +152,7 @@ dt_status_t dt_zero3_attach(dt_zero_t *z, float *params, const size_t *layer_beg
   z->params = params;
   z->group = layer_begin;
   z->L = L;
+  z->keep = z->n;
   z->have = -1;
   z->req = calloc((size_t)z->comm->size, sizeof *z->req);
   if (!z->req) return DT_ERR(DT_ERR_NOMEM, "zero: out of memory");
@@ -187,7 +188,14 @@ static dt_status_t gather_wait(dt_zero_t *z) {
 
 dt_status_t dt_zero3_gather(dt_zero_t *z, size_t lo, size_t hi) { return gather_start(z, lo, hi, NULL); }
 
-dt_status_t dt_zero3_release(dt_zero_t *z, size_t lo, size_t hi) { return clear_outside(z, z->params, lo, hi); }
+void dt_zero3_bound(dt_zero_t *z, int blocks, size_t keep) {
+  z->L = blocks < z->L ? blocks : z->L;
+  z->keep = keep < z->n ? keep : z->n;
+}
+
+dt_status_t dt_zero3_release(dt_zero_t *z, size_t lo, size_t hi) {
+  return clear_outside(z, z->params, lo, hi < z->keep ? hi : z->keep);
+}
 
 static dt_status_t block_start(dt_zero_t *z, int l) {
   z->have = l;

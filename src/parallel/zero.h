@@ -24,7 +24,7 @@
 
 #include "backend.h"
 #include "comm.h"
-#include "gpt2.h" /* dt_hook_phase_t */
+#include "model.h" /* dt_hook_phase_t */
 #include "status.h"
 
 typedef struct {
@@ -32,7 +32,8 @@ typedef struct {
   /* stage 3 */
   float *params;        /* the backend's parameter arena (an anonymous mapping) */
   const size_t *group;  /* the layout's layer_begin: block l is [group[l + 1], group[l + 2]) */
-  int L;
+  int L;                /* blocks the hook serves: 0 .. L-1 (it prefetches inside them only) */
+  size_t keep;          /* the arena from here on is never dropped (n unless dt_zero3_bound) */
   int have;             /* the block whose gather was started (or -1) */
   dt_comm_req_t **req;  /* that gather's broadcasts in flight, one per owner (comm size) */
   int nreq;
@@ -76,6 +77,10 @@ dt_status_t dt_zero_average_shard(dt_zero_t *z, float *grads);
 /* Stage 3 (FSDP): each rank keeps only its shard of the parameters between uses. Set up with
  * the backend's parameter arena and the layout's group offsets (layer_begin, L). */
 dt_status_t dt_zero3_attach(dt_zero_t *z, float *params, const size_t *layer_begin, int L);
+/* A model whose arena ends in values every rank keeps whole (the image classifiers' batch-norm
+ * running statistics, updated by every rank from synchronised statistics): the hook serves blocks
+ * 0 .. blocks-1 only, and nothing from arena offset `keep` on is ever dropped. */
+void dt_zero3_bound(dt_zero_t *z, int blocks, size_t keep);
 /* Parameters [lo, hi) from their owners (blocking), or dropped again outside this rank's shard:
  * the trainer brackets a step or an evaluation with the embeddings and ln_f groups this way. */
 dt_status_t dt_zero3_gather(dt_zero_t *z, size_t lo, size_t hi);

@@ -7,8 +7,8 @@
 #   dp=2 throughput over 1 rank's (the goal: >= 0.95), for dtrain and for PyTorch DDP;
 #   the share of dtrain's all-reduce hidden behind compute, as dtrain prints it ("# ddp:" line:
 #   backward + all-reduce in its probe steps, every 3rd from step 2, where the all-reduce starts
-#   after backward, minus the same window in the other steps, over the all-reduce alone; 0 when
-#   the difference is within its noise) and as a third run implies: dp=2 with every step's
+#   after backward, minus the same window in the other steps, over the all-reduce alone, +- its
+#   2 standard errors from the windows' spread) and as a third run implies: dp=2 with every step's
 #   all-reduce after backward (parallel.ddp_probe=1), (its step - the overlapped dp=2 step) / the
 #   all-reduce, per round (both runs in the same round), median and range over the rounds: within
 #   10 points of the median, or the report is not true (when the rounds' values spread over more
@@ -89,14 +89,15 @@ for m in "${models[@]}"; do
   # same round implies
   for tr in "shared memory|$name-2x1|d2|d3" "MPI|$name-2x1-mpi|d4|d5"; do
     IFS='|' read -r label tag run after <<< "$tr"
-    printed=$(sed -n 's/.*: \([0-9]*\)% of the all-reduce hidden.*/\1/p' "$t/$tag.ddp" | median)
+    printed=$(sed -n 's/.*: \([0-9]*\)% +- [0-9]* of the all-reduce hidden.*/\1/p' "$t/$tag.ddp" | median)
+    perr=$(sed -n 's/.*: [0-9]*% +- \([0-9]*\) of the all-reduce hidden.*/\1/p' "$t/$tag.ddp" | median)
     f=$(sed -n 's/.*the all-reduce alone \([0-9.]*\) ms.*/\1/p' "$t/$tag.ddp" | median)
     shares=$(paste "$t/$run" "$t/$after" | awk -v f="$f" '{ printf "%.1f\n", 100 * ($2 - $1) / f }' | sort -g | tr '\n' ' ')
-    awk -v n="$name" -v l="$label" -v printed="$printed" -v f="$f" -v shares="$shares" -v d1="$d1" \
+    awk -v n="$name" -v l="$label" -v printed="$printed" -v perr="$perr" -v f="$f" -v shares="$shares" -v d1="$d1" \
         -v d="$(median < "$t/$run")" 'BEGIN {
       k = split(shares, a, " "); lo = a[1]; hi = a[k]; mid = k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
       verdict = (printed - mid <= 10 && mid - printed <= 10) ? "within 10 points" : (hi - lo > 20 ? "undetermined: the rounds spread over " hi - lo " points, the step noise exceeds the all-reduce" : "NOT within 10 points")
-      printf "RESULT %s overlap, %s: all-reduce %.0f ms (dtrain probe steps); hidden as dtrain prints it %.0f%%; as a dp=2 run with every all-reduce after backward implies, per round: %s%% (median %.0f%%): %s; as the 1-rank run implies %.0f%%\n", n, l, f, printed, shares, mid, verdict, 100 * (1 - (d - d1) / f)
+      printf "RESULT %s overlap, %s: all-reduce %.0f ms (dtrain probe steps); hidden as dtrain prints it %.0f%% +- %.0f; as a dp=2 run with every all-reduce after backward implies, per round: %s%% (median %.0f%%): %s; as the 1-rank run implies %.0f%%\n", n, l, f, printed, perr, shares, mid, verdict, 100 * (1 - (d - d1) / f)
     }'
   done
 done

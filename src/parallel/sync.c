@@ -133,20 +133,22 @@ static void ddp_report(const dt_sync_t *s, int steps, FILE *o) {
   int np = s->n_probe < DT_SYNC_SAMPLES ? s->n_probe : DT_SYNC_SAMPLES;
   double run = median(s->run_win, s->n_run), probe = median(s->probe_win, s->n_probe);
   double comm = median(s->probe_comm, s->n_probe);
-  /* Two standard errors of probe - run, from the windows' spread (a median's standard error is
-   * 1.86 MAD / sqrt(n) for normal noise; the larger MAD for both, a few probes say little of
-   * theirs): a difference within it is noise, and counts as nothing hidden. */
+  /* The estimate (probe - run) / comm, with two standard errors of probe - run from the windows'
+   * spread (a median's standard error is 1.86 MAD / sqrt(n) for normal noise; the larger MAD for
+   * both, a few probes say little of theirs), as points of the all-reduce: a share whose error
+   * covers most of 0..100% is said to be unmeasurable rather than reported as overlap. */
   double spread = fmax(mad(s->run_win, s->n_run, run), mad(s->probe_win, s->n_probe, probe));
   double noise = 2 * 1.86 * spread * sqrt(1.0 / nr + 1.0 / np);
-  double hid = comm > 0 && probe - run > noise ? (probe - run) / comm : 0.0;
+  double hid = comm > 0 ? 100.0 * fmin(1.0, fmax(0.0, (probe - run) / comm)) : 0.0;
+  double err = comm > 0 ? 100.0 * noise / comm : 100.0;
   fprintf(o, "# ddp: %d buckets; backward + gradient all-reduce %.1f ms/step overlapped (median of %d steps) vs "
           "%.1f ms with the all-reduce after backward (median of %d probe steps, parallel.ddp_probe = %d), the "
-          "all-reduce alone %.1f ms: %.0f%% of the all-reduce hidden behind backward (the probes' barrier before "
-          "it, waiting for the slowest rank, %.1f ms); the difference of the two windows counts only beyond its "
-          "noise, %.1f ms (2 standard errors, from their spread)%s\n",
-          s->ddp.n_buckets, 1e3 * run, nr, 1e3 * probe, np, s->probe_every, 1e3 * comm,
-          100.0 * fmin(1.0, fmax(0.0, hid)),
+          "all-reduce alone %.1f ms: %.0f%% +- %.0f of the all-reduce hidden behind backward (the probes' barrier "
+          "before it, waiting for the slowest rank, %.1f ms); +- 2 standard errors of the two windows' difference, "
+          "%.1f ms, from their spread%s%s\n",
+          s->ddp.n_buckets, 1e3 * run, nr, 1e3 * probe, np, s->probe_every, 1e3 * comm, hid, fmin(err, 999.0),
           1e3 * median(s->probe_skew, s->n_probe), 1e3 * noise,
+          err >= 50 ? "; not measurable here: the all-reduce is within the steps' noise" : "",
           s->ddp.shm ? "; averaged in shared memory by the ranks' own threads, in backward's hooks and after it" : "");
 }
 

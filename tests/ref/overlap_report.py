@@ -4,11 +4,12 @@
 
 `# ddp: ... backward + gradient all-reduce O ms/step overlapped (median of n steps) vs P ms with
 the all-reduce after backward (median of k probe steps, parallel.ddp_probe = N), the all-reduce
-alone A ms: H% of the all-reduce hidden ... noise, E ms`: O and P are windows of steps, so each is at most the
+alone A ms: H% +- U of the all-reduce hidden ... difference, E ms, from their spread[; not measurable here...]`:
+O and P are windows of steps, so each is at most the
 slowest step (the JSONL's largest "ms"); A is part of P's window; the probe steps are steps 2,
-2 + N, ... and the others from step 2 on are the n (so n + k + 1 = the steps run); and H = 100 *
-clamp((P - O) / A, 0, 1) when P - O > E, else 0, for some O, P, A, E within the 0.05 ms they are
-rounded by.
+2 + N, ... and the others from step 2 on are the n (so n + k + 1 = the steps run); H = 100 *
+clamp((P - O) / A, 0, 1) and U = 100 E / A for some O, P, A, E within the 0.05 ms they are rounded
+by; "not measurable here" exactly when U >= 50.
 `# zero3: waiting for block gathers W ms/step ... vs F ms ... P% ... hidden`: W, F rank 0's own
 timings, 0.1 ms <= W (each pass waits for its first block) <= the run's whole time (W also counts
 evaluation forwards), F >= 0, and P = 100 * max(0, 1 - W / F) within the rounding.
@@ -21,9 +22,9 @@ import sys
 
 DDP = (r"^# ddp: \d+ buckets; backward \+ gradient all-reduce ([\d.]+) ms/step overlapped \(median of (\d+) steps\) "
        r"vs ([\d.]+) ms with the all-reduce after backward \(median of (\d+) probe steps, parallel.ddp_probe = (\d+)\), "
-       r"the all-reduce alone ([\d.]+) ms: (\d+)% of the all-reduce hidden behind backward \(the probes' barrier before "
-       r"it, waiting for the slowest rank, ([\d.]+) ms\); the difference of the two windows counts only beyond its "
-       r"noise, ([\d.]+) ms \(2 standard errors, from their spread\)")
+       r"the all-reduce alone ([\d.]+) ms: (\d+)% \+- (\d+) of the all-reduce hidden behind backward \(the probes' "
+       r"barrier before it, waiting for the slowest rank, ([\d.]+) ms\); \+- 2 standard errors of the two windows' "
+       r"difference, ([\d.]+) ms, from their spread(; not measurable here: the all-reduce is within the steps' noise)?")
 ZERO3 = r"^# zero3: waiting for block gathers ([\d.]+) ms/step .* vs ([\d.]+) ms .*: (\d+)% of the gathers hidden"
 
 
@@ -32,7 +33,7 @@ def check_ddp(out, text, rows):
     assert m, f"{out}: no '# ddp:' overlap line"
     o, n, p, k, every, a, h = (float(m.group(1)), int(m.group(2)), float(m.group(3)), int(m.group(4)),
                                int(m.group(5)), float(m.group(6)), int(m.group(7)))
-    skew, noise = float(m.group(8)), float(m.group(9))
+    u, skew, noise, unmeasurable = int(m.group(8)), float(m.group(9)), float(m.group(10)), m.group(11) is not None
     slowest, steps = max(r["ms"] for r in rows), max(r["step"] for r in rows)
     for name, v in (("overlapped", o), ("probe", p)):
         assert 0 < v <= slowest + 0.1, f"{out}: {name} window {v} ms outside (0, slowest step {slowest:.1f}]"
@@ -42,14 +43,17 @@ def check_ddp(out, text, rows):
     assert (k, n) == (min(want_k, 64), min(steps - 1 - want_k, 64)), \
         f"{out}: {k} probe and {n} other steps, want {want_k} and {steps - 1 - want_k} of steps 2..{steps} (every {every})"
     assert noise >= 0, f"{out}: noise {noise} ms"
-    hid = lambda o_, p_, a_, e_: 100 * min(1.0, max(0.0, (p_ - o_) / a_)) if a_ > 0 and p_ - o_ > e_ else 0.0
-    r = [hid(o + i, p + j, max(a + l, 1e-9), noise + e) for i in (-0.05, 0.05) for j in (-0.05, 0.05)
-         for l in (-0.05, 0.05) for e in (-0.05, 0.05)]
+    hid = lambda o_, p_, a_: 100 * min(1.0, max(0.0, (p_ - o_) / a_)) if a_ > 0 else 0.0
+    r = [hid(o + i, p + j, max(a + l, 1e-9)) for i in (-0.05, 0.05) for j in (-0.05, 0.05) for l in (-0.05, 0.05)]
     lo, hi = min(r), max(r)
     assert lo - 1 <= h <= hi + 1, f"{out}: {h}% hidden, its own numbers give {lo:.0f}..{hi:.0f}%"
+    e = [min(999.0, 100 * max(noise + i, 0) / max(a + j, 1e-9)) if a + j > 0 else 100.0
+         for i in (-0.05, 0.05) for j in (-0.05, 0.05)]
+    assert min(e) - 1 <= u <= max(e) + 1, f"{out}: +- {u} points, its own numbers give {min(e):.0f}..{max(e):.0f}"
+    assert unmeasurable == (u >= 50), f"{out}: +- {u} points but 'not measurable' {'said' if unmeasurable else 'not said'}"
     print(f"{out.split('/')[-1]}: ddp overlapped {o} ms, probe {p} ms (all-reduce {a} ms, barrier {skew} ms), "
           f"{k} probes every {every}, "
-          f"{h}% hidden: consistent")
+          f"{h}% +- {u} hidden{' (not measurable)' if unmeasurable else ''}: consistent")
 
 
 def check_zero3(out, text, rows):

@@ -19,7 +19,8 @@
 #     final checkpoint, also when resumed from DDP's step-2 checkpoint, and DDP resumed from ZeRO-3's
 #     (whose parameters each rank wrote from its own shard); a ResNet-18's arena order differs from
 #     its operation order (a shortcut's convolution is stored after its block's), so some prefetches
-#     miss: a miss that brought or dropped the wrong tensor would change the numbers;
+#     miss: a miss that brought or dropped the wrong tensor would change the numbers; the run's
+#     `# zero3:` gather line agrees with its own step times (tests/ref/overlap_report.py);
 #     With 2 micro-batches per rank (grad_accum = 2: every forward and backward gathers again)
 #     ZeRO-3 gives bitwise ZeRO-2's rows (both reduce each micro-batch's buckets to their owners;
 #     DDP sums the micro-batches first, a different rounding: measured 1.6e-7 apart in a norm of 7.7);
@@ -60,6 +61,7 @@ go u parallel.zero=3 parallel.bucket_mb=1 checkpoint.resume=auto
 go w parallel.bucket_mb=1 checkpoint.resume=auto
 grep '^# resume\|^# zero3' "$t/x.out" "$t/y.out" "$t/u.out" "$t/w.out" "$t/z3.out"
 grep -q '^# gradients: zero3 over dp=2 (parallel.zero = 3)' "$t/z3.out" || { echo "FAIL: zero3's line"; exit 1; }
+"$PY" "$top_srcdir/tests/ref/overlap_report.py" "$t/z3.out" "$t/z3.jsonl" zero3 # its gather line, against its own steps
 "$PY" - "$t" <<'PY'
 import json, sys
 d = sys.argv[1]

@@ -7,7 +7,9 @@
 # alternating for ROUNDS rounds; each run's median step
 # time after WARMUP steps. Prints images/s and the 2-rank scaling (2 ranks' images/s over 1
 # rank's) for both, and dtrain's 1-rank step time over PyTorch's (goals: <= 0.8, and scaling at
-# least PyTorch's). Run from the build tree on a quiet machine. A benchmark, not a test.
+# least PyTorch's). dtrain's 2 ranks run twice: with synchronised batch norm (its default) and with
+# batch norm per rank (model.sync_bn = false), the like-for-like comparison with PyTorch's DDP.
+# Run from the build tree on a quiet machine. A benchmark, not a test.
 #   usage: bench/cnn_ddp.sh [ARCH [BATCH_PER_RANK [WIDTH]]]      (defaults resnet50 16 64)
 set -euo pipefail
 arch=${1:-resnet50} batch=${2:-16} width=${3:-64}
@@ -30,14 +32,15 @@ rec[:, 0] = r.integers(0, 10, size=2048)
 rec.tofile(f"{sys.argv[1]}/data_batch_1.bin")
 PY
 median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
-dtrain_run() { # RANKS THREADS TAG: median ms/step
+dtrain_run() { # RANKS THREADS TAG [OVERRIDES...]: median ms/step
   local n=$1 th=$2 tag=$3
+  shift 3
   rm -rf "$t/$tag.jsonl" "$t/ck-$tag"
   ${MPIRUN:-mpirun} --oversubscribe --bind-to none -n "$n" "$D" "$SRC/inputs/resnet50_cifar10.ini" \
     model.arch="$arch" model.width="$width" train.threads="$th" train.micro_batch="$batch" \
     train.global_batch=$((batch * n)) train.steps=$((steps + warmup)) train.eval_every=0 log.every=1 \
     "data.train=$t/data_batch_*.bin" data.val= checkpoint.dir="$t/ck-$tag" checkpoint.every=0 \
-    log.metrics="$t/$tag.jsonl" > "$t/$tag.out" 2>&1 || { tail -5 "$t/$tag.out" >&2; exit 1; }
+    log.metrics="$t/$tag.jsonl" "$@" > "$t/$tag.out" 2>&1 || { tail -5 "$t/$tag.out" >&2; exit 1; }
   "$PY" -c "import json,sys; print('\n'.join(str(json.loads(l)['ms']) for l in open(sys.argv[1])))" "$t/$tag.jsonl" |
     tail -n "$steps" | median
 }
@@ -48,17 +51,21 @@ torch_run() { # RANKS THREADS: median ms/step
 half=$((threads / 2 > 0 ? threads / 2 : 1))
 for r in $(seq "$rounds"); do
   a=$(dtrain_run 1 "$threads" d1) b=$(dtrain_run 2 "$half" d2) c=$(torch_run 1 "$threads") e=$(torch_run 2 "$half")
-  echo "# round $r: ms/step dtrain 1x$threads $a, 2x$half $b; PyTorch 1x$threads $c, 2x$half (DDP gloo) $e"
-  echo "$a $b $c $e" >> "$t/rounds"
+  f=$(dtrain_run 2 "$half" d3 model.sync_bn=false)
+  echo "# round $r: ms/step dtrain 1x$threads $a, 2x$half $b (batch norm per rank: $f); PyTorch 1x$threads $c, 2x$half (DDP gloo) $e"
+  echo "$a $b $c $e $f" >> "$t/rounds"
 done
 "$PY" - "$t/rounds" "$batch" "$threads" "$half" <<'PY'
 import statistics, sys
 rows = [list(map(float, l.split())) for l in open(sys.argv[1])]
 B, th, half = int(sys.argv[2]), sys.argv[3], sys.argv[4]
-d1, d2, t1, t2 = (statistics.median(r[i] for r in rows) for i in range(4))
+d1, d2, t1, t2, d3 = (statistics.median(r[i] for r in rows) for i in range(5))
 ips = lambda ranks, ms: ranks * B / ms * 1e3
 print(f"# summary: images/s dtrain 1x{th} {ips(1, d1):.1f}, 2x{half} {ips(2, d2):.1f} (scaling {ips(2, d2) / ips(1, d1):.2f}); "
       f"PyTorch 1x{th} {ips(1, t1):.1f}, 2x{half} DDP {ips(2, t2):.1f} (scaling {ips(2, t2) / ips(1, t1):.2f})")
 print(f"# summary: dtrain/PyTorch 1-rank step time {d1 / t1:.2f} (goal <= 0.80); 2-rank scaling dtrain/PyTorch "
       f"{(ips(2, d2) / ips(1, d1)) / (ips(2, t2) / ips(1, t1)):.2f} (goal >= 1.00)")
+print(f"# summary: dtrain 2x{half} with batch norm per rank (model.sync_bn = false, as PyTorch's DDP here) "
+      f"{ips(2, d3):.1f} images/s, scaling {ips(2, d3) / ips(1, d1):.2f}: dtrain/PyTorch "
+      f"{(ips(2, d3) / ips(1, d1)) / (ips(2, t2) / ips(1, t1)):.2f} (goal >= 1.00)")
 PY

@@ -1,7 +1,7 @@
 /* The image classifiers' training run (train_cnn.h). One step:
  *   lr = schedule(step); gradients zeroed
  *   for each micro-step: images = sampler(global index) (+ crop/flip); forward with batch norm
- *     synchronised over dp; backward
+ *     synchronised over dp (model.sync_bn); backward
  *   gradients averaged over dp; norm = ||g||; clip; SGD or AdamW on every parameter; log
  * Data position as the token trainer's (train_step.c): step s consumes global samples
  * [s*G, (s+1)*G), dp rank r the slice [r*accum*B, (r+1)*accum*B), micro-step k its k-th B. */
@@ -176,7 +176,7 @@ static dt_status_t init_model(dt_cnn_trainer_t *tr) {
   dt_cnn_config_t mc;
   DT_TRY(dt_cnn_model_config(&tr->cfg, &tr->train, &mc));
   DT_TRY(dt_cnn_build(&tr->model, &mc));
-  if (tr->mesh.dp > 1) {
+  if (tr->mesh.dp > 1 && tr->cfg.sync_bn) {
     tr->model.sync_sum = dp_sum;
     tr->model.sync_ctx = tr;
     tr->model.sync_ranks = tr->mesh.dp;
@@ -247,6 +247,17 @@ static dt_status_t update(dt_cnn_trainer_t *tr, double lr, float scale) {
   return be->ops->cnn->adamw(be, p, g, be->m, be->v, n, scale, flr, b1, b2, eps, wd, bc1, bc2);
 }
 
+/* Batch norm per rank (model.sync_bn = false, dp > 1): each rank's running statistics followed its
+ * own batches; rank 0's go to every rank, as PyTorch DDP's broadcast_buffers does, so evaluation and
+ * checkpoints (written in pieces by every rank) see one set. A device backend's over its gradients'
+ * communicator on its stream. */
+static dt_status_t broadcast_running_stats(dt_cnn_trainer_t *tr) {
+  if (tr->mesh.dp < 2 || tr->cfg.sync_bn) return DT_OK;
+  dt_comm_t *c = tr->dev_dp_comm ? tr->dev_dp_comm : tr->mesh.dp_comm;
+  return c->ops->broadcast(c, tr->bufs, tr->model.bufs.n_params, DT_F32, 0, tr->dev_dp_comm ? tr->be.stream : NULL,
+                           NULL);
+}
+
 /* The micro-batches of this rank's slice: forward (batch norm synchronised over dp), backward with
  * the sync strategy's gradient-ready hook (DDP's buckets on the last one, ZeRO-2's on each). */
 static dt_status_t microsteps(dt_cnn_trainer_t *tr, uint64_t slice, double *loss) {
@@ -286,6 +297,7 @@ dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
   DT_TRY(dt_train_norm(sy, &tr->scaler, &tr->mesh, tr->step + 1, sumsq, &norm, &skip));
   if (!skip) DT_TRY(update(tr, lr, dt_clip_scale(norm, tr->cfg.grad_clip) / scale));
   DT_TRY(sy->ops->after_update(sy, skip)); /* ZeRO: the parameters whole again */
+  DT_TRY(broadcast_running_stats(tr));
   dt_train_scaler_step(&tr->scaler, skip, tr->step + 1, is_root(tr));
   tr->step++;
   tr->sample_pos += (uint64_t)tr->global_batch;
@@ -344,7 +356,8 @@ static void print_header(void *t) {
          c->arch, mc->C, mc->H, mc->W, mc->classes, mc->width, tr->model.lay.n_params_true,
          tr->model.lay.n_params_true * 1e-6, tr->model.bufs.n_params_true);
   printf("# batch: micro_batch=%d x grad_accum=%d x dp=%d = %d images per step%s\n", tr->B, tr->accum, tr->mesh.dp,
-         tr->global_batch, tr->mesh.dp > 1 ? "; batch norm synchronised over dp" : "");
+         tr->global_batch, tr->mesh.dp < 2 ? "" : c->sync_bn ? "; batch norm synchronised over dp" :
+         "; batch norm per rank (model.sync_bn = false), rank 0's running statistics broadcast after every step");
   if (tr->mesh.dp > 1 || c->zero > 0)
     printf("# gradients: %s over dp=%d (parallel.zero = %d), %d buckets of at most %d MiB during backward%s%s\n",
            tr->sync.ops->name, tr->mesh.dp, c->zero, tr->sync.ddp.n_buckets, c->bucket_mb,

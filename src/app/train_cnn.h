@@ -3,7 +3,8 @@
  * schedule, per-element optimizers (kmath.h), metrics rows and signals. Data parallelism only:
  * each dp rank takes a contiguous slice of the step's global batch (the sample positions of the
  * token trainer, so the set of images per step does not depend on dp), gradients are averaged
- * over the dp group, batch norm is synchronised over it (dp = N x B equals dp = 1 x N*B).
+ * over the dp group, batch norm is synchronised over it (dp = N x B equals dp = 1 x N*B), or with
+ * model.sync_bn = false per rank (rank 0's running statistics broadcast after every step).
  * Evaluation: loss and top-1 accuracy over the whole validation set, batch norm's running
  * statistics. The parameters, their batch norm statistics, gradients and optimizer state are the
  * CPU backend's arenas (backend.h) over one layout, and the gradients become final over dp through

@@ -23,6 +23,7 @@ const dt_config_key_t dt_config_keys[] = {
   {"model", "classes",    DT_KEY_INT,   OFF(classes),    "10", 2, 1 << 20, NULL, "image classifiers: classes (labels must be below it)"},
   {"model", "width",      DT_KEY_INT,   OFF(width),      "0", 0, 1 << 16, NULL, "image classifiers: channels of cnn's first convolution (the second has twice as many) or of a resnet's stem and first stage; 0 = 32 for cnn, 64 for the resnets (torchvision's)"},
   {"model", "hidden",     DT_KEY_INT,   OFF(hidden),     "128", 1, 1 << 20, NULL, "cnn: units of the hidden linear layer"},
+  {"model", "sync_bn", DT_KEY_BOOL, OFF(sync_bn), "true", 0, 0, NULL, "image classifiers with dp > 1: batch norm's training statistics over the whole global batch, summed over the dp ranks (torch.nn.SyncBatchNorm; dp = N x B trains as dp = 1 x N*B); false = each rank's own micro-batch (plain BatchNorm under PyTorch DDP), rank 0's running statistics broadcast to the others after every step (DDP's broadcast_buffers)"},
   {"model", "zero_init_residual", DT_KEY_BOOL, OFF(zero_init_residual), "false", 0, 0, NULL, "resnets: every residual branch's last batch norm starts at weight 0 (torchvision's zero_init_residual)"},
 
   {"train", "micro_batch",  DT_KEY_INT,   OFF(micro_batch),  "8",   1, 1 << 20, NULL, "sequences per rank per micro-step (B)"},

@@ -25,6 +25,7 @@ typedef struct {
   int width;         /* CNNs: channels of the first convolution / stage; 0 = the arch's default */
   int hidden;        /* cnn: units of the hidden linear layer */
   int zero_init_residual; /* resnets: each residual branch's last batch norm starts at weight 0 */
+  int sync_bn;            /* image classifiers, dp > 1: batch norm's statistics over the dp group (else per rank) */
   /* [train] */
   int micro_batch;   /* B: sequences per rank per micro-step */
   int global_batch;  /* sequences per optimizer step over all ranks; 0 = micro_batch*grad_accum*dp */

@@ -28,6 +28,11 @@
 #      statistics whole), 4 steps, against the CPU backend's same run: losses within 1e-5, norms
 #      within 1e-4; its planned device total (whole arenas: the classifiers' are not sparse) within
 #      1% as in 7;
+#   9. batch norm per rank (model.sync_bn = false) at dp = 2 on the emulated devices (the SimpleCNN
+#      of 5): rank 0's running statistics broadcast by the emulated NCCL after every step; 4 steps
+#      against the CPU backend's same run: losses within 1e-5, norms within 1e-4, and the final
+#      checkpoints (parameters, running statistics: written in pieces by both ranks, so statistics
+#      that differed between the ranks would show) within 1e-4 (measured 2.3e-7);
 #   6. bf16 and fp16: the convolutions' and the linear layer's products on 16-bit tensor cores
 #      (cublasGemmEx FAST_16BF/_16F) must see only values already rounded to that format (the
 #      images are rounded on upload like every stored activation): 2 steps of the SimpleCNN (width
@@ -72,6 +77,14 @@ mpi 2 -x DTRAIN_EMU_DEVICES=2 "$EMU" "$ini" $rn train.micro_batch=4 parallel.zer
   log.metrics="$t/z3_cuda.jsonl" > "$t/z3_cuda.out"
 grep '^# zero3' "$t/z3_cuda.out"
 grep -q '^# gradients: zero3 over dp=2' "$t/z3_cuda.out" || { echo "FAIL: the ZeRO-3 run is not ZeRO-3 over dp=2"; exit 1; }
+pb="train.steps=4 train.global_batch=32 train.micro_batch=16 train.warmup=2 log.every=1 train.eval_every=0 data.val="
+pb="$pb checkpoint.every=0 model.width=8 model.hidden=32 model.sync_bn=false train.threads=1"
+mpi 2 "$DTRAIN" "$ini" $pb log.metrics="$t/pb_cpu.jsonl" checkpoint.dir="$t/ck-pb-cpu" > "$t/pb_cpu.out"
+mpi 2 -x DTRAIN_EMU_DEVICES=2 "$EMU" "$ini" $pb system.backend=cuda log.metrics="$t/pb_cuda.jsonl" \
+  checkpoint.dir="$t/ck-pb-cuda" > "$t/pb_cuda.out"
+grep -q "batch norm per rank (model.sync_bn = false)" "$t/pb_cuda.out" || { echo "FAIL: pb_cuda's batch line"; exit 1; }
+"$PY" "$top_srcdir/tests/ref/tensors_match.py" "$t/ck-pb-cpu/ckpt_00000004.h5" 1e-4 1e-3 1e-3 \
+  "$t/ck-pb-cuda/ckpt_00000004.h5=per-rank batch norm cuda"
 for r in cuda rn_cuda z2_cuda z3_cuda; do
   line=$(grep '^# memory: rank 0 device memory in use' "$t/$r.out") || { echo "FAIL: $r: no device memory line"; exit 1; }
   echo "$r: ${line#\# memory: rank 0 }"
@@ -105,5 +118,7 @@ agree(steps(load(f"{d}/z2_cpu.jsonl")), steps(load(f"{d}/z2_cuda.jsonl")), "ZeRO
       ref_name="cpu")
 agree(steps(load(f"{d}/z3_cpu.jsonl")), steps(load(f"{d}/z3_cuda.jsonl")), "ZeRO-3 ResNet-18 w4 dp=2 cuda vs cpu", 1e-5,
       1e-4, ref_name="cpu")
+agree(steps(load(f"{d}/pb_cpu.jsonl")), steps(load(f"{d}/pb_cuda.jsonl")), "batch norm per rank dp=2 cuda vs cpu",
+      1e-5, 1e-4, ref_name="cpu")
 print("emu_cnn: OK")
 PY

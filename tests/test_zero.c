@@ -103,15 +103,24 @@ static dt_status_t r_wait(dt_comm_t *c, dt_comm_req_t *r) {
   return DT_OK;
 }
 
-Test(zero, zero3_prefetches_the_next_block_of_the_pass_only) {
-  const dt_comm_ops_t ops = {.name = "fake", .broadcast = r_bcast, .wait = r_wait};
-  dt_comm_t c = {.ops = &ops, .size = 2, .rank = 0};
-  dt_zero_t z;
-  cr_assert_eq(dt_zero_init(&z, 3, &c, 0, 64, 1 << 20), DT_OK);
+static const dt_comm_ops_t fake_ops = {.name = "fake", .broadcast = r_bcast, .wait = r_wait};
+/* L = 2: embeddings [0, 8), block 0 [8, 24), block 1 [24, 40) across the shards [0, 32) and [32, 64), ln_f [40, 64) */
+static const size_t fake_grp[] = {0, 8, 24, 40, 64};
+
+/* Stage 3 over an arena of 64 floats (bc_base, fresh) as rank 0 of the fake 2-rank communicator c,
+ * no broadcast recorded yet. */
+static void fake_zero3(dt_zero_t *z, dt_comm_t *c) {
+  *c = (dt_comm_t){.ops = &fake_ops, .size = 2, .rank = 0};
+  cr_assert_eq(dt_zero_init(z, 3, c, 0, 64, 1 << 20), DT_OK);
   bc_base = calloc(64, sizeof(float));
-  /* L = 2: embeddings [0, 8), block 0 [8, 24), block 1 [24, 40) across the shards [0, 32) and [32, 64), ln_f [40, 64) */
-  const size_t grp[] = {0, 8, 24, 40, 64};
-  cr_assert_eq(dt_zero3_attach(&z, bc_base, grp, 2), DT_OK);
+  cr_assert_eq(dt_zero3_attach(z, bc_base, fake_grp, 2), DT_OK);
+  n_bc = 0;
+}
+
+Test(zero, zero3_prefetches_the_next_block_of_the_pass_only) {
+  dt_comm_t c;
+  dt_zero_t z;
+  fake_zero3(&z, &c);
   cr_assert_eq(dt_zero3_hook(&z, 0, DT_HOOK_FWD), DT_OK); /* block 0 now, block 1 prefetched */
   cr_assert_eq(dt_zero3_hook(&z, 1, DT_HOOK_FWD), DT_OK); /* nothing after the last block */
   cr_assert_eq(dt_zero3_hook(&z, 1, DT_HOOK_BWD), DT_OK); /* block 1 again (released after forward), block 0 next */
@@ -132,15 +141,10 @@ Test(zero, zero3_prefetches_the_next_block_of_the_pass_only) {
  * (no prefetch past them), and a release never drops the arena from `keep` on (the batch-norm
  * running statistics every rank keeps whole). */
 Test(zero, zero3_bound_stops_prefetch_and_keeps_the_tail) {
-  const dt_comm_ops_t ops = {.name = "fake", .broadcast = r_bcast, .wait = r_wait};
-  dt_comm_t c = {.ops = &ops, .size = 2, .rank = 0};
+  dt_comm_t c;
   dt_zero_t z;
-  cr_assert_eq(dt_zero_init(&z, 3, &c, 0, 64, 1 << 20), DT_OK);
-  bc_base = calloc(64, sizeof(float));
-  const size_t grp[] = {0, 8, 24, 40, 64};
-  cr_assert_eq(dt_zero3_attach(&z, bc_base, grp, 2), DT_OK);
+  fake_zero3(&z, &c);
   dt_zero3_bound(&z, 1, 40); /* block 1 ([24, 40)) and the tail [40, 64) are not the hook's */
-  n_bc = 0;
   cr_assert_eq(dt_zero3_hook(&z, 0, DT_HOOK_FWD), DT_OK);
   cr_assert_eq(n_bc, 1, "block 0 only, no prefetch of block 1: %d broadcasts", n_bc);
   cr_assert(bc[0].off == 8 && bc[0].n == 16 && bc[0].root == 0);

@@ -12,6 +12,7 @@
 #include "cnn.h"
 #include "kmath.h"
 #include "ops_cpu.h"
+#include "profile.h"
 #include "timer.h"
 
 static int cmp(const void *a, const void *b) {
@@ -80,9 +81,12 @@ int main(int argc, char **argv) {
   machine();
   printf("# bench/cnn_step: %s %dx%dx%d width %d, %zu parameters, batch %d, threads %d, steps %d after %d warm-up\n",
          arch, c.C, c.H, c.W, c.width, m.lay.n_params_true, B, threads, steps, warmup);
-  double *t[4];
+  double *t[4], *prof[DT_PROF_N];
   for (int k = 0; k < 4; k++) t[k] = calloc((size_t)steps, sizeof(double));
+  for (int k = 0; k < DT_PROF_N; k++) prof[k] = calloc((size_t)steps, sizeof(double));
+  dt_profile.enabled = 1;
   for (int s = 0; s < warmup + steps; s++) {
+    memset(dt_profile.sec, 0, sizeof dt_profile.sec);
     double t0 = dt_time_now();
     memset(g, 0, np * sizeof *g);
     double loss = 0;
@@ -99,14 +103,25 @@ int main(int argc, char **argv) {
     double t3 = dt_time_now();
     if (s >= warmup) t[0][s - warmup] = t3 - t0, t[1][s - warmup] = t1 - t0, t[2][s - warmup] = t2 - t1,
                      t[3][s - warmup] = t3 - t2;
+    for (int k = 0; s >= warmup && k < DT_PROF_N; k++) prof[k][s - warmup] = dt_profile.sec[k];
     printf("# step %d: loss %.4f %.1f ms\n", s + 1, loss, 1e3 * (t3 - t0));
   }
   double ms = 1e3 * median(t[0], steps);
   printf("# medians: forward %.1f ms, backward %.1f ms, sgd %.1f ms\n", 1e3 * median(t[1], steps),
          1e3 * median(t[2], steps), 1e3 * median(t[3], steps));
+  printf("# per op kind, forward + backward (median ms, share of the median step):\n");
+  double accounted = 0;
+  for (int k = 0; k < DT_PROF_N; k++) {
+    double mk = 1e3 * median(prof[k], steps);
+    accounted += mk;
+    if (mk > 0) printf("#   %-13s %8.1f ms %5.1f%%\n", dt_prof_names[k], mk, 100 * mk / ms);
+  }
+  printf("#   %-13s %8.1f ms %5.1f%% (loss, gradient bookkeeping, sgd)\n", "(other)", ms - accounted,
+         100 * (ms - accounted) / ms);
   printf("RESULT dtrain %s batch=%d threads=%d step_ms=%.1f images_per_s=%.1f\n", arch, B, threads, ms, B / ms * 1e3);
   dt_cnn_free(&m);
   free(p), free(g), free(mo), free(bufs), free(x), free(y);
   for (int k = 0; k < 4; k++) free(t[k]);
+  for (int k = 0; k < DT_PROF_N; k++) free(prof[k]);
   return 0;
 }

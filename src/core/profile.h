@@ -1,4 +1,4 @@
-/* Per-op-kind wall-clock timers of the model's kernel calls (gpt2.c) and the CPU backend's
+/* Per-op-kind wall-clock timers of the model's kernel calls (gpt2.c, cnn.c) and the CPU backend's
  * optimizer calls (host time: on an asynchronous backend the time to queue the work). Off by
  * default (one predictable branch per op call); a benchmark sets dt_profile.enabled and reads the
  * accumulated seconds. Not thread safe by design: ops are timed from the thread that calls them. */
@@ -8,6 +8,7 @@
 typedef enum {
   DT_PROF_ENCODER, DT_PROF_LAYERNORM, DT_PROF_MATMUL, DT_PROF_LMHEAD, DT_PROF_ATTENTION, DT_PROF_GELU,
   DT_PROF_RESIDUAL, DT_PROF_XENT, DT_PROF_ZERO_GRAD, DT_PROF_GRAD_SUMSQ, DT_PROF_ADAMW,
+  DT_PROF_CONV, DT_PROF_CONV_BWD, DT_PROF_BATCHNORM, DT_PROF_RELU, DT_PROF_POOL, /* the CNNs (cnn.c) */
   DT_PROF_N
 } dt_prof_kind_t;
 

@@ -8,6 +8,7 @@
 #include "cnn.h"
 #include "cnn_kernels.h"
 #include "ops_cnn_cpu.h"
+#include "profile.h"
 
 #define BN_MOMENTUM 0.1f
 #define BN_EPS 1e-5f
@@ -202,6 +203,19 @@ static dt_status_t op_forward(dt_cnn_t *m, const dt_cnn_op_t *o, float *out, con
   return DT_ERR(DT_ERR_INTERNAL, "model: operation kind %d", (int)o->kind);
 }
 
+/* The profile kind (profile.h) of operation o's forward or backward. */
+static dt_prof_kind_t prof_kind(const dt_cnn_op_t *o, int backward) {
+  switch (o->kind) {
+    case DT_OP_CONV: return backward ? DT_PROF_CONV_BWD : DT_PROF_CONV;
+    case DT_OP_BN: return DT_PROF_BATCHNORM;
+    case DT_OP_RELU: return DT_PROF_RELU;
+    case DT_OP_MAXPOOL: case DT_OP_GAP: return DT_PROF_POOL;
+    case DT_OP_LINEAR: return DT_PROF_MATMUL;
+    case DT_OP_ADD: break;
+  }
+  return DT_PROF_RESIDUAL;
+}
+
 /* Top-1 predictions that match the labels y (host), from the logits (backend memory). */
 static dt_status_t count_correct(dt_cnn_t *m, const float *logits, const int *y, int *correct) {
   const int B = m->B, K = m->cfg.classes;
@@ -239,7 +253,9 @@ dt_status_t dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const 
     const int f = m->fused[i]; /* a batch norm writing its ReLU's output (op i + 1) */
     float *out = m->acts + m->slots[i + 1 + f].off;
     DT_TRY(hook(m, &m->ops[i], DT_HOOK_FWD));
-    DT_TRY(op_forward(m, &m->ops[i], out, params, bufs, training, f));
+    dt_status_t st;
+    DT_PROF(prof_kind(&m->ops[i], 0), st = op_forward(m, &m->ops[i], out, params, bufs, training, f));
+    DT_TRY(st);
     DT_TRY(be->k->round(be, out, (size_t)B * slot_floats(&m->slots[i + 1 + f]))); /* bf16, fp16: as stored */
     DT_TRY(hook(m, &m->ops[i], DT_HOOK_FWD_DONE));
     i += f;
@@ -331,7 +347,9 @@ dt_status_t dt_cnn_backward(dt_cnn_t *m, const float *params, float *grads, floa
     const int j = i > 0 && m->fused[i - 1] ? i - 1 : i; /* a fused ReLU: its batch norm's backward */
     if (!m->fused[i] && m->written[i + 1]) {
       DT_TRY(hook(m, &m->ops[j], DT_HOOK_BWD));
-      DT_TRY(op_backward(m, &m->ops[j], j, params, grads));
+      dt_status_t st;
+      DT_PROF(prof_kind(&m->ops[j], 1), st = op_backward(m, &m->ops[j], j, params, grads));
+      DT_TRY(st);
       DT_TRY(hook(m, &m->ops[j], DT_HOOK_BWD_DONE));
     }
     if (!m->ready) continue;

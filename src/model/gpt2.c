@@ -32,7 +32,8 @@
 
 dt_profile_t dt_profile;
 const char *const dt_prof_names[DT_PROF_N] = {"encoder", "layernorm", "matmul", "lm_head", "attention", "gelu",
-                                               "residual", "crossentropy", "zero_grad", "grad_sumsq", "adamw"};
+                                               "residual", "crossentropy", "zero_grad", "grad_sumsq", "adamw",
+                                               "conv", "conv_backward", "batchnorm", "relu", "pool"};
 double dt_profile_now(void) { return dt_time_now(); }
 
 /* Carve nslots sets of a stage with nl blocks (lnf..lse if `last`) and the shared scratch; with

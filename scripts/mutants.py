@@ -69,6 +69,8 @@ T_DATAU = ("crit", "tests/test_data", ["tests/test_data"])
 T_REFCNN = ("sh", "tests/ref_cnn.sh", ["tests/cnn_dump", "tests/cnn_model_dump"])
 T_IMAGES = ("sh", "tests/images.sh", ["tests/images_dump"])
 T_CNNTRAIN = ("sh", "tests/cnn_train.sh", ["dtrain"])
+T_CNNU = ("crit", "tests/test_cnn", ["tests/test_cnn"])  # bounds, writes past arrays, leaks
+T_EMUCNN = ("sh", "tests/emu_cnn.sh", ["dtrain", "dtrain_emu"])  # the device backend's staging (emulated)
 T_CNNSYNC = ("sh", "tests/cnn_sync.sh", ["dtrain"])  # the CNNs' sync strategies, ZeRO-3's hooks among them
 T_EMUMP = ("sh", "tests/emu_mp.sh", ["dtrain", "dtrain_emu"])  # ZeRO's device paths (the CUDA backend, emulated)
 MODULES = {
@@ -84,7 +86,7 @@ MODULES = {
     # issue #25's CNN layers, models and image sets (campaigns only: not yet in check's sample)
     "cnn": (["src/backend/ops_cnn_cpu.c", "src/model/cnn.c", "src/model/cnn_build.c", "src/data/images.c",
              "src/data/sampler.c", "src/app/train_cnn.c",
-             "src/app/train_cnn_ckpt.c"], [T_DATAU, T_REFCNN, T_IMAGES, T_CNNTRAIN, T_CNNSYNC]),
+             "src/app/train_cnn_ckpt.c"], [T_CNNU, T_DATAU, T_REFCNN, T_IMAGES, T_CNNTRAIN, T_CNNSYNC, T_EMUCNN]),
 }
 # `check` (make check-mutants, CI) samples the seven modules of issue #28's goal
 CHECK_MODULES = ["model", "optimizer", "ddp", "zero", "pipeline", "precision", "checkpoint"]

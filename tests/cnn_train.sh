@@ -25,7 +25,7 @@
 #     SIGUSR1 mid-run writes a checkpoint of that step and exits 75 (requeue);
 #  4. what the classifiers do not have yet is refused with one line naming the key, exit 2,
 #     before any work: tp, pp, token data for a CNN, IDX images without
-#     labels; a missing image file is named;
+#     labels; a missing image file is named; a validation set of other image sizes is named;
 #  5. `dtrain eval` of a checkpoint gives the test loss and accuracy training logged.
 source "$top_srcdir/tests/lib.sh"
 begin_test
@@ -165,6 +165,15 @@ refuse "parallel.pp: pipeline parallelism is not implemented for the image class
 refuse "data.format: tokens data for model.arch = cnn" data.format=tokens
 refuse "data.train_labels: data.format = idx needs the labels file" data.train_labels=
 refuse "nope-images.gz" data.train=/nonexistent/nope-images.gz
+# a validation set whose images differ from the training set's in height only (the same width)
+"$PY" - "$t/tall" <<'PY'
+import struct, sys
+n, h, w = 4, 30, 28
+open(sys.argv[1] + "-images", "wb").write(struct.pack(">IIII", 0x803, n, h, w) + bytes(n * h * w))
+open(sys.argv[1] + "-labels", "wb").write(struct.pack(">II", 0x801, n) + bytes(n))
+PY
+refuse "tall-images: images of 1x30x28, the training set's are 1x28x28" data.val="$t/tall-images" \
+  data.val_labels="$t/tall-labels"
 # a checkpoint whose first convolution weight is 2-D (OC, C*KH*KW), as files before 4-D weights
 "$PY" - "$t/ck-whole/ckpt_00000020.h5" "$t/flat.h5" <<'PY'
 import shutil, sys, h5py

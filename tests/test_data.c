@@ -6,6 +6,7 @@
 #include <dirent.h>
 #include <stdarg.h>
 #include <ftw.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +14,7 @@
 #include <unistd.h>
 
 #include "data.h"
+#include "sampler.h"
 
 static char dir[256];
 
@@ -559,4 +561,23 @@ Test(data, prep_main) {
   cr_expect_eq(read_split(o, "train", 5, got + nv, &nt), 2);
   cr_expect_eq(nt, 9);
   cr_expect_eq(memcmp(got, "hello world\n", 12), 0);
+}
+
+/* Bytes glibc's malloc has handed out and not had back (arena chunks + mmap'ed blocks). */
+static size_t heap_in_use(void) {
+  struct mallinfo2 mi = mallinfo2();
+  return mi.uordblks + mi.hblkhd;
+}
+
+Test(data, sampler_free_returns_its_permutation) {
+  /* 2^20 samples: a 4 MB permutation, far above the sizes freed chunks could hide in */
+  const size_t before = heap_in_use();
+  dt_sampler_t s;
+  cr_assert_eq(dt_sampler_init(&s, 1u << 20, 1, 5, "test"), DT_OK, "%s", dt_err_msg());
+  (void)dt_sampler_at(&s, 3);
+  cr_expect_geq(heap_in_use(), before + (4u << 20), "the permutation was not allocated");
+  dt_sampler_free(&s);
+  cr_expect_lt(heap_in_use(), before + 4096, "%zu bytes still in use after dt_sampler_free",
+               heap_in_use() - before);
+  dt_sampler_free(&s); /* twice: a no-op */
 }

@@ -46,8 +46,7 @@ static int add_tensor(bld_t *b, dt_layout_t *lay, int *cap, size_t *off, const c
     b->failed = 1;
     return -1;
   }
-  dt_tensor_t *t = &lay->tensors[lay->n_tensors];
-  memset(t, 0, sizeof *t);
+  dt_tensor_t *t = &lay->tensors[lay->n_tensors]; /* zeroed by grow */
   snprintf(t->name, sizeof t->name, "%s.%s", prefix, what);
   t->offset = *off;
   t->rows = t->grows = rows;

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # A stalled peer must not hang the job (the hang watchdog, system.comm_timeout): SIGSTOP one rank
 # of a 4-rank run mid-training, once with dp = 4 (its peers wait in the gradient all-reduce) and
-# once with (dp, pp) = (2, 2) (they wait in point-to-point transfers or collectives). Every
+# once with (dp, pp) = (2, 2) (they wait in point-to-point transfers or collectives), and once
+# training the Fashion-MNIST CNN at dp = 4 (synchronised batch norm's all-reduce). Every
 # process must be gone within comm_timeout + 30 s, the launcher must exit with 75 (requeue), and
 # the watchdog's line must name the stopped rank as not arrived and the operation waited for.
 # Then a rank that never arrives (it stops itself before the first collective): the same, under
@@ -35,8 +36,8 @@ stop_one() {
   local name=$1 vr=$2 victim status elapsed left start limit=$((TIMEOUT + 30)) line
   shift 2
   mark="checkpoint.dir=$t/ck-$name"
-  echo "+ $MPIRUN -n 4 $DTRAIN tests/small.ini train.steps=100000 log.every=20 system.comm_timeout=$TIMEOUT $* $mark (background)" >&2
-  "$MPIRUN" --oversubscribe --bind-to none -n 4 -x OMP_NUM_THREADS=1 "$DTRAIN" "$top_srcdir/tests/small.ini" \
+  echo "+ $MPIRUN -n 4 $DTRAIN ${ini#"$top_srcdir/"} train.steps=100000 log.every=20 system.comm_timeout=$TIMEOUT $* $mark (background)" >&2
+  "$MPIRUN" --oversubscribe --bind-to none -n 4 -x OMP_NUM_THREADS=1 "$DTRAIN" "$ini" \
     train.steps=100000 log.every=20 system.comm_timeout="$TIMEOUT" "$@" "$mark" > "$t/$name.out" 2>&1 &
   pid=$!
   for _ in $(seq 1 120); do
@@ -103,7 +104,12 @@ never_arrives() {
   echo "$line" | grep -q "at setup (before step 1): allgather of host names .*(system.comm_timeout_start = $TIMEOUT s[,)].*did not report waiting within [0-9]* s: 2 (host unknown)" ||
     { echo "FAIL: start: the line does not name the first collective, its deadline and rank 2"; return 1; }
 }
+ini=$top_srcdir/tests/small.ini
 stop_one dp4 2 train.global_batch=16 || exit 1
 stop_one pp2 1 parallel.pp=2 train.global_batch=8 || exit 1
+# the image classifiers: their peers wait in synchronised batch norm's all-reduce (or DDP's average)
+need_fmnist
+ini=$top_srcdir/inputs/fmnist.ini
+stop_one cnn 1 train.global_batch=16 train.micro_batch=4 train.eval_every=0 || exit 1
 never_arrives || exit 1
 echo "hang_rank: OK"

@@ -69,6 +69,7 @@ T_DATAU = ("crit", "tests/test_data", ["tests/test_data"])
 T_REFCNN = ("sh", "tests/ref_cnn.sh", ["tests/cnn_dump", "tests/cnn_model_dump"])
 T_IMAGES = ("sh", "tests/images.sh", ["tests/images_dump"])
 T_CNNTRAIN = ("sh", "tests/cnn_train.sh", ["dtrain"])
+T_CONFIG = ("crit", "tests/test_config", ["tests/test_config"])
 T_CNNU = ("crit", "tests/test_cnn", ["tests/test_cnn"])  # bounds, writes past arrays, leaks
 T_EMUCNN = ("sh", "tests/emu_cnn.sh", ["dtrain", "dtrain_emu"])  # the device backend's staging (emulated)
 T_CNNSYNC = ("sh", "tests/cnn_sync.sh", ["dtrain"])  # the CNNs' sync strategies, ZeRO-3's hooks among them
@@ -83,6 +84,8 @@ MODULES = {
     "checkpoint": (["src/ckpt/ckpt.c", "src/ckpt/ckpt_write.c", "src/ckpt/ckpt_own.c", "src/ckpt/ckpt_read.c", "src/ckpt/ckpt_meta.c",
                     "src/ckpt/ckpt_dir.c"],
                    [T_RESUME, T_CKLEAK, T_CKPT, T_FAULTS, T_LAYOUT, T_TRAINER, T_TPRS]),  # quick killers first
+    # the ini and command-line keys: parsing, ranges, the combinations validate refuses (campaigns only)
+    "config": (["src/core/config.c"], [T_CONFIG]),
     # issue #25's CNN layers, models and image sets (campaigns only: not yet in check's sample)
     "cnn": (["src/backend/ops_cnn_cpu.c", "src/model/cnn.c", "src/model/cnn_build.c", "src/data/images.c",
              "src/data/sampler.c", "src/app/train_cnn.c",

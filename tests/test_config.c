@@ -2,6 +2,7 @@
 #include <criterion/criterion.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "config.h"
 
@@ -122,4 +123,135 @@ Test(config, load_file_errors) {
   dt_err_clear();
   cr_expect_eq(dt_config_load(&c, "/nonexistent/x.ini"), DT_ERR_CONFIG);
   cr_expect(strstr(dt_err_msg(), "/nonexistent/x.ini: cannot open") != NULL, "%s", dt_err_msg());
+}
+
+/* dt_config_validate's rules, each at its edge: a row's text is valid (want NULL) or refused with a
+ * message containing want (naming the key and where it was set). */
+#define CNN "[model]\narch = cnn\n[data]\nformat = idx\ntrain_labels = l\n" /* a valid classifier, in [data] */
+Test(config, validate_rules_at_their_edges) {
+  static const struct {
+    const char *text, *want;
+  } rows[] = {
+      {"[model]\nn_embd = 96\nn_head = 4\n", NULL},
+      {"[train]\nmicro_batch = 8\nglobal_batch = 16\n", NULL}, /* grad_accum 0: from global_batch */
+      {"[train]\nmicro_batch = 4\ngrad_accum = 2\nglobal_batch = 16\n", NULL},
+      {"[train]\nmicro_batch = 4\ngrad_accum = 3\nglobal_batch = 0\n", NULL},
+      {"[train]\nlr = 1e-3\nmin_lr = 1e-3\n", NULL},
+      {"[data]\ntrain =\n", "t.ini:2: data.train: must name the training shards"},
+      {"[train]\nloss_scale_init = 1024\n", NULL},
+      {"[parallel]\nzero = 3\n", NULL},
+      {"[model]\nn_layer = 4\n[parallel]\npp = 4\n", NULL},
+      {"[model]\nn_layer = 4\n[parallel]\npp = 5\n", "t.ini:4: parallel.pp: 5 stages for model.n_layer = 4"},
+      {"[parallel]\npp = 2\nzero = 2\n", NULL},
+      {"[parallel]\npp = 2\nzero = 3\n", "t.ini:3: parallel.zero: ZeRO stage 3 with parallel.pp = 2"},
+      {"[train]\ngrad_accum = 2\n[parallel]\nmicro_batches = 2\n", NULL},
+      {"[train]\ngrad_accum = 2\n[parallel]\nmicro_batches = 1\n", "t.ini:4: parallel.micro_batches: 1 disagrees"},
+      {"[model]\nn_embd = 96\nn_head = 6\n[parallel]\ntp = 2\n", NULL},
+      {"[model]\nn_embd = 96\nn_head = 6\n[parallel]\ntp = 3\n", "t.ini:5: parallel.tp: 3 must divide"}, /* vocab */
+      {"[model]\nn_embd = 96\nn_head = 6\n[parallel]\ntp = 4\n", "t.ini:5: parallel.tp: 4 must divide"}, /* heads */
+      {CNN, NULL},
+      {CNN "val = v\nval_labels = w\n", NULL},
+      {CNN "val = v\n", "t.ini: data.val_labels (default): data.format = idx needs the labels file"},
+      {"[model]\narch = cnn\n[data]\nformat = idx\n", "t.ini: data.train_labels (default): data.format = idx"},
+      {"[model]\narch = cnn\n", "t.ini: data.format (default): tokens data for model.arch = cnn"},
+      {"[data]\nformat = cifar10\n", "t.ini:2: data.format: cifar10 data for model.arch = gpt2"},
+      {CNN "[parallel]\ntp = 2\n", "t.ini:7: parallel.tp: tensor parallelism is not implemented"},
+      {CNN "[parallel]\npp = 2\n", "t.ini:7: parallel.pp: pipeline parallelism is not implemented"},
+      {CNN "[train]\nrecompute = true\n", "t.ini:7: train.recompute: recomputation is not implemented"},
+  };
+  for (size_t i = 0; i < sizeof rows / sizeof rows[0]; i++) {
+    dt_config_t c;
+    cr_assert_eq(parse(&c, rows[i].text), DT_OK, "row %zu: %s", i, dt_err_msg());
+    dt_status_t st = dt_config_validate(&c, "t.ini");
+    if (!rows[i].want) {
+      cr_expect_eq(st, DT_OK, "row %zu refused: %s", i, dt_err_msg());
+      continue;
+    }
+    cr_expect_eq(st, DT_ERR_CONFIG, "row %zu accepted:\n%s", i, rows[i].text);
+    cr_expect(strstr(dt_err_msg(), rows[i].want) != NULL, "row %zu: message '%s' lacks '%s'", i, dt_err_msg(),
+              rows[i].want);
+  }
+}
+
+Test(config, parser_edges) {
+  dt_config_t c;
+  /* the last line without a newline: nothing after the string's end is read */
+  const char text[] = "[model]\nn_layer = 3\0n_head = x\n";
+  cr_expect_eq(parse(&c, text), DT_OK, "%s", dt_err_msg());
+  cr_expect_eq(c.n_layer, 3);
+  /* lines up to 4095 characters (a long trailing comment) */
+  static char line[4200];
+  const char *head = "[model]\nn_layer = 5 #";
+  size_t pre = strlen(head);
+  memcpy(line, head, pre);
+  memset(line + pre, 'a', sizeof line - pre - 1);
+  line[8 + 4095] = '\0'; /* line 2: "n_layer = 5 #aaa..." of 4095 characters */
+  cr_expect_eq(parse(&c, line), DT_OK, "%s", dt_err_msg());
+  cr_expect_eq(c.n_layer, 5);
+  line[8 + 4095] = 'a', line[8 + 4096] = '\0';
+  cr_expect_eq(parse(&c, line), DT_ERR_CONFIG, "a line of 4096 characters accepted");
+  cr_expect(strstr(dt_err_msg(), "t.ini:2: line is longer than 4095 characters") != NULL, "%s", dt_err_msg());
+  /* files: an empty one is all defaults, a valid one loads */
+  char path[] = "/tmp/dtrain-test-config-XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert(fd >= 0);
+  close(fd);
+  dt_config_defaults(&c);
+  dt_err_clear();
+  cr_expect_eq(dt_config_load(&c, path), DT_OK, "an empty file: %s", dt_err_msg());
+  FILE *f = fopen(path, "w");
+  fputs("[train]\nsteps = 17\n", f);
+  fclose(f);
+  cr_expect_eq(dt_config_load(&c, path), DT_OK, "%s", dt_err_msg());
+  cr_expect_eq(c.steps, 17);
+  unlink(path);
+}
+
+/* --help and --man: every key once, under its own section's header, with its range */
+static char *text_of(void (*print)(FILE *)) {
+  char *buf = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&buf, &n);
+  print(f);
+  fclose(f);
+  return buf;
+}
+
+Test(config, help_and_man_list_every_key_under_its_section) {
+  char *help = text_of(dt_config_help), *man = text_of(dt_config_man);
+  const char *sec = "", *h = help, *m = man;
+  for (int i = 0; dt_config_keys[i].key; i++) {
+    const dt_config_key_t *k = &dt_config_keys[i];
+    char want[128];
+    if (strcmp(sec, k->section)) { /* a new section: its header comes next */
+      sec = k->section;
+      snprintf(want, sizeof want, "\n[%s]\n", sec);
+      cr_assert((h = strstr(h, want)) != NULL, "help: no header %s in order", want + 1);
+      snprintf(want, sizeof want, ".SS [%s]\n", sec);
+      cr_assert((m = strstr(m, want)) != NULL, "man: no header %s in order", want);
+    }
+    snprintf(want, sizeof want, "\n  %-13s ", k->key);
+    const char *at = strstr(h, want), *next = strstr(h + 1, "\n[");
+    cr_assert(at && (!next || at < next), "help: %s.%s not under [%s]", sec, k->key, sec);
+    h = at + 1;
+    snprintf(want, sizeof want, ".B %s (", k->key);
+    at = strstr(m, want), next = strstr(m + 1, ".SS [");
+    cr_assert(at && (!next || at < next), "man: %s.%s not under [%s]", sec, k->key, sec);
+    m = at + 1;
+  }
+  cr_expect(strstr(help, "\n  n_layer       int    default \"4\" in [1, 1024]\n      transformer blocks (L)\n"));
+  cr_expect(strstr(help, "\n  lr            float  default \"3e-4\" in [0, 10]\n"));
+  cr_expect(strstr(help, "\n  seed          uint64 default \"1337\"\n"));
+  cr_expect(strstr(help, "\n  precision     enum   default \"fp32\" one of fp32|bf16|fp16\n"));
+  cr_expect(strstr(man, ".B micro_batch (int, default \"8\", in [1, 1048576])\n"));
+  cr_expect(strstr(man, ".B lr (float, default \"3e\\-4\", in [0, 10])\n"));
+  cr_expect(strstr(man, ".B precision (enum, default \"fp32\", one of fp32|bf16|fp16)\n"));
+  free(help), free(man);
+  char *esc = NULL;
+  size_t n = 0;
+  FILE *f = open_memstream(&esc, &n);
+  dt_man_text(f, ".a-b\\c\n'd.e\n");
+  fclose(f);
+  cr_expect_str_eq(esc, "\\&.a\\-b\\ec\n\\&'d.e\n");
+  free(esc);
 }

@@ -255,3 +255,97 @@ Test(config, help_and_man_list_every_key_under_its_section) {
   cr_expect_str_eq(esc, "\\&.a\\-b\\ec\n\\&'d.e\n");
   free(esc);
 }
+
+/* The ranges --help prints for the numeric keys (the ini reference's), pinned: a change to one is a
+ * change of the interface, made here and in the README on purpose. */
+static const char pinned_ranges[] =
+    "model.n_layer in [1, 1024]\n"
+    "model.n_head in [1, 1024]\n"
+    "model.n_embd in [1, 65536]\n"
+    "model.vocab_size in [2, 16777216]\n"
+    "model.seq_len in [1, 1048576]\n"
+    "model.classes in [2, 1048576]\n"
+    "model.width in [0, 65536]\n"
+    "model.hidden in [1, 1048576]\n"
+    "train.micro_batch in [1, 1048576]\n"
+    "train.global_batch in [0, 1073741824]\n"
+    "train.grad_accum in [0, 1048576]\n"
+    "train.steps in [0, 1073741824]\n"
+    "train.stop_after in [0, 1073741824]\n"
+    "train.lr in [0, 10]\n"
+    "train.min_lr in [0, 10]\n"
+    "train.warmup in [0, 1073741824]\n"
+    "train.weight_decay in [0, 10]\n"
+    "train.beta1 in [0, 0.999999]\n"
+    "train.beta2 in [0, 1]\n"
+    "train.eps in [0, 1]\n"
+    "train.grad_clip >= 0\n"
+    "train.eval_every in [0, 1073741824]\n"
+    "train.eval_batches in [1, 1048576]\n"
+    "train.threads in [0, 4096]\n"
+    "train.loss_scale_init >= 1\n"
+    "train.loss_scale_window in [1, 1073741824]\n"
+    "train.momentum in [0, 0.999999]\n"
+    "data.crop_pad in [0, 64]\n"
+    "log.every in [1, 1073741824]\n"
+    "log.straggler_every in [-1, 1073741824]\n"
+    "parallel.dp in [0, 1048576]\n"
+    "parallel.tp in [1, 1048576]\n"
+    "parallel.pp in [1, 1048576]\n"
+    "parallel.micro_batches in [0, 1048576]\n"
+    "parallel.zero in [0, 3]\n"
+    "parallel.bucket_mb in [1, 65536]\n"
+    "parallel.ddp_probe in [0, 1073741824]\n"
+    "checkpoint.every in [0, 1073741824]\n"
+    "checkpoint.keep in [1, 1048576]\n"
+    "system.comm_timeout in [0, 1e+07]\n"
+    "system.comm_timeout_start in [0, 1e+07]\n";
+
+Test(config, numeric_ranges_are_the_documented_ones) {
+  char *help = text_of(dt_config_help), *got = NULL, sec[32] = "";
+  size_t n = 0;
+  FILE *f = open_memstream(&got, &n);
+  for (char *line = strtok(help, "\n"); line; line = strtok(NULL, "\n")) {
+    char key[64], type[16];
+    if (sscanf(line, "[%31[^]]]", sec) == 1) continue;
+    if (sscanf(line, "  %63s %15s default", key, type) != 2 || (strcmp(type, "int") && strcmp(type, "float"))) continue;
+    const char *r = strchr(strchr(line, '"') + 1, '"') + 1; /* after the default */
+    fprintf(f, "%s.%s%s\n", sec, key, r);
+  }
+  fclose(f);
+  cr_expect_str_eq(got, pinned_ranges);
+  free(got), free(help);
+}
+
+Test(config, booleans_and_long_names) {
+  static const char *const yes[] = {"true", "1", "yes", "on"}, *const no[] = {"false", "0", "no", "off"};
+  dt_config_t c;
+  dt_config_defaults(&c);
+  char arg[128];
+  for (int i = 0; i < 4; i++) {
+    snprintf(arg, sizeof arg, "data.shuffle=%s", no[i]);
+    cr_expect_eq(dt_config_override(&c, arg), DT_OK, "%s: %s", arg, dt_err_msg());
+    cr_expect_eq(c.shuffle, 0, "%s", arg);
+    snprintf(arg, sizeof arg, "data.shuffle=%s", yes[i]);
+    cr_expect_eq(dt_config_override(&c, arg), DT_OK, "%s: %s", arg, dt_err_msg());
+    cr_expect_eq(c.shuffle, 1, "%s", arg);
+  }
+  /* section and key names of 64 characters or more: refused as too long */
+  char name[65];
+  memset(name, 'x', 64), name[64] = '\0';
+  snprintf(arg, sizeof arg, "%s.steps=1", name);
+  dt_err_clear();
+  cr_expect_eq(dt_config_override(&c, arg), DT_ERR_CONFIG);
+  cr_expect(strstr(dt_err_msg(), "name too long") != NULL, "%s", dt_err_msg());
+  snprintf(arg, sizeof arg, "train.%s=1", name);
+  dt_err_clear();
+  cr_expect_eq(dt_config_override(&c, arg), DT_ERR_CONFIG);
+  cr_expect(strstr(dt_err_msg(), "name too long") != NULL, "%s", dt_err_msg());
+  /* the man page: one ".TP" paragraph per key, each on its own line */
+  char *man = text_of(dt_config_man);
+  int keys = 0, tp = 0;
+  while (dt_config_keys[keys].key) keys++;
+  for (const char *p = man; (p = strstr(p, "\n.TP\n.B ")); p++) tp++;
+  cr_expect_eq(tp, keys, "%d paragraphs for %d keys", tp, keys);
+  free(man);
+}

@@ -243,6 +243,7 @@ Test(config, help_and_man_list_every_key_under_its_section) {
   cr_expect(strstr(help, "\n  lr            float  default \"3e-4\" in [0, 10]\n"));
   cr_expect(strstr(help, "\n  seed          uint64 default \"1337\"\n"));
   cr_expect(strstr(help, "\n  precision     enum   default \"fp32\" one of fp32|bf16|fp16\n"));
+  cr_expect(strstr(man, ".TP\n.B n_layer (int, default \"4\", in [1, 1024])\ntransformer blocks (L)\n.TP\n"));
   cr_expect(strstr(man, ".B micro_batch (int, default \"8\", in [1, 1048576])\n"));
   cr_expect(strstr(man, ".B lr (float, default \"3e\\-4\", in [0, 10])\n"));
   cr_expect(strstr(man, ".B precision (enum, default \"fp32\", one of fp32|bf16|fp16)\n"));

@@ -350,3 +350,58 @@ Test(config, booleans_and_long_names) {
   cr_expect_eq(tp, keys, "%d paragraphs for %d keys", tp, keys);
   free(man);
 }
+
+Test(config, values_at_their_limits) {
+  dt_config_t c;
+  /* a float at its maximum, a string of 1023 characters, an empty quoted string */
+  cr_expect_eq(parse(&c, "[train]\nlr = 10\n"), DT_OK, "%s", dt_err_msg());
+  static char text[1100];
+  int n = snprintf(text, sizeof text, "[data]\nval = ");
+  memset(text + n, 'v', 1023);
+  cr_expect_eq(parse(&c, text), DT_OK, "a 1023-character value: %s", dt_err_msg());
+  text[n + 1023] = 'v';
+  expect_err(text, "t.ini:2: data.val: value is longer than 1023 characters");
+  cr_expect_eq(parse(&c, "[data]\nval = \"\"\ntrain = \"x\"\n"), DT_OK, "%s", dt_err_msg());
+  cr_expect_str_eq(c.val, "");
+  cr_expect_str_eq(c.train, "x");
+  expect_err("[train]\nseed = 12x\n", "t.ini:2: train.seed: '12x' is not a non-negative integer");
+  expect_err("[train]\nloss_scale_init = 1.2676506002282294e30\n", "train.loss_scale_init: 1.26765e+30 is out of range");
+  /* a section name of 64 characters: too long for any section, named as unknown */
+  char head[80];
+  memset(head, 's', sizeof head);
+  head[0] = '[', head[65] = ']', head[66] = '\n', head[67] = '\0';
+  expect_err(head, "t.ini:1: [ssss");
+  /* the first key of the table by override */
+  cr_expect_eq(dt_config_override(&c, "model.n_layer=3"), DT_OK, "%s", dt_err_msg());
+  cr_expect_eq(c.n_layer, 3);
+  /* the padded vocabulary: the next multiple of 128 */
+  const int v[][2] = {{1, 128}, {128, 128}, {129, 256}, {256, 256}, {50257, 50304}};
+  for (int i = 0; i < 5; i++) {
+    c.vocab_size = v[i][0];
+    cr_expect_eq(dt_config_padded_vocab(&c), v[i][1], "vocab %d", v[i][0]);
+  }
+}
+
+Test(config, load_records_the_file_and_takes_one_mib) {
+  char path[] = "/tmp/dtrain-test-config-XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert(fd >= 0);
+  FILE *f = fdopen(fd, "w");
+  fputs("[train]\nsteps = 9\n", f);
+  for (long n = 18; n < (1 << 20) - 1; n++) fputc(n % 64 == 63 ? '\n' : '#', f); /* comments up to 1 MiB - 1 */
+  fputc('\n', f);
+  fclose(f);
+  dt_config_t c;
+  dt_config_defaults(&c);
+  dt_err_clear();
+  cr_expect_eq(dt_config_load(&c, path), DT_OK, "a file of exactly 1 MiB: %s", dt_err_msg());
+  cr_expect_eq(c.steps, 9);
+  cr_expect_str_eq(c.src_file, path);
+  f = fopen(path, "a");
+  fputc('\n', f);
+  fclose(f);
+  dt_err_clear();
+  cr_expect_eq(dt_config_load(&c, path), DT_ERR_CONFIG, "a file of 1 MiB + 1 byte accepted");
+  cr_expect(strstr(dt_err_msg(), "not a configuration file (size 1048577)") != NULL, "%s", dt_err_msg());
+  unlink(path);
+}

@@ -1,5 +1,7 @@
 /* Config parser: defaults, every error class, overrides, and the echo round trip. */
 #include <criterion/criterion.h>
+#include <dirent.h>
+#include <malloc.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
@@ -136,6 +138,10 @@ Test(config, validate_rules_at_their_edges) {
       {"[train]\nmicro_batch = 8\nglobal_batch = 16\n", NULL}, /* grad_accum 0: from global_batch */
       {"[train]\nmicro_batch = 4\ngrad_accum = 2\nglobal_batch = 16\n", NULL},
       {"[train]\nmicro_batch = 4\ngrad_accum = 3\nglobal_batch = 0\n", NULL},
+      {"[train]\nmicro_batch = 2\nglobal_batch = 1\n", "t.ini:3: train.global_batch: 1 is not a multiple of micro_batch 2"},
+      {"[train]\nmicro_batch = 1\ngrad_accum = 2\nglobal_batch = 1\n", "t.ini:4: train.global_batch: 1 is not a multiple"},
+      {"[parallel]\nmicro_batches = 2\n", NULL}, /* grad_accum 0: from global_batch */
+      {"[train]\ngrad_accum = 1\n[parallel]\nmicro_batches = 2\n", "t.ini:4: parallel.micro_batches: 2 disagrees"},
       {"[train]\nlr = 1e-3\nmin_lr = 1e-3\n", NULL},
       {"[data]\ntrain =\n", "t.ini:2: data.train: must name the training shards"},
       {"[train]\nloss_scale_init = 1024\n", NULL},
@@ -404,4 +410,70 @@ Test(config, load_records_the_file_and_takes_one_mib) {
   cr_expect_eq(dt_config_load(&c, path), DT_ERR_CONFIG, "a file of 1 MiB + 1 byte accepted");
   cr_expect(strstr(dt_err_msg(), "not a configuration file (size 1048577)") != NULL, "%s", dt_err_msg());
   unlink(path);
+}
+
+static int open_fds(void) {
+  int n = 0;
+  DIR *d = opendir("/proc/self/fd");
+  for (struct dirent *e; d && (e = readdir(d));) n += e->d_name[0] != '.';
+  if (d) closedir(d);
+  return n;
+}
+
+static size_t heap_in_use(void) {
+  struct mallinfo2 mi = mallinfo2();
+  return mi.uordblks + mi.hblkhd;
+}
+
+Test(config, load_closes_and_frees_on_every_path) {
+  char path[] = "/tmp/dtrain-test-config-XXXXXX";
+  int fd = mkstemp(path);
+  cr_assert(fd >= 0);
+  close(fd);
+  dt_config_t c;
+  const int fds = open_fds();
+  for (int k = 0; k < 3; k++) { /* valid (64 KiB of comments), a NUL byte, over 1 MiB */
+    FILE *f = fopen(path, "w");
+    const long n = k == 2 ? (1 << 20) + 1 : 1 << 16;
+    for (long i = 0; i < n; i++) fputc(i == 100 && k == 1 ? '\0' : i % 64 == 63 ? '\n' : '#', f);
+    fclose(f);
+    dt_config_defaults(&c);
+    dt_err_clear();
+    const size_t heap = heap_in_use();
+    dt_status_t st = dt_config_load(&c, path);
+    cr_expect_eq(st, k == 0 ? DT_OK : DT_ERR_CONFIG, "case %d: %s", k, dt_err_msg());
+    cr_expect_eq(open_fds(), fds, "case %d: a file left open", k);
+    cr_expect_lt(heap_in_use(), heap + 4096, "case %d: %zu bytes not freed", k, heap_in_use() - heap);
+  }
+  unlink(path);
+}
+
+Test(config, overrides_and_echo_in_their_shapes) {
+  dt_config_t c;
+  dt_config_defaults(&c);
+  const char *bad[] = {"steps=1", "train.steps", "a=b.c"};
+  for (int i = 0; i < 3; i++) {
+    dt_err_clear();
+    cr_expect_eq(dt_config_override(&c, bad[i]), DT_ERR_CONFIG, "'%s' accepted", bad[i]);
+    cr_expect(strstr(dt_err_msg(), "expected section.key=value") != NULL, "'%s': %s", bad[i], dt_err_msg());
+  }
+  cr_assert_eq(parse(&c, "[data]\ntrain = ab\"\n"), DT_OK, "%s", dt_err_msg());
+  cr_expect_str_eq(c.train, "ab\""); /* quotes come off only in pairs */
+  /* the echo (checkpoints' ini, the run's header): each section once, before its keys */
+  char *text = dt_config_to_string(&c);
+  const char *secs[] = {"[model]", "[train]", "[data]", "[log]", "[parallel]", "[checkpoint]", "[system]"};
+  const char *prev = text;
+  for (int i = 0; i < 7; i++) {
+    const char *at = strstr(text, secs[i]);
+    cr_expect(at && !strstr(at + 1, secs[i]), "%s: not exactly once", secs[i]);
+    cr_expect(at >= prev, "%s out of order", secs[i]);
+    prev = at ? at : prev;
+  }
+  int headers = 0;
+  for (const char *p = text; (p = strchr(p, '[')); p++) headers += p == text || p[-1] == '\n';
+  cr_expect_eq(headers, 7, "%d section headers", headers);
+  free(text);
+  char *man = text_of(dt_config_man);
+  cr_expect(strstr(man, ".B grad_clip (float, default \"1.0\", >= 0)\n"), "man: grad_clip's range");
+  free(man);
 }

@@ -12,7 +12,7 @@ set -euo pipefail
 SRC=$(cd "$(dirname "$0")/.." && pwd)
 WORK=$(mkdir -p "${1:-$PWD/build-sanitize}" && cd "${1:-$PWD/build-sanitize}" && pwd)
 shift || true
-TESTS=${*:-"tests/test_config tests/test_data tests/test_bpe tests/test_model tests/test_optim tests/test_sample \
+TESTS=${*:-"tests/test_config tests/test_data tests/test_bpe tests/test_model tests/test_cnn tests/test_optim tests/test_sample \
 tests/test_crc32c tests/test_mesh tests/test_gemm tests/test_kmath tests/test_precision tests/test_plan tests/test_zero \
 tests/test_pipeline tests/test_ddp tests/test_straggler tests/get_data.sh tests/train_tiny.sh tests/gpt2_ini.sh \
 tests/resume_exact.sh tests/precision_train.sh tests/ref_cnn.sh tests/images.sh tests/generate.sh"}

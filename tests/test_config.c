@@ -1,12 +1,12 @@
 /* Config parser: defaults, every error class, overrides, and the echo round trip. */
 #include <criterion/criterion.h>
 #include <dirent.h>
-#include <malloc.h>
 #include <stdio.h>
 #include <string.h>
 #include <unistd.h>
 
 #include "config.h"
+#include "heap_count.h"
 
 static dt_status_t parse(dt_config_t *c, const char *text) {
   dt_err_clear();
@@ -420,19 +420,6 @@ static int open_fds(void) {
   return n;
 }
 
-static size_t heap_in_use(void) {
-  struct mallinfo2 mi = mallinfo2();
-  return mi.uordblks + mi.hblkhd;
-}
-
-/* mallinfo2 counts glibc malloc's blocks; a sanitizer's allocator leaves it at 0 (skip then). */
-static int heap_is_counted(void) {
-  const size_t before = heap_in_use();
-  void *volatile p = malloc(1 << 20);
-  const int counted = p && heap_in_use() >= before + (1 << 20);
-  free(p);
-  return counted;
-}
 
 Test(config, load_closes_and_frees_on_every_path) {
   if (!heap_is_counted()) cr_skip_test("mallinfo2 does not count this allocator's blocks (a sanitizer build)");

@@ -6,7 +6,6 @@
 #include <dirent.h>
 #include <stdarg.h>
 #include <ftw.h>
-#include <malloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -15,6 +14,7 @@
 
 #include "data.h"
 #include "sampler.h"
+#include "heap_count.h"
 
 static char dir[256];
 
@@ -561,21 +561,6 @@ Test(data, prep_main) {
   cr_expect_eq(read_split(o, "train", 5, got + nv, &nt), 2);
   cr_expect_eq(nt, 9);
   cr_expect_eq(memcmp(got, "hello world\n", 12), 0);
-}
-
-/* Bytes glibc's malloc has handed out and not had back (arena chunks + mmap'ed blocks). */
-static size_t heap_in_use(void) {
-  struct mallinfo2 mi = mallinfo2();
-  return mi.uordblks + mi.hblkhd;
-}
-
-/* mallinfo2 counts glibc malloc's blocks; a sanitizer's allocator leaves it at 0 (skip then). */
-static int heap_is_counted(void) {
-  const size_t before = heap_in_use();
-  void *volatile p = malloc(1 << 20);
-  const int counted = p && heap_in_use() >= before + (1 << 20);
-  free(p);
-  return counted;
 }
 
 Test(data, sampler_free_returns_its_permutation) {

@@ -228,7 +228,8 @@ int main(int argc, char **argv) {
   for (int k = 0; k < DT_PROF_N; k++) {
     double m = median(prof[k], n);
     accounted += m;
-    if (k < DT_PROF_CONV) printf("#   %-13s %9.1f ms %5.1f%%\n", dt_prof_names[k], m * 1e3, 100 * m / med[PH_TOTAL]);
+    if (k < DT_PROF_CONV) /* GPT-2's kinds (profile.h) */
+      printf("#   %-13s %9.1f ms %5.1f%%\n", dt_prof_names[k], m * 1e3, 100 * m / med[PH_TOTAL]);
   }
   printf("#   %-13s %9.1f ms %5.1f%%\n", "(other)", (med[PH_TOTAL] - accounted) * 1e3,
          100 * (med[PH_TOTAL] - accounted) / med[PH_TOTAL]);

@@ -10,6 +10,7 @@
 #include <string.h>
 
 #include "cnn.h"
+#include "conv_winograd.h"
 #include "kmath.h"
 #include "ops_cpu.h"
 #include "profile.h"
@@ -38,7 +39,8 @@ static void machine(void) {
   if (f) fclose(f);
   const char *isa = __builtin_cpu_supports("avx512f") ? "AVX-512" : __builtin_cpu_supports("avx2") ? "AVX2" : "SSE";
   const char *ct = getenv("OPENBLAS_CORETYPE");
-  printf("# cpu: %s (%s); matmul: %s; OPENBLAS_CORETYPE=%s\n", model, isa, dt_cpu_gemm_engine(), ct ? ct : "(unset)");
+  printf("# cpu: %s (%s); matmul: %s; 3x3 convolutions: %s; OPENBLAS_CORETYPE=%s\n", model, isa, dt_cpu_gemm_engine(),
+         dt_conv_algo_name(), ct ? ct : "(unset)");
 }
 
 int main(int argc, char **argv) {

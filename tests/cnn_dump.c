@@ -2,8 +2,9 @@
  * inputs for the PyTorch reference (tests/ref/ref_cnn.py). Each case writes a "NAME/meta" record
  * (its shape numbers), its inputs and its outputs. Parameter gradients start at 0.25 (the kernels
  * must add to them), activation gradients at NaN (they must be written). Convolutions run with 1
- * thread and with 2, both dumped. File format: records of { char name[64]; int64 n; float32
- * data[n] } (tests/dump.h). Usage: cnn_dump OUT.bin */
+ * thread and with 2 under each algorithm (im2col, Winograd F(2x2) and F(4x4)), all dumped. File
+ * format: records of { char name[64]; int64 n; float32 data[n] } (tests/dump.h).
+ * Usage: cnn_dump OUT.bin */
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -12,6 +13,7 @@
 
 #include "dump.h"
 #include "kmath.h"
+#include "conv_winograd.h"
 #include "ops_cnn_cpu.h"
 #include "model.h"
 
@@ -42,29 +44,42 @@ static float *fill(size_t n, float v) {
   return x;
 }
 
+/* Every case runs under each convolution algorithm (conv_winograd.h), outputs named with its suffix:
+ * "" auto (Winograd F(2x2) for 3x3 stride-1 padding-1 layers of 16+ channels), "_im2col", "_w4"
+ * (F(4x4) where Winograd applies); cases it does not apply to repeat im2col's results. */
+static const struct {
+  dt_conv_algo_t algo;
+  const char *suffix;
+} algos[] = {{DT_CONV_AUTO, ""}, {DT_CONV_IM2COL, "_im2col"}, {DT_CONV_WINOGRAD4, "_w4"}};
+
 static void conv_case(const char *c, int B, int C, int H, int W, int OC, int K, int s, int p, int with_bias) {
   int OH = dt_conv_out(H, K, s, p), OW = dt_conv_out(W, K, s, p);
   size_t ni = (size_t)B * C * H * W, no = (size_t)B * OC * OH * OW, nw = (size_t)OC * C * K * K;
   int m[] = {B, C, H, W, OC, K, s, p, with_bias};
   meta(c, 9, m);
   float *x = rnd(ni, 1.0f), *w = rnd(nw, 0.3f), *bias = with_bias ? rnd((size_t)OC, 0.5f) : NULL, *dy = rnd(no, 1.0f);
-  float *scr = malloc(dt_conv2d_scratch_floats(C, K, K, OC, OH, OW, 2) * sizeof(float));
   rec(c, "x", x, ni);
   rec(c, "w", w, nw);
   if (bias) rec(c, "b", bias, (size_t)OC);
   rec(c, "dy", dy, no);
-  for (int nthr = 1; nthr <= 2; nthr++) {
-    float *y = fill(no, NAN), *dx = fill(ni, NAN), *dw = fill(nw, 0.25f), *db = fill((size_t)OC, 0.25f);
-    dt_conv2d_forward(y, scr, x, w, bias, B, C, H, W, OC, K, K, s, p, nthr);
-    dt_conv2d_backward(dx, dw, bias ? db : NULL, scr, dy, x, w, B, C, H, W, OC, K, K, s, p, nthr);
-    char what[16];
-    snprintf(what, sizeof what, "y%d", nthr), rec(c, what, y, no);
-    snprintf(what, sizeof what, "dx%d", nthr), rec(c, what, dx, ni);
-    snprintf(what, sizeof what, "dw%d", nthr), rec(c, what, dw, nw);
-    if (bias) snprintf(what, sizeof what, "db%d", nthr), rec(c, what, db, (size_t)OC);
-    free(y), free(dx), free(dw), free(db);
+  for (size_t a = 0; a < sizeof algos / sizeof *algos; a++) {
+    dt_conv_set_algo(algos[a].algo);
+    float *scr = malloc(dt_conv2d_scratch_floats(C, K, K, OC, OH, OW, s, p, 2) * sizeof(float));
+    for (int nthr = 1; nthr <= 2; nthr++) {
+      float *y = fill(no, NAN), *dx = fill(ni, NAN), *dw = fill(nw, 0.25f), *db = fill((size_t)OC, 0.25f);
+      dt_conv2d_forward(y, scr, x, w, bias, B, C, H, W, OC, K, K, s, p, nthr);
+      dt_conv2d_backward(dx, dw, bias ? db : NULL, scr, dy, x, w, B, C, H, W, OC, K, K, s, p, nthr);
+      char what[32];
+      snprintf(what, sizeof what, "y%d%s", nthr, algos[a].suffix), rec(c, what, y, no);
+      snprintf(what, sizeof what, "dx%d%s", nthr, algos[a].suffix), rec(c, what, dx, ni);
+      snprintf(what, sizeof what, "dw%d%s", nthr, algos[a].suffix), rec(c, what, dw, nw);
+      if (bias) snprintf(what, sizeof what, "db%d%s", nthr, algos[a].suffix), rec(c, what, db, (size_t)OC);
+      free(y), free(dx), free(dw), free(db);
+    }
+    free(scr);
   }
-  free(x), free(w), free(bias), free(dy), free(scr);
+  dt_conv_set_algo(DT_CONV_AUTO);
+  free(x), free(w), free(bias), free(dy);
 }
 
 /* training: stats, running, forward, backward_reduce, backward; then evaluation mode */
@@ -174,6 +189,12 @@ int main(int argc, char **argv) {
   conv_case("conv_3x3_4x4", 5, 16, 4, 4, 12, 3, 1, 1, 1);
   conv_case("conv_3x3_s2_8x8", 5, 8, 8, 8, 16, 3, 2, 1, 0);
   conv_case("conv_1x1_4x4", 5, 16, 4, 4, 24, 1, 1, 0, 1);
+  /* Winograd (conv_winograd.c): partial tiles at odd sizes; images in several chunks with a short
+   * last one (32x32: 256 tiles of F(2x2) per image, one image per chunk; 64 of F(4x4), two); a tile
+   * row wider than one transform block (70 tiles of F(2x2) across) */
+  conv_case("conv_3x3_wino_odd", 3, 16, 9, 7, 20, 3, 1, 1, 1);
+  conv_case("conv_3x3_wino_chunks", 3, 17, 32, 32, 8, 3, 1, 1, 0);
+  conv_case("conv_3x3_wino_wide", 1, 16, 3, 140, 4, 3, 1, 1, 1);
   bn_case("bn_4x3", 4, 3, 30);
   bn_case("bn_1x1", 8, 5, 1);
   pool_case("maxpool_3s2p1", 0, 2, 3, 9, 9, 3, 2, 1, 0);

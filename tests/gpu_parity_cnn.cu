@@ -147,7 +147,7 @@ static void conv_case(int B, int C, int H, int W, int OC, int K, int stride, int
   side_t *sides[2] = {&cs, &gs};
   for (int k = 0; k < 2; k++) {
     dt_backend_t *be = &sides[k]->be;
-    const size_t scr = be->ops->cnn->conv2d_scratch_floats(be, C, K, OC, OH, OW);
+    const size_t scr = be->ops->cnn->conv2d_scratch_floats(be, C, K, OC, OH, OW, stride, pad);
     const size_t n[8] = {nx, nw, (size_t)OC, ny, nw + OC, ny, nx, scr};
     for (int i = 0; i < 8; i++) GP_TRY(be->k->alloc(be, (void **)&d[k][i], n[i] * sizeof(float) + 4));
     for (int i = 0; i < 5; i++) GP_TRY(be->k->upload(be, d[k][i], h[i], n[i] * sizeof(float)));

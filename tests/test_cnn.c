@@ -2,7 +2,8 @@
  * (src/backend/ops_cnn_cpu.c) for what PyTorch comparisons cannot see: the configurations the
  * builder refuses at their exact bounds, writes that stay inside their tensors and arrays (a loop
  * one past its end lands in padding or in a neighbour overwritten later), the edge case of a
- * one-value batch norm, and memory: dt_cnn_free releases every block dt_cnn_alloc took.
+ * one-value batch norm, and memory: dt_cnn_free releases every block dt_cnn_alloc took. The
+ * convolutions' scratch sizes (im2col and Winograd) and the choice of algorithm (DT_CONV).
  * The layers' numbers against PyTorch: tests/ref_cnn.sh. */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -11,6 +12,7 @@
 #include <string.h>
 
 #include "cnn.h"
+#include "conv_winograd.h"
 #include "ops_cnn_cpu.h"
 
 static const dt_cnn_config_t simple = {.arch = DT_CNN_SIMPLE, .C = 1, .H = 28, .W = 28, .classes = 10, .width = 4,
@@ -131,6 +133,90 @@ Test(cnn, batchnorm_kernels_write_their_arrays_and_no_further) {
   }
   for (int k = 0; k < 11; k++) free(arrays[k]);
   free(w), free(bias);
+}
+
+/* One convolution's forward and backward on guarded arrays and a guarded scratch of the size
+ * dt_conv2d_scratch_floats gives: every output written (they start as NaN), nothing past any end. */
+static void conv_inside(int B, int C, int H, int W, int OC, int K, int s, int p, int nthr) {
+  const int OH = dt_conv_out(H, K, s, p), OW = dt_conv_out(W, K, s, p);
+  const size_t ni = (size_t)B * C * H * W, no = (size_t)B * OC * OH * OW, nw = (size_t)OC * C * K * K;
+  const size_t ns = dt_conv2d_scratch_floats(C, K, K, OC, OH, OW, s, p, nthr);
+  float *x = guarded(ni, 0), *w = guarded(nw, 0), *b = guarded((size_t)OC, 0.5f), *d = guarded(no, 0);
+  float *y = guarded(no, NAN), *dx = guarded(ni, NAN), *dw = guarded(nw, 0), *db = guarded((size_t)OC, 0);
+  float *scr = guarded(ns, 0);
+  for (size_t i = 0; i < ni; i++) x[i] = (float)((i * 7) % 11) - 5.0f;
+  for (size_t i = 0; i < nw; i++) w[i] = 0.01f * (float)((i * 5) % 9);
+  for (size_t i = 0; i < no; i++) d[i] = (float)((i * 3) % 5) - 2.0f;
+  dt_conv2d_forward(y, scr, x, w, b, B, C, H, W, OC, K, K, s, p, nthr);
+  dt_conv2d_backward(dx, dw, db, scr, d, x, w, B, C, H, W, OC, K, K, s, p, nthr);
+  float *arrays[] = {y, dx, dw, db, scr, x, w, b, d};
+  const size_t lens[] = {no, ni, nw, (size_t)OC, ns, ni, nw, (size_t)OC, no};
+  const char *names[] = {"out", "dinp", "dweight", "dbias", "scratch", "inp", "weight", "bias", "dout"};
+  for (int k = 0; k < 9; k++) {
+    cr_expect(arrays[k][lens[k]] == GUARD,
+              "algo %d, %dx%dx%dx%d -> %d, K%d s%d p%d, %d threads: %s: the float after its %zu was written",
+              (int)dt_conv_algo(), B, C, H, W, OC, K, s, p, nthr, names[k], lens[k]);
+    for (size_t i = 0; k < 4 && i < lens[k]; i++)
+      if (!isfinite(arrays[k][i])) {
+        cr_expect(0, "algo %d, %dx%dx%dx%d, %d threads: %s[%zu] = %g", (int)dt_conv_algo(), B, C, H, W, nthr,
+                  names[k], i, arrays[k][i]);
+        break;
+      }
+    free(arrays[k]);
+  }
+}
+
+Test(cnn, convolutions_write_their_arrays_and_scratch_and_no_further) {
+  const dt_conv_algo_t algos[] = {DT_CONV_AUTO, DT_CONV_IM2COL, DT_CONV_WINOGRAD4};
+  for (int a = 0; a < 3; a++) {
+    dt_conv_set_algo(algos[a]);
+    for (int nthr = 1; nthr <= 2; nthr++) {
+      conv_inside(3, 16, 9, 7, 5, 3, 1, 1, nthr);   /* Winograd, partial tiles */
+      conv_inside(2, 16, 32, 32, 4, 3, 1, 1, nthr); /* Winograd, an image per chunk */
+      conv_inside(5, 32, 4, 4, 8, 3, 1, 1, nthr);   /* Winograd, all images in one chunk */
+      conv_inside(1, 16, 3, 140, 2, 3, 1, 1, nthr); /* Winograd, a tile row wider than a block */
+      conv_inside(3, 3, 9, 7, 5, 3, 1, 1, nthr);    /* im2col: 3 channels */
+      conv_inside(3, 16, 9, 9, 6, 3, 2, 1, nthr);   /* im2col: stride 2 */
+      conv_inside(2, 16, 8, 8, 6, 1, 1, 0, nthr);   /* im2col: 1x1 */
+    }
+  }
+  dt_conv_set_algo(DT_CONV_AUTO);
+}
+
+Test(cnn, winograd_takes_3x3_stride1_pad1_layers_of_16_or_more_channels) {
+  dt_conv_set_algo(DT_CONV_AUTO);
+  cr_expect_eq(dt_conv_winograd_m(16, 3, 3, 1, 1), 2);
+  cr_expect_eq(dt_conv_winograd_m(15, 3, 3, 1, 1), 0, "15 channels: im2col");
+  cr_expect_eq(dt_conv_winograd_m(64, 3, 3, 2, 1), 0, "stride 2");
+  cr_expect_eq(dt_conv_winograd_m(64, 3, 3, 1, 0), 0, "padding 0");
+  cr_expect_eq(dt_conv_winograd_m(64, 1, 1, 1, 0), 0, "1x1");
+  cr_expect_eq(dt_conv_winograd_m(64, 3, 5, 1, 1), 0, "3x5");
+  cr_expect_eq(dt_conv_winograd_m(64, 5, 3, 1, 1), 0, "5x3");
+  dt_conv_set_algo(DT_CONV_WINOGRAD4);
+  cr_expect_eq(dt_conv_winograd_m(16, 3, 3, 1, 1), 4);
+  dt_conv_set_algo(DT_CONV_WINOGRAD2);
+  cr_expect_eq(dt_conv_winograd_m(16, 3, 3, 1, 1), 2);
+  dt_conv_set_algo(DT_CONV_IM2COL);
+  cr_expect_eq(dt_conv_winograd_m(16, 3, 3, 1, 1), 0);
+  dt_conv_set_algo(DT_CONV_AUTO);
+}
+
+Test(cnn, dt_conv_reads_its_environment_and_names_a_bad_value) {
+  const char *ok[] = {"auto", "im2col", "winograd2", "winograd4", ""};
+  const dt_conv_algo_t want[] = {DT_CONV_AUTO, DT_CONV_IM2COL, DT_CONV_WINOGRAD2, DT_CONV_WINOGRAD4, DT_CONV_AUTO};
+  for (int i = 0; i < 5; i++) {
+    setenv("DT_CONV", ok[i], 1);
+    dt_conv_set_algo(DT_CONV_IM2COL + (want[i] == DT_CONV_IM2COL)); /* something else first */
+    cr_expect_eq(dt_conv_algo_init(), DT_OK, "DT_CONV=%s", ok[i]);
+    cr_expect_eq(dt_conv_algo(), want[i], "DT_CONV=%s", ok[i]);
+  }
+  setenv("DT_CONV", "winograd", 1);
+  cr_expect_eq(dt_conv_algo_init(), DT_ERR_CONFIG);
+  cr_expect(strstr(dt_err_msg(), "DT_CONV='winograd'") != NULL, "%s", dt_err_msg());
+  cr_expect_eq(dt_conv_algo(), DT_CONV_AUTO, "a bad value leaves auto");
+  unsetenv("DT_CONV");
+  cr_expect_eq(dt_conv_algo_init(), DT_OK);
+  cr_expect_eq(dt_conv_algo(), DT_CONV_AUTO);
 }
 
 Test(cnn, running_statistics_of_a_one_value_batch_norm_stay_finite) {

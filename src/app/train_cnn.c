@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "cnn_kernels.h"
+#include "conv_winograd.h"
 #include "dt_cuda.h"
 #include "fault.h"
 #include "gemm.h"
@@ -208,7 +209,8 @@ dt_status_t dt_cnn_trainer_init(dt_cnn_trainer_t *tr, const dt_config_t *cfg, co
                        .tp = 1, .pp = 1, .args = cfg_name,
                        .device_comm_mpi = !strcmp(cfg->device_comm, "mpi")};
   DT_TRY(dt_mesh_init(&tr->mesh, &mo)); /* also sets the rank's OpenMP threads (our sgemm's split included) */
-  DT_TRY(dt_gemm_init()); /* DT_GEMM=auto|own|blas, a bad value reported now */
+  DT_TRY(dt_gemm_init());      /* DT_GEMM=auto|own|blas, a bad value reported now */
+  DT_TRY(dt_conv_algo_init()); /* DT_CONV=auto|im2col|winograd2|winograd4, likewise */
   int dp = 0;
   DT_TRY(dt_train_batch_plan(cfg, cfg_name, tr->mesh.size, &dp, &tr->accum));
   tr->B = cfg->micro_batch;
@@ -375,8 +377,8 @@ static void print_header(void *t) {
   else
     printf("# optimizer: AdamW, betas %g %g, eps %g, weight decay %g\n", c->beta1, c->beta2, c->eps, c->weight_decay);
   if (tr->be.ops->host_memory)
-    printf("# backend: cpu (src/backend/ops_cnn_cpu.c), %d threads per rank, matmul: %s\n", tr->mesh.threads,
-           dt_gemm_engine_name());
+    printf("# backend: cpu (src/backend/ops_cnn_cpu.c), %d threads per rank, matmul: %s; 3x3 convolutions: %s\n",
+           tr->mesh.threads, dt_gemm_engine_name(), dt_conv_algo_name());
   else
     printf("# backend: %s (cuda/backend_cuda_cnn.cu), device %d, matmul: %s%s\n", tr->be.ops->name, tr->mesh.device,
            tr->be.ops->engine(&tr->be), tr->be.cudnn_conv ? "" : "; convolutions: im2col + cuBLAS (ours)");

@@ -10,8 +10,8 @@
 
 static int nthr(const dt_backend_t *be) { return be->threads > 0 ? be->threads : omp_get_max_threads(); }
 
-static size_t conv_scratch(const dt_backend_t *be, int C, int K, int OC, int OH, int OW) {
-  return dt_conv2d_scratch_floats(C, K, K, OC, OH, OW, nthr(be));
+static size_t conv_scratch(const dt_backend_t *be, int C, int K, int OC, int OH, int OW, int stride, int pad) {
+  return dt_conv2d_scratch_floats(C, K, K, OC, OH, OW, stride, pad, nthr(be));
 }
 
 static dt_status_t conv_forward(dt_backend_t *be, float *out, float *scratch, const float *inp, const float *w,

@@ -21,7 +21,8 @@ extern "C" {
 
 struct dt_cnn_kernels {
   /* Floats of scratch the convolution kernels need for this backend's threads or streams. */
-  size_t (*conv2d_scratch_floats)(const dt_backend_t *be, int C, int K, int OC, int OH, int OW);
+  size_t (*conv2d_scratch_floats)(const dt_backend_t *be, int C, int K, int OC, int OH, int OW, int stride,
+                                  int pad);
   dt_status_t (*conv2d_forward)(dt_backend_t *be, float *out, float *scratch, const float *inp, const float *weight,
                                 const float *bias, int B, int C, int H, int W, int OC, int K, int stride, int pad);
   dt_status_t (*conv2d_backward)(dt_backend_t *be, float *dinp, float *dweight, float *dbias, float *scratch,

@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "conv_winograd.h"
 #include "kmath.h"
 #include "ops_cnn_cpu.h"
 #include "ops_cpu.h"
@@ -43,7 +44,9 @@ static size_t conv_slice(size_t ckk, size_t OC, size_t P, size_t *y, size_t *par
   return *part + OC * ckk + OC;
 }
 
-size_t dt_conv2d_scratch_floats(int C, int KH, int KW, int OC, int OH, int OW, int nthr) {
+size_t dt_conv2d_scratch_floats(int C, int KH, int KW, int OC, int OH, int OW, int stride, int pad, int nthr) {
+  int m = dt_conv_winograd_m(C, KH, KW, stride, pad);
+  if (m) return dt_conv_winograd_scratch_floats(m, C, OC, OH, OW, nthr); /* OH, OW = H, W */
   size_t y, part;
   return (size_t)nthr * conv_slice((size_t)C * KH * KW, (size_t)OC, (size_t)OH * OW, &y, &part);
 }
@@ -123,6 +126,11 @@ void dt_conv2d_forward(float *out, float *scratch, const float *inp, const float
                        int C, int H, int W, int OC, int KH, int KW, int stride, int pad, int nthr) {
   const conv_geom_t g = {C, H, W, KH, KW, stride, pad, dt_conv_out(H, KH, stride, pad), dt_conv_out(W, KW, stride, pad)};
   const int P = g.OH * g.OW, ckk = C * KH * KW, G = conv_chunk(B, P, nthr), nch = (B + G - 1) / G;
+  const int m = dt_conv_winograd_m(C, KH, KW, stride, pad);
+  if (m) {
+    dt_conv_winograd_forward(m, out, scratch, inp, weight, bias, B, C, H, W, OC, nthr);
+    return;
+  }
   size_t yoff, part, per = conv_slice((size_t)ckk, (size_t)OC, (size_t)P, &yoff, &part);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
   for (int k = 0; k < nch; k++) {
@@ -179,6 +187,11 @@ void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, float *scratc
                         int stride, int pad, int nthr) {
   const conv_geom_t g = {C, H, W, KH, KW, stride, pad, dt_conv_out(H, KH, stride, pad), dt_conv_out(W, KW, stride, pad)};
   const int P = g.OH * g.OW, ckk = C * KH * KW, G = conv_chunk(B, P, nthr), nch = (B + G - 1) / G;
+  const int m = dt_conv_winograd_m(C, KH, KW, stride, pad);
+  if (m) {
+    dt_conv_winograd_backward(m, dinp, dweight, dbias, scratch, dout, inp, weight, B, C, H, W, OC, nthr);
+    return;
+  }
   size_t yoff, part, per = conv_slice((size_t)ckk, (size_t)OC, (size_t)P, &yoff, &part);
   int used = nthr;
 #pragma omp parallel num_threads(nthr)

@@ -24,14 +24,18 @@
 /* (n + 2 pad - k) / stride + 1: a convolution's or pooling's output size along one axis. */
 static inline int dt_conv_out(int n, int k, int stride, int pad) { return (n + 2 * pad - k) / stride + 1; }
 
-/* Floats of scratch dt_conv2d_forward and dt_conv2d_backward need for nthr OpenMP threads: each
- * thread's im2col buffer (C*KH*KW, OH*OW) and, for backward, its partial dweight and dbias. */
-size_t dt_conv2d_scratch_floats(int C, int KH, int KW, int OC, int OH, int OW, int nthr);
+/* Floats of scratch dt_conv2d_forward and dt_conv2d_backward need for nthr OpenMP threads with the
+ * convolution algorithm chosen now (conv_winograd.h): im2col: each thread's im2col buffer
+ * (C*KH*KW, OH*OW) and, for backward, its partial dweight and dbias; Winograd (3x3, stride 1,
+ * padding 1, 16+ channels): dt_conv_winograd_scratch_floats. */
+size_t dt_conv2d_scratch_floats(int C, int KH, int KW, int OC, int OH, int OW, int stride, int pad, int nthr);
 
 /* out[b,o,y,x] = bias[o] + sum_{c,i,j} weight[o,c,i,j] inp[b,c,y*stride-pad+i,x*stride-pad+j]
  * (zero outside the image). out (B,OC,OH,OW), inp (B,C,H,W), weight (OC,C,KH,KW), bias (OC) or
  * NULL. Images are split over nthr threads; each one's im2col matrix times the weight is one
- * dt_cpu_sgemm (a 1x1 convolution with stride 1 and no padding multiplies the image itself). */
+ * dt_cpu_sgemm (a 1x1 convolution with stride 1 and no padding multiplies the image itself).
+ * 3x3 stride-1 padding-1 layers of 16+ channels go to Winograd (conv_winograd.c) unless DT_CONV
+ * says im2col. */
 void dt_conv2d_forward(float *out, float *scratch, const float *inp, const float *weight, const float *bias, int B,
                        int C, int H, int W, int OC, int KH, int KW, int stride, int pad, int nthr);
 /* dinp = d out / d inp ^T dout (if dinp != NULL); dweight += sum_b dout_b col_b^T; dbias += sum of

@@ -65,8 +65,8 @@ static cnn_sizes_t cnn_sizes(const dt_cnn_t *m, const dt_cnn_kernels_t *ck, cons
     const dt_cnn_op_t *o = &m->ops[i];
     const dt_cnn_slot_t *y = &m->slots[i + 1];
     if (o->kind == DT_OP_CONV) {
-      size_t s = ck ? ck->conv2d_scratch_floats(be, o->C, o->K, o->OC, y->H, y->W)
-                    : dt_conv2d_scratch_floats(o->C, o->K, o->K, o->OC, y->H, y->W, nthr);
+      size_t s = ck ? ck->conv2d_scratch_floats(be, o->C, o->K, o->OC, y->H, y->W, o->stride, o->pad)
+                    : dt_conv2d_scratch_floats(o->C, o->K, o->K, o->OC, y->H, y->W, o->stride, o->pad, nthr);
       if (s > z.scratch) z.scratch = s;
     } else if (o->kind == DT_OP_MAXPOOL) {
       z.idx += (size_t)B * slot_floats(y);

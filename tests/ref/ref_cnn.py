@@ -3,13 +3,15 @@
 
 Reads the dump of tests/cnn_dump (records: char name[64], int64 n, float32 data[n]; a case's
 records are CASE/meta, its inputs and its outputs) and recomputes every case in float64 with
-torch.nn.functional: conv2d (forward, input, weight and bias gradients; with 1 and 2 threads),
+torch.nn.functional: conv2d (forward, input, weight and bias gradients; with 1 and 2 threads, under
+im2col, Winograd F(2x2, 3x3) and F(4x4, 3x3); Winograd's results must not depend on the threads),
 batch_norm in training mode (output, gradients, running statistics with momentum 0.1) and in
 evaluation mode, ReLU, max and average pooling (PyTorch's tie rule, count_include_pad), global
 average pooling, torch.optim.SGD (momentum 0.9, weight decay 0.05, with and without Nesterov).
 Parameter gradients were started at 0.25 by the dump (the kernels accumulate), activation
 gradients at NaN (the kernels write them).
-Error: max|a - b| / max(max|b|, 1e-30) per tensor (b = torch), limit TOL = 1e-5.
+Error: max|a - b| / max(max|b|, 1e-30) per tensor (b = torch), limit TOL = 1e-5 (TOL_W4 = 3e-5 for
+F(4x4), which is not the default).
 Usage: ref_cnn.py DUMP.bin
 """
 import os
@@ -27,13 +29,15 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dump import err, read_dump  # noqa: E402
 
 TOL = 1e-5
+TOL_W4 = 3e-5  # Winograd F(4x4, 3x3) (DT_CONV=winograd4, not the default): its transforms round more
 fails = []
 
 
-def check(case, what, got, want):
+def check(case, what, got, want, tol=None):
+    tol = TOL if tol is None else tol
     want = want.detach().numpy().ravel() if torch.is_tensor(want) else np.asarray(want).ravel()
     e = err(got, want)
-    ok = e <= TOL and not np.isnan(np.asarray(got)).any()
+    ok = e <= tol and not np.isnan(np.asarray(got)).any()
     print(f"{'ok  ' if ok else 'FAIL'} {case:18s} {what:8s} {e:.2e}")
     if not ok:
         fails.append(f"{case}/{what}")
@@ -52,12 +56,20 @@ def conv(r, c):
     b = t(r[f"{c}/b"], None, True) if with_bias else None
     y = F.conv2d(x, w, b, stride=s, padding=p)
     y.backward(t(r[f"{c}/dy"], y.shape))
-    for n in (1, 2):
-        check(c, f"y{n}", r[f"{c}/y{n}"], y)
-        check(c, f"dx{n}", r[f"{c}/dx{n}"], x.grad)
-        check(c, f"dw{n}", r[f"{c}/dw{n}"], 0.25 + w.grad)
-        if with_bias:
-            check(c, f"db{n}", r[f"{c}/db{n}"], 0.25 + b.grad)
+    names = ["y", "dx", "dw"] + (["db"] if with_bias else [])
+    for sfx, tol in (("", TOL), ("_im2col", TOL), ("_w4", TOL_W4)):
+        for n in (1, 2):
+            check(c, f"y{n}{sfx}", r[f"{c}/y{n}{sfx}"], y, tol)
+            check(c, f"dx{n}{sfx}", r[f"{c}/dx{n}{sfx}"], x.grad, tol)
+            check(c, f"dw{n}{sfx}", r[f"{c}/dw{n}{sfx}"], 0.25 + w.grad, tol)
+            if with_bias:
+                check(c, f"db{n}{sfx}", r[f"{c}/db{n}{sfx}"], 0.25 + b.grad, tol)
+        if sfx != "_im2col" and K == 3 and s == 1 and p == 1 and C >= 16:
+            # Winograd: every output owned by one thread, sums in a fixed order: 1 thread == 2
+            same = all(np.array_equal(r[f"{c}/{v}1{sfx}"], r[f"{c}/{v}2{sfx}"]) for v in names)
+            print(f"{'ok  ' if same else 'FAIL'} {c:18s} winograd{sfx or '2'} 1 thread == 2 threads: {same}")
+            if not same:
+                fails.append(f"{c}/threads{sfx}")
 
 
 def bn(r, c):
@@ -128,7 +140,8 @@ def main():
             sgd(r, c)
     pointwise(r)
     want = {"conv_3x3", "conv_3x3_s2", "conv_stem7", "conv_1x1", "conv_1x1_s2", "conv_5x5_mnist", "conv_3x3_4x4",
-            "conv_3x3_s2_8x8", "conv_1x1_4x4", "bn_4x3", "bn_1x1",
+            "conv_3x3_s2_8x8", "conv_1x1_4x4", "conv_3x3_wino_odd", "conv_3x3_wino_chunks", "conv_3x3_wino_wide",
+            "bn_4x3", "bn_1x1",
             "maxpool_3s2p1", "maxpool_2s2_ties", "maxpool_3s1_ties", "avgpool_2s2", "avgpool_3s2p1", "relu", "gap",
             "sgd", "sgd_nesterov"}
     if set(cases) != want:

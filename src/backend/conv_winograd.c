@@ -195,19 +195,20 @@ DT_CPU_VEC static void xf_din2(float *buf, const float *src, size_t sld, int nb)
 DT_CPU_VEC static void xf_din4(float *buf, const float *src, size_t sld, int nb) {
   xf(buf, 6 * WB, WB, 1, src, 6 * sld, sld, 1, BTt4, 6, 6, nb);
 }
-/* Filters: U(k, l) of channels c < nb at U[(k*a + l)*uld + c] = (G g G^T)(k, l), g (3x3) of channel
- * c at w[c*9]; and back: g[c*9 + i*3 + j] = (G^T dU G)(i, j). */
-DT_CPU_VEC static void xf_g2(float *U, size_t uld, const float *w, int nb) {
-  xf(U, 4 * uld, uld, 1, w, 3, 1, 9, G2, 4, 3, nb);
+/* Filters, for channels c < nb held as g[(i*3 + j)*WB + c]: U(k, l) at U[(k*a + l)*uld + c] =
+ * (G g G^T)(k, l); and back, g = G^T dU G. (Strided by 9 instead, as the weights lie, the lanes
+ * became gathers and scatters: 7x slower.) */
+DT_CPU_VEC static void xf_g2(float *U, size_t uld, const float *g, int nb) {
+  xf(U, 4 * uld, uld, 1, g, 3 * WB, WB, 1, G2, 4, 3, nb);
 }
-DT_CPU_VEC static void xf_g4(float *U, size_t uld, const float *w, int nb) {
-  xf(U, 6 * uld, uld, 1, w, 3, 1, 9, G4, 6, 3, nb);
+DT_CPU_VEC static void xf_g4(float *U, size_t uld, const float *g, int nb) {
+  xf(U, 6 * uld, uld, 1, g, 3 * WB, WB, 1, G4, 6, 3, nb);
 }
 DT_CPU_VEC static void xf_dg2(float *g, const float *dU, size_t uld, int nb) {
-  xf(g, 3, 1, 9, dU, 4 * uld, uld, 1, Gt2, 3, 4, nb);
+  xf(g, 3 * WB, WB, 1, dU, 4 * uld, uld, 1, Gt2, 3, 4, nb);
 }
 DT_CPU_VEC static void xf_dg4(float *g, const float *dU, size_t uld, int nb) {
-  xf(g, 3, 1, 9, dU, 6 * uld, uld, 1, Gt4, 3, 6, nb);
+  xf(g, 3 * WB, WB, 1, dU, 6 * uld, uld, 1, Gt4, 3, 6, nb);
 }
 
 /* A plane's tiles go through a zero-padded copy pb (PH, PW) of it, so that moving tiles is a set of
@@ -246,13 +247,15 @@ DT_CPU_VEC static void add_tiles(float *restrict pb, int PW, const float *restri
 }
 
 /* U (a*a, OC, C) = G g G^T for output channels [o0, o1), in blocks of WB input channels. */
-static void filter_xform(float *U, size_t uld, const float *weight, int m, int C, int o0, int o1) {
+static void filter_xform(float *U, size_t uld, const float *weight, int m, int C, int o0, int o1, float *g) {
   for (int oc = o0; oc < o1; oc++)
     for (int c0 = 0; c0 < C; c0 += WB) {
       int nb = C - c0 < WB ? C - c0 : WB;
       const float *w = weight + ((size_t)oc * C + c0) * 9;
-      if (m == 2) xf_g2(U + (size_t)oc * C + c0, uld, w, nb);
-      else xf_g4(U + (size_t)oc * C + c0, uld, w, nb);
+      for (int c = 0; c < nb; c++)
+        for (int e = 0; e < 9; e++) g[e * WB + c] = w[c * 9 + e];
+      if (m == 2) xf_g2(U + (size_t)oc * C + c0, uld, g, nb);
+      else xf_g4(U + (size_t)oc * C + c0, uld, g, nb);
     }
 }
 
@@ -264,7 +267,8 @@ static void filter_grad(float *dweight, const float *dU, size_t uld, int m, int 
       float *dw = dweight + ((size_t)oc * C + c0) * 9;
       if (m == 2) xf_dg2(buf, dU + (size_t)oc * C + c0, uld, nb);
       else xf_dg4(buf, dU + (size_t)oc * C + c0, uld, nb);
-      for (int e = 0; e < 9 * nb; e++) dw[e] += buf[e];
+      for (int c = 0; c < nb; c++)
+        for (int e = 0; e < 9; e++) dw[c * 9 + e] += buf[e * WB + c];
     }
 }
 
@@ -326,7 +330,7 @@ void dt_conv_winograd_forward(int m, float *out, float *scratch, const float *in
   {
     float *pb = scratch + p.buf + (size_t)omp_get_thread_num() * p.perthr;
 #pragma omp for schedule(static)
-    for (int oc = 0; oc < OC; oc++) filter_xform(U, p.ux, weight, m, C, oc, oc + 1);
+    for (int oc = 0; oc < OC; oc++) filter_xform(U, p.ux, weight, m, C, oc, oc + 1, pb);
     for (int b0 = 0; b0 < B; b0 += p.n) {
       chunk_t k = {&p, C, OC, H, W, B - b0 < p.n ? B - b0 : p.n, b0, 0, 0, 0};
       k.T = (size_t)k.n * p.tpi, k.vx = C * k.T + SKEW, k.mx = OC * k.T + SKEW;
@@ -373,7 +377,7 @@ static void stage_dinp(float *dinp, const float *dV, const chunk_t *k, float *pb
   }
 }
 
-/* One chunk's backward: dU += Md V^T, and (dinp) dV = U^T Md into the input planes. */
+/* One chunk's backward: dU (+)= Md V^T, and (dinp) dV = U^T Md into the input planes. */
 static void chunk_backward(float *dinp, float *dU, const float *U, float *V, float *M, const float *dout,
                            const float *inp, const chunk_t *k, float *pb, float *buf) {
   const size_t aa = (size_t)k->p->a * k->p->a, uo = k->p->ux;
@@ -383,7 +387,8 @@ static void chunk_backward(float *dinp, float *dU, const float *U, float *V, flo
   for (size_t x = 0; x < aa; x++) {
     float *Vx = V + x * k->vx;
     const float *Mx = M + x * k->mx;
-    dt_cpu_sgemm(0, 1, k->OC, k->C, (int)k->T, 1.0f, Mx, (int)k->T, Vx, (int)k->T, 1.0f, dU + x * uo, k->C);
+    dt_cpu_sgemm(0, 1, k->OC, k->C, (int)k->T, 1.0f, Mx, (int)k->T, Vx, (int)k->T, k->b0 ? 1.0f : 0.0f, dU + x * uo,
+                 k->C); /* the first chunk writes dU, the others add to it */
     if (dinp) /* V_x is no longer needed: dV_x in its place */
       dt_cpu_sgemm(1, 0, k->C, (int)k->T, k->OC, 1.0f, U + x * uo, k->C, Mx, (int)k->T, 0.0f, Vx, (int)k->T);
   }
@@ -400,8 +405,7 @@ void dt_conv_winograd_backward(int m, float *dinp, float *dweight, float *dbias,
     float *buf = scratch + p.buf + (size_t)omp_get_thread_num() * p.perthr, *pb = buf + aa * WB;
 #pragma omp for schedule(static)
     for (int oc = 0; oc < OC; oc++) {
-      filter_xform(U, p.ux, weight, m, C, oc, oc + 1);
-        for (size_t x = 0; x < aa; x++) memset(dU + x * p.ux + (size_t)oc * C, 0, (size_t)C * sizeof *dU);
+      filter_xform(U, p.ux, weight, m, C, oc, oc + 1, buf);
       if (dbias) {
         double s = 0.0;
         for (int b = 0; b < B; b++) {

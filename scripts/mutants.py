@@ -86,6 +86,7 @@ MODULES = {
                    [T_RESUME, T_CKLEAK, T_CKPT, T_FAULTS, T_LAYOUT, T_TRAINER, T_TPRS]),  # quick killers first
     # the ini and command-line keys: parsing, ranges, the combinations validate refuses (campaigns only)
     "config": (["src/core/config.c"], [T_CONFIG]),
+    "winograd": (["src/backend/conv_winograd.c"], [T_CNNU, T_REFCNN]),
     # issue #25's CNN layers, models and image sets (campaigns only: not yet in check's sample)
     "cnn": (["src/backend/ops_cnn_cpu.c", "src/model/cnn.c", "src/model/cnn_build.c", "src/data/images.c",
              "src/data/sampler.c", "src/app/train_cnn.c",

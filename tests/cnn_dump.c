@@ -191,10 +191,11 @@ int main(int argc, char **argv) {
   conv_case("conv_1x1_4x4", 5, 16, 4, 4, 24, 1, 1, 0, 1);
   /* Winograd (conv_winograd.c): partial tiles at odd sizes; images in several chunks with a short
    * last one (32x32: 256 tiles of F(2x2) per image, one image per chunk; 64 of F(4x4), two); a tile
-   * row wider than one transform block (70 tiles of F(2x2) across) */
+   * row wider than one transform block (70 tiles of F(2x2) across); more channels than one block */
   conv_case("conv_3x3_wino_odd", 3, 16, 9, 7, 20, 3, 1, 1, 1);
   conv_case("conv_3x3_wino_chunks", 3, 17, 32, 32, 8, 3, 1, 1, 0);
   conv_case("conv_3x3_wino_wide", 1, 16, 3, 140, 4, 3, 1, 1, 1);
+  conv_case("conv_3x3_wino_c80", 2, 80, 6, 5, 70, 3, 1, 1, 0); /* channels in two blocks of the filter transform */
   bn_case("bn_4x3", 4, 3, 30);
   bn_case("bn_1x1", 8, 5, 1);
   pool_case("maxpool_3s2p1", 0, 2, 3, 9, 9, 3, 2, 1, 0);

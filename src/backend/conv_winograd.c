@@ -27,8 +27,9 @@
 #include "ops_cpu.h"
 
 #define WB 64          /* tiles per transform block */
-#define WINO_TILES 128 /* tiles per chunk of images (the products' width; at least one image): of 64,
-                        * 128, 256, 512 and 1024 tiles, 128 was fastest for ResNet-50 on 32x32 */
+/* Tiles per chunk of images (the products' width; at least one image). Of 64, 128, 256, 512 and
+ * 1024 tiles, 128 was fastest for ResNet-50 on 32x32 images. */
+#define WINO_TILES 128
 #define AMAX 6
 #define SKEW 16 /* floats added to the strides between domain positions: power-of-two strides put the
                  * a*a rows a transform writes into the same cache sets (measured: 1.7x slower) */

@@ -102,9 +102,10 @@ static dt_status_t gap_backward(dt_backend_t *be, float *dinp, const float *dout
   return DT_OK;
 }
 
-static dt_status_t add(dt_backend_t *be, float *out, const float *a, const float *b, size_t n) {
+static dt_status_t add(dt_backend_t *be, float *out, const float *a, const float *b, int relu, size_t n) {
   (void)be;
-  dt_residual_forward(out, a, b, n);
+  if (relu) dt_add_relu_forward(out, a, b, n);
+  else dt_residual_forward(out, a, b, n);
   return DT_OK;
 }
 

@@ -49,8 +49,8 @@ struct dt_cnn_kernels {
                                   int W, int K, int stride, int pad);
   dt_status_t (*gap_forward)(dt_backend_t *be, float *out, const float *inp, int B, int C, int HW);
   dt_status_t (*gap_backward)(dt_backend_t *be, float *dinp, const float *dout, int B, int C, int HW);
-  /* out = a + b (n); out may alias a */
-  dt_status_t (*add)(dt_backend_t *be, float *out, const float *a, const float *b, size_t n);
+  /* out = a + b (n), with relu max(a + b, 0) (a residual add with its ReLU); out may alias a */
+  dt_status_t (*add)(dt_backend_t *be, float *out, const float *a, const float *b, int relu, size_t n);
   /* The optimizers over n parameters, each gradient times `scale` first (kmath.h's dt_sgd_update
    * and dt_adamw_update per element; m, v: their state for the same n) */
   dt_status_t (*sgd)(dt_backend_t *be, float *p, const float *g, float *m, size_t n, float scale, float lr,

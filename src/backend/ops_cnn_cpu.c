@@ -351,6 +351,14 @@ DT_CPU_VEC void dt_relu_forward(float *out, const float *inp, size_t n) {
   for (size_t i = 0; i < n; i++) out[i] = inp[i] > 0.0f ? inp[i] : 0.0f;
 }
 
+DT_CPU_VEC void dt_add_relu_forward(float *out, const float *a, const float *b, size_t n) {
+#pragma omp parallel for simd schedule(static)
+  for (size_t i = 0; i < n; i++) {
+    const float s = a[i] + b[i];
+    out[i] = s > 0.0f ? s : 0.0f;
+  }
+}
+
 DT_CPU_VEC void dt_relu_backward(float *dinp, const float *dout, const float *out, size_t n) {
 #pragma omp parallel for simd schedule(static)
   for (size_t i = 0; i < n; i++) dinp[i] = out[i] > 0.0f ? dout[i] : 0.0f;

@@ -74,6 +74,8 @@ void dt_batchnorm_backward(float *dinp, const float *dout, const float *relu_out
 
 /* out = max(inp, 0); out may alias inp. (n) */
 void dt_relu_forward(float *out, const float *inp, size_t n);
+/* out = max(a + b, 0): a residual add and the ReLU after it in one pass; out may alias a or b. (n) */
+void dt_add_relu_forward(float *out, const float *a, const float *b, size_t n);
 /* dinp = dout where out > 0, else 0 (out is the forward's output); dinp may alias dout. */
 void dt_relu_backward(float *dinp, const float *dout, const float *out, size_t n);
 

@@ -29,21 +29,22 @@ void dt_cnn_free(dt_cnn_t *m) {
   memset(m, 0, sizeof *m);
 }
 
-/* Op i is a batch norm whose output only the ReLU right after it reads: the two run as one pass
- * forward and backward, and the batch norm's output slot gets no memory (never written; the ReLU's
- * gradient is applied inside the batch norm's backward). Bitwise the same results: rounding to
+/* Op i is a batch norm or a residual add whose output only the ReLU right after it reads: the two
+ * run as one pass forward and backward, and op i's output slot gets no memory (never written; the
+ * ReLU's gradient is applied inside op i's backward). Bitwise the same results: rounding to
  * bf16/fp16 commutes with max(., 0). */
-static int bn_relu_fused(const dt_cnn_t *m, int i) {
-  if (i + 1 >= m->n_ops || m->ops[i].kind != DT_OP_BN || m->ops[i + 1].kind != DT_OP_RELU || m->ops[i + 1].in != i + 1)
+static int relu_fused(const dt_cnn_t *m, int i) {
+  if (i + 1 >= m->n_ops || (m->ops[i].kind != DT_OP_BN && m->ops[i].kind != DT_OP_ADD) ||
+      m->ops[i + 1].kind != DT_OP_RELU || m->ops[i + 1].in != i + 1)
     return 0;
   int readers = 0;
   for (int j = 0; j < m->n_ops; j++) readers += (m->ops[j].in == i + 1) + (m->ops[j].in2 == i + 1);
   return readers == 1;
 }
 
-/* Images' floats of slot s in the activation arena: 0 for a fused batch norm's output. */
+/* Images' floats of slot s in the activation arena: 0 for a fused batch norm's or add's output. */
 static size_t slot_kept(const dt_cnn_t *m, int s) {
-  return s > 0 && bn_relu_fused(m, s - 1) ? 0 : slot_floats(&m->slots[s]);
+  return s > 0 && relu_fused(m, s - 1) ? 0 : slot_floats(&m->slots[s]);
 }
 
 /* Floats of dt_cnn_alloc's arrays for batches of B: the activation arena (acts, and dacts the
@@ -89,7 +90,7 @@ static dt_status_t be_alloc(dt_cnn_t *m, void *p, size_t n, size_t size) {
   return m->be->k->alloc(m->be, (void **)p, (n ? n : 1) * size);
 }
 
-/* Host arrays: gradient bookkeeping, the operations' tensor owners, the fused batch norms. */
+/* Host arrays: gradient bookkeeping, the operations' tensor owners, the ops fused with a ReLU. */
 static dt_status_t host_alloc(dt_cnn_t *m, size_t maxc) {
   m->written = malloc((size_t)m->n_slots);
   m->sync_buf = malloc(2 * maxc * sizeof(double));
@@ -99,7 +100,7 @@ static dt_status_t host_alloc(dt_cnn_t *m, size_t maxc) {
   m->fused = calloc((size_t)m->n_ops, 1);
   if (!m->written || !m->sync_buf || !m->stat_host || !m->logits_host || !m->owner || !m->fused)
     return DT_ERR(DT_ERR_NOMEM, "model: out of host memory");
-  for (int i = 0; i < m->n_ops; i++) m->fused[i] = (unsigned char)bn_relu_fused(m, i);
+  for (int i = 0; i < m->n_ops; i++) m->fused[i] = (unsigned char)relu_fused(m, i);
   for (int t = 0; t < m->lay.n_tensors; t++) m->owner[t] = m->n_ops;
   for (int i = 0; i < m->n_ops; i++) {
     if (m->ops[i].w >= 0) m->owner[m->ops[i].w] = i;
@@ -198,7 +199,7 @@ static dt_status_t op_forward(dt_cnn_t *m, const dt_cnn_op_t *o, float *out, con
       return ck->maxpool_forward(be, out, m->idx + o->aux, in, B, o->C, o->H, o->W, o->K, o->stride, o->pad);
     case DT_OP_GAP: return ck->gap_forward(be, out, in, B, o->C, o->H * o->W);
     case DT_OP_LINEAR: return be->k->linear_forward(be, out, in, w, 0, b, NULL, B, o->C, o->OC);
-    case DT_OP_ADD: return ck->add(be, out, in, m->acts + m->slots[o->in2].off, n);
+    case DT_OP_ADD: return ck->add(be, out, in, m->acts + m->slots[o->in2].off, fused, n);
   }
   return DT_ERR(DT_ERR_INTERNAL, "model: operation kind %d", (int)o->kind);
 }
@@ -250,7 +251,7 @@ dt_status_t dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const 
   DT_TRY(be->k->upload(be, m->acts, x, (size_t)B * slot_floats(&m->slots[0]) * sizeof(float)));
   DT_TRY(be->k->round(be, m->acts, (size_t)B * slot_floats(&m->slots[0]))); /* the images, stored in bf16/fp16 too */
   for (int i = 0; i < m->n_ops; i++) {
-    const int f = m->fused[i]; /* a batch norm writing its ReLU's output (op i + 1) */
+    const int f = m->fused[i]; /* a batch norm or add writing its ReLU's output (op i + 1) */
     float *out = m->acts + m->slots[i + 1 + f].off;
     DT_TRY(hook(m, &m->ops[i], DT_HOOK_FWD));
     dt_status_t st;
@@ -277,7 +278,7 @@ static dt_status_t grad_done(dt_cnn_t *m, int s) {
   if (s == 0) return DT_OK;
   float *d = m->dacts + m->slots[s].off;
   size_t n = (size_t)m->B * slot_floats(&m->slots[s]);
-  if (m->written[s]) DT_TRY(m->be->ops->cnn->add(m->be, d, d, m->tmp, n));
+  if (m->written[s]) DT_TRY(m->be->ops->cnn->add(m->be, d, d, m->tmp, 0, n));
   m->written[s] = 1;
   return m->be->k->round(m->be, d, n); /* bf16, fp16: as stored */
 }
@@ -300,7 +301,7 @@ static dt_status_t op_backward(dt_cnn_t *m, const dt_cnn_op_t *o, int i, const f
   dt_backend_t *be = m->be;
   const dt_cnn_kernels_t *ck = be->ops->cnn;
   const int B = m->B, HW = o->H * o->W;
-  const int f = m->fused[i]; /* a batch norm with its ReLU (op i + 1): from the ReLU's output gradient */
+  const int f = m->fused[i]; /* a batch norm or add with its ReLU (op i + 1): from the ReLU's output gradient */
   const float *in = m->acts + m->slots[o->in].off, *out = m->acts + m->slots[i + 1 + f].off;
   const float *dout = m->dacts + m->slots[i + 1 + f].off;
   const float *w = o->w >= 0 ? params + m->lay.tensors[o->w].offset : NULL;
@@ -322,10 +323,11 @@ static dt_status_t op_backward(dt_cnn_t *m, const dt_cnn_op_t *o, int i, const f
       break;
     case DT_OP_GAP: st = dx ? ck->gap_backward(be, dx, dout, B, o->C, HW) : DT_OK; break;
     case DT_OP_LINEAR: st = be->k->linear_backward(be, dx, dw, db, dout, in, w, 0, B, o->C, o->OC); break;
-    case DT_OP_ADD:
-      if (dx) DT_TRY(be->k->copy(be, dx, dout, n * sizeof *dx));
+    case DT_OP_ADD: /* both inputs get dout (with a fused ReLU: where its output is > 0) */
+      if (dx) DT_TRY(f ? ck->relu_backward(be, dx, dout, out, n) : be->k->copy(be, dx, dout, n * sizeof *dx));
       DT_TRY(grad_done(m, o->in));
-      if ((dx = grad_dst(m, o->in2))) DT_TRY(be->k->copy(be, dx, dout, n * sizeof *dx));
+      if ((dx = grad_dst(m, o->in2)))
+        DT_TRY(f ? ck->relu_backward(be, dx, dout, out, n) : be->k->copy(be, dx, dout, n * sizeof *dx));
       return grad_done(m, o->in2);
   }
   DT_TRY(st);
@@ -344,7 +346,7 @@ dt_status_t dt_cnn_backward(dt_cnn_t *m, const float *params, float *grads, floa
   int k = m->lay.n_tensors; /* tensors [k, n_tensors) (arena order) are final */
   size_t hi = m->lay.n_params;
   for (int i = m->n_ops - 1; i >= 0; i--) {
-    const int j = i > 0 && m->fused[i - 1] ? i - 1 : i; /* a fused ReLU: its batch norm's backward */
+    const int j = i > 0 && m->fused[i - 1] ? i - 1 : i; /* a fused ReLU: its batch norm's or add's backward */
     if (!m->fused[i] && m->written[i + 1]) {
       DT_TRY(hook(m, &m->ops[j], DT_HOOK_BWD));
       dt_status_t st;

@@ -105,7 +105,7 @@ typedef struct {
   dt_layer_hook_fn layer_hook;
   void *hook_ctx;
   int *owner;             /* lay.n_tensors: the operation using each tensor (n_ops: none) */
-  unsigned char *fused;   /* n_ops: a batch norm run with the ReLU after it (dt_cnn_alloc) */
+  unsigned char *fused;   /* n_ops: a batch norm or residual add run with the ReLU after it (dt_cnn_alloc) */
 } dt_cnn_t;
 
 /* Parse "cnn" | "resnet18" | "resnet50". DT_ERR_CONFIG naming model.arch otherwise. */

@@ -11,7 +11,7 @@
  *   dg = G^T dU G               dd = BT^T dV BT   (added over the overlapping input tiles)
  * Multiplies per output: 9 C OC (direct) against a^2/m^2 C OC (2.25x fewer for m = 2, 4x for
  * m = 4). The transforms' constants are exact in binary for m = 2 (1, 1/2); m = 4's (1/6, 1/24,
- * 5, 8) cost accuracy: see dt_conv_winograd_m.
+ * 5, 8) cost accuracy (about 10x the rounding error), so auto takes m = 2 (conv_winograd.h).
  *
  * Threads: each stage is an `omp for` over independent items (channels or positions xi), every
  * output owned by one thread, and dU accumulates chunk by chunk in a fixed order: the results do

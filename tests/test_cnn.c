@@ -173,6 +173,7 @@ Test(cnn, convolutions_write_their_arrays_and_scratch_and_no_further) {
     for (int nthr = 1; nthr <= 2; nthr++) {
       conv_inside(3, 16, 9, 7, 5, 3, 1, 1, nthr);   /* Winograd, partial tiles */
       conv_inside(2, 16, 32, 32, 4, 3, 1, 1, nthr); /* Winograd, an image per chunk */
+      conv_inside(1, 16, 32, 32, 64, 3, 1, 1, nthr); /* Winograd, a chunk's products larger than the thread buffers */
       conv_inside(5, 32, 4, 4, 8, 3, 1, 1, nthr);   /* Winograd, all images in one chunk */
       conv_inside(1, 16, 3, 140, 2, 3, 1, 1, nthr); /* Winograd, a tile row wider than a block */
       conv_inside(3, 3, 9, 7, 5, 3, 1, 1, nthr);    /* im2col: 3 channels */

@@ -420,7 +420,6 @@ static int open_fds(void) {
   return n;
 }
 
-
 Test(config, load_closes_and_frees_on_every_path) {
   if (!heap_is_counted()) cr_skip_test("mallinfo2 does not count this allocator's blocks (a sanitizer build)");
   char path[] = "/tmp/dtrain-test-config-XXXXXX";

@@ -16,7 +16,8 @@
  * Threads: each stage is an `omp for` over independent items (channels or positions xi), every
  * output owned by one thread, and dU accumulates chunk by chunk in a fixed order: the results do
  * not depend on the thread count. Transforms run on blocks of up to WB tiles held as vectors over
- * tiles ([element][tile]), so every transform step is a vectorised a x a pass in L1. */
+ * tiles (one tile row of a zero-padded plane at a time, or up to WB tiles), each an unrolled
+ * a x a transform over a vector of tiles in registers. */
 #include "dt_build.h"
 
 #include <omp.h>
@@ -247,30 +248,28 @@ DT_CPU_VEC static void add_tiles(float *restrict pb, int PW, const float *restri
     }
 }
 
-/* U (a*a, OC, C) = G g G^T for output channels [o0, o1), in blocks of WB input channels. */
-static void filter_xform(float *U, size_t uld, const float *weight, int m, int C, int o0, int o1, float *g) {
-  for (int oc = o0; oc < o1; oc++)
-    for (int c0 = 0; c0 < C; c0 += WB) {
-      int nb = C - c0 < WB ? C - c0 : WB;
-      const float *w = weight + ((size_t)oc * C + c0) * 9;
-      for (int c = 0; c < nb; c++)
-        for (int e = 0; e < 9; e++) g[e * WB + c] = w[c * 9 + e];
-      if (m == 2) xf_g2(U + (size_t)oc * C + c0, uld, g, nb);
-      else xf_g4(U + (size_t)oc * C + c0, uld, g, nb);
-    }
+/* U (a*a, OC, C) = G g G^T for output channel oc, in blocks of WB input channels. */
+static void filter_xform(float *U, size_t uld, const float *weight, int m, int C, int oc, float *g) {
+  for (int c0 = 0; c0 < C; c0 += WB) {
+    int nb = C - c0 < WB ? C - c0 : WB;
+    const float *w = weight + ((size_t)oc * C + c0) * 9;
+    for (int c = 0; c < nb; c++)
+      for (int e = 0; e < 9; e++) g[e * WB + c] = w[c * 9 + e];
+    if (m == 2) xf_g2(U + (size_t)oc * C + c0, uld, g, nb);
+    else xf_g4(U + (size_t)oc * C + c0, uld, g, nb);
+  }
 }
 
-/* dweight (OC, C, 3, 3) += G^T dU G for output channels [o0, o1). */
-static void filter_grad(float *dweight, const float *dU, size_t uld, int m, int C, int o0, int o1, float *buf) {
-  for (int oc = o0; oc < o1; oc++)
-    for (int c0 = 0; c0 < C; c0 += WB) {
-      int nb = C - c0 < WB ? C - c0 : WB;
-      float *dw = dweight + ((size_t)oc * C + c0) * 9;
-      if (m == 2) xf_dg2(buf, dU + (size_t)oc * C + c0, uld, nb);
-      else xf_dg4(buf, dU + (size_t)oc * C + c0, uld, nb);
-      for (int c = 0; c < nb; c++)
-        for (int e = 0; e < 9; e++) dw[c * 9 + e] += buf[e * WB + c];
-    }
+/* dweight (OC, C, 3, 3) += G^T dU G for output channel oc. */
+static void filter_grad(float *dweight, const float *dU, size_t uld, int m, int C, int oc, float *buf) {
+  for (int c0 = 0; c0 < C; c0 += WB) {
+    int nb = C - c0 < WB ? C - c0 : WB;
+    float *dw = dweight + ((size_t)oc * C + c0) * 9;
+    if (m == 2) xf_dg2(buf, dU + (size_t)oc * C + c0, uld, nb);
+    else xf_dg4(buf, dU + (size_t)oc * C + c0, uld, nb);
+    for (int c = 0; c < nb; c++)
+      for (int e = 0; e < 9; e++) dw[c * 9 + e] += buf[e * WB + c];
+  }
 }
 
 /* ---- forward and backward ------------------------------------------------------------------ */
@@ -282,18 +281,34 @@ typedef struct {
   size_t vx, mx;          /* V's and M's stride between domain positions: C*T + SKEW, OC*T + SKEW */
 } chunk_t;
 
-/* V (a*a, C, T) = BT d BT^T of every tile of channels x images [b0, b0+n) of inp */
-static void stage_input(float *V, const float *inp, const chunk_t *k, float *pb) {
+/* The chunk of images [b0, b0 + at most p->n) of a batch of B. */
+static chunk_t chunk_at(const wplan_t *p, int C, int OC, int H, int W, int B, int b0) {
+  chunk_t k = {p, C, OC, H, W, B - b0 < p->n ? B - b0 : p->n, b0, 0, 0, 0};
+  k.T = (size_t)k.n * p->tpi, k.vx = C * k.T + SKEW, k.mx = OC * k.T + SKEW;
+  return k;
+}
+
+/* Every tile of the chunk's planes of x (nch channels per image) into the domain: with grad 0, x is
+ * the input and D = V (a*a, C, T) = BT d BT^T; with grad 1, x is the output gradient and
+ * D = Md (a*a, OC, T) = A dY A^T. */
+static void stage_to_domain(float *D, const float *x, int grad, const chunk_t *k, float *pb) {
   const wplan_t *p = k->p;
+  const int nch = grad ? k->OC : k->C;
+  const size_t ld = grad ? k->mx : k->vx;
 #pragma omp for schedule(static)
-  for (int ic = 0; ic < k->n * k->C; ic++) {
-    int i = ic / k->C, c = ic % k->C;
-    pad_plane(pb, inp + ((size_t)(k->b0 + i) * k->C + c) * k->H * k->W, k->H, k->W, p, 1);
+  for (int ic = 0; ic < k->n * nch; ic++) {
+    int i = ic / nch, c = ic % nch;
+    pad_plane(pb, x + ((size_t)(k->b0 + i) * nch + c) * k->H * k->W, k->H, k->W, p, !grad);
     for (int ty = 0; ty < p->tH; ty++) {
-      float *v = V + (size_t)c * k->T + (size_t)i * p->tpi + (size_t)ty * p->tW;
+      float *d = D + (size_t)c * k->T + (size_t)i * p->tpi + (size_t)ty * p->tW;
       const float *r = pb + (size_t)p->m * ty * p->PW;
-      if (p->m == 2) xf_in2(v, k->vx, r, p->PW, p->tW);
-      else xf_in4(v, k->vx, r, p->PW, p->tW);
+      if (grad) {
+        if (p->m == 2) xf_dout2(d, ld, r, p->PW, p->tW);
+        else xf_dout4(d, ld, r, p->PW, p->tW);
+      } else {
+        if (p->m == 2) xf_in2(d, ld, r, p->PW, p->tW);
+        else xf_in4(d, ld, r, p->PW, p->tW);
+      }
     }
   }
 }
@@ -331,29 +346,12 @@ void dt_conv_winograd_forward(int m, float *out, float *scratch, const float *in
   {
     float *pb = scratch + p.buf + (size_t)omp_get_thread_num() * p.perthr;
 #pragma omp for schedule(static)
-    for (int oc = 0; oc < OC; oc++) filter_xform(U, p.ux, weight, m, C, oc, oc + 1, pb);
+    for (int oc = 0; oc < OC; oc++) filter_xform(U, p.ux, weight, m, C, oc, pb);
     for (int b0 = 0; b0 < B; b0 += p.n) {
-      chunk_t k = {&p, C, OC, H, W, B - b0 < p.n ? B - b0 : p.n, b0, 0, 0, 0};
-      k.T = (size_t)k.n * p.tpi, k.vx = C * k.T + SKEW, k.mx = OC * k.T + SKEW;
-      stage_input(V, inp, &k, pb);
+      const chunk_t k = chunk_at(&p, C, OC, H, W, B, b0);
+      stage_to_domain(V, inp, 0, &k, pb);
       stage_products(M, U, V, &k);
       stage_output(out, M, bias, &k, pb);
-    }
-  }
-}
-
-/* Md (a*a, OC, T) = A dY A^T of every tile of the chunk's output gradients */
-static void stage_dout(float *M, const float *dout, const chunk_t *k, float *pb) {
-  const wplan_t *p = k->p;
-#pragma omp for schedule(static)
-  for (int io = 0; io < k->n * k->OC; io++) {
-    int i = io / k->OC, oc = io % k->OC;
-    pad_plane(pb, dout + ((size_t)(k->b0 + i) * k->OC + oc) * k->H * k->W, k->H, k->W, p, 0);
-    for (int ty = 0; ty < p->tH; ty++) {
-      float *d = M + (size_t)oc * k->T + (size_t)i * p->tpi + (size_t)ty * p->tW;
-      const float *r = pb + (size_t)p->m * ty * p->PW;
-      if (p->m == 2) xf_dout2(d, k->mx, r, p->PW, p->tW);
-      else xf_dout4(d, k->mx, r, p->PW, p->tW);
     }
   }
 }
@@ -382,8 +380,8 @@ static void stage_dinp(float *dinp, const float *dV, const chunk_t *k, float *pb
 static void chunk_backward(float *dinp, float *dU, const float *U, float *V, float *M, const float *dout,
                            const float *inp, const chunk_t *k, float *pb, float *buf) {
   const size_t aa = (size_t)k->p->a * k->p->a, uo = k->p->ux;
-  stage_input(V, inp, k, pb);
-  stage_dout(M, dout, k, pb);
+  stage_to_domain(V, inp, 0, k, pb);
+  stage_to_domain(M, dout, 1, k, pb);
 #pragma omp for schedule(static)
   for (size_t x = 0; x < aa; x++) {
     float *Vx = V + x * k->vx;
@@ -396,32 +394,21 @@ static void chunk_backward(float *dinp, float *dU, const float *U, float *V, flo
   if (dinp) stage_dinp(dinp, V, k, pb, buf);
 }
 
-void dt_conv_winograd_backward(int m, float *dinp, float *dweight, float *dbias, float *scratch, const float *dout,
+void dt_conv_winograd_backward(int m, float *dinp, float *dweight, float *scratch, const float *dout,
                                const float *inp, const float *weight, int B, int C, int H, int W, int OC, int nthr) {
   const wplan_t p = wplan(m, C, OC, H, W, nthr);
-  const size_t aa = (size_t)p.a * p.a, HW = (size_t)H * W;
+  const size_t aa = (size_t)p.a * p.a;
   float *U = scratch + p.U, *dU = scratch + p.dU, *V = scratch + p.V, *M = scratch + p.M;
 #pragma omp parallel num_threads(nthr)
   {
     float *buf = scratch + p.buf + (size_t)omp_get_thread_num() * p.perthr, *pb = buf + aa * WB;
 #pragma omp for schedule(static)
-    for (int oc = 0; oc < OC; oc++) {
-      filter_xform(U, p.ux, weight, m, C, oc, oc + 1, buf);
-      if (dbias) {
-        double s = 0.0;
-        for (int b = 0; b < B; b++) {
-          const float *d = dout + ((size_t)b * OC + oc) * HW;
-          for (size_t e = 0; e < HW; e++) s += d[e];
-        }
-        dbias[oc] += (float)s;
-      }
-    }
+    for (int oc = 0; oc < OC; oc++) filter_xform(U, p.ux, weight, m, C, oc, buf);
     for (int b0 = 0; b0 < B; b0 += p.n) {
-      chunk_t k = {&p, C, OC, H, W, B - b0 < p.n ? B - b0 : p.n, b0, 0, 0, 0};
-      k.T = (size_t)k.n * p.tpi, k.vx = C * k.T + SKEW, k.mx = OC * k.T + SKEW;
+      const chunk_t k = chunk_at(&p, C, OC, H, W, B, b0);
       chunk_backward(dinp, dU, U, V, M, dout, inp, &k, pb, buf);
     }
 #pragma omp for schedule(static)
-    for (int oc = 0; oc < OC; oc++) filter_grad(dweight, dU, p.ux, m, C, oc, oc + 1, buf);
+    for (int oc = 0; oc < OC; oc++) filter_grad(dweight, dU, p.ux, m, C, oc, buf);
   }
 }

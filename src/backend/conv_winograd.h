@@ -34,7 +34,8 @@ int dt_conv_winograd_m(int C, int KH, int KW, int stride, int pad);
 size_t dt_conv_winograd_scratch_floats(int m, int C, int OC, int H, int W, int nthr);
 void dt_conv_winograd_forward(int m, float *out, float *scratch, const float *inp, const float *weight,
                               const float *bias, int B, int C, int H, int W, int OC, int nthr);
-void dt_conv_winograd_backward(int m, float *dinp, float *dweight, float *dbias, float *scratch, const float *dout,
+/* dt_conv2d_backward's dinp (if not NULL) and dweight; the bias gradient is the caller's. */
+void dt_conv_winograd_backward(int m, float *dinp, float *dweight, float *scratch, const float *dout,
                                const float *inp, const float *weight, int B, int C, int H, int W, int OC, int nthr);
 
 #endif

@@ -17,6 +17,8 @@
 
 /* ---- conv2d ------------------------------------------------------------------------------ */
 
+static void bias_grad(float *dbias, const float *dout, int B, int OC, int HW, int nthr); /* batch norm's below */
+
 /* A convolution's product per chunk of G images: col (C*KH*KW, G*P) holds the G images' im2col
  * matrices side by side (P = OH*OW), so a layer with small feature maps (ResNet's last stage: 4x4)
  * still multiplies matrices at least CONV_MIN_N wide; each thread takes whole chunks. */
@@ -124,13 +126,13 @@ static const float *chunk_col(float *col, const float *inp, int b0, int n, const
 
 void dt_conv2d_forward(float *out, float *scratch, const float *inp, const float *weight, const float *bias, int B,
                        int C, int H, int W, int OC, int KH, int KW, int stride, int pad, int nthr) {
-  const conv_geom_t g = {C, H, W, KH, KW, stride, pad, dt_conv_out(H, KH, stride, pad), dt_conv_out(W, KW, stride, pad)};
-  const int P = g.OH * g.OW, ckk = C * KH * KW, G = conv_chunk(B, P, nthr), nch = (B + G - 1) / G;
   const int m = dt_conv_winograd_m(C, KH, KW, stride, pad);
   if (m) {
     dt_conv_winograd_forward(m, out, scratch, inp, weight, bias, B, C, H, W, OC, nthr);
     return;
   }
+  const conv_geom_t g = {C, H, W, KH, KW, stride, pad, dt_conv_out(H, KH, stride, pad), dt_conv_out(W, KW, stride, pad)};
+  const int P = g.OH * g.OW, ckk = C * KH * KW, G = conv_chunk(B, P, nthr), nch = (B + G - 1) / G;
   size_t yoff, part, per = conv_slice((size_t)ckk, (size_t)OC, (size_t)P, &yoff, &part);
 #pragma omp parallel for schedule(dynamic, 1) num_threads(nthr)
   for (int k = 0; k < nch; k++) {
@@ -185,13 +187,14 @@ static void conv_chunk_backward(float *dinp, float *dw, float *db, float *col, f
 void dt_conv2d_backward(float *dinp, float *dweight, float *dbias, float *scratch, const float *dout,
                         const float *inp, const float *weight, int B, int C, int H, int W, int OC, int KH, int KW,
                         int stride, int pad, int nthr) {
-  const conv_geom_t g = {C, H, W, KH, KW, stride, pad, dt_conv_out(H, KH, stride, pad), dt_conv_out(W, KW, stride, pad)};
-  const int P = g.OH * g.OW, ckk = C * KH * KW, G = conv_chunk(B, P, nthr), nch = (B + G - 1) / G;
   const int m = dt_conv_winograd_m(C, KH, KW, stride, pad);
   if (m) {
-    dt_conv_winograd_backward(m, dinp, dweight, dbias, scratch, dout, inp, weight, B, C, H, W, OC, nthr);
+    dt_conv_winograd_backward(m, dinp, dweight, scratch, dout, inp, weight, B, C, H, W, OC, nthr);
+    if (dbias) bias_grad(dbias, dout, B, OC, H * W, nthr);
     return;
   }
+  const conv_geom_t g = {C, H, W, KH, KW, stride, pad, dt_conv_out(H, KH, stride, pad), dt_conv_out(W, KW, stride, pad)};
+  const int P = g.OH * g.OW, ckk = C * KH * KW, G = conv_chunk(B, P, nthr), nch = (B + G - 1) / G;
   size_t yoff, part, per = conv_slice((size_t)ckk, (size_t)OC, (size_t)P, &yoff, &part);
   int used = nthr;
 #pragma omp parallel num_threads(nthr)
@@ -226,6 +229,16 @@ DT_CPU_VEC static double plane_sum(const float *restrict x, int n) {
 #pragma omp simd reduction(+ : s)
   for (int i = 0; i < n; i++) s += x[i];
   return s;
+}
+
+/* dbias[oc] += the sum of dout over b, y, x (Winograd's layers; im2col sums per chunk). */
+static void bias_grad(float *dbias, const float *dout, int B, int OC, int HW, int nthr) {
+#pragma omp parallel for schedule(static) num_threads(nthr)
+  for (int oc = 0; oc < OC; oc++) {
+    double s = 0.0;
+    for (int b = 0; b < B; b++) s += plane_sum(dout + ((size_t)b * OC + oc) * HW, HW);
+    dbias[oc] += (float)s;
+  }
 }
 
 DT_CPU_VEC static double plane_sqdev(const float *restrict x, int n, double m) {

@@ -106,7 +106,7 @@ int main(int argc, char **argv) {
     if (s >= warmup) t[0][s - warmup] = t3 - t0, t[1][s - warmup] = t1 - t0, t[2][s - warmup] = t2 - t1,
                      t[3][s - warmup] = t3 - t2;
     for (int k = 0; s >= warmup && k < DT_PROF_N; k++) prof[k][s - warmup] = dt_profile.sec[k];
-    printf("# step %d: loss %.4f %.1f ms\n", s + 1, loss, 1e3 * (t3 - t0));
+    printf("# step %d: loss %.9g %.1f ms\n", s + 1, loss, 1e3 * (t3 - t0));
   }
   double ms = 1e3 * median(t[0], steps);
   printf("# medians: forward %.1f ms, backward %.1f ms, sgd %.1f ms\n", 1e3 * median(t[1], steps),

@@ -20,7 +20,8 @@
 #   instead of the average in shared memory that auto picks on one node, overlapped and with every
 #   all-reduce after backward: the transports side by side, and the same check of the printed
 #   share on MPI's all-reduce, which is ~8x longer, so the rounds can resolve it.
-#   MODELS="124M" (or "30M") runs only those. A benchmark, not a test. Run from a build tree with ./dtrain and data/ on a quiet machine.
+#   MODELS="124M" (or "30M") runs only those; MODELS=124M-T64 (not in the default "124M 30M") runs
+#   124M at T = 64, where MPI's all-reduce is about a third of the step, not a tenth. A benchmark, not a test. Run from a build tree with ./dtrain and data/ on a quiet machine.
 #   usage: bench/ddp_overlap.sh [ROUNDS] [STEPS] [WARMUP]     (defaults 2, 6, 2)
 set -euo pipefail
 ROUNDS=${1:-2}
@@ -37,7 +38,8 @@ echo "# ddp overlap: $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | xargs
   "torch $($PY -c 'import torch; print(torch.__version__)'); rounds $ROUNDS, steps $STEPS (median after $WARMUP)"
 # MODELS: name, dtrain overrides, torch_ddp.py shape, global batch, T
 models=("124M|model.n_layer=12 model.n_head=12 model.n_embd=768|--layers 12 --heads 12 --embd 768|4|256"
-        "30M|model.n_layer=6 model.n_head=6 model.n_embd=384|--layers 6 --heads 6 --embd 384|8|256")
+        "30M|model.n_layer=6 model.n_head=6 model.n_embd=384|--layers 6 --heads 6 --embd 384|8|256"
+        "124M-T64|model.n_layer=12 model.n_head=12 model.n_embd=768|--layers 12 --heads 12 --embd 768|4|64")
 median() { sort -g | awk '{a[NR] = $1} END {print (NR % 2 ? a[(NR + 1) / 2] : (a[NR / 2] + a[NR / 2 + 1]) / 2)}'; }
 dtrain_run() { # RANKS THREADS OVERRIDES G T TAG: median ms/step to stdout; the ddp line kept in $t/TAG.ddp
   local n=$1 th=$2 ov=$3 G=$4 T=$5 tag=$6
@@ -62,7 +64,7 @@ torch_run() { # RANKS THREADS SHAPE G T [ENV...]
 # inside torch's OpenMP ops (its two thread pools compete for 2 cores; bench/torch_gpt2.py)
 torch_best() { { torch_run "$@"; torch_run "$@" OPENBLAS_NUM_THREADS=1; } | sort -g | head -1; }
 for m in "${models[@]}"; do
-  [ -z "${MODELS:-}" ] || [[ " $MODELS " == *" ${m%%|*} "* ]] || continue  # MODELS="124M": only those
+  [[ " ${MODELS:-124M 30M} " == *" ${m%%|*} "* ]] || continue  # MODELS="124M": only those
   IFS='|' read -r name ov shape G T <<< "$m"
   : > "$t/d1" ; : > "$t/d2" ; : > "$t/d3" ; : > "$t/d4" ; : > "$t/d5" ; : > "$t/p1" ; : > "$t/p2"
   for r in $(seq 1 "$ROUNDS"); do

@@ -6,7 +6,8 @@
 # the first two, tokens/s, MFU against the GPU's dense peak (H100/H200: 989 TFLOP/s bf16, 495 tf32,
 # 67 fp32; datasheet leads), and device memory (dtrain: cudaMemGetInfo in use vs `dtrain plan`'s prediction;
 # PyTorch: max_memory_allocated). A precision written PREC+rc runs dtrain with train.recompute=true,
-# PREC+flash with system.attention=flash, PREC+tf32 with system.tf32=true (bf16+tf32: the products
+# PREC+flash with system.attention=flash, PREC+cudnn with system.attention=cudnn (cuDNN's fused
+# attention, bf16/fp16 only), PREC+tf32 with system.tf32=true (bf16+tf32: the products
 # outside the linear layers, the attention's, on TF32; no PyTorch row for any of these). Prints one
 # table at the end; logs go to OUT.
 #
@@ -43,6 +44,7 @@ for prec in ${precs//,/ }; do
   p=${prec%%+*} tf=false rc=false att=matmul
   [[ "$prec" == *+rc* ]] && rc=true
   [[ "$prec" == *+flash* ]] && att=flash
+  [[ "$prec" == *+cudnn* ]] && att=cudnn
   [[ "$prec" == *+tf32* ]] && tf=true
   [ "$p" = tf32 ] && p=fp32 tf=true
   cmd=("$DTRAIN" "$here/inputs/gpt2.ini" system.backend=cuda train.precision="$p" system.tf32=$tf train.recompute=$rc

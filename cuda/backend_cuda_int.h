@@ -39,6 +39,7 @@ typedef struct {
   int lin_16;
   cublasComputeType_t lin_compute;
   struct dt_cudnn *cudnn; /* system.conv = cudnn: conv_cudnn.h's state (NULL: our convolutions) */
+  struct dt_cudnn_att *catt; /* system.attention = cudnn: attention_cudnn.h's state, else NULL */
   dt_cu_sparse_t *sp_params, *sp_grads; /* be->sparse: those arenas (sparse.h), else NULL */
 } cu_impl_t;
 
@@ -55,6 +56,13 @@ dt_status_t dt_cu_arena_populate(dt_backend_t *be, float *x, size_t n);
 #else
 #define DT_CU_CUDNN 0
 #endif
+/* cuDNN's fused attention (attention_cudnn.cpp) is only in the real CUDA build */
+#ifndef DT_CUDA_EMU_RUNTIME
+#define DT_CU_CUDNN_ATT 1
+#else
+#define DT_CU_CUDNN_ATT 0
+#endif
+
 /* backend_cuda_cnn.cu: open cuDNN for be->cudnn_conv (an error where this build has none), close it */
 dt_status_t dt_cu_cudnn_init(dt_backend_t *be);
 void dt_cu_cudnn_free(cu_impl_t *im);

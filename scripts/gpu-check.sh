@@ -261,9 +261,24 @@ if [ $have_gpu = 1 ]; then
   # bf16 steps (2^-8 relative) where a value sits on a rounding boundary
   r5=$($cmp losses "$work/tiny_cpu_bf16.jsonl" "$work/tiny_cuda_bf16.jsonl" --rtol 1e-2 --steps $steps --what "cpu vs cuda train.precision=bf16" 2>&1)
   ok5=$?
-  printf '%s\n' "$r1" "$r2" "$r3" "$r4" "$r5"
-  detail="$(echo "$r1" | tail -1); $(echo "$r2" | tail -1); $(echo "$r3" | tail -1); $(echo "$r4" | tail -1); $(echo "$r5" | tail -1)"
-  if [ $ok1 = 0 ] && [ $ok2 = 0 ] && [ $ok3 = 0 ] && [ $ok4 = 0 ] && [ $ok5 = 0 ]; then stage training PASS "$detail"
+  # bf16 with system.attention = cudnn (cuDNN's fused attention, where the build has its frontend
+  # and this machine cuDNN; skipped, not failed, where either is missing): cuDNN also rounds the
+  # probabilities to bf16 before their product with v, so twice bf16's tolerance above
+  o6="$work/tiny_cuda_bf16_cudnn.out" rc6=0
+  run "$dt" "${tiny[@]}" system.backend=cuda train.precision=bf16 system.attention=cudnn \
+    log.metrics="$work/tiny_cuda_bf16_cudnn.jsonl" checkpoint.dir="$work/tiny_ck_cudnn" > "$o6" 2>&1 || rc6=$?
+  tail -n 3 "$o6"
+  if [ $rc6 != 0 ] && grep -q 'system.attention = cudnn: \(this build has no\|cannot load\|the CUDA emulation has no\)' "$o6"; then
+    r6="cudnn attention skipped: $(grep -o 'system.attention = cudnn: .*' "$o6" | head -1)" ok6=0
+  else
+    r6=$($cmp losses "$work/tiny_cpu_bf16.jsonl" "$work/tiny_cuda_bf16_cudnn.jsonl" --rtol 2e-2 --steps $steps \
+      --what "cpu vs cuda bf16 system.attention=cudnn" 2>&1)
+    ok6=$?
+    [ $rc6 = 0 ] || { r6="$r6; exit $rc6: $(grep -m1 'error\|cudnn' "$o6")"; ok6=1; }
+  fi
+  printf '%s\n' "$r1" "$r2" "$r3" "$r4" "$r5" "$r6"
+  detail="$(echo "$r1" | tail -1); $(echo "$r2" | tail -1); $(echo "$r3" | tail -1); $(echo "$r4" | tail -1); $(echo "$r5" | tail -1); $(echo "$r6" | tail -1)"
+  if [ $ok1 = 0 ] && [ $ok2 = 0 ] && [ $ok3 = 0 ] && [ $ok4 = 0 ] && [ $ok5 = 0 ] && [ $ok6 = 0 ]; then stage training PASS "$detail"
   else stage training FAIL "$detail"; fi
 else
   stage training SKIP "no GPU"
@@ -434,7 +449,7 @@ elif [ $have_gpu = 1 ]; then
   [ $quick = 0 ] && [ "$(elapsed)" -lt 240 ] && extra=(--compile)
   DTRAIN="$dt" DATA="$DATA_DIR/austen_train_*.bin" \
     bash "$here/bench/gpu_step.sh" --steps $([ $quick = 1 ] && echo 8 || echo 12) --out "$work/speed" "${extra[@]}" \
-      --prec fp32,tf32,tf32+flash,$([ $quick = 1 ] || echo tf32+rc,)bf16,bf16+tf32,bf16+tf32+flash \
+      --prec fp32,tf32,tf32+flash,$([ $quick = 1 ] || echo tf32+rc,)bf16,bf16+tf32,bf16+tf32+flash,bf16+tf32+cudnn \
     > "$work/speed.txt" 2>&1
   rc=$?
   cat "$work/speed.txt"

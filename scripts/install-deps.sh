@@ -11,8 +11,9 @@
 #                            /opt/dtrain-test-venv (tests/reframe.sh), the real Fashion-MNIST
 #                            (dataset-fashion-mnist: tests/images.sh). `make check` runs this first (a no-op once done) and
 #                            .ci/run calls it.
-# The CUDA toolkit is optional and not installed here. Not root and something missing: the list
-# of what to install, exit 1.
+# The CUDA toolkit is optional and not installed here; where it is, cuDNN's frontend headers come
+# from PyPI (system.attention = cudnn). Not root and something missing: the list of what to
+# install, exit 1.
 set -euo pipefail
 build=(
   build-essential autoconf automake libtool pkg-config
@@ -42,6 +43,28 @@ else
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -q
   apt-get install -y -q --no-install-recommends "${missing[@]}"
+fi
+# With a CUDA toolkit: cuDNN's frontend headers (header-only C++, from PyPI's wheel, pinned) for
+# system.attention = cudnn, into /usr/local/cudnn-frontend/include (configure looks there).
+fe=/usr/local/cudnn-frontend/include
+if [ -x /usr/local/cuda/bin/nvcc ] && [ ! -f $fe/cudnn_frontend.h ] && [ "$(id -u)" -eq 0 ]; then
+  w=$(mktemp -d)
+  if /usr/bin/python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.11 \
+      --platform manylinux_2_28_x86_64 -d "$w" nvidia-cudnn-frontend==1.32.0 &&
+    /usr/bin/python3 - "$w" "$fe" <<'PY'
+import glob, os, sys, zipfile
+z = zipfile.ZipFile(glob.glob(os.path.join(sys.argv[1], "*.whl"))[0])
+for n in z.namelist():
+    if n.startswith("include/") and not n.endswith("/"):
+        out = os.path.join(sys.argv[2], n[len("include/"):])
+        os.makedirs(os.path.dirname(out), exist_ok=True)
+        with open(out, "wb") as f:
+            f.write(z.read(n))
+PY
+  then echo "install-deps: cuDNN frontend 1.32.0 headers in $fe"
+  else echo "install-deps: warning: no cuDNN frontend headers; system.attention = cudnn will not be built"
+  fi
+  rm -rf "$w"
 fi
 [ "${1:-}" = --test ] || exit 0
 # tests/bpe_tiktoken.sh's independent GPT-2 tokeniser: tiktoken and Python's regex from PyPI,

@@ -24,6 +24,8 @@
 #   5. system.attention = flash (cuda/attention.cu: no (T,T) matrix, backward from the row
 #      log-sum-exp), without and with train.recompute: losses within 1e-6 and grad norms within
 #      1e-4 of the cpu run, final parameters within 1e-5, and the start line names the kernels.
+#      system.attention = cudnn stops with one line in fp32 and on the emulation (no cuDNN here;
+#      tests/test_cudnn_att.c validates its graphs, scripts/gpu-check.sh runs them).
 source "$top_srcdir/tests/lib.sh"
 begin_test
 EMU="$top_builddir/dtrain_emu"
@@ -53,6 +55,18 @@ for p in bf16 fp16; do
 done
 for f in flash flash_rc; do
   grep -q '^# backend: cuda.*attention: flash kernels' "$t/$f.out" || { echo "FAIL: $f: no flash attention line"; exit 1; }
+done
+# system.attention = cudnn: refused with one line in fp32 (cuDNN's fused attention takes 16-bit
+# inputs) and on the emulation (no cuDNN), before any step
+for p in fp32 bf16; do
+  if mpi 1 "$EMU" "$cfg" system.backend=cuda system.attention=cudnn train.precision=$p log.metrics="$t/cudnn_$p.jsonl" \
+    checkpoint.dir= > "$t/cudnn_$p.out" 2>&1; then
+    echo "FAIL: system.attention=cudnn with $p trained on the emulation"; exit 1
+  fi
+  want=$([ $p = fp32 ] && echo 'takes 16-bit inputs' || echo 'the CUDA emulation has no cuDNN')
+  grep -q "system.attention = cudnn: .*$want" "$t/cudnn_$p.out" || { cat "$t/cudnn_$p.out"; echo "FAIL: cudnn $p: no '$want' line"; exit 1; }
+  ! grep -q '"step"' "$t/cudnn_$p.jsonl" 2>/dev/null || { echo "FAIL: cudnn $p: a step was logged"; exit 1; }
+  grep -m1 "system.attention = cudnn" "$t/cudnn_$p.out"
 done
 "$PY" - "$t" "$top_srcdir/tests/ref" <<'PY'
 import json, sys

@@ -358,6 +358,11 @@ int main(int argc, char **argv) {
   gp_attention_decode(1, 12, 64, 0, 17, 40, &r); /* a prompt (GPT-2's head size) */
   gp_attention_decode(1, 2, 256, 30, 1, 64, &r); /* one step, the largest head size */
   gp_attention_decode(3, 4, 40, 63, 1, 64, &r);  /* the last position of the cache */
+  {
+    dt_rng_t r16; /* its own numbers: the cases after it keep theirs */
+    dt_rng_seed(&r16, 1616);
+    gp_convert16(1001, &r16); /* fp32 <-> 16-bit copies (cuDNN's attention) */
+  }
   gp_attention_flash(2, 3, 16, 13, &r);          /* odd T */
   gp_attention_flash(1, 2, 64, 40, &r);          /* GPT-2's head size */
   gp_attention_flash(1, 1, 256, 9, &r);          /* the largest head size */

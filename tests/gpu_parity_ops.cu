@@ -1,7 +1,7 @@
 /* Kernel parity cases of the row kernels and the optimizer (see gpu_parity.cu): the causal
  * attention softmax and its backward against float64, softmax + cross-entropy against the CPU
  * twin (also past 2^31 logits), AdamW against kmath.h's dt_adamw_update, the gradient sum of
- * squares against a float64 sum. */
+ * squares against a float64 sum, the fp32 <-> 16-bit copies against kmath.h's rounding. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -11,6 +11,7 @@ extern "C" {
 #include "ops_cpu.h"
 }
 #include "gpu_parity.h"
+#include "convert16.h"
 #include "kernels.h"
 #include "kmath.h"
 #include "cuda_launch.h"
@@ -189,6 +190,43 @@ void gp_optimizer(size_t n, dt_rng_t *r) {
   for (float *x : hs) free(x);
   float *ds[] = {d_p, d_g, d_m, d_v};
   for (float *x : ds) cudaFree(x);
+}
+
+/* The 16-bit copies (convert16.cu) against kmath.h on the host: to16 then from16 is the
+ * storage rounding (bitwise, both formats), and the stored bits decode on the host to the same
+ * values; inputs span normal, subnormal, overflowing, infinite and NaN values. */
+void gp_convert16(size_t n, dt_rng_t *r) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "n=%zu", n);
+  float *x = gp_rand(r, n, 1.0f, DT_PREC_FP32);
+  const float special[] = {0.0f, -0.0f, 65504.0f, 65520.0f, -1e6f, 0x1p-24f, 0x1p-25f, 0x1.8p-20f, 3e38f,
+                           INFINITY, -INFINITY, NAN, 0x1p-130f, 1.0f + 0x1p-8f, 1.0f + 0x1p-11f};
+  for (size_t i = 0; i < n; i++) x[i] = i < sizeof special / sizeof *special ? special[i] : ldexpf(x[i], (int)(i % 61) - 30);
+  float *dx = gp_up(x, n), *dback = (float *)gp_dev(n * sizeof(float));
+  uint16_t *d16 = (uint16_t *)gp_dev(n * sizeof(uint16_t)), *h16 = (uint16_t *)gp_host(n * sizeof(uint16_t));
+  float *want = (float *)gp_host(n * sizeof(float)), *dec = (float *)gp_host(n * sizeof(float));
+  for (int fp16 = 0; fp16 < 2; fp16++) {
+    const int prec = fp16 ? DT_PREC_FP16 : DT_PREC_BF16;
+    GP_TRY(dt_cu_to16(d16, dx, n, fp16, 0));
+    GP_TRY(dt_cu_from16(dback, d16, n, fp16, 0));
+    GP_CK(cudaDeviceSynchronize());
+    GP_CK(cudaMemcpy(h16, d16, n * sizeof(uint16_t), cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) {
+      want[i] = fp16 ? dt_round_fp16(x[i]) : dt_round_bf16(x[i]);
+      dec[i] = fp16 ? dt_fp16_value(h16[i]) : dt_bf16_value(h16[i]);
+    }
+    float *back = gp_down(dback, n);
+    gp_compare("to16 + from16 (rounding)", shape, prec, back, want, n, 0.0);
+    gp_compare("to16 bits decoded on host", shape, prec, dec, want, n, 0.0);
+    free(back);
+  }
+  free(x);
+  free(want);
+  free(dec);
+  free(h16);
+  cudaFree(dx);
+  cudaFree(dback);
+  cudaFree(d16);
 }
 
 /* Decoding with a key/value cache against the CPU twin: a cache already holding positions

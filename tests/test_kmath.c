@@ -5,7 +5,8 @@
  * row's log-sum-exp), the cross-entropy gradient and the softmax backward; the bf16 and fp16
  * storage rounding of mixed precision against an exact round-to-nearest-even reference in
  * double arithmetic (every bf16/fp16 value, every midpoint and its float neighbours, overflow,
- * subnormals, NaN, and a sweep of 21M float bit patterns; fp16 also against _Float16). */
+ * subnormals, NaN, and a sweep of 21M float bit patterns; fp16 also against _Float16), and the
+ * 16-bit patterns of both formats decoded and encoded back (cuda/convert16.cu's). */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
 #include <float.h>
@@ -326,4 +327,27 @@ Test(kmath, round_bf16_fp16_sweep_of_float_bit_patterns) {
   cr_expect_eq(badb, 0, "%ld of %ld bf16 mismatches", badb, n);
   cr_expect_eq(bad16, 0, "%ld of %ld fp16 mismatches", bad16, n);
   cr_expect_eq(badf, 0, "%ld of %ld fp16 values differ from the compiler's _Float16", badf, n);
+}
+
+Test(kmath, bf16_fp16_bits_of_every_16_bit_value_and_back) {
+  /* the 16-bit patterns cuda/convert16.cu stores for cuDNN: every one decodes to its value (fp16:
+   * against the ldexp decoder above, and the compiler's _Float16 where it has one) and encodes
+   * back to itself; NaNs to a NaN */
+  long bad = 0;
+  for (uint32_t h = 0; h < 65536; h++) {
+    const uint16_t b = (uint16_t)h;
+    const double v = half_value(b);
+    if (!same(dt_fp16_value(b), v)) bad++, cr_log_error("fp16 0x%04x decodes to %a, want %a", h, (double)dt_fp16_value(b), v);
+    const uint16_t back = dt_fp16_bits((float)v);
+    if (isnan(v) ? (back & 0x7c00u) != 0x7c00u || !(back & 0x3ffu) : back != b)
+      bad++, cr_log_error("fp16 0x%04x encodes back to 0x%04x", h, back);
+#ifdef __FLT16_MAX__
+    _Float16 f;
+    memcpy(&f, &b, sizeof f);
+    if (!same(dt_fp16_value(b), (double)(float)f)) bad++, cr_log_error("fp16 0x%04x differs from _Float16", h);
+#endif
+    if (bits_of(dt_bf16_value(b)) != h << 16) bad++, cr_log_error("bf16 0x%04x decodes wrong", h);
+    if (dt_bf16_bits(dt_bf16_value(b)) != b) bad++, cr_log_error("bf16 0x%04x encodes back wrong", h);
+  }
+  cr_expect_eq(bad, 0, "%ld 16-bit encode/decode mismatches", bad);
 }

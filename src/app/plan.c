@@ -95,7 +95,7 @@ dt_status_t dt_plan_input(dt_plan_in_t *in, const dt_config_t *cfg, const char *
   in->zero = configured_zero(cfg);
   in->pp_balance = (int)dt_pp_balance_of(cfg);
   in->recompute = cfg->recompute;
-  in->flash = !strcmp(cfg->attention, "flash");
+  in->flash = strcmp(cfg->attention, "matmul") != 0; /* flash, cudnn: the rows' log-sum-exp only */
   in->device_mem = device_mem;
   return DT_OK;
 }

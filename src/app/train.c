@@ -124,6 +124,7 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
   tr->be.tf32 = cfg->tf32;
   tr->be.flash = !strcmp(cfg->attention, "flash");
+  tr->be.cudnn_att = !strcmp(cfg->attention, "cudnn");
   DT_TRY(dt_sync_init(&tr->sync, cfg->zero, tr->mesh.dp_comm, tr->mesh.dp, tr->mesh.dp_idx, tr->accum, &tr->lay,
                       &tr->be, (size_t)cfg->bucket_mb << 20));
   tr->sync.probe_every = cfg->ddp_probe;

@@ -77,11 +77,11 @@ typedef struct {
   dt_status_t (*linear_backward)(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const float *dout,
                                  const float *inp, const float *w, int w_in_out, int N, int C, int OC);
   /* causal self-attention over qkv (B,T,3C) with NH heads into out (B,T,C); state: this block's
-   * (attention_floats), scratch: the shared one */
+   * (attention_floats), scratch: the shared one; backward also gets forward's out */
   dt_status_t (*attention_forward)(dt_backend_t *be, float *out, float *state, float *scratch, const float *qkv, int B,
                                    int T, int C, int NH);
-  dt_status_t (*attention_backward)(dt_backend_t *be, float *dqkv, float *scratch, const float *dout, const float *qkv,
-                                    const float *state, int B, int T, int C, int NH);
+  dt_status_t (*attention_backward)(dt_backend_t *be, float *dqkv, float *scratch, const float *dout, const float *out,
+                                    const float *qkv, const float *state, int B, int T, int C, int NH);
   /* decoding with a key/value cache (gpt2.h dt_gpt2_decode): qkv (B,n,3C) of positions [pos, pos+n);
    * their k and v are stored into kc, vc (B,Tmax,C) at those positions, then out (B,n,C) = the
    * causal attention of each new query over cache positions [0, its own] (ops_cpu.h) */
@@ -175,8 +175,10 @@ struct dt_backend {
   void *impl;                    /* backend-private state */
   int device;                    /* CUDA: device ordinal, set by the caller before init (CPU: unused) */
   int tf32;                      /* CUDA: matmuls on TF32 tensor cores (system.tf32), set before init */
-  int flash;                     /* CUDA: attention by the fused kernels (system.attention = flash),
-                                    set before init */
+  int flash;                     /* CUDA: attention keeps only its rows' log-sum-exp (system.attention
+                                    = flash: our fused kernels; cudnn: cuDNN's), set before init */
+  int cudnn_att;                 /* CUDA: that attention by cuDNN (system.attention = cudnn; flash set
+                                    too), set before init */
   int cudnn_conv;                /* CUDA: the classifiers' convolutions by cuDNN (system.conv = cudnn),
                                     set before init */
   int sparse;                    /* CUDA: DT_SPARSE_* arenas with memory only where in use (ZeRO-2/3,

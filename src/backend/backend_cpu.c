@@ -249,7 +249,9 @@ static dt_status_t k_attention_forward(dt_backend_t *be, float *out, float *stat
 }
 
 static dt_status_t k_attention_backward(dt_backend_t *be, float *dqkv, float *scratch, const float *dout,
-                                        const float *qkv, const float *state, int B, int T, int C, int NH) {
+                                        const float *out, const float *qkv, const float *state, int B, int T, int C,
+                                        int NH) {
+  (void)out; /* recomputed with the probabilities */
   dt_attention_backward(dqkv, scratch, dout, qkv, state, B, T, C, NH, ((cpu_impl_t *)be->impl)->nthr);
   return DT_OK;
 }

@@ -264,5 +264,25 @@ DT_HD static inline float dt_round_fp16(float x) {
   return dt_u2f(r | sign);
 }
 
+/* The 16 bits of a float already rounded to bf16 (dt_round_bf16): its top half; and back. */
+DT_HD static inline uint16_t dt_bf16_bits(float r) { return (uint16_t)(dt_f2u(r) >> 16); }
+DT_HD static inline float dt_bf16_value(uint16_t h) { return dt_u2f((uint32_t)h << 16); }
+
+/* The IEEE binary16 bits of a float already rounded to it (dt_round_fp16), and back: the
+ * exponent rebiased from 127 to 15 (minus 112 << 23), the mantissa's top 10 bits; half subnormals
+ * are multiples of 2^-24; inf stays inf, NaN a quiet NaN. */
+DT_HD static inline uint16_t dt_fp16_bits(float r) {
+  uint32_t u = dt_f2u(r), sign = (u >> 16) & 0x8000u, a = u & 0x7fffffffu;
+  if (a >= 0x7f800000u) return (uint16_t)(sign | 0x7c00u | (a > 0x7f800000u ? 0x200u : 0u));
+  if (a < 0x38800000u) return (uint16_t)(sign | (uint32_t)(dt_u2f(a) * 16777216.0f)); /* / 2^-24 */
+  return (uint16_t)(sign | ((a - 0x38000000u) >> 13));
+}
+DT_HD static inline float dt_fp16_value(uint16_t h) {
+  uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+  if (e == 31) return dt_u2f(sign | 0x7f800000u | (m << 13));
+  if (e == 0) return dt_u2f(sign | dt_f2u((float)m * 5.9604644775390625e-8f)); /* m * 2^-24 */
+  return dt_u2f(sign | ((e + 112u) << 23) | (m << 13));
+}
+
 #endif
 

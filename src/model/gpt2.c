@@ -407,7 +407,8 @@ static dt_status_t block_backward(dt_gpt2_t *m, acts_t *a, const block_t *y, con
   RUN(DT_PROF_MATMUL, k->linear_backward(be, a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, y->atty,
                                          P(be, l, DT_ATTPROJW), 1, N, Cl, C));
   STORE(a->dtmp, N * Cl);
-  RUN(DT_PROF_ATTENTION, k->attention_backward(be, a->dqkv, a->attscr, a->dtmp, y->qkv, y->att, B, T, Cl, NHl));
+  RUN(DT_PROF_ATTENTION, k->attention_backward(be, a->dqkv, a->attscr, a->dtmp, y->atty, y->qkv, y->att, B, T, Cl,
+                                                     NHl));
   STORE(a->dqkv, N * 3 * Cl);
   RUN(DT_PROF_MATMUL, k->linear_backward(be, a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, y->ln1,
                                          P(be, l, DT_QKVW), 1, N, C, 3 * Cl));

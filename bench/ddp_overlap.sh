@@ -10,7 +10,9 @@
 #   after backward, minus the same window in the other steps, over the all-reduce alone, +- its
 #   2 standard errors from the windows' spread) and as a third run implies: dp=2 with every step's
 #   all-reduce after backward (parallel.ddp_probe=1), (its step - the overlapped dp=2 step) / the
-#   all-reduce, per round (both runs in the same round), median and range over the rounds: within
+#   all-reduce, per round (both runs in the same round; each run's own all-reduce time, since it
+#   varies from run to run: (after step - its all-reduce + the overlapped run's - overlapped step)
+#   / the overlapped run's all-reduce), median and range over the rounds: within
 #   10 points of the median, or the report is not true (when the rounds' values spread over more
 #   than 20 points the step noise is larger than the all-reduce, and the check says so; a
 #   difference over 10 points that dtrain's own +- covers is said as such). Also the
@@ -90,12 +92,18 @@ for m in "${models[@]}"; do
   }'
   # per transport: the printed share against the one the all-reduce-after-backward run of the
   # same round implies
-  for tr in "shared memory|$name-2x1|d2|d3" "MPI|$name-2x1-mpi|d4|d5"; do
-    IFS='|' read -r label tag run after <<< "$tr"
+  for tr in "shared memory|$name-2x1|d2|d3|$name-2x1-after" "MPI|$name-2x1-mpi|d4|d5|$name-2x1-mpi-after"; do
+    IFS='|' read -r label tag run after atag <<< "$tr"
     printed=$(sed -n 's/.*: \([0-9]*\)% +- [0-9]* of the all-reduce hidden.*/\1/p' "$t/$tag.ddp" | median)
     perr=$(sed -n 's/.*: [0-9]*% +- \([0-9]*\) of the all-reduce hidden.*/\1/p' "$t/$tag.ddp" | median)
     f=$(sed -n 's/.*the all-reduce alone \([0-9.]*\) ms.*/\1/p' "$t/$tag.ddp" | median)
-    shares=$(paste "$t/$run" "$t/$after" | awk -v f="$f" '{ printf "%.1f\n", 100 * ($2 - $1) / f }' | sort -g | tr '\n' ' ')
+    # per round, each run's own all-reduce (it varies between runs): the overlapped run's step
+    # had it hidden nothing = the after-backward run's step - its all-reduce + the overlapped run's
+    sed -n 's/.*the all-reduce alone \([0-9.]*\) ms:.*/\1/p' "$t/$tag.ddp" > "$t/ar_ov"
+    sed -n 's/.*the all-reduce alone \([0-9.]*\) ms (medians).*/\1/p' "$t/$atag.ddp" > "$t/ar_af"
+    shares=$(paste "$t/$run" "$t/$after" "$t/ar_ov" "$t/ar_af" | awk -v f="$f" '{
+      if (NF == 4 && $3 > 0) printf "%.1f\n", 100 * ($2 - $4 + $3 - $1) / $3; else printf "%.1f\n", 100 * ($2 - $1) / f }' |
+      sort -g | tr '\n' ' ')
     awk -v n="$name" -v l="$label" -v printed="$printed" -v perr="$perr" -v f="$f" -v shares="$shares" -v d1="$d1" \
         -v d="$(median < "$t/$run")" 'BEGIN {
       k = split(shares, a, " "); lo = a[1]; hi = a[k]; mid = k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2

@@ -33,6 +33,16 @@ PY
 
 # The end-of-run overlap line agrees with the run's own step times (tests/ref/overlap_report.py).
 for n in 2 4; do "$PY" "$top_srcdir/tests/ref/overlap_report.py" "$t/dp$n.out" "$t/dp$n.jsonl" ddp; done
+# Every step a probe (all-reduces after backward: bench/ddp_overlap.sh's comparison run): the same
+# sums, so the same losses and grad norms bit for bit, and its line's windows agree with its steps.
+mpi 2 "$DTRAIN" "$cfg" parallel.ddp_probe=1 log.metrics="$t/dp2a.jsonl" checkpoint.dir= > "$t/dp2a.out"
+"$PY" "$top_srcdir/tests/ref/overlap_report.py" "$t/dp2a.out" "$t/dp2a.jsonl" ddp_after
+"$PY" - "$t" <<'PY'
+import json, sys
+rows = lambda n: [(r["step"], r["loss"], r["grad_norm"]) for r in map(json.loads, open(f"{sys.argv[1]}/{n}.jsonl"))]
+assert rows("dp2a") == rows("dp2"), "dp=2 with every all-reduce after backward differs from dp=2"
+print("dp=2 with parallel.ddp_probe=1: losses and grad norms bitwise those of dp=2")
+PY
 
 # Launch mismatches are one clear line (from rank 0 only) and exit status 2, before any work.
 check_mismatch() {

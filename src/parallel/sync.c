@@ -124,9 +124,15 @@ static double mad(const double *v, int n, double m) {
 static void ddp_report(const dt_sync_t *s, int steps, FILE *o) {
   (void)steps;
   if (s->n_probe == 0 || s->n_run == 0) {
+    /* every step a probe (parallel.ddp_probe = 1): its windows and all-reduce, for comparisons
+     * with an overlapped run (bench/ddp_overlap.sh), whose all-reduce can take another time */
+    char all[160] = "";
+    if (s->n_probe)
+      snprintf(all, sizeof all, "; with every all-reduce after backward: backward + all-reduce %.1f ms, the all-reduce "
+               "alone %.1f ms (medians)", 1e3 * median(s->probe_win, s->n_probe), 1e3 * median(s->probe_comm, s->n_probe));
     fprintf(o, "# ddp: %d buckets; waiting for gradients after backward %.1f ms/step (rank 0 mean); the hidden share "
-            "is not measured: %d probe and %d other steps after the first (parallel.ddp_probe = %d)\n",
-            s->ddp.n_buckets, s->n_run ? 1e3 * s->t_wait_sum / s->n_run : 0.0, s->n_probe, s->n_run, s->probe_every);
+            "is not measured: %d probe and %d other steps after the first (parallel.ddp_probe = %d)%s\n",
+            s->ddp.n_buckets, s->n_run ? 1e3 * s->t_wait_sum / s->n_run : 0.0, s->n_probe, s->n_run, s->probe_every, all);
     return;
   }
   int nr = s->n_run < DT_SYNC_SAMPLES ? s->n_run : DT_SYNC_SAMPLES;

@@ -1,6 +1,6 @@
 """The overlap lines a multi-rank run prints at its end, checked against its own step times.
 
-    overlap_report.py OUT JSONL KIND [KIND ...]      KIND: ddp | zero3
+    overlap_report.py OUT JSONL KIND [KIND ...]      KIND: ddp | ddp_after | zero3
 
 `# ddp: ... backward + gradient all-reduce O ms/step overlapped (median of n steps) vs P ms with
 the all-reduce after backward (median of k probe steps, parallel.ddp_probe = N), the all-reduce
@@ -10,6 +10,9 @@ slowest step (the JSONL's largest "ms"); A is part of P's window; the probe step
 2 + N, ... and the others from step 2 on are the n (so n + k + 1 = the steps run); H = 100 *
 clamp((P - O) / A, 0, 1) and U = 100 E / A for some O, P, A, E within the 0.05 ms they are rounded
 by; "not measurable here" exactly when U >= 50.
+`# ddp: ... is not measured: k probe and 0 other steps after the first (parallel.ddp_probe = 1);
+with every all-reduce after backward: backward + all-reduce W ms, the all-reduce alone A ms
+(medians)` (ddp_after): k = the steps after the first, 0 <= A <= W + 0.1 <= the slowest step + 0.1.
 `# zero3: waiting for block gathers W ms/step ... vs F ms ... P% ... hidden`: W, F rank 0's own
 timings, 0.1 ms <= W (each pass waits for its first block) <= the run's whole time (W also counts
 evaluation forwards), F >= 0, and P = 100 * max(0, 1 - W / F) within the rounding.
@@ -25,6 +28,9 @@ DDP = (r"^# ddp: \d+ buckets; backward \+ gradient all-reduce ([\d.]+) ms/step o
        r"the all-reduce alone ([\d.]+) ms: (\d+)% \+- (\d+) of the all-reduce hidden behind backward \(the probes' "
        r"barrier before it, waiting for the slowest rank, ([\d.]+) ms\); \+- 2 standard errors of the two windows' "
        r"difference, ([\d.]+) ms, from their spread(; not measurable here: the all-reduce is within the steps' noise)?")
+DDP_AFTER = (r"^# ddp: \d+ buckets; .*is not measured: (\d+) probe and (\d+) other steps after the first "
+             r"\(parallel.ddp_probe = 1\); with every all-reduce after backward: backward \+ all-reduce ([\d.]+) ms, "
+             r"the all-reduce alone ([\d.]+) ms \(medians\)")
 ZERO3 = r"^# zero3: waiting for block gathers ([\d.]+) ms/step .* vs ([\d.]+) ms .*: (\d+)% of the gathers hidden"
 
 
@@ -56,6 +62,17 @@ def check_ddp(out, text, rows):
           f"{h}% +- {u} hidden{' (not measurable)' if unmeasurable else ''}: consistent")
 
 
+def check_ddp_after(out, text, rows):
+    m = re.search(DDP_AFTER, text, re.M)
+    assert m, f"{out}: no '# ddp:' line with every all-reduce after backward"
+    k, n, w, a = int(m.group(1)), int(m.group(2)), float(m.group(3)), float(m.group(4))
+    slowest, steps = max(r["ms"] for r in rows), max(r["step"] for r in rows)
+    assert (k, n) == (min(steps - 1, 64), 0), f"{out}: {k} probe and {n} other steps of steps 2..{steps}"
+    assert 0 <= a <= w + 0.1, f"{out}: all-reduce alone {a} ms outside [0, its window {w}]"
+    assert 0 < w <= slowest + 0.1, f"{out}: window {w} ms outside (0, slowest step {slowest:.1f}]"
+    print(f"{out.split('/')[-1]}: ddp every step a probe: window {w} ms, all-reduce {a} ms, {k} probes: consistent")
+
+
 def check_zero3(out, text, rows):
     m = re.search(ZERO3, text, re.M)
     assert m, f"{out}: no '# zero3:' overlap line"
@@ -75,7 +92,7 @@ def main(out, jsonl, kinds):
     text = open(out).read()
     rows = [json.loads(l) for l in open(jsonl) if l.strip()]
     for kind in kinds:
-        (check_ddp if kind == "ddp" else check_zero3)(out, text, rows)
+        {"ddp": check_ddp, "ddp_after": check_ddp_after, "zero3": check_zero3}[kind](out, text, rows)
 
 
 if __name__ == "__main__":

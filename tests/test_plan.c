@@ -1,7 +1,8 @@
 /* Memory planner (plan.c): GPT-2 1.5B and 124M parameter counts and bytes against numbers worked
  * out by hand from the shapes, exact ZeRO division, tensor- and pipeline-parallel splits, the CPU
  * activation count against the tensor list of gpt2.c written out independently, the fit
- * verdict, the roofline's FLOPs and collective bytes, and the size parser. */
+ * verdict, the roofline's FLOPs and collective bytes, the size parser, and the cuDNN attention's
+ * 16-bit copies. */
 #include <criterion/criterion.h>
 #include <math.h>
 
@@ -145,6 +146,22 @@ Test(plan, gpu_activations_match_the_cuda_backend) {
 
 /* tp = 4 on 124M: wte and the block's weights and column-parallel biases / 4; wpe, layernorms
  * and the two row-parallel biases replicated. */
+/* system.attention = cudnn: flash's activations plus the 16-bit copies of one block's qkv (3),
+ * out, dout (1 each) and dqkv (3): 8 values of 2 bytes per (B, T, C/tp) element, on every stage. */
+Test(plan, cudnn_attention_adds_its_16_bit_copies) {
+  for (int tp = 1; tp <= 2; tp++) {
+    dt_plan_in_t in = input(small(), 16, 1024, 1, tp, 1, DT_PREC_BF16);
+    in.flash = 1;
+    cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
+    const double flash = P.z[0].act_gpu, flash_rc = P.z[0].act_gpu_rc;
+    in.cudnn = 1;
+    cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
+    const double want = 16.0 * 16 * 1024 * 768 / tp; /* 201 MB at tp = 1 */
+    cr_assert_eq(P.z[0].act_gpu - flash, want, "tp %d: %.0f bytes more, want %.0f", tp, P.z[0].act_gpu - flash, want);
+    cr_assert_eq(P.z[0].act_gpu_rc - flash_rc, want);
+  }
+}
+
 Test(plan, tensor_parallel_split) {
   dt_plan_in_t in = input(small(), 1, 64, 1, 4, 1, DT_PREC_FP32);
   cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);

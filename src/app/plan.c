@@ -96,6 +96,7 @@ dt_status_t dt_plan_input(dt_plan_in_t *in, const dt_config_t *cfg, const char *
   in->pp_balance = (int)dt_pp_balance_of(cfg);
   in->recompute = cfg->recompute;
   in->flash = strcmp(cfg->attention, "matmul") != 0; /* flash, cudnn: the rows' log-sum-exp only */
+  in->cudnn = !strcmp(cfg->attention, "cudnn");
   in->device_mem = device_mem;
   return DT_OK;
 }
@@ -207,8 +208,9 @@ static void stage_acts(const dt_plan_in_t *in, const plan_act_t *a, int s, doubl
   /* + the backend's copies of inputs and targets: of each micro-batch in flight on the CPU */
   r->act_cpu = 4 * (in->recompute ? rc : keep) + inflight * a->ints;
   r->act_cpu_alt = 4 * (in->recompute ? keep : rc) + inflight * a->ints;
-  r->act_gpu = (in->recompute ? grc : gkeep) + a->ints;
-  r->act_gpu_rc = (in->recompute ? gkeep : grc) + a->ints;
+  const double c16 = in->cudnn ? 16 * bt * (C / tp) : 0; /* cuDNN attention's 16-bit copies (attention_cudnn.cpp) */
+  r->act_gpu = (in->recompute ? grc : gkeep) + a->ints + c16;
+  r->act_gpu_rc = (in->recompute ? gkeep : grc) + a->ints + c16;
 }
 
 /* Memory of stage s under ZeRO stage z, bytes per rank. */

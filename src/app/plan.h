@@ -33,7 +33,9 @@ typedef struct {
   int zero;           /* configured parallel.zero, or -1 when this build has no such key */
   int pp_balance;     /* dt_pp_balance_t: what the pipeline stages balance */
   int recompute;      /* train.recompute: activations recomputed in backward */
-  int flash;          /* system.attention = flash: the CUDA attention keeps (B,NH,T), not (B,NH,T,T) */
+  int flash;          /* system.attention = flash or cudnn: the CUDA attention keeps (B,NH,T), not (B,NH,T,T) */
+  int cudnn;          /* system.attention = cudnn: + its 16-bit copies of one block's qkv, out, dout and dqkv
+                         (16 B T C/tp bytes); cuDNN's workspace is not counted */
   double device_mem;  /* bytes per device for the fit verdict */
 } dt_plan_in_t;
 

@@ -107,7 +107,9 @@ static void print_ranks(const dt_plan_t *p, FILE *o, const char *prefix) {
   ROW(in->ddp_shm && in->dp > 1 ? "comm: DDP shm peers' slices, ZeRO staging"
                                  : "comm buffers (MPI temporaries, ZeRO staging)", comm);
   ROW("activations, CPU backend", act_cpu);
-  ROW(in->flash ? "activations, CUDA backend (flash attention)" : "activations, CUDA backend (keeps B*NH*T*T)",
+  ROW(in->cudnn   ? "activations, CUDA backend (cuDNN attention)"
+      : in->flash ? "activations, CUDA backend (flash attention)"
+                  : "activations, CUDA backend (keeps B*NH*T*T)",
       act_gpu);
   ROW("workspace CPU (token batch)", work_cpu);
   ROW("workspace GPU (context+cuBLAS, assumed)", work_gpu);

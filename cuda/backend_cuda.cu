@@ -133,7 +133,6 @@ static void cu_free(dt_backend_t *be) {
     free(im->h_order);
     free(im->h_count);
     free(im->h_buckets);
-    free(im->h_losses);
     free(im->h_partial);
     if (im->sp_params) { /* not cudaMalloc's */
       dt_cu_sparse_free(im->sp_params);
@@ -201,12 +200,11 @@ static dt_status_t init_all(dt_backend_t *be, cu_impl_t *im) {
   DT_TRY(alloc_zero((void **)&im->partial, DT_CUDA_SUMSQ_BLOCKS * sizeof(double), s));
   im->colscr_cols = 4 * (size_t)lay->d.C; /* the widest bias (the MLP's 4C), and layernorm's 2C */
   DT_TRY(alloc_zero((void **)&im->colscr, dt_cu_col_scratch_floats(im->colscr_cols) * sizeof(float), s));
-  im->h_losses = (float *)calloc(bt, sizeof(float));
   im->h_partial = (double *)calloc(DT_CUDA_SUMSQ_BLOCKS, sizeof(double));
   im->h_order = (int *)calloc(bt, sizeof(int));
   im->h_count = (int *)calloc((size_t)lay->d.V + 1, sizeof(int));
   im->h_buckets = (dt_embed_bucket_t *)calloc(bt, sizeof(dt_embed_bucket_t));
-  if (!im->h_losses || !im->h_partial || !im->h_order || !im->h_count || !im->h_buckets)
+  if (!im->h_partial || !im->h_order || !im->h_count || !im->h_buckets)
     return DT_ERR(DT_ERR_NOMEM, "cuda backend: out of memory");
   DT_CUDA_CHECK(cudaStreamSynchronize(s)); /* the arenas are zero before anyone (the host, NCCL) touches them */
   be->stream = im->compute;
@@ -482,16 +480,10 @@ static dt_status_t k_gelu_forward(dt_backend_t *be, float *out, const float *inp
 static dt_status_t k_gelu_backward(dt_backend_t *be, float *dinp, const float *inp, const float *dout, size_t n) {
   return dt_cu_gelu_backward(dinp, inp, dout, n, S(be));
 }
-/* the mean in double on the host, as the CPU backend */
+/* the mean loss added on the device (dt_cu_crossentropy_forward): no host wait */
 static dt_status_t k_crossentropy_forward(dt_backend_t *be, float *losses, float *lse, const float *logits,
-                                          const int *targets, int N, int V, int Vp, double *mean_host) {
-  cu_impl_t *im = impl(be);
-  DT_TRY(dt_cu_crossentropy_forward(losses, lse, logits, targets, N, V, Vp, S(be)));
-  DT_TRY(k_download(be, im->h_losses, losses, (size_t)N * sizeof(float)));
-  double total = 0.0;
-  for (int i = 0; i < N; i++) total += im->h_losses[i];
-  *mean_host = total / N;
-  return DT_OK;
+                                          const int *targets, int N, int V, int Vp, double *loss_sum) {
+  return dt_cu_crossentropy_forward(losses, lse, logits, targets, N, V, Vp, loss_sum, S(be));
 }
 static dt_status_t k_xent_max(dt_backend_t *be, float *mx, const float *logits, int N, int nv, int Vp) {
   return dt_cu_xent_max(mx, logits, N, nv, Vp, S(be));
@@ -500,16 +492,9 @@ static dt_status_t k_xent_sumexp(dt_backend_t *be, double *sum, float *tl, const
                                  const int *targets, int N, int nv, int Vp, int v0) {
   return dt_cu_xent_sumexp(sum, tl, logits, mx, targets, N, nv, Vp, v0, S(be));
 }
-/* the mean in double on the host, as the CPU backend */
 static dt_status_t k_xent_finish(dt_backend_t *be, float *lse_mx, float *losses_tl, const double *sum, int N,
-                                 double *mean_host) {
-  cu_impl_t *im = impl(be);
-  DT_TRY(dt_cu_xent_finish(lse_mx, losses_tl, sum, N, S(be)));
-  DT_TRY(k_download(be, im->h_losses, losses_tl, (size_t)N * sizeof(float)));
-  double total = 0.0;
-  for (int i = 0; i < N; i++) total += im->h_losses[i];
-  *mean_host = total / N;
-  return DT_OK;
+                                 double *loss_sum) {
+  return dt_cu_xent_finish(lse_mx, losses_tl, sum, N, loss_sum, S(be));
 }
 /* in place: the kernel reads each logit before it writes its gradient at the same index */
 static dt_status_t k_crossentropy_backward(dt_backend_t *be, float *logits, const float *lse, const int *targets,

@@ -28,7 +28,6 @@ typedef struct {
   int device;
   int *order, *h_order, *h_count; /* embedding backward's token buckets (embed_buckets.h): device and */
   dt_embed_bucket_t *buckets, *h_buckets; /* host order (B*T), host counts (V+1), buckets (<= B*T) */
-  float *h_losses;             /* host (B,T) */
   double *partial, *h_partial; /* device and host DT_CUDA_SUMSQ_BLOCKS */
   float *colscr;               /* column reductions' partials, for up to colscr_cols columns */
   size_t colscr_cols;

@@ -353,12 +353,33 @@ __global__ static void crossentropy_backward_k(float *dlogits, const float *logi
   }
 }
 
+/* *acc += (float)((the sum of losses[0, N)) / N), summed in double by one block in a fixed order
+ * (deterministic) */
+__global__ static void loss_mean_add_k(double *acc, const float *losses, int N) {
+  __shared__ double sh[DT_CUDA_BLOCK];
+  double a = 0.0;
+  for (int i = threadIdx.x; i < N; i += blockDim.x) a += losses[i];
+  sh[threadIdx.x] = a;
+  __syncthreads();
+  for (int o = DT_CUDA_BLOCK / 2; o > 0; o >>= 1) {
+    if ((int)threadIdx.x < o) sh[threadIdx.x] += sh[threadIdx.x + o];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) *acc += (float)(sh[0] / N);
+}
+
+dt_status_t dt_cu_loss_mean_add(double *loss_sum, const float *losses, int N, cudaStream_t s) {
+  if (!loss_sum || N < 1) return DT_OK;
+  DT_LAUNCH(loss_mean_add_k, 1, DT_CUDA_BLOCK, 0, s, loss_sum, losses, N);
+  return DT_OK;
+}
+
 dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets, int N, int V,
-                                       int Vp, cudaStream_t s) {
+                                       int Vp, double *loss_sum, cudaStream_t s) {
   if (N < 1) return DT_OK;
   DT_LAUNCH(crossentropy_forward_k, dt_cuda_grid(N, 1), dt_cuda_row_block(V), 0, s, losses, lse, logits, targets, N, V,
             Vp);
-  return DT_OK;
+  return dt_cu_loss_mean_add(loss_sum, losses, N, s);
 }
 
 dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,

@@ -56,9 +56,13 @@ dt_status_t dt_cu_attention_decode(float *out, float *kc, float *vc, const float
 dt_status_t dt_cu_gelu_forward(float *out, const float *inp, size_t n, cudaStream_t s);
 dt_status_t dt_cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, cudaStream_t s);
 dt_status_t dt_cu_residual_forward(float *out, const float *a, const float *b, size_t n, cudaStream_t s);
-/* losses (N), lse (N) from logits (N,Vp) over the first V columns: one block per row */
+/* losses (N), lse (N) from logits (N,Vp) over the first V columns: one block per row; then, if
+ * loss_sum (one device double) is not NULL, dt_cu_loss_mean_add */
 dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets, int N,
-                                       int V, int Vp, cudaStream_t s);
+                                       int V, int Vp, double *loss_sum, cudaStream_t s);
+/* *loss_sum += the mean of losses (N), summed in double in a fixed order (one block), rounded to
+ * float: the loss stays on the device until the host asks for it */
+dt_status_t dt_cu_loss_mean_add(double *loss_sum, const float *losses, int N, cudaStream_t s);
 /* dlogits (N,Vp) written; padded columns v >= V get 0. The columns are global v0 .. v0 + Vp - 1
  * (tensor parallelism: a vocabulary shard; else v0 = 0): the target's is column targets - v0. */
 dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
@@ -75,7 +79,7 @@ dt_status_t dt_cu_bias_residual(float *out, const float *bias, const float *resi
 dt_status_t dt_cu_xent_max(float *mx, const float *logits, int N, int nv, int Vp, cudaStream_t s);
 dt_status_t dt_cu_xent_sumexp(double *sum, float *tl, const float *logits, const float *mx, const int *targets, int N,
                               int nv, int Vp, int v0, cudaStream_t s);
-dt_status_t dt_cu_xent_finish(float *lse, float *losses, const double *sum, int N, cudaStream_t s);
+dt_status_t dt_cu_xent_finish(float *lse, float *losses, const double *sum, int N, double *loss_sum, cudaStream_t s);
 /* dst (n) = src rounded to the storage precision prec (precision.h; dst == src allowed, fp32 in
  * place is a no-op). Mixed precision stores nothing in 16 bits on the GPU yet: this emulates the
  * storage rounding exactly as the CPU backend does (parity on an H200: docs/gpu-runs.md). */

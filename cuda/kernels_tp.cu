@@ -119,8 +119,8 @@ dt_status_t dt_cu_xent_sumexp(double *sum, float *tl, const float *logits, const
   return DT_OK;
 }
 
-dt_status_t dt_cu_xent_finish(float *lse, float *losses, const double *sum, int N, cudaStream_t s) {
+dt_status_t dt_cu_xent_finish(float *lse, float *losses, const double *sum, int N, double *loss_sum, cudaStream_t s) {
   if (N < 1) return DT_OK;
   DT_LAUNCH(xent_finish_k, dt_cuda_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, lse, losses, sum, N);
-  return DT_OK;
+  return dt_cu_loss_mean_add(loss_sum, losses, N, s);
 }

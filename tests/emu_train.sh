@@ -21,6 +21,10 @@
 #      the rounding would change, so 4 steps of each (with an evaluation, with fp16's scaler)
 #      prove the operands are already rounded (the model's storage rounding, the rounded weight
 #      copy) and the tensor cores see exactly what the CPU backend multiplies.
+#   7. host waits (the emulation counts every call that blocks the host until the GPU is done,
+#      DTRAIN_EMU_WAITS): 4 steps of 1 micro-batch and of 4 micro-batches wait equally often, so
+#      nothing inside a micro-step (the loss above all) makes the host wait for the GPU; the loss
+#      is read once per step, after the gradient norm's wait.
 #   5. system.attention = flash (cuda/attention.cu: no (T,T) matrix, backward from the row
 #      log-sum-exp), without and with train.recompute: losses within 1e-6 and grad norms within
 #      1e-4 of the cpu run, final parameters within 1e-5, and the start line names the kernels.
@@ -68,6 +72,14 @@ for p in fp32 bf16; do
   ! grep -q '"step"' "$t/cudnn_$p.jsonl" 2>/dev/null || { echo "FAIL: cudnn $p: a step was logged"; exit 1; }
   grep -m1 "system.attention = cudnn" "$t/cudnn_$p.out"
 done
+for mb in 8 2; do
+  mpi 1 -x DTRAIN_EMU_WAITS=1 "$EMU" "$cfg" system.backend=cuda train.micro_batch=$mb train.stop_after=4 \
+    log.metrics= checkpoint.dir= > "$t/waits_$mb.out" 2>&1
+  grep -m1 '^dt_emu: host waits' "$t/waits_$mb.out" | sed "s/^/micro_batch $mb: /"
+done
+w8=$(sed -n 's/^dt_emu: host waits \([0-9]*\).*/\1/p' "$t/waits_8.out")
+w2=$(sed -n 's/^dt_emu: host waits \([0-9]*\).*/\1/p' "$t/waits_2.out")
+[ -n "$w8" ] && [ "$w8" = "$w2" ] || { echo "FAIL: host waits: $w8 with 1 micro-batch per step, $w2 with 4"; exit 1; }
 "$PY" - "$t" "$top_srcdir/tests/ref" <<'PY'
 import json, sys
 d = sys.argv[1]

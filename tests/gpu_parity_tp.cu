@@ -73,7 +73,11 @@ static void xent_shard(int prec, dt_rng_t *r) {
   float *gsum = (float *)gp_host(N * sizeof(float));
   for (int i = 0; i < N; i++) gsum[i] = (float)hs[i];
   float *gmx = gp_down(d_mx, N), *gtl = gp_down(d_tl, N);
-  GP_TRY(dt_cu_xent_finish(d_mx, d_tl, d_sum, N, 0)); /* one shard: the all-reduces are identities */
+  double *d_acc = (double *)gp_dev(sizeof(double)), acc = 0;
+  GP_CK(cudaMemcpy(d_acc, &acc, sizeof acc, cudaMemcpyHostToDevice));
+  GP_TRY(dt_cu_xent_finish(d_mx, d_tl, d_sum, N, d_acc, 0)); /* one shard: the all-reduces are identities */
+  GP_CK(cudaMemcpy(&acc, d_acc, sizeof acc, cudaMemcpyDeviceToHost));
+  cudaFree(d_acc);
   GP_TRY(dt_cu_crossentropy_backward(d_z, d_z, d_mx, d_tg, dloss, N, nv, Vp, v0, 0));
   for (int i = 0; i < N; i++) {
     const float *zi = z + (size_t)i * Vp;
@@ -96,6 +100,10 @@ static void xent_shard(int prec, dt_rng_t *r) {
   float *glse = gp_down(d_mx, N), *gloss = gp_down(d_tl, N), *gdz = gp_down(d_z, n);
   gp_compare("tp xent_finish lse", sh, prec, glse, lse, N, 1e-6);
   gp_compare("tp xent_finish loss", sh, prec, gloss, loss, N, 1e-6);
+  double total = 0;
+  for (int i = 0; i < N; i++) total += loss[i];
+  const float mean = (float)(total / N), gmean = (float)acc;
+  gp_compare("tp xent_finish mean", sh, prec, &gmean, &mean, 1, 1e-6);
   gp_compare("tp crossentropy_backward", sh, prec, gdz, dz, n, 2e-6);
   float *hf[] = {z, mx, sum, tl, lse, loss, dz, gsum, gmx, gtl, glse, gloss, gdz};
   for (float *p : hf) free(p);

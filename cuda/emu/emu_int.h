@@ -108,6 +108,10 @@ void run_stream(stream_t *s);
  * for the fault handler's message. */
 const char *stream_op(void);
 void sync_device(int dev);
+/* A host call that blocks until device work is done on a real GPU (stream, event and device
+ * synchronisation, a copy to pageable host memory, cudaFree): counted by name, printed at exit
+ * with DTRAIN_EMU_WAITS=1 (how many times a program stalls its GPU's queue). */
+void note_host_wait(const char *call);
 void drop_device_streams(int dev);
 /* Ops still queued on other streams of the device that may write [lo, hi): their description in
  * out, 1; else 0. For reads done synchronously by the host. */

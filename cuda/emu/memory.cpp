@@ -72,6 +72,7 @@ static uint64_t queue_copy(stream_t *s, const char *call, void *dst, const void 
 
 /* Run s up to the copy at `seq` that the host waits for; report unordered writers of src. */
 static cudaError_t host_read(stream_t *s, uint64_t seq, const char *call, const void *src, size_t n) {
+  note_host_wait(call);
   run_until(s, seq);
   cudaError_t e = entry();
   if (e != cudaSuccess) return e;
@@ -105,6 +106,7 @@ static cudaError_t memcpy_common(const char *call, void *dst, const void *src, s
       return cudaSuccess;
     case cudaMemcpyHostToDevice: {
       uint64_t at = queue_copy(s, call, dst, src, n, !host_pinned(src, n));
+      if (!is_async) note_host_wait(call);
       if (!is_async && host_pinned(src, n)) run_until(s, at);
       return entry();
     }
@@ -156,7 +158,10 @@ cudaError_t cudaFree(void *ptr) {
   if (e != cudaSuccess) return e;
   if (!ptr) return cudaSuccess;
   const alloc_t *x = heap_find(ptr);
-  if (x && x->live) sync_device(x->device); /* cudaFree waits for the device */
+  if (x && x->live) { /* cudaFree waits for the device */
+    note_host_wait("cudaFree");
+    sync_device(x->device);
+  }
   if ((e = entry()) != cudaSuccess) return e;
   return heap_free(ptr);
 }

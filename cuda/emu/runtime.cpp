@@ -208,6 +208,7 @@ cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev
 cudaError_t cudaDeviceSynchronize(void) {
   cudaError_t e = entry();
   if (e != cudaSuccess) return e;
+  note_host_wait("cudaDeviceSynchronize");
   sync_device(t_cur);
   return entry();
 }

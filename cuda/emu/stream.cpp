@@ -154,6 +154,37 @@ int try_run_until(stream_t *s, uint64_t seq) { return advance(s, seq, 0); }
 
 void run_stream(stream_t *s) { run_until(s, s->enq); }
 
+/* DTRAIN_EMU_WAITS=1: the host waits by call, one line at exit */
+static std::vector<std::pair<const char *, unsigned long>> &g_waits = *new std::vector<std::pair<const char *, unsigned long>>;
+
+static void print_waits(void) {
+  unsigned long n = 0;
+  char by[512] = "";
+  size_t k = 0;
+  for (const auto &w : g_waits) {
+    n += w.second;
+    k += (size_t)snprintf(by + k, k < sizeof by ? sizeof by - k : 0, "%s%s %lu", k ? ", " : "", w.first, w.second);
+    if (k >= sizeof by) k = sizeof by;
+  }
+  fprintf(stderr, "dt_emu: host waits %lu (%s)\n", n, by);
+}
+
+void note_host_wait(const char *call) {
+  static int on = -1;
+  if (on < 0) {
+    const char *v = env_str("DTRAIN_EMU_WAITS");
+    on = v && strcmp(v, "0") != 0;
+    if (on) atexit(print_waits);
+  }
+  if (!on) return;
+  for (auto &w : g_waits)
+    if (!strcmp(w.first, call)) {
+      w.second++;
+      return;
+    }
+  g_waits.push_back({call, 1});
+}
+
 void sync_device(int dev) {
   for (size_t i = 0; i < g_streams.size(); i++)
     if (g_streams[i]->device == dev) run_stream(g_streams[i]);
@@ -224,6 +255,7 @@ cudaError_t cudaStreamSynchronize(cudaStream_t stream) {
   if (e != cudaSuccess) return e;
   stream_t *s = get_stream(stream, &e);
   if (!s) return e;
+  note_host_wait("cudaStreamSynchronize");
   run_stream(s);
   return entry();
 }
@@ -296,6 +328,7 @@ cudaError_t cudaEventSynchronize(cudaEvent_t event) {
   if (e != cudaSuccess) return e;
   dt_emu_event *ev = get_event(event);
   if (!ev) return fail(cudaErrorInvalidResourceHandle, "cudaEventSynchronize: %p is not a live event", (void *)event);
+  note_host_wait("cudaEventSynchronize");
   if (ev->s) run_until(ev->s, ev->seq);
   return entry();
 }

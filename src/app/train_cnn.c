@@ -262,16 +262,14 @@ static dt_status_t broadcast_running_stats(dt_cnn_trainer_t *tr) {
 
 /* The micro-batches of this rank's slice: forward (batch norm synchronised over dp), backward with
  * the sync strategy's gradient-ready hook (DDP's buckets on the last one, ZeRO-2's on each). */
-static dt_status_t microsteps(dt_cnn_trainer_t *tr, uint64_t slice, double *loss) {
+static dt_status_t microsteps(dt_cnn_trainer_t *tr, uint64_t slice) {
   dt_cnn_t *m = &tr->model;
   dt_sync_t *sy = &tr->sync;
   const float *w;
   DT_TRY(working_params(tr, &w));
   for (int k = 0; k < tr->accum; k++) {
     dt_images_batch(&tr->train, slice + (uint64_t)k * tr->B, tr->B, tr->x, tr->y, NULL);
-    double l = 0;
-    DT_TRY(dt_cnn_forward(m, w, tr->bufs, tr->x, tr->y, 1, &l, NULL));
-    *loss += l / tr->accum;
+    DT_TRY(dt_cnn_forward(m, w, tr->bufs, tr->x, tr->y, 1, NULL, NULL)); /* the loss: read once per step */
     m->ready = sy->ops->backward_begin(sy, k, tr->accum);
     m->ready_ctx = &sy->ddp;
     /* fp16: the loss times the scale */
@@ -293,9 +291,11 @@ dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
   const float scale = tr->scaler.scale; /* 1 unless fp16 */
   int skip = 0;
   DT_TRY(sy->ops->begin_step(sy)); /* gradients zeroed */
-  DT_TRY(microsteps(tr, slice, &loss));
+  DT_TRY(microsteps(tr, slice));
   DT_TRY(sy->ops->after_backward(sy)); /* gradients final over dp (ZeRO: this rank's shard) */
-  DT_TRY(tr->be.ops->grad_sumsq(&tr->be, &sumsq));
+  DT_TRY(tr->be.ops->grad_sumsq(&tr->be, &sumsq)); /* the host waits for backward here, */
+  DT_TRY(dt_cnn_loss_sum(&tr->model, &loss));      /* so the losses' read costs no second wait */
+  loss /= tr->accum;
   DT_TRY(dt_train_norm(sy, &tr->scaler, &tr->mesh, tr->step + 1, sumsq, &norm, &skip));
   if (!skip) DT_TRY(update(tr, lr, dt_clip_scale(norm, tr->cfg.grad_clip) / scale));
   DT_TRY(sy->ops->after_update(sy, skip)); /* ZeRO: the parameters whole again */

@@ -22,10 +22,11 @@
 /* One optimizer step's micro-batches: this stage's 1F1B operations (pipeline.h; with one stage
  * simply forward, backward, forward, ...). Every stage reads the micro-batch itself (the first
  * needs the tokens, the last the targets); with pp > 1 the activations and their gradients
- * travel through tr->pipe. The loss is known on the last stage only (added to *loss_sum there).
+ * travel through tr->pipe. The loss is known on the last stage only, where each forward adds its
+ * mean to the model's loss sum in backend memory (read once per step: dt_trainer_step).
  * The sync strategy brackets each backward (its gradient-ready hook: DDP's buckets, ZeRO-2/3's
  * reductions to the owners). */
-static dt_status_t microsteps(dt_trainer_t *tr, uint64_t slice, double *loss_sum) {
+static dt_status_t microsteps(dt_trainer_t *tr, uint64_t slice) {
   const int s = tr->mesh.pp_idx, pp = tr->mesh.pp, m = tr->accum, first = s == 0, last = s == pp - 1;
   dt_sync_t *sy = &tr->sync;
   const size_t n = (size_t)tr->B * tr->T * tr->lay.d.C;
@@ -38,13 +39,11 @@ static dt_status_t microsteps(dt_trainer_t *tr, uint64_t slice, double *loss_sum
       if (first) DT_TRY(dt_pipe_flush(&tr->pipe));
       else DT_TRY(dt_pipe_recv(&tr->pipe, tr->pp_recv, n, s - 1));
       DT_TRY(dt_data_batch(tr->train, slice + (uint64_t)op.mb * (uint64_t)tr->B, tr->B, tr->inputs, tr->targets));
-      float loss = 0;
       t0 = dt_time_now();
       DT_TRY(dt_gpt2_stage_forward(&tr->model, slot, tr->inputs, tr->targets, first ? NULL : tr->pp_recv, tr->B,
-                                   tr->T, &loss, last ? NULL : tr->pp_send));
+                                   tr->T, NULL, last ? NULL : tr->pp_send));
       tr->t_pp_fwd += dt_time_now() - t0;
-      if (last) *loss_sum += loss;
-      else DT_TRY(dt_pipe_send(&tr->pipe, tr->pp_send, n, s + 1));
+      if (!last) DT_TRY(dt_pipe_send(&tr->pipe, tr->pp_send, n, s + 1));
     } else {
       if (last) DT_TRY(dt_pipe_flush(&tr->pipe));
       else DT_TRY(dt_pipe_recv(&tr->pipe, tr->pp_recv, n, s + 1));
@@ -190,10 +189,11 @@ dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {
   dt_wd_set_step(tr->step + 1);
   tr->be.loss_scale = scale; /* 1 unless fp16 */
   DT_TRY(sy->ops->begin_step(sy)); /* gradients zeroed */
-  DT_TRY(microsteps(tr, sample0 + (uint64_t)tr->mesh.dp_idx * (uint64_t)tr->accum * (uint64_t)tr->B, &loss_sum));
+  DT_TRY(microsteps(tr, sample0 + (uint64_t)tr->mesh.dp_idx * (uint64_t)tr->accum * (uint64_t)tr->B));
   DT_TRY(sy->ops->after_backward(sy)); /* gradients final over dp (and pp's tied wte) */
   DT_TRY(test_faults(tr, tr->step + 1));
-  DT_TRY(global_norm(tr, &norm, &skip));
+  DT_TRY(global_norm(tr, &norm, &skip));               /* the host waits for backward here, */
+  DT_TRY(dt_gpt2_loss_sum(&tr->model, &loss_sum)); /* so reading the losses costs no second wait */
   DT_TRY(update(tr, lr, norm, skip));
   tr->step++;
   tr->sample_pos += (uint64_t)tr->global_batch;
@@ -215,17 +215,16 @@ dt_status_t dt_trainer_eval(dt_trainer_t *tr, dt_data_t *d, int batches, double 
     int j = k * tr->mesh.dp + tr->mesh.dp_idx, real = j < batches;
     if (!real && !sy->ops->collective_forward) break; /* ZeRO-3's gathers: every rank runs every round */
     DT_TRY(dt_data_batch_sequential(d, (uint64_t)(real ? j : 0), tr->B, tr->inputs, tr->targets));
-    float l = 0;
+    float l = 0; /* a padding round's loss, dropped; the real ones add up in the model's loss sum */
     /* the batch through the stages, forward only (one stage: the whole model) */
     if (s > 0) DT_TRY(dt_pipe_recv(&tr->pipe, tr->pp_recv, n, s - 1));
-    DT_TRY(dt_gpt2_stage_forward(&tr->model, 0, tr->inputs, tr->targets, s > 0 ? tr->pp_recv : NULL, tr->B, tr->T, &l,
-                                 last ? NULL : tr->pp_send));
+    DT_TRY(dt_gpt2_stage_forward(&tr->model, 0, tr->inputs, tr->targets, s > 0 ? tr->pp_recv : NULL, tr->B, tr->T,
+                                 real ? NULL : &l, last ? NULL : tr->pp_send));
     if (!last) DT_TRY(dt_pipe_send(&tr->pipe, tr->pp_send, n, s + 1));
     DT_TRY(dt_pipe_flush(&tr->pipe));
-    if (!real || !last) continue; /* the loss is the last stage's */
-    sum[0] += l;
-    sum[1] += 1;
+    if (real && last) sum[1] += 1; /* the loss is the last stage's */
   }
+  DT_TRY(dt_gpt2_loss_sum(&tr->model, &sum[0])); /* one read for all batches (0 off the last stage) */
   DT_TRY(sy->ops->end_eval(sy));
   if (pp > 1) DT_TRY(tr->mesh.pp_comm->ops->allreduce(tr->mesh.pp_comm, sum, sum, 2, DT_F64, DT_SUM, NULL, NULL));
   if (tr->mesh.dp > 1)

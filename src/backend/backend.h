@@ -89,20 +89,23 @@ typedef struct {
                                   int pos, int n, int Tmax, int C, int NH);
   dt_status_t (*gelu_forward)(dt_backend_t *be, float *out, const float *inp, size_t n);
   dt_status_t (*gelu_backward)(dt_backend_t *be, float *dinp, const float *inp, const float *dout, size_t n);
-  /* softmax over the first V of Vp columns + cross-entropy: losses, lse (N); *mean_host = the mean loss */
+  /* softmax over the first V of Vp columns + cross-entropy: losses, lse (N); *loss_sum (one double of
+   * backend memory) += the mean loss (summed in float64, rounded to float: the loss a forward
+   * reports). The host reads the sum when it needs it (once per step in training), so computing a
+   * loss never makes the host wait. */
   dt_status_t (*crossentropy_forward)(dt_backend_t *be, float *losses, float *lse, const float *logits,
-                                      const int *targets, int N, int V, int Vp, double *mean_host);
+                                      const int *targets, int N, int V, int Vp, double *loss_sum);
   /* The vocab-parallel cross-entropy in pieces (the model all-reduces between them): logits
    * (N,Vp) hold global columns [v0, v0+Vp) of which the first nv are real vocabulary:
    *   xent_max:    mx[i] = max over the nv columns
    *   xent_sumexp: sum[i] = sum exp(z - mx[i]) (double), tl[i] = z[target - v0] if it is here, else 0
    *   xent_finish: lse = mx + log(sum), losses = lse - tl (mx -> lse, tl -> losses in place),
-   *                *mean_host = mean of the losses */
+   *                *loss_sum += mean of the losses (as crossentropy_forward) */
   dt_status_t (*xent_max)(dt_backend_t *be, float *mx, const float *logits, int N, int nv, int Vp);
   dt_status_t (*xent_sumexp)(dt_backend_t *be, double *sum, float *tl, const float *logits, const float *mx,
                              const int *targets, int N, int nv, int Vp, int v0);
   dt_status_t (*xent_finish)(dt_backend_t *be, float *lse_mx, float *losses_tl, const double *sum, int N,
-                             double *mean_host);
+                             double *loss_sum);
   /* in place: z[i,v] <- (softmax - [v + v0 == target]) * dloss for v < nv, 0 for v in [nv, Vp) */
   dt_status_t (*crossentropy_backward)(dt_backend_t *be, float *logits, const float *lse, const int *targets,
                                        float dloss, int N, int nv, int Vp, int v0);

@@ -279,9 +279,9 @@ static dt_status_t k_gelu_backward(dt_backend_t *be, float *dinp, const float *i
 }
 
 static dt_status_t k_crossentropy_forward(dt_backend_t *be, float *losses, float *lse, const float *logits,
-                                          const int *targets, int N, int V, int Vp, double *mean_host) {
+                                          const int *targets, int N, int V, int Vp, double *loss_sum) {
   (void)be;
-  *mean_host = dt_crossentropy_forward(losses, lse, logits, targets, N, V, Vp);
+  *loss_sum += (float)dt_crossentropy_forward(losses, lse, logits, targets, N, V, Vp);
   return DT_OK;
 }
 
@@ -321,7 +321,7 @@ static dt_status_t k_xent_sumexp(dt_backend_t *be, double *sum, float *tl, const
 }
 
 static dt_status_t k_xent_finish(dt_backend_t *be, float *lse, float *losses, const double *sum, int N,
-                                 double *mean_host) {
+                                 double *loss_sum) {
   (void)be;
   double total = 0.0;
   for (int i = 0; i < N; i++) {
@@ -330,7 +330,7 @@ static dt_status_t k_xent_finish(dt_backend_t *be, float *lse, float *losses, co
     losses[i] = l - losses[i];
     total += losses[i];
   }
-  *mean_host = total / N;
+  *loss_sum += (float)(total / N);
   return DT_OK;
 }
 

@@ -18,7 +18,7 @@ static size_t slot_floats(const dt_cnn_slot_t *s) { return (size_t)s->C * s->H *
 void dt_cnn_free(dt_cnn_t *m) {
   if (m->be) {
     void *dev[] = {m->acts, m->dacts, m->tmp, m->scratch, m->mean, m->var, m->rstd, m->sdy, m->sdyx, m->losses,
-                   m->lse, m->idx, m->labels};
+                   m->lse, m->loss, m->idx, m->labels};
     for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++)
       if (dev[i]) m->be->k->release(m->be, dev[i]);
   }
@@ -81,7 +81,7 @@ static cnn_sizes_t cnn_sizes(const dt_cnn_t *m, const dt_cnn_kernels_t *ck, cons
 double dt_cnn_alloc_bytes(const dt_cnn_t *m, int B, int nthr, const dt_cnn_kernels_t *ck) {
   cnn_sizes_t z = cnn_sizes(m, ck, NULL, B, nthr);
   double ns = m->n_stat ? (double)m->n_stat : 1.0;
-  return 4.0 * (2.0 * z.acts + z.tmp + z.scratch + 5 * ns + 2.0 * B) + 4.0 * (z.idx + B) + m->n_slots +
+  return 4.0 * (2.0 * z.acts + z.tmp + z.scratch + 5 * ns + 2.0 * B) + 16.0 + 4.0 * (z.idx + B) + m->n_slots +
          24.0 * z.maxc + 4.0 * m->lay.n_tensors + m->n_ops + 4.0 * B * m->cfg.classes;
 }
 
@@ -134,6 +134,7 @@ dt_status_t dt_cnn_alloc(dt_cnn_t *m, dt_backend_t *be, int B) {
   for (int i = 0; i < 5 && st == DT_OK; i++) st = be_alloc(m, stat[i], ns, f);
   if (st == DT_OK) st = be_alloc(m, &m->losses, (size_t)B, f);
   if (st == DT_OK) st = be_alloc(m, &m->lse, (size_t)B, f);
+  if (st == DT_OK) st = be_alloc(m, &m->loss, 2, sizeof(double));
   if (st == DT_OK) st = be_alloc(m, &m->idx, z.idx, sizeof(int));
   if (st == DT_OK) st = be_alloc(m, &m->labels, (size_t)B, sizeof(int));
   if (st != DT_OK)
@@ -263,8 +264,20 @@ dt_status_t dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const 
   }
   const float *logits = m->acts + m->slots[m->n_slots - 1].off;
   DT_TRY(be->k->upload(be, m->labels, y, (size_t)B * sizeof(int)));
-  DT_TRY(be->k->crossentropy_forward(be, m->losses, m->lse, logits, m->labels, B, K, K, loss));
+  double *acc = m->loss + (loss != NULL); /* [1]: this forward's alone, read now */
+  if (loss) {
+    *loss = 0.0;
+    DT_TRY(be->k->upload(be, acc, loss, sizeof *loss));
+  }
+  DT_TRY(be->k->crossentropy_forward(be, m->losses, m->lse, logits, m->labels, B, K, K, acc));
+  if (loss) DT_TRY(be->k->download(be, loss, acc, sizeof *loss));
   return correct ? count_correct(m, logits, y, correct) : DT_OK;
+}
+
+dt_status_t dt_cnn_loss_sum(dt_cnn_t *m, double *sum_host) {
+  const double zero = 0.0;
+  DT_TRY(m->be->k->download(m->be, sum_host, m->loss, sizeof *sum_host));
+  return m->be->k->upload(m->be, m->loss, &zero, sizeof zero);
 }
 
 /* Where an operation writes the gradient of its input slot s: the slot's own gradient the first

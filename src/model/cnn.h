@@ -70,6 +70,7 @@ typedef struct {
   dt_backend_t *be;
   int B;
   float *acts, *dacts, *tmp, *scratch, *mean, *var, *rstd, *sdy, *sdyx, *losses, *lse;
+  double *loss;           /* [0] the loss sum (dt_cnn_loss_sum), [1] one forward's */
   int *idx, *labels;
   size_t n_acts, n_tmp, n_idx;
   unsigned char *written; /* backward: slot gradient written yet */
@@ -130,11 +131,16 @@ void dt_cnn_free(dt_cnn_t *m);
 void dt_cnn_init_params(const dt_cnn_t *m, float *params, float *bufs, uint64_t seed);
 
 /* Forward over B images x (B, C, H, W) with labels y (B), both host memory; params, bufs, grads:
- * backend memory. *loss = the mean cross-entropy, *correct (when not NULL) = the number of correct
- * top-1 predictions. training: batch norm uses the batch's statistics and updates the running ones
- * in bufs (momentum 0.1); else the running ones. */
+ * backend memory. *loss = the mean cross-entropy (host; rounded to float), or with loss NULL that
+ * mean added to the model's loss sum in backend memory (dt_cnn_loss_sum: no host wait for it);
+ * *correct (when not NULL) = the number of correct top-1 predictions. training: batch norm uses
+ * the batch's statistics and updates the running ones in bufs (momentum 0.1); else the running
+ * ones. */
 dt_status_t dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const float *x, const int *y, int training,
                            double *loss, int *correct);
+/* *sum_host = the sum of the mean losses of the forwards with loss NULL since the last call; the
+ * sum starts again from 0 */
+dt_status_t dt_cnn_loss_sum(dt_cnn_t *m, double *sum_host);
 /* Backward of the last training forward: grads += d(dloss * sum of the B losses) / d params
  * (dloss = 1/B for the batch mean; 1/(B accum) over accum micro-batches), reporting final ranges
  * to m->ready when set. */

@@ -111,6 +111,7 @@ void dt_gpt2_free(dt_gpt2_t *m) {
     dt_backend_t *be = m->be;
     if (s->arena) be->k->release(be, s->arena);
     if (s->ints) be->k->release(be, s->ints);
+    if (s->loss) be->k->release(be, s->loss);
     free(s->h_ints);
     free(s->acts);
     free(s);
@@ -146,6 +147,7 @@ dt_status_t dt_gpt2_init(dt_gpt2_t *m, dt_backend_t *be, int slots, int recomput
   dt_status_t st = s->acts && s->h_ints ? DT_OK : DT_ERR(DT_ERR_NOMEM, "gpt2: out of memory");
   if (st == DT_OK) st = be->k->alloc(be, (void **)&s->arena, nact * sizeof(float));
   if (st == DT_OK) st = be->k->alloc(be, (void **)&s->ints, 2 * (size_t)m->slots * s->bt * sizeof(int));
+  if (st == DT_OK) st = be->k->alloc(be, (void **)&s->loss, 2 * sizeof(double));
   if (st != DT_OK) {
     dt_gpt2_free(m);
     return st;
@@ -236,7 +238,7 @@ dt_status_t dt_gpt2__block_forward(dt_gpt2_t *m, const block_t *y, const float *
 
 /* The vocab-parallel cross-entropy: the pieces of dt_crossentropy_forward with the row max, the
  * sum of exponentials and the target logit all-reduced over tp. */
-static dt_status_t tp_crossentropy_forward(dt_gpt2_t *m, acts_t *a, const int *targets, int N, double *mean) {
+static dt_status_t tp_crossentropy_forward(dt_gpt2_t *m, acts_t *a, const int *targets, int N, double *loss_sum) {
   dt_backend_t *be = m->be;
   const dt_gpt2_state_t *s = m->st;
   int nv = be->lay->d.V - s->v0 < s->Vpl ? be->lay->d.V - s->v0 : s->Vpl; /* real vocab columns here */
@@ -247,7 +249,7 @@ static dt_status_t tp_crossentropy_forward(dt_gpt2_t *m, acts_t *a, const int *t
   DT_TRY(be->k->xent_sumexp(be, sum, a->losses, a->logits, a->lse, targets, N, nv, s->Vpl, s->v0));
   DT_TRY(tp_allreduce(m, sum, (size_t)N, DT_F64, DT_SUM));
   DT_TRY(tp_allreduce(m, a->losses, (size_t)N, DT_F32, DT_SUM));
-  return be->k->xent_finish(be, a->lse, a->losses, sum, N, mean);
+  return be->k->xent_finish(be, a->lse, a->losses, sum, N, loss_sum);
 }
 
 /* ln_f, the tied lm_head (logits = lnf wte^T) and, with targets, the loss. */
@@ -265,11 +267,23 @@ dt_status_t dt_gpt2__head_forward(dt_gpt2_t *m, acts_t *a, const float *x, int N
   a->logits_gone = 0;
   a->logits_gen = be->param_gen;
   if (!a->have_targets) return DT_OK;
-  double mean = 0.0;
-  if (m->st->tp > 1) RUN(DT_PROF_XENT, tp_crossentropy_forward(m, a, a->targets, N, &mean));
-  else RUN(DT_PROF_XENT, be->k->crossentropy_forward(be, a->losses, a->lse, a->logits, a->targets, N, lay->d.V, Vpl, &mean));
-  if (loss) *loss = (float)mean;
+  double mean = 0.0, *acc = m->st->loss + (loss != NULL); /* [1]: this forward's alone, read now */
+  if (loss) DT_TRY(be->k->upload(be, acc, &mean, sizeof mean));
+  if (m->st->tp > 1) RUN(DT_PROF_XENT, tp_crossentropy_forward(m, a, a->targets, N, acc));
+  else RUN(DT_PROF_XENT, be->k->crossentropy_forward(be, a->losses, a->lse, a->logits, a->targets, N, lay->d.V, Vpl, acc));
+  if (!loss) return DT_OK;
+  DT_TRY(be->k->download(be, &mean, acc, sizeof mean));
+  *loss = (float)mean;
   return DT_OK;
+}
+
+dt_status_t dt_gpt2_loss_sum(dt_gpt2_t *m, double *sum_host) {
+  dt_backend_t *be = m->be;
+  const double zero = 0.0;
+  *sum_host = 0.0;
+  if (!m->st->last) return DT_OK;
+  DT_TRY(be->k->download(be, sum_host, m->st->loss, sizeof *sum_host));
+  return be->k->upload(be, m->st->loss, &zero, sizeof zero);
 }
 
 /* The arguments of a stage's forward, checked; the batch copied into set `slot`. */

@@ -54,9 +54,11 @@ size_t dt_gpt2_activation_floats(const dt_dims_t *d, int tp, int nl, int last, i
 /* One stage's forward of a micro-batch into activation set `slot` (0 <= slot < slots; a set stays
  * valid until its backward, so 1F1B keeps several micro-batches in flight). The first stage embeds
  * `inputs` (host int32 (B, T)); the others start from x_in (B, T, C) in backend memory, the
- * previous stage's y_out. The last stage computes the mean cross-entropy over B*T into *loss (host)
- * when targets (host int32 (B, T)) are given; the others write y_out (B, T, C) in backend memory for
- * the next stage. B and T may be smaller than the capacity. */
+ * previous stage's y_out. The last stage computes the mean cross-entropy over B*T when targets
+ * (host int32 (B, T)) are given: into *loss (host; the host waits for the forward), or, with loss
+ * NULL, added to the model's loss sum in backend memory (dt_gpt2_loss_sum reads it: a training step
+ * reads its micro-batches' losses once). The others write y_out (B, T, C) in backend memory for the
+ * next stage. B and T may be smaller than the capacity. */
 dt_status_t dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, const int *targets, const float *x_in,
                                   int B, int T, float *loss, float *y_out);
 /* Backward of set `slot`: the last stage from the loss, the others from dy (B, T, C) = d loss /
@@ -66,6 +68,9 @@ dt_status_t dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, con
  * but the first stage write dx (B, T, C) = d loss / d x_in for the previous stage. */
 dt_status_t dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, int accum, const float *dy, float *dx, dt_grad_ready_fn ready,
                                    void *ctx);
+/* *sum_host = the sum of the mean losses of the forwards with targets and loss NULL since the last
+ * call (0 on a stage without the loss), and the sum starts again from 0. */
+dt_status_t dt_gpt2_loss_sum(dt_gpt2_t *m, double *sum_host);
 /* The whole model (one pipeline stage): set 0. */
 dt_status_t dt_gpt2_forward(dt_gpt2_t *m, const int *inputs, const int *targets, int B, int T, float *loss);
 dt_status_t dt_gpt2_backward(dt_gpt2_t *m, int accum, dt_grad_ready_fn ready, void *ctx);

@@ -40,6 +40,7 @@ typedef struct {
 struct dt_gpt2_state {
   float *arena;
   int *ints, *h_ints;       /* inputs and targets of every set (backend memory), host inputs */
+  double *loss;             /* backend memory: [0] the loss sum (dt_gpt2_loss_sum), [1] one forward's */
   acts_t *acts;             /* m->slots sets */
   int l0, l1, first, last;  /* pipeline stage: blocks [l0, l1), embeddings, ln_f + lm_head */
   size_t bt, btc, btcl;     /* capacity strides: B*T, B*T*C, B*T*Cl */

@@ -289,12 +289,14 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
 /* Weights in two layouts, as on the CPU (ops_cpu.h): the lm_head's wte (OC, C) like nn.Linear
  * (w_in_out = 0), the blocks' (C, OC) like Hugging Face's Conv1D (w_in_out = 1). */
 
-/* out (N,OC) = inp (N,C) W^T + bias with W (OC,C), or inp W + bias with W (C,OC) (w_in_out) */
+/* out (N,OC) = inp (N,C) W^T + bias with W (OC,C), or inp W + bias with W (C,OC) (w_in_out), then
+ * + resid; bias and resid in one pass over out (resid + (out + bias): the CPU's sums, commuted) */
 static dt_status_t linear_forward(cu_impl_t *im, float *out, const float *inp, const float *w, bool w_in_out,
-                                  const float *bias, int N, int C, int OC) {
+                                  const float *bias, const float *resid, int N, int C, int OC) {
   DT_TRY(gemm_lin(im, false, !w_in_out, N, OC, C, inp, C, w, w_in_out ? OC : C, 0.0f, out, OC));
-  if (bias) DT_TRY(dt_cu_add_bias(out, bias, N, OC, im->compute));
-  return DT_OK;
+  if (bias && resid) return dt_cu_bias_residual(out, bias, resid, N, OC, im->compute); /* one pass for both */
+  if (bias) return dt_cu_add_bias(out, bias, N, OC, im->compute);
+  return resid ? dt_cu_residual_forward(out, out, resid, (size_t)N * OC, im->compute) : DT_OK;
 }
 
 /* W (OC,C): dinp (N,C) = dout W, dweight (OC,C) += dout^T inp; W (C,OC) (w_in_out): dinp = dout W^T,
@@ -442,8 +444,7 @@ static dt_status_t k_layernorm_backward(dt_backend_t *be, float *dinp, float *dw
 /* out = [resid +] (inp W + bias): the residual added after the product, one rounding later */
 static dt_status_t k_linear_forward(dt_backend_t *be, float *out, const float *inp, const float *w, int w_in_out,
                                     const float *bias, const float *resid, int N, int C, int OC) {
-  DT_TRY(linear_forward(impl(be), out, inp, w, w_in_out != 0, bias, N, C, OC));
-  return resid ? dt_cu_residual_forward(out, out, resid, (size_t)N * OC, S(be)) : DT_OK;
+  return linear_forward(impl(be), out, inp, w, w_in_out != 0, bias, resid, N, C, OC);
 }
 static dt_status_t k_linear_backward(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const float *dout,
                                      const float *inp, const float *w, int w_in_out, int N, int C, int OC) {

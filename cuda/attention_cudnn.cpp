@@ -18,7 +18,9 @@
 #include "convert16.h"
 #include "cuda_check.h"
 
-#ifdef DT_HAVE_CUDNN_FRONTEND
+/* The real thing needs the frontend's headers and real CUDA; the CUDA emulation (cuda/emu: its
+ * cuda_runtime.h defines DT_CUDA_EMU_RUNTIME) builds the refusals below */
+#if defined(DT_HAVE_CUDNN_FRONTEND) && !defined(DT_CUDA_EMU_RUNTIME)
 
 #include <exception>
 #include <memory>
@@ -284,13 +286,19 @@ dt_status_t dt_cudnn_att_backward(dt_cudnn_att_t *a, float *dqkv, const float *d
   return from16(a, dqkv, dq16, 3 * btc);
 }
 
-#else /* no cuDNN frontend headers at build time */
+#else /* no cuDNN frontend headers at build time, or the CUDA emulation */
+
+#ifdef DT_CUDA_EMU_RUNTIME
+#define NO_CUDNN_ATT "the CUDA emulation has no cuDNN (flash is its twin)"
+#else
+#define NO_CUDNN_ATT \
+  "this build has no cuDNN frontend headers (scripts/install-deps.sh fetches them; ./configure --with-cudnn-frontend=DIR)"
+#endif
 
 dt_status_t dt_cudnn_att_open(dt_cudnn_att_t **out, cudaStream_t s, int fp16) {
   (void)s, (void)fp16;
   *out = NULL;
-  return DT_ERR(DT_ERR_UNSUPPORTED, "system.attention = cudnn: this build has no cuDNN frontend headers "
-                                    "(scripts/install-deps.sh fetches them; ./configure --with-cudnn-frontend=DIR)");
+  return DT_ERR(DT_ERR_UNSUPPORTED, "system.attention = cudnn: %s", NO_CUDNN_ATT);
 }
 void dt_cudnn_att_close(dt_cudnn_att_t *a) { (void)a; }
 const char *dt_cudnn_att_name(const dt_cudnn_att_t *a) {
@@ -299,7 +307,7 @@ const char *dt_cudnn_att_name(const dt_cudnn_att_t *a) {
 }
 dt_status_t dt_cudnn_att_validate(int sm, int fp16, int bwd, int B, int T, int NH, int hs) {
   (void)sm, (void)fp16, (void)bwd, (void)B, (void)T, (void)NH, (void)hs;
-  return DT_ERR(DT_ERR_UNSUPPORTED, "system.attention = cudnn: this build has no cuDNN frontend headers");
+  return DT_ERR(DT_ERR_UNSUPPORTED, "system.attention = cudnn: %s", NO_CUDNN_ATT);
 }
 dt_status_t dt_cudnn_att_forward(dt_cudnn_att_t *a, float *out, float *lse, const float *qkv, int B, int T, int C,
                                  int NH) {

@@ -26,9 +26,7 @@ extern "C" {
 #include "cuda_launch.h"
 #include "kernels.h"
 #include "backend_cuda_int.h"
-#if DT_CU_CUDNN_ATT
 #include "attention_cudnn.h"
-#endif
 
 /* ---- device discovery --------------------------------------------------------------------- */
 
@@ -116,9 +114,7 @@ static void cu_free(dt_backend_t *be) {
     if (im->device >= 0) cudaSetDevice(im->device);
     if (im->blas) cublasDestroy(im->blas);
     dt_cu_cudnn_free(im);
-#if DT_CU_CUDNN_ATT
     dt_cudnn_att_close(im->catt);
-#endif
     if (im->group_ev)
       for (int g = 0; g < be->lay->d.L + 2; g++)
         if (im->group_ev[g]) cudaEventDestroy(im->group_ev[g]);
@@ -222,14 +218,9 @@ static dt_status_t open_cudnn_att(dt_backend_t *be, dt_precision_t p) {
   if (p == DT_PREC_FP32)
     return DT_ERR(DT_ERR_CONFIG, "system.attention = cudnn: cuDNN's fused attention takes 16-bit inputs; "
                                  "train.precision = fp32 needs system.attention = matmul or flash");
-#if DT_CU_CUDNN_ATT
   dt_cudnn_att_close(im->catt); /* a state for another precision's type */
   im->catt = NULL;
-  return dt_cudnn_att_open(&im->catt, im->compute, p == DT_PREC_FP16);
-#else
-  (void)im;
-  return DT_ERR(DT_ERR_UNSUPPORTED, "system.attention = cudnn: the CUDA emulation has no cuDNN (flash is its twin)");
-#endif
+  return dt_cudnn_att_open(&im->catt, im->compute, p == DT_PREC_FP16); /* the emulation: refused */
 }
 
 /* bf16/fp16: a device working copy of the parameters, rounded from the master in forward. */
@@ -455,19 +446,14 @@ static dt_status_t k_linear_backward(dt_backend_t *be, float *dinp, float *dweig
 static dt_status_t k_attention_forward(dt_backend_t *be, float *out, float *state, float *scratch, const float *qkv,
                                        int B, int T, int C, int NH) {
   (void)scratch;
-#if DT_CU_CUDNN_ATT
   if (impl(be)->catt) return dt_cudnn_att_forward(impl(be)->catt, out, state, qkv, B, T, C, NH);
-#endif
   if (be->flash) return dt_cu_flash_forward(out, state, qkv, B, T, C, NH, S(be));
   return attention_forward(impl(be), out, state, qkv, B, T, C, NH);
 }
 static dt_status_t k_attention_backward(dt_backend_t *be, float *dqkv, float *scratch, const float *dout,
                                         const float *out, const float *qkv, const float *state, int B, int T, int C,
                                         int NH) {
-#if DT_CU_CUDNN_ATT
   if (impl(be)->catt) return dt_cudnn_att_backward(impl(be)->catt, dqkv, dout, out, qkv, state, B, T, C, NH);
-#endif
-  (void)out;
   if (be->flash) return dt_cu_flash_backward(dqkv, scratch, dout, qkv, state, B, T, C, NH, S(be));
   return attention_backward(impl(be), dqkv, scratch, dout, qkv, state, B, T, C, NH);
 }
@@ -607,11 +593,7 @@ static const char *cu_engine(const dt_backend_t *be) {
   const int lin16 = im && im->lin_16;
   const char *dnn = im ? dt_cu_cudnn_name(im) : NULL;
   const char *att = !be->flash ? "" : be->cudnn_att ? "; attention: " : "; attention: flash kernels";
-#if DT_CU_CUDNN_ATT
   const char *catt = im && im->catt ? dt_cudnn_att_name(im->catt) : "";
-#else
-  const char *catt = "";
-#endif
   snprintf(s, sizeof s, "cuBLAS%s%s%s%s%s%s%s", be->tf32 ? ", TF32 tensor cores" : "", lin16 ? ", layer matmuls on " : "",
            !lin16 ? "" : be->precision == DT_PREC_BF16 ? "bf16 tensor cores" : "fp16 tensor cores", att,
            be->cudnn_att ? catt : "", dnn ? "; convolutions: " : "", dnn ? dnn : "");

@@ -55,12 +55,6 @@ dt_status_t dt_cu_arena_populate(dt_backend_t *be, float *x, size_t n);
 #else
 #define DT_CU_CUDNN 0
 #endif
-/* cuDNN's fused attention (attention_cudnn.cpp) is only in the real CUDA build */
-#ifndef DT_CUDA_EMU_RUNTIME
-#define DT_CU_CUDNN_ATT 1
-#else
-#define DT_CU_CUDNN_ATT 0
-#endif
 
 /* backend_cuda_cnn.cu: open cuDNN for be->cudnn_conv (an error where this build has none), close it */
 dt_status_t dt_cu_cudnn_init(dt_backend_t *be);

@@ -5,7 +5,9 @@
 # cores: dtrain system.tf32=true, torch allow_tf32) and bf16; median ms/step over the steps after
 # the first two, tokens/s, MFU against the GPU's dense peak (H100/H200: 989 TFLOP/s bf16, 495 tf32,
 # 67 fp32; datasheet leads), and device memory (dtrain: cudaMemGetInfo in use vs `dtrain plan`'s prediction;
-# PyTorch: max_memory_allocated). A precision written PREC+rc runs dtrain with train.recompute=true,
+# PyTorch: max_memory_allocated), and the step dtrain's kernel roofline predicts for the GPU
+# (`dtrain plan`, src/app/roofline.c: H200 or H100 datasheet) with measured / predicted. A
+# precision written PREC+rc runs dtrain with train.recompute=true,
 # PREC+flash with system.attention=flash, PREC+cudnn with system.attention=cudnn (cuDNN's fused
 # attention, bf16/fp16 only), PREC+tf32 with system.tf32=true (bf16+tf32: the products
 # outside the linear layers, the attention's, on TF32; no PyTorch row for any of these). Prints one
@@ -38,6 +40,7 @@ PYTHON=${PYTHON:-python3}
 mkdir -p "$out"
 T=1024
 table=()
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 
 for prec in ${precs//,/ }; do
   log="$out/dtrain_$prec"
@@ -62,10 +65,10 @@ for prec in ${precs//,/ }; do
     table+=("$(printf '%-22s %-10s %10s %12s %7s %22s' "dtrain" "$prec" "exit $rc" "-" "-" "-")")
     continue
   fi
-  row=$("$PYTHON" - "$log.jsonl" "$log.out" "$prec" "$batch" <<'PY'
+  row=$("$PYTHON" - "$log.jsonl" "$log.out" "$prec" "$batch" "$gpu" <<'PY'
 import json, re, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-out, prec, B = open(sys.argv[2]).read(), sys.argv[3], int(sys.argv[4])
+out, prec, B, gpu = open(sys.argv[2]).read(), sys.argv[3], int(sys.argv[4]), sys.argv[5]
 ms = statistics.median(r["ms"] for r in rows[2:]) if len(rows) > 2 else float("nan")
 L, C, T, Vp = 12, 768, 1024, 50304
 tok_s = B * T / (ms / 1e3)
@@ -73,7 +76,11 @@ peak = {"bf16": 989.0, "tf32": 495.0}.get(prec.split("+")[0], 67.0)  # H100/H200
 mfu = (6 * (12 * L * C * C + C * Vp) + 12 * L * T * C) * tok_s / 1e12 / peak
 m = re.search(r"device memory in use ([0-9.]+) MiB.*planned device total .* ([0-9.]+) MiB \(([-+0-9.]+)%\)", out)
 mem = f"{float(m.group(1)):.0f} (plan {float(m.group(2)):.0f}, {m.group(3)}%)" if m else "-"
-print(f"{'dtrain':<22} {prec:<10} {ms:10.1f} {tok_s:12.0f} {mfu:7.3f} {mem:>22}")
+# the kernel roofline's predicted step (roofline.h) for this GPU: the H200 line on an H200, else H100's
+r = re.search(r"roofline: kernels: on an H200\S* .*?step ([0-9.]+) ms as built" if "H200" in gpu else
+              r"roofline: kernels: step ([0-9.]+) ms", out)
+roof = f"{float(r.group(1)):.1f} ({ms / float(r.group(1)):.2f}x)" if r else "-"
+print(f"{'dtrain':<22} {prec:<10} {ms:10.1f} {tok_s:12.0f} {mfu:7.3f} {mem:>22} {roof:>16}")
 PY
 )
   table+=("$row")
@@ -93,6 +100,7 @@ while read -r line; do
 done < "$out/torch.out"
 
 echo
-echo "# GPT-2 124M, B=$batch, T=$T, median over steps 3..$steps ($(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1))"
-printf '%-22s %-10s %10s %12s %7s %22s\n' "run" "prec" "ms/step" "tokens/s" "MFU" "device MiB"
+echo "# GPT-2 124M, B=$batch, T=$T, median over steps 3..$steps ($gpu); roofline ms: dtrain's kernel roofline" \
+  "(dtrain plan), measured / predicted in ()"
+printf '%-22s %-10s %10s %12s %7s %22s %16s\n' "run" "prec" "ms/step" "tokens/s" "MFU" "device MiB" "roofline ms"
 printf '%s\n' "${table[@]}"

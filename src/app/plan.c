@@ -45,6 +45,10 @@
  *   each direction); NDR InfiniBand 400 Gb/s = 50 GB/s per GPU (DGX H100). 8 GPUs per node. */
 const dt_gpu_spec_t dt_gpu_a100 = {"A100-SXM4-80GB", 19.5e12, 156e12, 312e12, 2.0e12, 300e9, 25e9, 8};
 const dt_gpu_spec_t dt_gpu_h100 = {"H100-SXM5-80GB", 67e12, 495e12, 989e12, 3.35e12, 450e9, 50e9, 8};
+/* NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): the H100's compute (FP32 67, TF32 989 and BF16
+ * 1,979 TFLOPS with sparsity, so 495 and 989 dense), HBM3e 4.8 TB/s, NVLink 900 GB/s. The GPU the
+ * device tool lends (docs/gpu-runs.md). */
+const dt_gpu_spec_t dt_gpu_h200 = {"H200-SXM-141GB", 67e12, 495e12, 989e12, 4.8e12, 450e9, 50e9, 8};
 
 /* The CPU backend's activation arena for a stage (gpt2.c carves it, the CPU attention's share
  * sized by backend_cpu.c): exactly what dt_gpt2_init allocates there. */
@@ -97,6 +101,7 @@ dt_status_t dt_plan_input(dt_plan_in_t *in, const dt_config_t *cfg, const char *
   in->recompute = cfg->recompute;
   in->flash = strcmp(cfg->attention, "matmul") != 0; /* flash, cudnn: the rows' log-sum-exp only */
   in->cudnn = !strcmp(cfg->attention, "cudnn");
+  in->tf32 = cfg->tf32;
   in->device_mem = device_mem;
   return DT_OK;
 }

@@ -34,6 +34,7 @@ typedef struct {
   int pp_balance;     /* dt_pp_balance_t: what the pipeline stages balance */
   int recompute;      /* train.recompute: activations recomputed in backward */
   int flash;          /* system.attention = flash or cudnn: the CUDA attention keeps (B,NH,T), not (B,NH,T,T) */
+  int tf32;           /* system.tf32: the CUDA fp32 products on TF32 tensor cores (the kernel roofline) */
   int cudnn;          /* system.attention = cudnn: + its 16-bit copies of one block's qkv, out, dout and dqkv
                          (16 B T C/tp bytes); cuDNN's workspace is not counted */
   double device_mem;  /* bytes per device for the fit verdict */
@@ -75,7 +76,7 @@ typedef struct {
   int gpus_per_node;
 } dt_gpu_spec_t;
 
-extern const dt_gpu_spec_t dt_gpu_a100, dt_gpu_h100;
+extern const dt_gpu_spec_t dt_gpu_a100, dt_gpu_h100, dt_gpu_h200;
 
 /* Per rank per optimizer step, for the configured ZeRO stage. */
 typedef struct {
@@ -114,6 +115,8 @@ dt_status_t dt_plan_compute(dt_plan_t *p, const dt_plan_in_t *in);
  * math: 0 fp32, 1 tf32, 2 bf16 (2-byte storage). Pieces into the optional outputs. */
 double dt_plan_step_time(const dt_plan_t *p, const dt_gpu_spec_t *g, int math, double *t_flops, double *t_mem,
                          double *t_comm);
+/* One line of a report: prefix, the formatted text, a newline. */
+void dt_plan_line(FILE *o, const char *prefix, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 /* The full report, each line starting with `prefix`. */
 void dt_plan_print(const dt_plan_t *p, FILE *out, const char *prefix);
 /* Parse "80GiB", "80GB", "80G" (= GiB), "8e10", ... into bytes; -1 if malformed. */
@@ -124,8 +127,9 @@ double dt_plan_peak_rss(void);
 /* Remember the current RSS (VmRSS) as the process's baseline before any model memory: the CLI
  * calls it after MPI and the backend runtime are up; dt_plan_print_rss reports plan + baseline. */
 void dt_plan_note_baseline(void);
-/* For train.c, one line each: the plan before step 1 and the measured peak RSS against it. */
-void dt_plan_print_run(const dt_config_t *cfg, const char *name, int world, int threads, FILE *out);
+/* For train.c, one line each: the plan before step 1 (on a GPU, `device`, also the kernels'
+ * roofline: roofline.h) and the measured peak RSS against it. */
+void dt_plan_print_run(const dt_config_t *cfg, const char *name, int world, int threads, int device, FILE *out);
 void dt_plan_print_rss(const dt_config_t *cfg, const char *name, int world, int threads, int device, int ckpt,
                        FILE *out);
 /* That line for a planned total of `plan` bytes (`what`: the backend and what it counts; ZeRO stage

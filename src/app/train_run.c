@@ -117,7 +117,7 @@ static dt_status_t run_eval(void *t, dt_step_row_t *row) {
 static void run_header(void *t) {
   dt_trainer_t *tr = t;
   print_header(tr);
-  dt_plan_print_run(&tr->cfg, tr->cfg_name, tr->mesh.size, tr->mesh.threads, stdout);
+  dt_plan_print_run(&tr->cfg, tr->cfg_name, tr->mesh.size, tr->mesh.threads, !tr->be.ops->host_memory, stdout);
 }
 
 static void straggler_line(void *t, const dt_step_row_t *row) {

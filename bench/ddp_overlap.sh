@@ -22,6 +22,9 @@
 #   instead of the average in shared memory that auto picks on one node, overlapped and with every
 #   all-reduce after backward: the transports side by side, and the same check of the printed
 #   share on MPI's all-reduce, which is ~8x longer, so the rounds can resolve it.
+#   The same check without a second process: in the overlapped run itself, its probe steps whole
+#   against its other steps whole (they alternate, so the drift between runs cancels), over its
+#   all-reduce: "within each run".
 #   MODELS="124M" (or "30M") runs only those; MODELS=124M-T64 (not in the default "124M 30M") runs
 #   124M at T = 64, where MPI's all-reduce is about a third of the step, not a tenth. A benchmark, not a test. Run from a build tree with ./dtrain and data/ on a quiet machine.
 #   usage: bench/ddp_overlap.sh [ROUNDS] [STEPS] [WARMUP]     (defaults 2, 6, 2)
@@ -58,6 +61,23 @@ probe = int(sys.argv[3]) if len(sys.argv) > 3 else 0  # dtrain probe steps: 2, 2
 print(statistics.median(r["ms"] for r in rows if r["step"] > int(sys.argv[2]) and not (probe and (r["step"] - 2) % probe == 0)))' \
     "$t/$tag.jsonl" "$WARMUP" "$PROBE"
 }
+within_run() { # TAG: the share the overlapped run's own steps imply, in %: (median probe step - median
+  # other step) / its all-reduce alone; probe and other steps alternate in one process, so drift
+  # between runs cancels (the probe steps: 2, 2 + 3, ..., as PROBE=3)
+  # and its standard error (of the two medians, 1.25 x the standard error of the means), in points
+  "$PY" -c 'import json, math, re, sys, statistics as st
+rows = [r for r in map(json.loads, open(sys.argv[1])) if r["step"] > int(sys.argv[2])]
+probe = [r["ms"] for r in rows if (r["step"] - 2) % 3 == 0]
+other = [r["ms"] for r in rows if (r["step"] - 2) % 3 != 0]
+m = re.findall(r"the all-reduce alone ([0-9.]+) ms", open(sys.argv[3]).read())
+if len(probe) < 2 or len(other) < 2 or not m:
+    print("nan nan")
+else:
+    f = float(m[-1])
+    se = 1.25 * math.sqrt(st.variance(probe) / len(probe) + st.variance(other) / len(other))
+    print("%.1f %.1f" % (100 * (st.median(probe) - st.median(other)) / f, 100 * se / f))' \
+    "$t/$1.jsonl" "$WARMUP" "$t/$1.ddp"
+}
 torch_run() { # RANKS THREADS SHAPE G T [ENV...]
   env "${@:6}" "$PY" "$SRC/bench/torch_ddp.py" --ranks "$1" --threads "$2" $3 --batch "$4" --seq "$5" --steps "$STEPS" \
     --warmup "$WARMUP" 2> /dev/null | sed -n 's/.*step_ms=\([0-9.]*\).*/\1/p'
@@ -68,12 +88,14 @@ torch_best() { { torch_run "$@"; torch_run "$@" OPENBLAS_NUM_THREADS=1; } | sort
 for m in "${models[@]}"; do
   [[ " ${MODELS:-124M 30M} " == *" ${m%%|*} "* ]] || continue  # MODELS="124M": only those
   IFS='|' read -r name ov shape G T <<< "$m"
-  : > "$t/d1" ; : > "$t/d2" ; : > "$t/d3" ; : > "$t/d4" ; : > "$t/d5" ; : > "$t/p1" ; : > "$t/p2"
+  : > "$t/d1" ; : > "$t/d2" ; : > "$t/d3" ; : > "$t/d4" ; : > "$t/d5" ; : > "$t/p1" ; : > "$t/p2" ; : > "$t/w2" ; : > "$t/w4"
   for r in $(seq 1 "$ROUNDS"); do
     PROBE=0 dtrain_run 1 2 "$ov" "$G" "$T" "$name-1x2" >> "$t/d1"
     PROBE=3 dtrain_run 2 1 "$ov parallel.ddp_probe=3" "$G" "$T" "$name-2x1" >> "$t/d2"
+    within_run "$name-2x1" >> "$t/w2"
     PROBE=0 dtrain_run 2 1 "$ov parallel.ddp_probe=1" "$G" "$T" "$name-2x1-after" >> "$t/d3"
     PROBE=3 dtrain_run 2 1 "$ov parallel.ddp_probe=3 parallel.ddp_comm=mpi" "$G" "$T" "$name-2x1-mpi" >> "$t/d4"
+    within_run "$name-2x1-mpi" >> "$t/w4"
     PROBE=0 dtrain_run 2 1 "$ov parallel.ddp_probe=1 parallel.ddp_comm=mpi" "$G" "$T" "$name-2x1-mpi-after" >> "$t/d5"
     torch_best 1 2 "$shape" "$G" "$T" >> "$t/p1"
     torch_run 2 1 "$shape" "$G" "$T" >> "$t/p2"
@@ -92,8 +114,8 @@ for m in "${models[@]}"; do
   }'
   # per transport: the printed share against the one the all-reduce-after-backward run of the
   # same round implies
-  for tr in "shared memory|$name-2x1|d2|d3|$name-2x1-after" "MPI|$name-2x1-mpi|d4|d5|$name-2x1-mpi-after"; do
-    IFS='|' read -r label tag run after atag <<< "$tr"
+  for tr in "shared memory|$name-2x1|d2|d3|$name-2x1-after|w2" "MPI|$name-2x1-mpi|d4|d5|$name-2x1-mpi-after|w4"; do
+    IFS='|' read -r label tag run after atag within <<< "$tr"
     printed=$(sed -n 's/.*: \([0-9]*\)% +- [0-9]* of the all-reduce hidden.*/\1/p' "$t/$tag.ddp" | median)
     perr=$(sed -n 's/.*: [0-9]*% +- \([0-9]*\) of the all-reduce hidden.*/\1/p' "$t/$tag.ddp" | median)
     f=$(sed -n 's/.*the all-reduce alone \([0-9.]*\) ms.*/\1/p' "$t/$tag.ddp" | median)
@@ -104,12 +126,18 @@ for m in "${models[@]}"; do
     shares=$(paste "$t/$run" "$t/$after" "$t/ar_ov" "$t/ar_af" | awk -v f="$f" '{
       if (NF == 4 && $3 > 0) printf "%.1f\n", 100 * ($2 - $4 + $3 - $1) / $3; else printf "%.1f\n", 100 * ($2 - $1) / f }' |
       sort -g | tr '\n' ' ')
+    wshares=$(cut -d' ' -f1 "$t/$within" | sort -g | tr '\n' ' ')
+    wse=$(cut -d' ' -f2 "$t/$within" | median)
     awk -v n="$name" -v l="$label" -v printed="$printed" -v perr="$perr" -v f="$f" -v shares="$shares" -v d1="$d1" \
-        -v d="$(median < "$t/$run")" 'BEGIN {
+        -v d="$(median < "$t/$run")" -v wshares="$wshares" -v wse="$wse" 'BEGIN {
       k = split(shares, a, " "); lo = a[1]; hi = a[k]; mid = k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
       dif = printed > mid ? printed - mid : mid - printed
       verdict = dif <= 10 ? "within 10 points" : (hi - lo > 20 ? "undetermined: the rounds spread over " hi - lo " points, the step noise exceeds the all-reduce" : (dif <= perr ? "NOT within 10 points (" dif " points), but within the printed +- " perr : "NOT within 10 points, nor within the printed +- " perr))
       printf "RESULT %s overlap, %s: all-reduce %.0f ms (dtrain probe steps); hidden as dtrain prints it %.0f%% +- %.0f; as a dp=2 run with every all-reduce after backward implies, per round: %s%% (median %.0f%%): %s; as the 1-rank run implies %.0f%%\n", n, l, f, printed, perr, shares, mid, verdict, 100 * (1 - (d - d1) / f)
+      k = split(wshares, w, " "); wmid = k % 2 ? w[(k + 1) / 2] : (w[k / 2] + w[k / 2 + 1]) / 2
+      wdif = printed > wmid ? printed - wmid : wmid - printed
+      wv = wdif <= 10 ? "within 10 points of the printed share" : (2 * wse > 10 ? "undetermined: the steps of one run spread by +- " 2 * wse " points of the all-reduce" : "NOT within 10 points of the printed share (" wdif " points)")
+      printf "RESULT %s overlap, %s, within each run (its probe steps whole vs its other steps whole, over its all-reduce): per round %s%% (median %.0f%% +- %.0f, 2 standard errors): %s\n", n, l, wshares, wmid, 2 * wse, wv
     }'
   done
 done

@@ -424,13 +424,13 @@ static dt_status_t k_bias_residual(dt_backend_t *be, float *out, const float *bi
 }
 static dt_status_t k_layernorm_forward(dt_backend_t *be, float *out, float *mean, float *rstd, const float *inp,
                                        const float *weight, const float *bias, int N, int C) {
-  return dt_cu_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, S(be));
+  return dt_cu_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, be->precision, S(be));
 }
 static dt_status_t k_layernorm_backward(dt_backend_t *be, float *dinp, float *dweight, float *dbias,
                                         const float *dresid, const float *dout, const float *inp, const float *weight,
                                         const float *mean, const float *rstd, int N, int C) {
   return dt_cu_layernorm_backward(dinp, dweight, dbias, dresid, dout, inp, weight, mean, rstd, N, C, impl(be)->colscr,
-                                  S(be));
+                                  be->precision, S(be));
 }
 /* out = [resid +] (inp W + bias): the residual added after the product, one rounding later */
 static dt_status_t k_linear_forward(dt_backend_t *be, float *out, const float *inp, const float *w, int w_in_out,
@@ -462,10 +462,10 @@ static dt_status_t k_attention_decode(dt_backend_t *be, float *out, float *kc, f
   return dt_cu_attention_decode(out, kc, vc, qkv, B, pos, n, Tmax, C, NH, S(be));
 }
 static dt_status_t k_gelu_forward(dt_backend_t *be, float *out, const float *inp, size_t n) {
-  return dt_cu_gelu_forward(out, inp, n, S(be));
+  return dt_cu_gelu_forward(out, inp, n, be->precision, S(be));
 }
 static dt_status_t k_gelu_backward(dt_backend_t *be, float *dinp, const float *inp, const float *dout, size_t n) {
-  return dt_cu_gelu_backward(dinp, inp, dout, n, S(be));
+  return dt_cu_gelu_backward(dinp, inp, dout, n, be->precision, S(be));
 }
 /* the mean loss added on the device (dt_cu_crossentropy_forward): no host wait */
 static dt_status_t k_crossentropy_forward(dt_backend_t *be, float *losses, float *lse, const float *logits,
@@ -486,7 +486,7 @@ static dt_status_t k_xent_finish(dt_backend_t *be, float *lse_mx, float *losses_
 /* in place: the kernel reads each logit before it writes its gradient at the same index */
 static dt_status_t k_crossentropy_backward(dt_backend_t *be, float *logits, const float *lse, const int *targets,
                                            float dloss, int N, int nv, int Vp, int v0) {
-  return dt_cu_crossentropy_backward(logits, logits, lse, targets, dloss, N, nv, Vp, v0, S(be));
+  return dt_cu_crossentropy_backward(logits, logits, lse, targets, dloss, N, nv, Vp, v0, be->precision, S(be));
 }
 static dt_status_t k_round(dt_backend_t *be, float *x, size_t n) {
   return dt_cu_round_copy(x, x, n, be->precision, S(be));

@@ -76,7 +76,7 @@ dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const float *dout, 
 /* ---- layernorm ---------------------------------------------------------------------------- */
 
 __global__ static void layernorm_forward_k(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                                           const float *b, int N, int C) {
+                                           const float *b, int N, int C, int prec) {
   int lane = threadIdx.x % DT_CUDA_WARP;
   FOR_WARP_ROWS(row, N) {
     const float *x = inp + row * C;
@@ -87,7 +87,7 @@ __global__ static void layernorm_forward_k(float *out, float *mean, float *rstd,
     for (int c = lane; c < C; c += DT_CUDA_WARP) s2 += (x[c] - m) * (x[c] - m);
     float r = dt_ln_rstd(warp_sum(s2) / (float)C);
     float *o = out + row * C;
-    for (int c = lane; c < C; c += DT_CUDA_WARP) o[c] = dt_ln_apply(x[c], m, r, w[c], b[c]);
+    for (int c = lane; c < C; c += DT_CUDA_WARP) o[c] = dt_prec_round1(dt_ln_apply(x[c], m, r, w[c], b[c]), prec);
     if (lane == 0) {
       mean[row] = m;
       rstd[row] = r;
@@ -96,7 +96,8 @@ __global__ static void layernorm_forward_k(float *out, float *mean, float *rstd,
 }
 
 __global__ static void layernorm_backward_dinp_k(float *dinp, const float *dresid, const float *dout, const float *inp,
-                                                 const float *w, const float *mean, const float *rstd, int N, int C) {
+                                                 const float *w, const float *mean, const float *rstd, int N, int C,
+                                                 int prec) {
   int lane = threadIdx.x % DT_CUDA_WARP;
   FOR_WARP_ROWS(row, N) {
     const float *x = inp + row * C, *g = dout + row * C;
@@ -111,7 +112,7 @@ __global__ static void layernorm_backward_dinp_k(float *dinp, const float *dresi
     const float *dr = dresid ? dresid + row * C : NULL;
     for (int c = lane; c < C; c += DT_CUDA_WARP) {
       float v = dt_ln_dinp(x[c], m, r, w[c], g[c], gm, gnm);
-      d[c] = dr ? dr[c] + v : v;
+      d[c] = dt_prec_round1(dr ? dr[c] + v : v, prec);
     }
   }
 }
@@ -193,15 +194,15 @@ __global__ static void col_finish_k(float *dst, const float *part, int n) {
 static dim3 col_grid(int cols) { return dim3((unsigned)dt_cuda_grid((size_t)cols, COLS_X), DT_CUDA_COL_CHUNKS); }
 
 dt_status_t dt_cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                                    const float *bias, int N, int C, cudaStream_t s) {
+                                    const float *bias, int N, int C, int prec, cudaStream_t s) {
   DT_LAUNCH(layernorm_forward_k, dt_cuda_warp_rows_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, mean, rstd, inp,
-            weight, bias, N, C);
+            weight, bias, N, C, prec);
   return DT_OK;
 }
 
 dt_status_t dt_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dresid, const float *dout,
                                      const float *inp, const float *weight, const float *mean, const float *rstd, int N,
-                                     int C, float *scratch, cudaStream_t s) {
+                                     int C, float *scratch, int prec, cudaStream_t s) {
   /* parameter grads first: they read only inputs, and dinp may alias dresid */
   dim3 blk(COLS_X, COLS_Y);
   DT_LAUNCH(layernorm_backward_params_k, col_grid(C), blk, 0, s, scratch, dout, inp, mean, rstd, N, C);
@@ -209,7 +210,7 @@ dt_status_t dt_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, 
   DT_LAUNCH(col_finish_k, dt_cuda_grid(C, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dbias,
             scratch + (size_t)DT_CUDA_COL_CHUNKS * C, C);
   DT_LAUNCH(layernorm_backward_dinp_k, dt_cuda_warp_rows_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dinp, dresid,
-            dout, inp, weight, mean, rstd, N, C);
+            dout, inp, weight, mean, rstd, N, C, prec);
   return DT_OK;
 }
 
@@ -273,23 +274,25 @@ dt_status_t dt_cu_softmax_causal_backward(float *d, const float *att, int rows, 
 
 /* ---- elementwise -------------------------------------------------------------------------- */
 
-__global__ static void gelu_forward_k(float *out, const float *inp, size_t n) { DT_CUDA_FOR_N(i, n) out[i] = dt_gelu(inp[i]); }
+__global__ static void gelu_forward_k(float *out, const float *inp, size_t n, int prec) {
+  DT_CUDA_FOR_N(i, n) out[i] = dt_prec_round1(dt_gelu(inp[i]), prec);
+}
 
-__global__ static void gelu_backward_k(float *dinp, const float *inp, const float *dout, size_t n) {
-  DT_CUDA_FOR_N(i, n) dinp[i] = dt_gelu_grad(inp[i]) * dout[i];
+__global__ static void gelu_backward_k(float *dinp, const float *inp, const float *dout, size_t n, int prec) {
+  DT_CUDA_FOR_N(i, n) dinp[i] = dt_prec_round1(dt_gelu_grad(inp[i]) * dout[i], prec);
 }
 
 __global__ static void residual_k(float *out, const float *a, const float *b, size_t n) {
   DT_CUDA_FOR_N(i, n) out[i] = a[i] + b[i];
 }
 
-dt_status_t dt_cu_gelu_forward(float *out, const float *inp, size_t n, cudaStream_t s) {
-  DT_LAUNCH(gelu_forward_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, inp, n);
+dt_status_t dt_cu_gelu_forward(float *out, const float *inp, size_t n, int prec, cudaStream_t s) {
+  DT_LAUNCH(gelu_forward_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, inp, n, prec);
   return DT_OK;
 }
 
-dt_status_t dt_cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, cudaStream_t s) {
-  DT_LAUNCH(gelu_backward_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dinp, inp, dout, n);
+dt_status_t dt_cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, int prec, cudaStream_t s) {
+  DT_LAUNCH(gelu_backward_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dinp, inp, dout, n, prec);
   return DT_OK;
 }
 
@@ -345,11 +348,12 @@ __global__ static void crossentropy_forward_k(float *losses, float *lse, const f
 }
 
 __global__ static void crossentropy_backward_k(float *dlogits, const float *logits, const float *lse,
-                                               const int *targets, float dloss, int V, int Vp, int v0, size_t n) {
+                                               const int *targets, float dloss, int V, int Vp, int v0, size_t n,
+                                               int prec) {
   DT_CUDA_FOR_N(k, n) {
     size_t i = k / Vp;
     int v = (int)(k % Vp);
-    dlogits[k] = v < V ? dt_ce_dlogit(logits[k], lse[i], v + v0 == targets[i], dloss) : 0.0f;
+    dlogits[k] = v < V ? dt_prec_round1(dt_ce_dlogit(logits[k], lse[i], v + v0 == targets[i], dloss), prec) : 0.0f;
   }
 }
 
@@ -383,10 +387,10 @@ dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const float *l
 }
 
 dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
-                                        float dloss, int N, int V, int Vp, int v0, cudaStream_t s) {
+                                        float dloss, int N, int V, int Vp, int v0, int prec, cudaStream_t s) {
   size_t n = (size_t)N * Vp;
   DT_LAUNCH(crossentropy_backward_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dlogits, logits, lse, targets,
-            dloss, V, Vp, v0, n);
+            dloss, V, Vp, v0, n, prec);
   return DT_OK;
 }
 

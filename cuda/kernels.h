@@ -20,15 +20,18 @@ dt_status_t dt_cu_encoder_forward(float *out, const int *inp, const float *wte, 
                                   cudaStream_t s);
 dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *order,
                                    const dt_embed_bucket_t *buckets, int nb, int B, int T, int C, cudaStream_t s);
-/* out (N,C), mean (N), rstd (N): one warp per row (rows loop past a capped grid, as in every row
- * kernel here) */
+/* Kernels that store an activation or an activation gradient round it to the storage precision
+ * `prec` (precision.h: DT_PREC_FP32 stores as computed) as they write it: the same value as a
+ * separate rounding pass after them, without its read and write.
+ * out (N,C), mean (N), rstd (N): one warp per row (rows loop past a capped grid, as in every row
+ * kernel here); out rounded to prec */
 dt_status_t dt_cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                                    const float *bias, int N, int C, cudaStream_t s);
-/* dinp = dresid + ...(dresid may be NULL, dinp == dresid allowed); dweight, dbias += (through
- * scratch of dt_cu_col_scratch_floats(2 * C) floats: column sums below) */
+                                    const float *bias, int N, int C, int prec, cudaStream_t s);
+/* dinp = dresid + ...(dresid may be NULL, dinp == dresid allowed), rounded to prec; dweight, dbias
+ * += (through scratch of dt_cu_col_scratch_floats(2 * C) floats: column sums below) */
 dt_status_t dt_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dresid,
                                      const float *dout, const float *inp, const float *weight, const float *mean,
-                                     const float *rstd, int N, int C, float *scratch, cudaStream_t s);
+                                     const float *rstd, int N, int C, float *scratch, int prec, cudaStream_t s);
 /* out (N,OC) += bias (OC) broadcast over rows */
 dt_status_t dt_cu_add_bias(float *out, const float *bias, int N, int OC, cudaStream_t s);
 /* dst (OC) += sum over N rows of src (N,OC): the rows in DT_CUDA_COL_CHUNKS chunks over the whole
@@ -53,8 +56,9 @@ dt_status_t dt_cu_flash_backward(float *dqkv, float *dsum, const float *dout, co
  * query) with an online softmax over the cached keys. */
 dt_status_t dt_cu_attention_decode(float *out, float *kc, float *vc, const float *qkv, int B, int pos, int n, int Tmax,
                                    int C, int NH, cudaStream_t s);
-dt_status_t dt_cu_gelu_forward(float *out, const float *inp, size_t n, cudaStream_t s);
-dt_status_t dt_cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, cudaStream_t s);
+/* out, dinp rounded to prec */
+dt_status_t dt_cu_gelu_forward(float *out, const float *inp, size_t n, int prec, cudaStream_t s);
+dt_status_t dt_cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, int prec, cudaStream_t s);
 dt_status_t dt_cu_residual_forward(float *out, const float *a, const float *b, size_t n, cudaStream_t s);
 /* losses (N), lse (N) from logits (N,Vp) over the first V columns: one block per row; then, if
  * loss_sum (one device double) is not NULL, dt_cu_loss_mean_add */
@@ -63,10 +67,11 @@ dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const float *l
 /* *loss_sum += the mean of losses (N), summed in double in a fixed order (one block), rounded to
  * float: the loss stays on the device until the host asks for it */
 dt_status_t dt_cu_loss_mean_add(double *loss_sum, const float *losses, int N, cudaStream_t s);
-/* dlogits (N,Vp) written; padded columns v >= V get 0. The columns are global v0 .. v0 + Vp - 1
- * (tensor parallelism: a vocabulary shard; else v0 = 0): the target's is column targets - v0. */
+/* dlogits (N,Vp) written, rounded to prec; padded columns v >= V get 0. The columns are global v0 ..
+ * v0 + Vp - 1 (tensor parallelism: a vocabulary shard; else v0 = 0): the target's is column
+ * targets - v0. */
 dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
-                                        float dloss, int N, int V, int Vp, int v0, cudaStream_t s);
+                                        float dloss, int N, int V, int Vp, int v0, int prec, cudaStream_t s);
 /* Tensor parallelism (kernels_tp.cu; twins: backend_cpu.c's k_* of the same names):
  * out (N,C) = wte row inp - v0 where v0 <= inp < v0 + nrows, else 0 (wte holds nrows rows) */
 dt_status_t dt_cu_embed_rows(float *out, const int *inp, const float *wte, int N, int C, int v0, int nrows,

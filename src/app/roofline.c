@@ -16,8 +16,9 @@
  *   gelu       forward read, write; backward read x and dout, write dinp
  *   xent       forward one pass over the logits (online softmax), lse and losses out; backward
  *              rewrites them in place
- *   round      bf16/fp16 on fp32 storage: every stored activation and gradient is read and written
- *              once more (gpt2.c's STORE), and each forward rounds the weights' working copy
+ *   round      bf16/fp16 on fp32 storage: every stored activation and gradient that its kernel does
+ *              not round as it writes (layernorm, GELU and cross-entropy backward do) is read and
+ *              written once more (gpt2.c's STORE), and each forward rounds the weights' working copy
  *   optim      zero_grad writes, the norm reads and AdamW reads p, g, m, v and writes p, m, v
  * With train.recompute the blocks' forward runs twice. FLOPs of the elementwise classes are not
  * counted: they are bound by memory by a factor of 10 or more. */
@@ -79,8 +80,8 @@ static void blocks(dt_kroof_t *r, const dims_t *d, const dt_plan_in_t *in, int a
   add(&b, DT_KC_LAYERNORM, 0, 2 * F * (2 * s * N * C + 8 * N) + 2 * (6 * s * N * C + 8 * N));
   add(&b, DT_KC_BIAS, 0, F * s * N * (2 * 3 * Cl + 2 * 4 * Cl + 2 * 3 * C) + s * N * (3 * Cl + C + 4 * Cl + C));
   add(&b, DT_KC_GELU, 0, F * 2 * s * N * 4 * Cl + 3 * s * N * 4 * Cl);
-  if (!act16 && in->precision != DT_PREC_FP32) /* STOREs: forward ln1 qkv atty res2 ln2 fch fchg res3, backward alike */
-    add(&b, DT_KC_ROUND, 0, (F + 1) * 8 * (4 * N * C + 12 * N * Cl));
+  if (!act16 && in->precision != DT_PREC_FP32) /* STOREs: forward qkv atty res2 fch res3, backward dfch dtmp x3 dqkv */
+    add(&b, DT_KC_ROUND, 0, (F + 1) * 8 * (2 * N * C + 8 * N * Cl));
   for (int k = 0; k < DT_KC_N; k++) add(r, k, nl * b.flops[k], nl * b.bytes[k]);
   r->unit[DT_KC_ATTENTION] = b.unit[DT_KC_ATTENTION];
 }
@@ -105,8 +106,8 @@ void dt_kroof_compute(const dt_plan_t *p, int act_bytes, dt_kroof_t *r) {
   add(&mb, DT_KC_XENT, 0, s * N * d.Vpl + 12 * N + 2 * s * N * d.Vpl);
   if (in->pp <= 1) /* the embeddings live on stage 0 */
     add(&mb, DT_KC_EMBED, 0, d.ws * (N * C + d.T * C) + s * N * C + 2 * s * N * C + 8 * (N * C + d.T * C));
-  if (!act16 && in->precision != DT_PREC_FP32) /* head (lnf, logits; dlogits, dtmp, dres), encoder, working copy */
-    add(&mb, DT_KC_ROUND, 0, 8 * (N * C + N * d.Vpl + N * d.Vpl + 2 * N * C + (in->pp <= 1 ? N * C : 0) + Pst));
+  if (!act16 && in->precision != DT_PREC_FP32) /* head (logits; dtmp), encoder, working copy */
+    add(&mb, DT_KC_ROUND, 0, 8 * (N * d.Vpl + N * C + (in->pp <= 1 ? N * C : 0) + Pst));
   for (int k = 0; k < DT_KC_N; k++) add(r, k, m * mb.flops[k], m * mb.bytes[k]);
   const int zc = in->zero >= 1 && in->zero < DT_PLAN_ZERO_STAGES ? in->zero : 0;
   const double Popt = zc ? Pst / (in->dp > 0 ? in->dp : 1) : Pst; /* AdamW's and the norm's range */

@@ -211,16 +211,16 @@ static dt_status_t k_bias_residual(dt_backend_t *be, float *out, const float *bi
 
 static dt_status_t k_layernorm_forward(dt_backend_t *be, float *out, float *mean, float *rstd, const float *inp,
                                        const float *weight, const float *bias, int N, int C) {
-  (void)be;
   dt_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
+  dt_prec_round(out, (size_t)N * C, (dt_precision_t)be->precision);
   return DT_OK;
 }
 
 static dt_status_t k_layernorm_backward(dt_backend_t *be, float *dinp, float *dweight, float *dbias,
                                         const float *dresid, const float *dout, const float *inp, const float *weight,
                                         const float *mean, const float *rstd, int N, int C) {
-  (void)be;
   dt_layernorm_backward(dinp, dweight, dbias, dresid, dout, inp, weight, mean, rstd, N, C);
+  dt_prec_round(dinp, (size_t)N * C, (dt_precision_t)be->precision);
   return DT_OK;
 }
 
@@ -267,14 +267,14 @@ static dt_status_t k_attention_decode(dt_backend_t *be, float *out, float *kc, f
 }
 
 static dt_status_t k_gelu_forward(dt_backend_t *be, float *out, const float *inp, size_t n) {
-  (void)be;
   dt_gelu_forward(out, inp, n);
+  dt_prec_round(out, n, (dt_precision_t)be->precision);
   return DT_OK;
 }
 
 static dt_status_t k_gelu_backward(dt_backend_t *be, float *dinp, const float *inp, const float *dout, size_t n) {
-  (void)be;
   dt_gelu_backward(dinp, inp, dout, n);
+  dt_prec_round(dinp, n, (dt_precision_t)be->precision);
   return DT_OK;
 }
 
@@ -355,8 +355,8 @@ DT_CPU_VEC static void xent_backward_inplace(float *zd, const float *lse, const 
 
 static dt_status_t k_crossentropy_backward(dt_backend_t *be, float *logits, const float *lse, const int *targets,
                                            float dloss, int N, int nv, int Vp, int v0) {
-  (void)be;
   xent_backward_inplace(logits, lse, targets, dloss, N, nv, Vp, v0);
+  dt_prec_round(logits, (size_t)N * Vp, (dt_precision_t)be->precision);
   return DT_OK;
 }
 

@@ -353,8 +353,7 @@ dt_status_t dt_cnn_backward(dt_cnn_t *m, const float *params, float *grads, floa
   memset(m->written, 0, (size_t)m->n_slots);
   float *dlogits = m->dacts + m->slots[last].off;
   DT_TRY(be->k->copy(be, dlogits, m->acts + m->slots[last].off, sizeof(float) * (size_t)m->B * K));
-  DT_TRY(be->k->crossentropy_backward(be, dlogits, m->lse, m->labels, dloss, m->B, K, K, 0));
-  DT_TRY(be->k->round(be, dlogits, (size_t)m->B * K));
+  DT_TRY(be->k->crossentropy_backward(be, dlogits, m->lse, m->labels, dloss, m->B, K, K, 0)); /* stored rounded */
   m->written[last] = 1;
   int k = m->lay.n_tensors; /* tensors [k, n_tensors) (arena order) are final */
   size_t hi = m->lay.n_params;

@@ -19,9 +19,10 @@
  * they see is computed from all-reduced values or is one, and an all-reduce gives every rank the
  * same sum. The trainer checks that they stay bitwise equal (train.c).
  *
- * Mixed precision: STORE rounds each activation and activation gradient right after the op that
- * writes it, and forward reads a rounded copy of the parameters (the points are listed in
- * precision.h). Pipeline parallelism: a rank runs its stage's blocks [l0, l1) (local index l - l0),
+ * Mixed precision: each activation and activation gradient is rounded right after the op that
+ * writes it: by the op itself where the kernel table says so (layernorm, GELU, cross-entropy
+ * backward: their kernels round as they store), else by STORE; forward reads a rounded copy of
+ * the parameters (the points are listed in precision.h). Pipeline parallelism: a rank runs its stage's blocks [l0, l1) (local index l - l0),
  * the first stage embeds, the last one has ln_f, the lm_head and the loss. */
 #include "gpt2_int.h"
 
@@ -215,7 +216,6 @@ dt_status_t dt_gpt2__block_forward(dt_gpt2_t *m, const block_t *y, const float *
   float *scr = m->st->acts[0].attscr; /* the shared attention scratch */
   RUN(DT_PROF_LAYERNORM, k->layernorm_forward(be, y->ln1, y->ln1_mean, y->ln1_rstd, x, P(be, l, DT_LN1W),
                                               P(be, l, DT_LN1B), N, C));
-  STORE(y->ln1, N * C);
   RUN(DT_PROF_MATMUL, k->linear_forward(be, y->qkv, y->ln1, P(be, l, DT_QKVW), 1, P(be, l, DT_QKVB), NULL, N, C, 3 * Cl));
   STORE(y->qkv, N * 3 * Cl);
   if (kv) RUN(DT_PROF_ATTENTION, k->attention_decode(be, y->atty, kv->k, kv->v, y->qkv, B, kv->pos, T, kv->Tmax, Cl, NHl));
@@ -225,11 +225,9 @@ dt_status_t dt_gpt2__block_forward(dt_gpt2_t *m, const block_t *y, const float *
   STORE(y->res2, N * C);
   RUN(DT_PROF_LAYERNORM, k->layernorm_forward(be, y->ln2, y->ln2_mean, y->ln2_rstd, y->res2, P(be, l, DT_LN2W),
                                               P(be, l, DT_LN2B), N, C));
-  STORE(y->ln2, N * C);
   RUN(DT_PROF_MATMUL, k->linear_forward(be, y->fch, y->ln2, P(be, l, DT_FCW), 1, P(be, l, DT_FCB), NULL, N, C, 4 * Cl));
   STORE(y->fch, N * 4 * Cl);
   RUN(DT_PROF_GELU, k->gelu_forward(be, y->fchg, y->fch, (size_t)N * 4 * Cl));
-  STORE(y->fchg, N * 4 * Cl);
   RUN(DT_PROF_MATMUL,
       proj_residual(m, y->res3, y->fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), y->res2, N, 4 * Cl, C));
   STORE(y->res3, N * C);
@@ -261,7 +259,6 @@ dt_status_t dt_gpt2__head_forward(dt_gpt2_t *m, acts_t *a, const float *x, int N
   const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
   RUN(DT_PROF_LAYERNORM, be->k->layernorm_forward(be, a->lnf, a->lnf_mean, a->lnf_rstd, x, be->wparams + lnfw->offset,
                                                   be->wparams + lnfb->offset, N, C));
-  STORE(a->lnf, N * C);
   RUN(DT_PROF_LMHEAD, be->k->linear_forward(be, a->logits, a->lnf, wte, 0, NULL, NULL, N, C, Vpl));
   STORE(a->logits, (size_t)N * Vpl);
   a->logits_gone = 0;
@@ -386,7 +383,6 @@ static dt_status_t head_backward(dt_gpt2_t *m, acts_t *a, const float *x_last, i
   }
   RUN(DT_PROF_XENT, k->crossentropy_backward(be, a->logits, a->lse, a->targets, be->loss_scale / ((float)N * accum), N,
                                              nv, Vpl, s->v0));
-  STORE(a->logits, (size_t)N * Vpl);
   a->logits_gone = 1;
   RUN(DT_PROF_LMHEAD, k->linear_backward(be, a->dtmp, dwte, NULL, a->logits, a->lnf, wte, 0, N, C, Vpl));
   if (s->tp > 1) DT_TRY(tp_allreduce(m, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
@@ -394,7 +390,6 @@ static dt_status_t head_backward(dt_gpt2_t *m, acts_t *a, const float *x_last, i
   RUN(DT_PROF_LAYERNORM, k->layernorm_backward(be, a->dres, be->grads + lnfw->offset, be->grads + lnfb->offset, NULL,
                                                a->dtmp, x_last, be->wparams + lnfw->offset, a->lnf_mean, a->lnf_rstd,
                                                N, C));
-  STORE(a->dres, N * C);
   return DT_OK;
 }
 
@@ -409,14 +404,12 @@ static dt_status_t block_backward(dt_gpt2_t *m, acts_t *a, const block_t *y, con
                                          P(be, l, DT_FCPROJW), 1, N, 4 * Cl, C));
   STORE(a->dfch, N * 4 * Cl);
   RUN(DT_PROF_GELU, k->gelu_backward(be, a->dfch, y->fch, a->dfch, (size_t)N * 4 * Cl));
-  STORE(a->dfch, N * 4 * Cl);
   RUN(DT_PROF_MATMUL, k->linear_backward(be, a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, y->ln2,
                                          P(be, l, DT_FCW), 1, N, C, 4 * Cl));
   if (s->tp > 1) DT_TRY(tp_allreduce(m, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
   STORE(a->dtmp, N * C);
   RUN(DT_PROF_LAYERNORM, k->layernorm_backward(be, a->dres, G(be, l, DT_LN2W), G(be, l, DT_LN2B), a->dres, a->dtmp,
                                                y->res2, P(be, l, DT_LN2W), y->ln2_mean, y->ln2_rstd, N, C));
-  STORE(a->dres, N * C);
   /* dres holds d loss / d residual2[l] */
   RUN(DT_PROF_MATMUL, k->linear_backward(be, a->dtmp, G(be, l, DT_ATTPROJW), G(be, l, DT_ATTPROJB), a->dres, y->atty,
                                          P(be, l, DT_ATTPROJW), 1, N, Cl, C));
@@ -430,7 +423,6 @@ static dt_status_t block_backward(dt_gpt2_t *m, acts_t *a, const block_t *y, con
   STORE(a->dtmp, N * C);
   RUN(DT_PROF_LAYERNORM, k->layernorm_backward(be, a->dres, G(be, l, DT_LN1W), G(be, l, DT_LN1B), a->dres, a->dtmp, x,
                                                P(be, l, DT_LN1W), y->ln1_mean, y->ln1_rstd, N, C));
-  STORE(a->dres, N * C);
   return DT_OK;
 }
 

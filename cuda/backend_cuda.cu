@@ -281,12 +281,13 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
  * (w_in_out = 0), the blocks' (C, OC) like Hugging Face's Conv1D (w_in_out = 1). */
 
 /* out (N,OC) = inp (N,C) W^T + bias with W (OC,C), or inp W + bias with W (C,OC) (w_in_out), then
- * + resid; bias and resid in one pass over out (resid + (out + bias): the CPU's sums, commuted) */
+ * + resid; bias and resid in one pass over out (resid + (out + bias): the CPU's sums, commuted),
+ * which also rounds out to prec (with a bias: backend.h) */
 static dt_status_t linear_forward(cu_impl_t *im, float *out, const float *inp, const float *w, bool w_in_out,
-                                  const float *bias, const float *resid, int N, int C, int OC) {
+                                  const float *bias, const float *resid, int N, int C, int OC, int prec) {
   DT_TRY(gemm_lin(im, false, !w_in_out, N, OC, C, inp, C, w, w_in_out ? OC : C, 0.0f, out, OC));
-  if (bias && resid) return dt_cu_bias_residual(out, bias, resid, N, OC, im->compute); /* one pass for both */
-  if (bias) return dt_cu_add_bias(out, bias, N, OC, im->compute);
+  if (bias && resid) return dt_cu_bias_residual(out, bias, resid, N, OC, prec, im->compute); /* one pass for both */
+  if (bias) return dt_cu_add_bias(out, bias, N, OC, prec, im->compute);
   return resid ? dt_cu_residual_forward(out, out, resid, (size_t)N * OC, im->compute) : DT_OK;
 }
 
@@ -393,7 +394,7 @@ static dt_status_t k_encoder_forward(dt_backend_t *be, float *out, const int *in
                                      int B, int T, int C, int v0, int nrows) {
   if (wpe && v0 == 0 && nrows >= be->lay->d.V) return dt_cu_encoder_forward(out, inp, wte, wpe, B, T, C, S(be));
   DT_TRY(dt_cu_embed_rows(out, inp, wte, B * T, C, v0, nrows, S(be))); /* a vocabulary shard */
-  return wpe ? dt_cu_add_bias(out, wpe, B, T * C, S(be)) : DT_OK;
+  return wpe ? dt_cu_add_bias(out, wpe, B, T * C, DT_PREC_FP32, S(be)) : DT_OK; /* the model rounds it */
 }
 /* The token buckets from the host copy of the inputs, then the deterministic backward. */
 static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe, const float *dout, const int *inp,
@@ -417,10 +418,10 @@ static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe
   return dt_cu_encoder_backward(dwte, dwpe, dout, im->order, im->buckets, nb, B, T, C, S(be));
 }
 static dt_status_t k_add_bias(dt_backend_t *be, float *out, const float *bias, int N, int OC) {
-  return dt_cu_add_bias(out, bias, N, OC, S(be));
+  return dt_cu_add_bias(out, bias, N, OC, DT_PREC_FP32, S(be)); /* as computed (backend.h) */
 }
 static dt_status_t k_bias_residual(dt_backend_t *be, float *out, const float *bias, const float *resid, int N, int OC) {
-  return dt_cu_bias_residual(out, bias, resid, N, OC, S(be));
+  return dt_cu_bias_residual(out, bias, resid, N, OC, be->precision, S(be));
 }
 static dt_status_t k_layernorm_forward(dt_backend_t *be, float *out, float *mean, float *rstd, const float *inp,
                                        const float *weight, const float *bias, int N, int C) {
@@ -435,7 +436,7 @@ static dt_status_t k_layernorm_backward(dt_backend_t *be, float *dinp, float *dw
 /* out = [resid +] (inp W + bias): the residual added after the product, one rounding later */
 static dt_status_t k_linear_forward(dt_backend_t *be, float *out, const float *inp, const float *w, int w_in_out,
                                     const float *bias, const float *resid, int N, int C, int OC) {
-  return linear_forward(impl(be), out, inp, w, w_in_out != 0, bias, resid, N, C, OC);
+  return linear_forward(impl(be), out, inp, w, w_in_out != 0, bias, resid, N, C, OC, be->precision);
 }
 static dt_status_t k_linear_backward(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const float *dout,
                                      const float *inp, const float *w, int w_in_out, int N, int C, int OC) {

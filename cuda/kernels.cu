@@ -216,13 +216,13 @@ dt_status_t dt_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, 
 
 /* ---- matmul helpers ----------------------------------------------------------------------- */
 
-__global__ static void add_bias_k(float *out, const float *bias, int OC, size_t n) {
-  DT_CUDA_FOR_N(i, n) out[i] += bias[i % OC];
+__global__ static void add_bias_k(float *out, const float *bias, int OC, size_t n, int prec) {
+  DT_CUDA_FOR_N(i, n) out[i] = dt_prec_round1(out[i] + bias[i % OC], prec);
 }
 
-dt_status_t dt_cu_add_bias(float *out, const float *bias, int N, int OC, cudaStream_t s) {
+dt_status_t dt_cu_add_bias(float *out, const float *bias, int N, int OC, int prec, cudaStream_t s) {
   size_t n = (size_t)N * OC;
-  DT_LAUNCH(add_bias_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, bias, OC, n);
+  DT_LAUNCH(add_bias_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, bias, OC, n, prec);
   return DT_OK;
 }
 

@@ -32,8 +32,8 @@ dt_status_t dt_cu_layernorm_forward(float *out, float *mean, float *rstd, const 
 dt_status_t dt_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dresid,
                                      const float *dout, const float *inp, const float *weight, const float *mean,
                                      const float *rstd, int N, int C, float *scratch, int prec, cudaStream_t s);
-/* out (N,OC) += bias (OC) broadcast over rows */
-dt_status_t dt_cu_add_bias(float *out, const float *bias, int N, int OC, cudaStream_t s);
+/* out (N,OC) += bias (OC) broadcast over rows, rounded to prec */
+dt_status_t dt_cu_add_bias(float *out, const float *bias, int N, int OC, int prec, cudaStream_t s);
 /* dst (OC) += sum over N rows of src (N,OC): the rows in DT_CUDA_COL_CHUNKS chunks over the whole
  * GPU, partial sums in scratch (dt_cu_col_scratch_floats(OC) floats), added in a fixed order */
 dt_status_t dt_cu_col_sum(float *dst, const float *src, int N, int OC, float *scratch, cudaStream_t s);
@@ -76,8 +76,9 @@ dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, con
  * out (N,C) = wte row inp - v0 where v0 <= inp < v0 + nrows, else 0 (wte holds nrows rows) */
 dt_status_t dt_cu_embed_rows(float *out, const int *inp, const float *wte, int N, int C, int v0, int nrows,
                              cudaStream_t s);
-/* out (N,OC) = resid + (out + bias) */
-dt_status_t dt_cu_bias_residual(float *out, const float *bias, const float *resid, int N, int OC, cudaStream_t s);
+/* out (N,OC) = resid + (out + bias), rounded to prec */
+dt_status_t dt_cu_bias_residual(float *out, const float *bias, const float *resid, int N, int OC, int prec,
+                                cudaStream_t s);
 /* the vocab-parallel cross-entropy (backend.h xent_*): mx[i] = max of the first nv of Vp columns;
  * sum[i] = sum of exp(z - mx[i]) (double), tl[i] = z[targets[i] - v0] if in [0, nv), else 0;
  * then lse = mx + log(sum), losses = lse - tl in place of mx and tl */

@@ -12,6 +12,7 @@
 #include "cuda_check.h"
 #include "cuda_launch.h"
 #include "kmath.h"
+#include "precision.h"
 
 #define FULL_MASK 0xffffffffu
 #define MAX_WARPS (1024 / DT_CUDA_WARP)
@@ -48,8 +49,8 @@ __global__ static void embed_rows_k(float *out, const int *inp, const float *wte
   }
 }
 
-__global__ static void bias_residual_k(float *out, const float *bias, const float *resid, int OC, size_t n) {
-  DT_CUDA_FOR_N(i, n) out[i] = resid[i] + (out[i] + bias[i % OC]);
+__global__ static void bias_residual_k(float *out, const float *bias, const float *resid, int OC, size_t n, int prec) {
+  DT_CUDA_FOR_N(i, n) out[i] = dt_prec_round1(resid[i] + (out[i] + bias[i % OC]), prec);
 }
 
 __global__ static void xent_max_k(float *mx, const float *logits, int N, int nv, int Vp) {
@@ -98,10 +99,11 @@ dt_status_t dt_cu_embed_rows(float *out, const int *inp, const float *wte, int N
   return DT_OK;
 }
 
-dt_status_t dt_cu_bias_residual(float *out, const float *bias, const float *resid, int N, int OC, cudaStream_t s) {
+dt_status_t dt_cu_bias_residual(float *out, const float *bias, const float *resid, int N, int OC, int prec,
+                                cudaStream_t s) {
   size_t n = (size_t)N * OC;
   if (n == 0) return DT_OK;
-  DT_LAUNCH(bias_residual_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, bias, resid, OC, n);
+  DT_LAUNCH(bias_residual_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, bias, resid, OC, n, prec);
   return DT_OK;
 }
 

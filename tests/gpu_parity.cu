@@ -167,8 +167,8 @@ static void bias_cols(int N, int OC, int prec, dt_rng_t *r) {
   size_t n = (size_t)N * OC;
   float *x = gp_rand(r, n, 1.0f, prec), *b = gp_rand(r, OC, 1.0f, prec), *acc = gp_rand(r, OC, 1.0f, prec);
   float *dx = gp_up(x, n), *db = gp_up(b, OC), *dacc = gp_up(acc, OC);
-  GP_TRY(dt_cu_add_bias(dx, db, N, OC, 0));
-  for (size_t i = 0; i < n; i++) x[i] += b[i % OC];
+  GP_TRY(dt_cu_add_bias(dx, db, N, OC, prec, 0)); /* stored rounded: exactly the rounded sum */
+  for (size_t i = 0; i < n; i++) x[i] = dt_prec_round1(x[i] + b[i % OC], prec);
   float *g = gp_down(dx, n);
   gp_compare("add_bias", shape, prec, g, x, n, 0);
   free(g);

@@ -199,13 +199,13 @@ static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe
 }
 
 static dt_status_t k_bias_residual(dt_backend_t *be, float *out, const float *bias, const float *resid, int N, int OC) {
-  (void)be;
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
     float *o = out + (size_t)i * OC;
     const float *r = resid + (size_t)i * OC;
     for (int c = 0; c < OC; c++) o[c] = r[c] + (o[c] + bias[c]);
   }
+  dt_prec_round(out, (size_t)N * OC, (dt_precision_t)be->precision); /* stored rounded (backend.h) */
   return DT_OK;
 }
 
@@ -231,6 +231,7 @@ static dt_status_t k_linear_forward(dt_backend_t *be, float *out, const float *i
   if (!w_in_out) dt_matmul_forward(out, inp, w, bias, N, C, OC);
   else if (resid) dt_conv1d_residual_forward(out, inp, w, bias, resid, N, C, OC);
   else dt_conv1d_forward(out, inp, w, bias, N, C, OC);
+  if (bias) dt_prec_round(out, (size_t)N * OC, (dt_precision_t)be->precision); /* stored rounded (backend.h) */
   return DT_OK;
 }
 

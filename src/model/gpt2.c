@@ -20,10 +20,11 @@
  * same sum. The trainer checks that they stay bitwise equal (train.c).
  *
  * Mixed precision: each activation and activation gradient is rounded right after the op that
- * writes it: by the op itself where the kernel table says so (layernorm, GELU, cross-entropy
- * backward: their kernels round as they store), else by STORE; forward reads a rounded copy of
- * the parameters (the points are listed in precision.h). Pipeline parallelism: a rank runs its stage's blocks [l0, l1) (local index l - l0),
- * the first stage embeds, the last one has ln_f, the lm_head and the loss. */
+ * writes it: by the op itself where the kernel table says so (layernorm, GELU, the products with
+ * a bias and their residual epilogue, cross-entropy backward: their kernels round as they store),
+ * else by STORE; forward reads a rounded copy of the parameters (the points are listed in
+ * precision.h). Pipeline parallelism: a rank runs its stage's blocks [l0, l1) (local index
+ * l - l0), the first stage embeds, the last one has ln_f, the lm_head and the loss. */
 #include "gpt2_int.h"
 
 #include <stdlib.h>
@@ -217,20 +218,16 @@ dt_status_t dt_gpt2__block_forward(dt_gpt2_t *m, const block_t *y, const float *
   RUN(DT_PROF_LAYERNORM, k->layernorm_forward(be, y->ln1, y->ln1_mean, y->ln1_rstd, x, P(be, l, DT_LN1W),
                                               P(be, l, DT_LN1B), N, C));
   RUN(DT_PROF_MATMUL, k->linear_forward(be, y->qkv, y->ln1, P(be, l, DT_QKVW), 1, P(be, l, DT_QKVB), NULL, N, C, 3 * Cl));
-  STORE(y->qkv, N * 3 * Cl);
   if (kv) RUN(DT_PROF_ATTENTION, k->attention_decode(be, y->atty, kv->k, kv->v, y->qkv, B, kv->pos, T, kv->Tmax, Cl, NHl));
   else RUN(DT_PROF_ATTENTION, k->attention_forward(be, y->atty, y->att, scr, y->qkv, B, T, Cl, NHl));
   STORE(y->atty, N * Cl);
   RUN(DT_PROF_MATMUL, proj_residual(m, y->res2, y->atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), x, N, Cl, C));
-  STORE(y->res2, N * C);
   RUN(DT_PROF_LAYERNORM, k->layernorm_forward(be, y->ln2, y->ln2_mean, y->ln2_rstd, y->res2, P(be, l, DT_LN2W),
                                               P(be, l, DT_LN2B), N, C));
   RUN(DT_PROF_MATMUL, k->linear_forward(be, y->fch, y->ln2, P(be, l, DT_FCW), 1, P(be, l, DT_FCB), NULL, N, C, 4 * Cl));
-  STORE(y->fch, N * 4 * Cl);
   RUN(DT_PROF_GELU, k->gelu_forward(be, y->fchg, y->fch, (size_t)N * 4 * Cl));
   RUN(DT_PROF_MATMUL,
       proj_residual(m, y->res3, y->fchg, P(be, l, DT_FCPROJW), P(be, l, DT_FCPROJB), y->res2, N, 4 * Cl, C));
-  STORE(y->res3, N * C);
   return DT_OK;
 }
 

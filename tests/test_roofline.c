@@ -58,7 +58,8 @@ Test(roofline, memory_classes_count_each_tensor_once) {
    * dinp out; dout, x again for the parameters), ln_f without dresid */
   const double nc = (double)N * C;
   cr_assert_eq(r.bytes[DT_KC_LAYERNORM],
-               M * (L * (2 * (2 * s * nc + 8 * N) + 2 * (6 * s * nc + 8 * N)) + (2 * s * nc + 8 * N) + (5 * s * nc + 8 * N)));
+               M * (L * (2 * (2 * s * nc + 8 * N) + 2 * (6 * s * nc + 8 * N)) + (2 * s * nc + 8 * N) +
+                    (5 * s * nc + 8 * N)));
   /* cross-entropy: one read of the logits forward, lse + losses out, the mean's read; in place backward */
   cr_assert_eq(r.bytes[DT_KC_XENT], M * (3 * s * N * Vp + 12.0 * N));
   /* optimizer, once per step: zero_grad writes, the norm reads, AdamW 7 floats per parameter */
@@ -85,23 +86,26 @@ Test(roofline, rounding_passes_only_for_16_bit_on_fp32_storage) {
   cr_assert_eq(r16.bytes[DT_KC_GELU] * 2, r.bytes[DT_KC_GELU], "half the bytes per activation");
 }
 
-Test(roofline, units_follow_the_configuration) {
+/* the classes' units for one configuration */
+static dt_kroof_t units(int prec, int flash, int cudnn, int tf32) {
   dt_kroof_t r;
-  plan(DT_PREC_FP32, 0, 0, 0, 0);
+  plan(prec, flash, cudnn, tf32, 0);
   dt_kroof_compute(&P, 4, &r);
+  return r;
+}
+
+Test(roofline, units_follow_the_configuration) {
+  dt_kroof_t r = units(DT_PREC_FP32, 0, 0, 0);
   cr_assert_eq(r.unit[DT_KC_MATMUL], DT_KU_FP32);
   cr_assert_eq(r.unit[DT_KC_ATTENTION], DT_KU_FP32);
-  plan(DT_PREC_FP32, 0, 0, 1, 0);
-  dt_kroof_compute(&P, 4, &r);
+  r = units(DT_PREC_FP32, 0, 0, 1);
   cr_assert_eq(r.unit[DT_KC_MATMUL], DT_KU_TF32);
   cr_assert_eq(r.unit[DT_KC_LMHEAD], DT_KU_TF32);
   cr_assert_eq(r.unit[DT_KC_ATTENTION], DT_KU_TF32);
-  plan(DT_PREC_BF16, 1, 0, 1, 0); /* the layers on bf16 tensor cores, our flash kernels on fp32 cores */
-  dt_kroof_compute(&P, 4, &r);
+  r = units(DT_PREC_BF16, 1, 0, 1); /* the layers on bf16 tensor cores, our flash kernels on fp32 cores */
   cr_assert_eq(r.unit[DT_KC_MATMUL], DT_KU_16);
   cr_assert_eq(r.unit[DT_KC_ATTENTION], DT_KU_FP32);
-  plan(DT_PREC_BF16, 1, 1, 0, 0);
-  dt_kroof_compute(&P, 4, &r);
+  r = units(DT_PREC_BF16, 1, 1, 0);
   cr_assert_eq(r.unit[DT_KC_ATTENTION], DT_KU_16);
 }
 
@@ -114,7 +118,8 @@ Test(roofline, step_time_is_the_sum_of_the_classes) {
   const double t = dt_kroof_time(&r, &g, tk);
   for (int k = 0; k < DT_KC_N; k++) {
     const double peak = r.unit[k] == DT_KU_16 ? 4e12 : r.unit[k] == DT_KU_TF32 ? 2e12 : 1e12;
-    cr_assert_float_eq(tk[k], fmax(r.flops[k] / peak, r.bytes[k] / 1e11), 1e-15 * (1 + tk[k]), "%s", dt_kclass_names[k]);
+    cr_assert_float_eq(tk[k], fmax(r.flops[k] / peak, r.bytes[k] / 1e11), 1e-15 * (1 + tk[k]), "%s",
+                       dt_kclass_names[k]);
     sum += tk[k];
   }
   cr_assert_float_eq(t, sum, 1e-15);

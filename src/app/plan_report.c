@@ -27,6 +27,8 @@
 
 static double ceil_div(double x, int n) { return ceil(x / n); }
 
+#define pl dt_plan_line /* this file prints most of the report: the short name */
+
 void dt_plan_line(FILE *o, const char *prefix, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
@@ -41,7 +43,7 @@ static void row(FILE *o, const char *prefix, const char *label, const dt_plan_t 
   int n = snprintf(line, sizeof line, "  %-44s", label);
   for (int z = 0; z < DT_PLAN_ZERO_STAGES; z++)
     n += snprintf(line + n, sizeof line - (size_t)n, " %9.3f", *(const double *)((const char *)&p->z[z] + off) / GB);
-  dt_plan_line(o, prefix, "%s", line);
+  pl(o, prefix, "%s", line);
 }
 
 /* n with thousands separators: 1,557,611,200 */
@@ -66,22 +68,22 @@ static void print_model(const dt_plan_t *p, FILE *o, const char *prefix) {
   const char *prec = dt_precision_name((dt_precision_t)in->precision);
   const double n = (double)p->n_arena;
   char b1[32], b2[32];
-  dt_plan_line(o, prefix, "plan: GPT-2 L=%d NH=%d C=%d V=%d (padded %d) T=%d: %s parameters, %s floats per arena "
+  pl(o, prefix, "plan: GPT-2 L=%d NH=%d C=%d V=%d (padded %d) T=%d: %s parameters, %s floats per arena "
      "(padded vocabulary rows and %d-float alignment)", d->L, d->NH, d->C, d->V, d->Vp, d->T, commas(p->n_true, b1),
      commas(p->n_arena, b2), DT_ALIGN);
-  dt_plan_line(o, prefix, "plan: world %d = dp %d x tp %d x pp %d; micro_batch %d x seq_len %d x grad_accum %d; precision %s; "
+  pl(o, prefix, "plan: world %d = dp %d x tp %d x pp %d; micro_batch %d x seq_len %d x grad_accum %d; precision %s; "
      "bucket %d MiB; %d CPU threads", world, dp, in->tp, in->pp, in->B, in->T, in->accum, prec, in->bucket_mb,
      in->threads);
-  dt_plan_line(o, prefix, "plan: units: GB = 1e9 bytes, GiB = 2^30 bytes");
-  dt_plan_line(o, prefix, "plan: whole model on one rank (%.4g floats; 4 B each in fp32):", n);
-  dt_plan_line(o, prefix, "  parameters (fp32)        %.4g x 4 B  = %7.2f GB", n, 4 * n / GB);
-  dt_plan_line(o, prefix, "  gradients (fp32)         %.4g x 4 B  = %7.2f GB", n, 4 * n / GB);
-  dt_plan_line(o, prefix, "  AdamW m + v (fp32)       %.4g x 8 B  = %7.2f GB", n, 8 * n / GB);
-  dt_plan_line(o, prefix, "  mixed precision: fp32 master + m + v = %.4g x 12 B = %.2f GB, plus a 16-bit working copy "
+  pl(o, prefix, "plan: units: GB = 1e9 bytes, GiB = 2^30 bytes");
+  pl(o, prefix, "plan: whole model on one rank (%.4g floats; 4 B each in fp32):", n);
+  pl(o, prefix, "  parameters (fp32)        %.4g x 4 B  = %7.2f GB", n, 4 * n / GB);
+  pl(o, prefix, "  gradients (fp32)         %.4g x 4 B  = %7.2f GB", n, 4 * n / GB);
+  pl(o, prefix, "  AdamW m + v (fp32)       %.4g x 8 B  = %7.2f GB", n, 8 * n / GB);
+  pl(o, prefix, "  mixed precision: fp32 master + m + v = %.4g x 12 B = %.2f GB, plus a 16-bit working copy "
      "%.4g x 2 B = %.2f GB", n, 12 * n / GB, n, 2 * n / GB);
-  dt_plan_line(o, prefix, "    (dtrain emulates bf16/fp16 storage in fp32: its working copy is %.4g x 4 B = %.2f GB)", n,
+  pl(o, prefix, "    (dtrain emulates bf16/fp16 storage in fp32: its working copy is %.4g x 4 B = %.2f GB)", n,
      4 * n / GB);
-  dt_plan_line(o, prefix, "  ZeRO over dp=%d, per rank: stage 1 shards m + v: %.2f / %d = %.2f GB; stage 2 also the gradients: "
+  pl(o, prefix, "  ZeRO over dp=%d, per rank: stage 1 shards m + v: %.2f / %d = %.2f GB; stage 2 also the gradients: "
      "%.2f / %d = %.2f GB; stage 3 also the parameters: %.2f / %d = %.2f GB", dp, 8 * n / GB, dp,
      8 * ceil_div(n, dp) / GB, 4 * n / GB, dp, 4 * ceil_div(n, dp) / GB, 4 * n / GB, dp, 4 * ceil_div(n, dp) / GB);
   if (in->pp > 1) {
@@ -89,7 +91,7 @@ static void print_model(const dt_plan_t *p, FILE *o, const char *prefix) {
     int k = 0;
     for (int s = 0; s < in->pp && k < (int)sizeof line - 64; s++)
       k += snprintf(line + k, sizeof line - (size_t)k, " %d:%d blk/%.4g", s, p->stage_blocks[s], p->stage_params[s]);
-    dt_plan_line(o, prefix, "plan: pipeline stages (blocks/parameters per tp rank):%s", line);
+    pl(o, prefix, "plan: pipeline stages (blocks/parameters per tp rank):%s", line);
   }
 }
 
@@ -97,7 +99,7 @@ static void print_model(const dt_plan_t *p, FILE *o, const char *prefix) {
 static void print_ranks(const dt_plan_t *p, FILE *o, const char *prefix) {
   const dt_plan_in_t *in = &p->in;
   const int mixed = in->precision != DT_PREC_FP32;
-  dt_plan_line(o, prefix, "plan: per rank, GB (worst pipeline stage)       %9s %9s %9s %9s", "zero0", "zero1", "zero2", "zero3");
+  pl(o, prefix, "plan: per rank, GB (worst pipeline stage)       %9s %9s %9s %9s", "zero0", "zero1", "zero2", "zero3");
   ROW("parameters (fp32 master)", params);
   if (mixed) ROW("working copy (emulated 16-bit, stored fp32)", wparams);
   ROW("gradients (fp32)", grads);
@@ -119,25 +121,25 @@ static void print_ranks(const dt_plan_t *p, FILE *o, const char *prefix) {
   int k = snprintf(line, sizeof line, "  %-44s", "total device, CUDA backend, GiB");
   for (int z = 0; z < DT_PLAN_ZERO_STAGES; z++)
     k += snprintf(line + k, sizeof line - (size_t)k, " %9.3f", p->z[z].total_gpu / GIB);
-  dt_plan_line(o, prefix, "%s", line);
+  pl(o, prefix, "%s", line);
   char lab[64];
   snprintf(lab, sizeof lab, "fits %.4g GiB device memory?", in->device_mem / GIB);
   k = snprintf(line, sizeof line, "  %-44s", lab);
   for (int z = 0; z < DT_PLAN_ZERO_STAGES; z++)
     k += snprintf(line + k, sizeof line - (size_t)k, " %9s", p->z[z].total_gpu <= in->device_mem ? "fits" : "NO");
-  dt_plan_line(o, prefix, "%s", line);
+  pl(o, prefix, "%s", line);
   ROW(in->recompute ? "activations, CPU, without recompute" : "activations, CPU, train.recompute = true", act_cpu_alt);
   ROW(in->recompute ? "activations, GPU, without recompute" : "activations, GPU, train.recompute = true", act_gpu_rc);
   ROW(in->recompute ? "device total without recompute" : "device total with recompute", total_gpu_rc);
   k = snprintf(line, sizeof line, "  %-44s", in->recompute ? "fits without recompute?" : "fits with recompute?");
   for (int z = 0; z < DT_PLAN_ZERO_STAGES; z++)
     k += snprintf(line + k, sizeof line - (size_t)k, " %9s", p->z[z].total_gpu_rc <= in->device_mem ? "fits" : "NO");
-  dt_plan_line(o, prefix, "%s", line);
+  pl(o, prefix, "%s", line);
   if (in->pp > 1) {
     k = snprintf(line, sizeof line, "  %-44s", "worst pipeline stage");
     for (int z = 0; z < DT_PLAN_ZERO_STAGES; z++)
       k += snprintf(line + k, sizeof line - (size_t)k, " %9d", p->z[z].pp_stage);
-    dt_plan_line(o, prefix, "%s", line);
+    pl(o, prefix, "%s", line);
   }
 }
 
@@ -146,15 +148,15 @@ static void print_stages(const dt_plan_t *p, FILE *o, const char *prefix) {
   const dt_plan_in_t *in = &p->in;
   if (in->pp > 1) { /* the per-rank table: ranks of one stage differ only in their tp shard */
     const int zc = in->zero >= 0 && in->zero < DT_PLAN_ZERO_STAGES ? in->zero : 0;
-    dt_plan_line(o, prefix, "plan: per pipeline stage (zero%d), GB per rank: %5s %6s %9s %9s %9s %9s %9s %9s %9s", zc, "stage",
+    pl(o, prefix, "plan: per pipeline stage (zero%d), GB per rank: %5s %6s %9s %9s %9s %9s %9s %9s %9s", zc, "stage",
        "blocks", "params", "grads", "adam m+v", "act cpu", "total cpu", "act gpu", "total gpu");
     for (int s = 0; s < in->pp && s < 64; s++) {
       const dt_plan_zero_t *r = &p->stage[s];
-      dt_plan_line(o, prefix, "plan: %*s %5d %6d %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f", 32, "", s, p->stage_blocks[s],
+      pl(o, prefix, "plan: %*s %5d %6d %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f %9.3f", 32, "", s, p->stage_blocks[s],
          (r->params + r->wparams) / GB, r->grads / GB, (r->m + r->v) / GB, r->act_cpu / GB, r->total_cpu / GB,
          r->act_gpu / GB, r->total_gpu / GB);
     }
-    if (in->pp > 64) dt_plan_line(o, prefix, "plan: (%d more stages)", in->pp - 64);
+    if (in->pp > 64) pl(o, prefix, "plan: (%d more stages)", in->pp - 64);
   }
 }
 
@@ -162,22 +164,22 @@ static void print_stages(const dt_plan_t *p, FILE *o, const char *prefix) {
 static void print_notes(const dt_plan_t *p, FILE *o, const char *prefix) {
   const dt_plan_in_t *in = &p->in;
   const double n = (double)p->n_arena;
-  dt_plan_line(o, prefix, "plan: host memory with the CUDA backend (not in the device totals): a copy of the parameters %.3f GB "
+  pl(o, prefix, "plan: host memory with the CUDA backend (not in the device totals): a copy of the parameters %.3f GB "
      "(initial weights, checkpoint staging), + m, v %.3f GB once a checkpoint is written or read", 4 * n / GB,
      8 * n / GB);
-  dt_plan_line(o, prefix, "plan: the CUDA backend's ZeRO-2/3 arenas have memory only where in use (CUDA virtual memory, 2 MiB "
+  pl(o, prefix, "plan: the CUDA backend's ZeRO-2/3 arenas have memory only where in use (CUDA virtual memory, 2 MiB "
      "granules): its device rows count the shard, the gathered blocks and, for the gradients, the embeddings', "
      "ln_f's, 2 blocks' and one bucket that backward holds before reducing them");
   if (in->ddp_shm && in->dp > 1)
-    dt_plan_line(o, prefix, "plan: zero0 on the CPU backend averages the gradients in shared memory (parallel.ddp_comm = auto "
+    pl(o, prefix, "plan: zero0 on the CPU backend averages the gradients in shared memory (parallel.ddp_comm = auto "
        "finding all dp ranks on one node, or shm): no MPI temporaries, but each rank touches %.3f GB ((dp-1)/dp of "
        "an arena) in its peers' arenas, shared pages that the node holds once and each rank's RSS counts; the "
        "device total keeps MPI's 2 buckets", 4 * n * (in->dp - 1) / in->dp / GB);
   if (in->zero >= 0)
-    dt_plan_line(o, prefix, "plan: configured parallel.zero = %d", in->zero);
+    pl(o, prefix, "plan: configured parallel.zero = %d", in->zero);
   else
-    dt_plan_line(o, prefix, "plan: ZeRO is not in this build (no parallel.zero): stages 1-3 are what it would need");
-  dt_plan_line(o, prefix, "plan: train.recompute = %s: both backends keep each block's output and recompute one block's "
+    pl(o, prefix, "plan: ZeRO is not in this build (no parallel.zero): stages 1-3 are what it would need");
+  pl(o, prefix, "plan: train.recompute = %s: both backends keep each block's output and recompute one block's "
      "activations in backward", in->recompute ? "true" : "false");
 }
 
@@ -189,22 +191,22 @@ static void print_roofline(const dt_plan_t *p, FILE *o, const char *prefix) {
   const dt_plan_roof_t *f = &p->roof;
   const int zc = in->zero >= 0 && in->zero < DT_PLAN_ZERO_STAGES ? in->zero : 0;
   const double tokens = (double)in->B * in->T * in->accum * dp;
-  dt_plan_line(o, prefix, "roofline: per rank per optimizer step (zero%d, worst rank; GPU datasheet peaks, never measured on a "
+  pl(o, prefix, "roofline: per rank per optimizer step (zero%d, worst rank; GPU datasheet peaks, never measured on a "
      "GPU)", zc);
-  dt_plan_line(o, prefix, "roofline: FLOPs %.4g = %.4g per token (dt_model_flops_per_token) x %d tokens / (tp %d x pp %d)", f->flops,
+  pl(o, prefix, "roofline: FLOPs %.4g = %.4g per token (dt_model_flops_per_token) x %d tokens / (tp %d x pp %d)", f->flops,
      dt_model_flops_per_token(d, in->T), in->B * in->T * in->accum, in->tp, in->pp);
-  dt_plan_line(o, prefix, "roofline: HBM bytes (4 B storage): weights read %.3g GB, gradients r/w %.3g GB, activations w+r %.3g GB, "
+  pl(o, prefix, "roofline: HBM bytes (4 B storage): weights read %.3g GB, gradients r/w %.3g GB, activations w+r %.3g GB, "
      "optimizer r/w %.3g GB", f->w_read / GB, f->g_rw / GB, f->act_rw / GB, f->opt_rw / GB);
-  dt_plan_line(o, prefix, "roofline: communication sent per rank: dp gradients zero0 %.3g GB (all-reduce 2(n-1)/n), zero1-2 %.3g "
+  pl(o, prefix, "roofline: communication sent per rank: dp gradients zero0 %.3g GB (all-reduce 2(n-1)/n), zero1-2 %.3g "
      "GB (reduce-scatter + all-gather), zero3 %.3g GB (3(n-1)/n); tp %.3g GB; pp %.3g GB", f->dp_bytes[0] / GB,
      f->dp_bytes[1] / GB, f->dp_bytes[3] / GB, f->tp_bytes / GB, f->pp_bytes / GB);
-  dt_plan_line(o, prefix, "roofline: time = max(FLOPs/peak, bytes/HBM) x bubble %.3f + comm (no overlap); links: NVLink inside a "
+  pl(o, prefix, "roofline: time = max(FLOPs/peak, bytes/HBM) x bubble %.3f + comm (no overlap); links: NVLink inside a "
      "node of 8 GPUs, InfiniBand (1 NIC per GPU) beyond", f->bubble);
   if (in->pp > 1)
-    dt_plan_line(o, prefix, "roofline: bubble: 1F1B over %d stages x %d micro-batches simulated with each stage's FLOPs: %.3f "
+    pl(o, prefix, "roofline: bubble: 1F1B over %d stages x %d micro-batches simulated with each stage's FLOPs: %.3f "
        "(equal stages: 1 + (pp-1)/m = %.3f; the busiest stage does %.2fx the mean)", in->pp, in->accum, f->bubble,
        1.0 + (in->pp - 1.0) / in->accum, p->stage_flops_share);
-  dt_plan_line(o, prefix, "roofline: %-15s %-5s %9s %9s %9s %9s %9s %12s  %s", "gpu", "math", "peak TF", "compute s", "memory s",
+  pl(o, prefix, "roofline: %-15s %-5s %9s %9s %9s %9s %9s %12s  %s", "gpu", "math", "peak TF", "compute s", "memory s",
      "comm s", "step s", "tokens/s", "bound");
   const dt_gpu_spec_t *gs[2] = {&dt_gpu_a100, &dt_gpu_h100};
   static const char *mname[3] = {"fp32", "tf32", "bf16"};
@@ -213,7 +215,7 @@ static void print_roofline(const dt_plan_t *p, FILE *o, const char *prefix) {
       double tf, tm, tc, t = dt_plan_step_time(p, gs[g], m, &tf, &tm, &tc);
       double peak = m == 0 ? gs[g]->fp32 : m == 1 ? gs[g]->tf32 : gs[g]->bf16;
       const char *bound = tc > fmax(tf, tm) ? "communication" : tf >= tm ? "compute" : "memory";
-      dt_plan_line(o, prefix, "roofline: %-15s %-5s %9.1f %9.4f %9.4f %9.4f %9.4f %12.4g  %s%s", gs[g]->name, mname[m], peak / 1e12,
+      pl(o, prefix, "roofline: %-15s %-5s %9.1f %9.4f %9.4f %9.4f %9.4f %12.4g  %s%s", gs[g]->name, mname[m], peak / 1e12,
          tf, tm, tc, t, tokens / t, bound,
          m == 0 ? " (dtrain's CUDA path, system.tf32 = false: cuBLAS SGEMM, fp32 storage)"
          : m == 2 ? " (train.precision = bf16: layer matmuls on bf16 tensor cores, fp32 storage; the attention's "

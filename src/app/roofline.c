@@ -66,7 +66,6 @@ static void attention(dt_kroof_t *r, const dims_t *d, const dt_plan_in_t *in, in
     add(r, k, d->fwd * gemm, d->fwd * (6 * qkv + 2 * qkv + 2 * o + lse + 6 * o));
     add(r, k, 2.5 * gemm, 6 * (qkv + 2 * o) + 2 * (qkv + 2 * o) + lse + 2 * qkv + 6 * qkv);
   }
-  r->unit[k] = act16 || in->cudnn ? DT_KU_16 : in->flash ? DT_KU_FP32 : in->tf32 ? DT_KU_TF32 : DT_KU_FP32;
 }
 
 /* One micro-batch through nl blocks (forward, backward). */
@@ -85,7 +84,6 @@ static void blocks(dt_kroof_t *r, const dims_t *d, const dt_plan_in_t *in, int a
   if (!act16 && in->precision != DT_PREC_FP32) /* STOREs: forward atty; backward dfch, dtmp x3, dqkv */
     add(&b, DT_KC_ROUND, 0, F * 8 * N * Cl + 8 * (2 * N * C + 8 * N * Cl));
   for (int k = 0; k < DT_KC_N; k++) add(r, k, nl * b.flops[k], nl * b.bytes[k]);
-  r->unit[DT_KC_ATTENTION] = b.unit[DT_KC_ATTENTION];
 }
 
 void dt_kroof_compute(const dt_plan_t *p, int act_bytes, dt_kroof_t *r) {
@@ -115,9 +113,11 @@ void dt_kroof_compute(const dt_plan_t *p, int act_bytes, dt_kroof_t *r) {
   const double Popt = zc ? Pst / (in->dp > 0 ? in->dp : 1) : Pst; /* AdamW's and the norm's range */
   add(r, DT_KC_OPTIM, 0, 4 * Pst + 4 * Popt + 28 * Popt);
   if (act16) add(r, DT_KC_ROUND, 0, 6 * Pst); /* the 16-bit working copy, once per step */
-  const int lin = half ? DT_KU_16 : in->tf32 ? DT_KU_TF32 : DT_KU_FP32;
-  r->unit[DT_KC_MATMUL] = r->unit[DT_KC_LMHEAD] = lin;
-  r->unit[DT_KC_ATTENTION] = mb.unit[DT_KC_ATTENTION];
+  r->unit[DT_KC_MATMUL] = r->unit[DT_KC_LMHEAD] = half ? DT_KU_16 : in->tf32 ? DT_KU_TF32 : DT_KU_FP32;
+  /* the attention: cuDNN (and any 16-bit design) on tensor cores, our flash kernels on fp32 cores,
+   * the matmul attention's cuBLAS products fp32 or TF32 whatever the precision */
+  const int fp32 = in->tf32 ? DT_KU_TF32 : DT_KU_FP32;
+  r->unit[DT_KC_ATTENTION] = act16 || in->cudnn ? DT_KU_16 : in->flash ? DT_KU_FP32 : fp32;
 }
 
 static double peak(const dt_gpu_spec_t *g, int unit) {
@@ -136,7 +136,7 @@ double dt_kroof_time(const dt_kroof_t *r, const dt_gpu_spec_t *g, double *t_clas
 
 void dt_kroof_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   const dt_plan_in_t *in = &p->in;
-  const dt_gpu_spec_t *g = &dt_gpu_h100;
+  const dt_gpu_spec_t *g = &dt_gpu_h100, *h200 = &dt_gpu_h200;
   static const char *unit[3] = {"fp32 cores", "tf32 tensor", "16-bit tensor"};
   static const char *att[3] = {"matmul", "flash", "cudnn"};
   dt_kroof_t r, r16;
@@ -145,29 +145,37 @@ void dt_kroof_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   dt_kroof_compute(p, 2, &r16);
   const double t = dt_kroof_time(&r, g, tk), t16 = dt_kroof_time(&r16, g, NULL);
   const double tokens = (double)in->B * in->T * (in->accum > 0 ? in->accum : 1);
-  const double model = dt_model_flops_per_token(&in->d, in->T) * tokens / ((in->tp > 1 ? in->tp : 1) * (in->pp > 1 ? in->pp : 1));
-  dt_plan_line(o, prefix, "roofline: kernels: the CUDA backend's kernels by class, one optimizer step of %s (%d blocks%s), "
-     "as built: activations stored in 4 bytes, train.precision = %s, system.attention = %s, system.tf32 = %s%s; "
-     "%s datasheet (fp32 %.0f TF, TF32 %.0f, bf16 %.0f, HBM %.2f TB/s); each class max(FLOPs/peak, bytes/HBM), "
-     "the step their sum; a prediction, not measured on a GPU", in->pp > 1 ? "the last pipeline stage" : "one rank",
-     p->stage_blocks[in->pp > 1 ? in->pp - 1 : 0], in->pp > 1 ? " + the head" : " + embeddings + head",
-     dt_precision_name((dt_precision_t)in->precision), att[in->cudnn ? 2 : in->flash ? 1 : 0], in->tf32 ? "true" : "false",
-     in->recompute ? ", train.recompute = true" : "", g->name, g->fp32 / 1e12, g->tf32 / 1e12, g->bf16 / 1e12, g->hbm / 1e12);
-  dt_plan_line(o, prefix, "roofline: kernels: %-16s %10s %10s  %-13s %9s  %-7s %6s", "class", "GFLOP", "GB", "runs on", "ms", "bound",
-     "share");
+  const double split = (in->tp > 1 ? in->tp : 1) * (in->pp > 1 ? in->pp : 1);
+  const double model = dt_model_flops_per_token(&in->d, in->T) * tokens / split;
+  const int pp = in->pp > 1;
+  dt_plan_line(o, prefix,
+               "roofline: kernels: the CUDA backend's kernels by class, one optimizer step of %s (%d blocks%s), "
+               "as built: activations stored in 4 bytes, train.precision = %s, system.attention = %s, "
+               "system.tf32 = %s%s; %s datasheet (fp32 %.0f TF, TF32 %.0f, bf16 %.0f, HBM %.2f TB/s); each class "
+               "max(FLOPs/peak, bytes/HBM), the step their sum; a prediction, not measured on a GPU",
+               pp ? "the last pipeline stage" : "one rank", p->stage_blocks[pp ? in->pp - 1 : 0],
+               pp ? " + the head" : " + embeddings + head", dt_precision_name((dt_precision_t)in->precision),
+               att[in->cudnn ? 2 : in->flash ? 1 : 0], in->tf32 ? "true" : "false",
+               in->recompute ? ", train.recompute = true" : "", g->name, g->fp32 / 1e12, g->tf32 / 1e12,
+               g->bf16 / 1e12, g->hbm / 1e12);
+  dt_plan_line(o, prefix, "roofline: kernels: %-16s %10s %10s  %-13s %9s  %-7s %6s", "class", "GFLOP", "GB", "runs on",
+               "ms", "bound", "share");
   for (int k = 0; k < DT_KC_N; k++) {
     if (r.flops[k] == 0 && r.bytes[k] == 0) continue;
     const int mem = r.bytes[k] / g->hbm >= r.flops[k] / peak(g, r.unit[k]);
-    dt_plan_line(o, prefix, "roofline: kernels: %-16s %10.1f %10.2f  %-13s %9.3f  %-7s %5.1f%%", dt_kclass_names[k], r.flops[k] / 1e9,
-       r.bytes[k] / 1e9, r.flops[k] > 0 ? unit[r.unit[k]] : "memory", 1e3 * tk[k], mem ? "memory" : "compute",
-       100 * tk[k] / t);
+    dt_plan_line(o, prefix, "roofline: kernels: %-16s %10.1f %10.2f  %-13s %9.3f  %-7s %5.1f%%", dt_kclass_names[k],
+                 r.flops[k] / 1e9, r.bytes[k] / 1e9, r.flops[k] > 0 ? unit[r.unit[k]] : "memory", 1e3 * tk[k],
+                 mem ? "memory" : "compute", 100 * tk[k] / t);
   }
-  dt_plan_line(o, prefix, "roofline: kernels: step %.2f ms: %.4g tokens/s per GPU, %.1f%% of the bf16 dense peak in model FLOPs "
-     "(%.4g per step)", 1e3 * t, tokens / t, 100 * model / t / g->bf16, model);
-  dt_plan_line(o, prefix, "roofline: kernels: with activations stored in 16 bits (#22 item 1, not built: no rounding passes, "
-     "16-bit products and weights): step %.2f ms, %.4g tokens/s per GPU, %.1f%% of the bf16 peak", 1e3 * t16,
-     tokens / t16, 100 * model / t16 / g->bf16);
-  const double th = dt_kroof_time(&r, &dt_gpu_h200, NULL), th16 = dt_kroof_time(&r16, &dt_gpu_h200, NULL);
-  dt_plan_line(o, prefix, "roofline: kernels: on an %s (HBM %.1f TB/s, the GPU docs/gpu-runs.md ran on): step %.2f ms "
-     "as built, %.2f ms with 16-bit activations", dt_gpu_h200.name, dt_gpu_h200.hbm / 1e12, 1e3 * th, 1e3 * th16);
+  dt_plan_line(o, prefix,
+               "roofline: kernels: step %.2f ms: %.4g tokens/s per GPU, %.1f%% of the bf16 dense peak in model "
+               "FLOPs (%.4g per step)", 1e3 * t, tokens / t, 100 * model / t / g->bf16, model);
+  dt_plan_line(o, prefix,
+               "roofline: kernels: with activations stored in 16 bits (#22 item 1, not built: no rounding passes, "
+               "16-bit products and weights): step %.2f ms, %.4g tokens/s per GPU, %.1f%% of the bf16 peak",
+               1e3 * t16, tokens / t16, 100 * model / t16 / g->bf16);
+  const double th = dt_kroof_time(&r, h200, NULL), th16 = dt_kroof_time(&r16, h200, NULL);
+  dt_plan_line(o, prefix,
+               "roofline: kernels: on an %s (HBM %.1f TB/s, the GPU docs/gpu-runs.md ran on): step %.2f ms as "
+               "built, %.2f ms with 16-bit activations", h200->name, h200->hbm / 1e12, 1e3 * th, 1e3 * th16);
 }

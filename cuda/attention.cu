@@ -16,6 +16,7 @@
 
 #include "cuda_check.h"
 #include "cuda_launch.h"
+#include "precision.h"
 #include "warp.h"
 
 #define LANE_DIMS (DT_CU_ATT_HS_MAX / DT_CUDA_WARP) /* the decoding warp's dims per lane */
@@ -64,11 +65,11 @@ __device__ static float attend(float *acc, float *mx, const float *q, const floa
 }
 
 /* out[d] = acc * mul for this lane's dims */
-__device__ static inline void store_lane(float *out, const float *acc, float mul, int hs) {
+__device__ static inline void store_lane(float *out, const float *acc, float mul, int hs, int prec) {
   const int lane = threadIdx.x % DT_CUDA_WARP;
   for (int a = 0; a < LANE_DIMS; a++) {
     const int d = lane + a * DT_CUDA_WARP;
-    if (d < hs) out[d] = acc[a] * mul;
+    if (d < hs) out[d] = dt_prec_round1(acc[a] * mul, prec);
   }
 }
 
@@ -121,10 +122,10 @@ __device__ static inline void axpy_group(float *acc, float p, const float *x, in
   }
 }
 
-__device__ static inline void store_group(float *out, const float *acc, float mul, int gl, int G, int hs) {
+__device__ static inline void store_group(float *out, const float *acc, float mul, int gl, int G, int hs, int prec) {
   for (int a = 0; a < ATT_DPL; a++) {
     const int d = gl + a * G;
-    if (d < hs) out[d] = acc[a] * mul;
+    if (d < hs) out[d] = dt_prec_round1(acc[a] * mul, prec);
   }
 }
 
@@ -158,7 +159,7 @@ __device__ static inline int warp_last_row(int r0, int G) { return warp_first_ro
 static int att_tile_rows(int hs) { return imin(ATT_TILE / hs, ATT_TILE_ROWS); }
 
 __global__ static void flash_forward_k(float *out, float *lse, const float *qkv, int T, int C, int NH, int G, int TK,
-                                       float scale, size_t blocks) {
+                                       float scale, int prec, size_t blocks) {
   __shared__ float ks[ATT_TILE], vs[ATT_TILE];
   const int hs = C / NH, R = blockDim.x / G;
   const size_t s3 = 3 * (size_t)C;
@@ -187,7 +188,7 @@ __global__ static void flash_forward_k(float *out, float *lse, const float *qkv,
       }
     }
     if (live) {
-      store_group(out + ((size_t)b * T + t) * C + h * hs, acc, 1.0f / sum, gl, G, hs);
+      store_group(out + ((size_t)b * T + t) * C + h * hs, acc, 1.0f / sum, gl, G, hs, prec);
       if (gl == 0) lse[((size_t)b * NH + h) * T + t] = m + logf(sum);
     }
   }
@@ -197,7 +198,7 @@ __global__ static void flash_forward_k(float *out, float *lse, const float *qkv,
  * two passes over the key tiles */
 __global__ static void flash_backward_q_k(float *dqkv, float *dsum, const float *dout, const float *qkv,
                                           const float *lse, int T, int C, int NH, int G, int TK, float scale,
-                                          size_t blocks) {
+                                          int prec, size_t blocks) {
   __shared__ float ks[ATT_TILE], vs[ATT_TILE];
   const int hs = C / NH, R = blockDim.x / G;
   const size_t s3 = 3 * (size_t)C;
@@ -224,7 +225,7 @@ __global__ static void flash_backward_q_k(float *dqkv, float *dsum, const float 
         }
       }
     if (live) {
-      store_group(dqkv + ((size_t)b * T + t) * s3 + h * hs, dq, scale, gl, G, hs);
+      store_group(dqkv + ((size_t)b * T + t) * s3 + h * hs, dq, scale, gl, G, hs, prec);
       if (gl == 0) dsum[row] = D;
     }
   }
@@ -234,7 +235,7 @@ __global__ static void flash_backward_q_k(float *dqkv, float *dsum, const float 
  * tiles of queries (q, dout, lse and D in shared memory) */
 __global__ static void flash_backward_kv_k(float *dqkv, const float *dsum, const float *dout, const float *qkv,
                                            const float *lse, int T, int C, int NH, int G, int TK, float scale,
-                                           size_t blocks) {
+                                           int prec, size_t blocks) {
   __shared__ float qs[ATT_TILE], gs[ATT_TILE], ls[ATT_TILE_ROWS], ds[ATT_TILE_ROWS];
   const int hs = C / NH, R = blockDim.x / G;
   const size_t s3 = 3 * (size_t)C;
@@ -267,8 +268,8 @@ __global__ static void flash_backward_kv_k(float *dqkv, const float *dsum, const
     }
     if (live) {
       float *dst = dqkv + ((size_t)b * T + t) * s3 + h * hs;
-      store_group(dst + C, dk, scale, gl, G, hs);
-      store_group(dst + 2 * C, dv, 1.0f, gl, G, hs);
+      store_group(dst + C, dk, scale, gl, G, hs, prec);
+      store_group(dst + 2 * C, dv, 1.0f, gl, G, hs, prec);
     }
   }
 }
@@ -287,25 +288,26 @@ static size_t att_blocks(int B, int T, int NH, int G) {
 
 static int att_grid(size_t blocks) { return blocks < DT_CUDA_GRID_MAX ? (int)blocks : DT_CUDA_GRID_MAX; }
 
-dt_status_t dt_cu_flash_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, cudaStream_t s) {
+dt_status_t dt_cu_flash_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, int prec,
+                                cudaStream_t s) {
   DT_TRY(check_hs(C, NH, "flash attention"));
   const int hs = C / NH, G = att_group(hs);
   const size_t blocks = att_blocks(B, T, NH, G);
   DT_LAUNCH(flash_forward_k, att_grid(blocks), DT_CUDA_BLOCK, 0, s, out, lse, qkv, T, C, NH, G, att_tile_rows(hs),
-            1.0f / sqrtf((float)hs), blocks);
+            1.0f / sqrtf((float)hs), prec, blocks);
   return DT_OK;
 }
 
 dt_status_t dt_cu_flash_backward(float *dqkv, float *dsum, const float *dout, const float *qkv, const float *lse, int B,
-                                 int T, int C, int NH, cudaStream_t s) {
+                                 int T, int C, int NH, int prec, cudaStream_t s) {
   DT_TRY(check_hs(C, NH, "flash attention"));
   const int hs = C / NH, G = att_group(hs), TK = att_tile_rows(hs);
   const size_t blocks = att_blocks(B, T, NH, G);
   const float scale = 1.0f / sqrtf((float)hs);
   DT_LAUNCH(flash_backward_q_k, att_grid(blocks), DT_CUDA_BLOCK, 0, s, dqkv, dsum, dout, qkv, lse, T, C, NH, G, TK,
-            scale, blocks);
+            scale, prec, blocks);
   DT_LAUNCH(flash_backward_kv_k, att_grid(blocks), DT_CUDA_BLOCK, 0, s, dqkv, dsum, dout, qkv, lse, T, C, NH, G, TK,
-            scale, blocks);
+            scale, prec, blocks);
   return DT_OK;
 }
 
@@ -324,7 +326,7 @@ __global__ static void kv_append_k(float *kc, float *vc, const float *qkv, int p
 
 /* A warp per (b, h, i): query pos + i against the cached keys 0..pos+i */
 __global__ static void attention_decode_k(float *out, const float *kc, const float *vc, const float *qkv, int pos,
-                                          int n, int Tmax, int C, int NH, float scale, size_t rows) {
+                                          int n, int Tmax, int C, int NH, float scale, int prec, size_t rows) {
   const int hs = C / NH;
   FOR_WARP_ROWS(r, rows) {
     const int i = (int)(r % n), h = (int)(r / n % NH), b = (int)(r / n / NH);
@@ -332,16 +334,16 @@ __global__ static void attention_decode_k(float *out, const float *kc, const flo
     load_lane(q, qkv + ((size_t)b * n + i) * 3 * C + h * hs, hs);
     const size_t kv0 = (size_t)b * Tmax * C + h * hs;
     const float sum = attend(acc, &mx, q, kc + kv0, vc + kv0, (size_t)C, pos + i, hs, scale);
-    store_lane(out + ((size_t)b * n + i) * C + h * hs, acc, 1.0f / sum, hs);
+    store_lane(out + ((size_t)b * n + i) * C + h * hs, acc, 1.0f / sum, hs, prec);
   }
 }
 
 dt_status_t dt_cu_attention_decode(float *out, float *kc, float *vc, const float *qkv, int B, int pos, int n, int Tmax,
-                                   int C, int NH, cudaStream_t s) {
+                                   int C, int NH, int prec, cudaStream_t s) {
   DT_TRY(check_hs(C, NH, "attention decode"));
   const size_t total = (size_t)B * n * C, rows = (size_t)B * NH * n;
   DT_LAUNCH(kv_append_k, dt_cuda_grid(total, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, kc, vc, qkv, pos, n, Tmax, C, total);
   DT_LAUNCH(attention_decode_k, dt_cuda_warp_rows_grid(rows, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, kc, vc, qkv,
-            pos, n, Tmax, C, NH, 1.0f / sqrtf((float)(C / NH)), rows);
+            pos, n, Tmax, C, NH, 1.0f / sqrtf((float)(C / NH)), prec, rows);
   return DT_OK;
 }

@@ -447,20 +447,22 @@ static dt_status_t k_linear_backward(dt_backend_t *be, float *dinp, float *dweig
 static dt_status_t k_attention_forward(dt_backend_t *be, float *out, float *state, float *scratch, const float *qkv,
                                        int B, int T, int C, int NH) {
   (void)scratch;
-  if (impl(be)->catt) return dt_cudnn_att_forward(impl(be)->catt, out, state, qkv, B, T, C, NH);
-  if (be->flash) return dt_cu_flash_forward(out, state, qkv, B, T, C, NH, S(be));
-  return attention_forward(impl(be), out, state, qkv, B, T, C, NH);
+  if (impl(be)->catt) return dt_cudnn_att_forward(impl(be)->catt, out, state, qkv, B, T, C, NH); /* 16-bit values */
+  if (be->flash) return dt_cu_flash_forward(out, state, qkv, B, T, C, NH, be->precision, S(be));
+  DT_TRY(attention_forward(impl(be), out, state, qkv, B, T, C, NH)); /* cuBLAS writes out: a rounding pass */
+  return dt_cu_round_copy(out, out, (size_t)B * T * C, be->precision, S(be));
 }
 static dt_status_t k_attention_backward(dt_backend_t *be, float *dqkv, float *scratch, const float *dout,
                                         const float *out, const float *qkv, const float *state, int B, int T, int C,
                                         int NH) {
   if (impl(be)->catt) return dt_cudnn_att_backward(impl(be)->catt, dqkv, dout, out, qkv, state, B, T, C, NH);
-  if (be->flash) return dt_cu_flash_backward(dqkv, scratch, dout, qkv, state, B, T, C, NH, S(be));
-  return attention_backward(impl(be), dqkv, scratch, dout, qkv, state, B, T, C, NH);
+  if (be->flash) return dt_cu_flash_backward(dqkv, scratch, dout, qkv, state, B, T, C, NH, be->precision, S(be));
+  DT_TRY(attention_backward(impl(be), dqkv, scratch, dout, qkv, state, B, T, C, NH));
+  return dt_cu_round_copy(dqkv, dqkv, (size_t)B * T * 3 * C, be->precision, S(be));
 }
 static dt_status_t k_attention_decode(dt_backend_t *be, float *out, float *kc, float *vc, const float *qkv, int B,
                                       int pos, int n, int Tmax, int C, int NH) {
-  return dt_cu_attention_decode(out, kc, vc, qkv, B, pos, n, Tmax, C, NH, S(be));
+  return dt_cu_attention_decode(out, kc, vc, qkv, B, pos, n, Tmax, C, NH, be->precision, S(be));
 }
 static dt_status_t k_gelu_forward(dt_backend_t *be, float *out, const float *inp, size_t n) {
   return dt_cu_gelu_forward(out, inp, n, be->precision, S(be));

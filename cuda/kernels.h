@@ -46,16 +46,17 @@ dt_status_t dt_cu_softmax_causal_backward(float *d, const float *att, int rows, 
  * over its lanes (head size at most DT_CU_ATT_HS_MAX), tiles of keys in shared memory.
  * Training (ops_cpu.h dt_attention_forward/backward; system.attention = flash): out (B,T,C) and
  * the row log-sum-exp lse (B,NH,T) from qkv (B,T,3C); backward writes dqkv from dout, qkv and lse,
- * with dsum (B,NH,T) as scratch (the rows' <dout, out>). */
+ * with dsum (B,NH,T) as scratch (the rows' <dout, out>). out and dqkv rounded to prec. */
 #define DT_CU_ATT_HS_MAX 256
-dt_status_t dt_cu_flash_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, cudaStream_t s);
+dt_status_t dt_cu_flash_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, int prec,
+                                cudaStream_t s);
 dt_status_t dt_cu_flash_backward(float *dqkv, float *dsum, const float *dout, const float *qkv, const float *lse, int B,
-                                 int T, int C, int NH, cudaStream_t s);
+                                 int T, int C, int NH, int prec, cudaStream_t s);
 /* Decoding with a key/value cache (ops_cpu.h dt_attention_decode): k and v of the n new positions
  * of qkv (B,n,3C) into kc, vc (B,Tmax,C) at [pos, pos + n), then out (B,n,C): one warp per (b, h,
- * query) with an online softmax over the cached keys. */
+ * query) with an online softmax over the cached keys; out rounded to prec. */
 dt_status_t dt_cu_attention_decode(float *out, float *kc, float *vc, const float *qkv, int B, int pos, int n, int Tmax,
-                                   int C, int NH, cudaStream_t s);
+                                   int C, int NH, int prec, cudaStream_t s);
 /* out, dinp rounded to prec */
 dt_status_t dt_cu_gelu_forward(float *out, const float *inp, size_t n, int prec, cudaStream_t s);
 dt_status_t dt_cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, int prec, cudaStream_t s);

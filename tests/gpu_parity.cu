@@ -355,24 +355,27 @@ int main(int argc, char **argv) {
     }
   }
   gp_optimizer(3000017, &r);
-  gp_attention_decode(2, 3, 16, 5, 4, 12, &r);  /* the prompt of a continued sequence */
-  gp_attention_decode(1, 12, 64, 0, 17, 40, &r); /* a prompt (GPT-2's head size) */
-  gp_attention_decode(1, 2, 256, 30, 1, 64, &r); /* one step, the largest head size */
-  gp_attention_decode(3, 4, 40, 63, 1, 64, &r);  /* the last position of the cache */
+  gp_attention_decode(2, 3, 16, 5, 4, 12, DT_PREC_FP32, &r); /* the prompt of a continued sequence */
+  gp_attention_decode(1, 12, 64, 0, 17, 40, DT_PREC_FP32, &r); /* a prompt (GPT-2's head size) */
+  gp_attention_decode(1, 2, 256, 30, 1, 64, DT_PREC_FP32, &r); /* one step, the largest head size */
+  gp_attention_decode(3, 4, 40, 63, 1, 64, DT_PREC_FP32, &r); /* the last position of the cache */
   {
     dt_rng_t r16; /* its own numbers: the cases after it keep theirs */
     dt_rng_seed(&r16, 1616);
     gp_convert16(1001, &r16); /* fp32 <-> 16-bit copies (cuDNN's attention) */
   }
-  gp_attention_flash(2, 3, 16, 13, &r);          /* odd T */
-  gp_attention_flash(1, 2, 64, 40, &r);          /* GPT-2's head size */
-  gp_attention_flash(1, 1, 256, 9, &r);          /* the largest head size */
-  gp_attention_flash(2, 5, 40, 33, &r);          /* a head size that is no multiple of the warp */
-  gp_attention_flash(1, 2, 64, 150, &r);         /* several key tiles (64 keys each), the last one partial */
-  gp_attention_flash(2, 2, 128, 77, &r);         /* 32-key tiles, 16 query rows per block */
-  gp_attention_flash(1, 3, 16, 300, &r);         /* 2 lanes per row, 128 rows per block */
-  gp_attention_flash(1, 1, 3, 520, &r);          /* 1 lane per row, 256-key tiles */
-  if (!small) gp_attention_flash(1, 8201, 16, 64, &r); /* 524,864 rows: past the capped grid */
+  gp_attention_flash(2, 3, 16, 13, DT_PREC_FP32, &r); /* odd T */
+  gp_attention_flash(1, 2, 64, 40, DT_PREC_FP32, &r); /* GPT-2's head size */
+  gp_attention_flash(1, 1, 256, 9, DT_PREC_FP32, &r); /* the largest head size */
+  gp_attention_flash(2, 5, 40, 33, DT_PREC_FP32, &r); /* a head size that is no multiple of the warp */
+  gp_attention_flash(1, 2, 64, 150, DT_PREC_FP32, &r); /* several key tiles (64 keys each), the last one partial */
+  gp_attention_flash(2, 2, 128, 77, DT_PREC_FP32, &r); /* 32-key tiles, 16 query rows per block */
+  gp_attention_flash(1, 3, 16, 300, DT_PREC_FP32, &r); /* 2 lanes per row, 128 rows per block */
+  gp_attention_flash(1, 1, 3, 520, DT_PREC_FP32, &r); /* 1 lane per row, 256-key tiles */
+  if (!small) gp_attention_flash(1, 8201, 16, 64, DT_PREC_FP32, &r); /* 524,864 rows: past the capped grid */
+  gp_attention_flash(1, 2, 64, 150, DT_PREC_BF16, &r); /* out and dqkv rounded as they are stored */
+  gp_attention_flash(2, 5, 40, 33, DT_PREC_FP16, &r);
+  gp_attention_decode(1, 12, 64, 3, 5, 16, DT_PREC_BF16, &r);
   if (huge) gp_crossentropy_huge(&r);
   if (backend) gp_backend_all(small);
   {

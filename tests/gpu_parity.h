@@ -33,8 +33,8 @@ void gp_attention_softmax(int B, int NH, int T, int prec, dt_rng_t *r);
 void gp_crossentropy(int N, int V, int Vp, int prec, dt_rng_t *r);
 void gp_crossentropy_huge(dt_rng_t *r);
 void gp_optimizer(size_t n, dt_rng_t *r);
-void gp_attention_decode(int B, int NH, int hs, int pos, int n, int Tmax, dt_rng_t *r);
-void gp_attention_flash(int B, int NH, int hs, int T, dt_rng_t *r);
+void gp_attention_decode(int B, int NH, int hs, int pos, int n, int Tmax, int prec, dt_rng_t *r);
+void gp_attention_flash(int B, int NH, int hs, int T, int prec, dt_rng_t *r);
 void gp_convert16(size_t n, dt_rng_t *r);
 /* tests/gpu_parity_tp.cu */
 void gp_tensor_parallel(int prec, dt_rng_t *r);

@@ -239,57 +239,61 @@ void gp_convert16(size_t n, dt_rng_t *r) {
 
 /* Decoding with a key/value cache against the CPU twin: a cache already holding positions
  * [0, pos) (random), n new positions of qkv; the caches after the append (exact: copies) and the
- * attention output. */
-void gp_attention_decode(int B, int NH, int hs, int pos, int n, int Tmax, dt_rng_t *r) {
+ * attention output (rounded to prec as the kernel stores it). */
+void gp_attention_decode(int B, int NH, int hs, int pos, int n, int Tmax, int prec, dt_rng_t *r) {
   char shape[64];
   const int C = NH * hs;
   snprintf(shape, sizeof shape, "B=%d NH=%d hs=%d pos=%d n=%d", B, NH, hs, pos, n);
   const size_t nq = (size_t)B * n * 3 * C, nc = (size_t)B * Tmax * C, no = (size_t)B * n * C;
-  float *qkv = gp_rand(r, nq, 2.0f, DT_PREC_FP32), *kc = gp_rand(r, nc, 2.0f, DT_PREC_FP32);
-  float *vc = gp_rand(r, nc, 1.0f, DT_PREC_FP32), *out = (float *)gp_host(no * sizeof(float));
+  float *qkv = gp_rand(r, nq, 2.0f, prec), *kc = gp_rand(r, nc, 2.0f, prec);
+  float *vc = gp_rand(r, nc, 1.0f, prec), *out = (float *)gp_host(no * sizeof(float));
   float *scr = (float *)gp_host((size_t)Tmax * sizeof(float));
   float *d_qkv = gp_up(qkv, nq), *d_kc = gp_up(kc, nc), *d_vc = gp_up(vc, nc), *d_out = (float *)gp_dev(no * sizeof(float));
-  GP_TRY(dt_cu_attention_decode(d_out, d_kc, d_vc, d_qkv, B, pos, n, Tmax, C, NH, 0));
+  GP_TRY(dt_cu_attention_decode(d_out, d_kc, d_vc, d_qkv, B, pos, n, Tmax, C, NH, prec, 0));
   dt_attention_decode(out, kc, vc, scr, qkv, B, pos, n, Tmax, C, NH, 1);
+  dt_prec_round(out, no, (dt_precision_t)prec);
   float *g = gp_down(d_kc, nc);
-  gp_compare("attention_decode k cache", shape, DT_PREC_FP32, g, kc, nc, 0.0);
+  gp_compare("attention_decode k cache", shape, prec, g, kc, nc, 0.0);
   free(g);
   g = gp_down(d_vc, nc);
-  gp_compare("attention_decode v cache", shape, DT_PREC_FP32, g, vc, nc, 0.0);
+  gp_compare("attention_decode v cache", shape, prec, g, vc, nc, 0.0);
   free(g);
   g = gp_down(d_out, no);
-  gp_compare("attention_decode", shape, DT_PREC_FP32, g, out, no, 2e-6);
+  gp_compare("attention_decode", shape, prec, g, out, no, prec == DT_PREC_FP32 ? 2e-6 : 8e-3);
   free(g);
   for (float *p : {qkv, kc, vc, out, scr}) free(p);
   for (float *p : {d_qkv, d_kc, d_vc, d_out}) cudaFree(p);
 }
 
 /* The fused training attention (system.attention = flash) against the CPU twin (also flash-style:
- * the same lse): out, lse, and dqkv from random dout. */
-void gp_attention_flash(int B, int NH, int hs, int T, dt_rng_t *r) {
+ * the same lse): out, lse, and dqkv from random dout; out and dqkv rounded to prec as stored. */
+void gp_attention_flash(int B, int NH, int hs, int T, int prec, dt_rng_t *r) {
   char shape[64];
   const int C = NH * hs;
   snprintf(shape, sizeof shape, "B=%d NH=%d hs=%d T=%d", B, NH, hs, T);
   const size_t nq = (size_t)B * T * 3 * C, no = (size_t)B * T * C, nl = (size_t)B * NH * T;
-  float *qkv = gp_rand(r, nq, 2.0f, DT_PREC_FP32), *dout = gp_rand(r, no, 1.0f, DT_PREC_FP32);
+  float *qkv = gp_rand(r, nq, 2.0f, prec), *dout = gp_rand(r, no, 1.0f, prec);
   float *out = (float *)gp_host(no * sizeof(float)), *lse = (float *)gp_host(nl * sizeof(float));
   float *dqkv = (float *)gp_host(nq * sizeof(float));
   float *scr = (float *)gp_host(dt_attention_scratch_floats(T, 1) * sizeof(float));
   float *d_qkv = gp_up(qkv, nq), *d_dout = gp_up(dout, no), *d_out = (float *)gp_dev(no * sizeof(float));
   float *d_lse = (float *)gp_dev(nl * sizeof(float)), *d_dsum = (float *)gp_dev(nl * sizeof(float));
   float *d_dqkv = (float *)gp_dev(nq * sizeof(float));
-  GP_TRY(dt_cu_flash_forward(d_out, d_lse, d_qkv, B, T, C, NH, 0));
-  GP_TRY(dt_cu_flash_backward(d_dqkv, d_dsum, d_dout, d_qkv, d_lse, B, T, C, NH, 0));
+  GP_TRY(dt_cu_flash_forward(d_out, d_lse, d_qkv, B, T, C, NH, prec, 0));
+  GP_TRY(dt_cu_flash_backward(d_dqkv, d_dsum, d_dout, d_qkv, d_lse, B, T, C, NH, prec, 0));
   dt_attention_forward(out, lse, scr, qkv, B, T, C, NH, 1);
   dt_attention_backward(dqkv, scr, dout, qkv, lse, B, T, C, NH, 1);
+  dt_prec_round(out, no, (dt_precision_t)prec);
+  dt_prec_round(dqkv, nq, (dt_precision_t)prec);
+  const int f32 = prec == DT_PREC_FP32;
   float *g = gp_down(d_out, no);
-  gp_compare("attention flash forward", shape, DT_PREC_FP32, g, out, no, 2e-6);
+  gp_compare("attention flash forward", shape, prec, g, out, no, f32 ? 2e-6 : 8e-3);
   free(g);
   g = gp_down(d_lse, nl);
-  gp_compare("attention flash lse", shape, DT_PREC_FP32, g, lse, nl, 2e-6);
+  gp_compare("attention flash lse", shape, prec, g, lse, nl, 2e-6);
   free(g);
   g = gp_down(d_dqkv, nq);
-  gp_compare("attention flash backward", shape, DT_PREC_FP32, g, dqkv, nq, 1e-5);
+  gp_compare("attention flash backward", shape, prec, g, dqkv, nq, f32 ? 1e-5 : 8e-3);
   free(g);
   for (float *p : {qkv, dout, out, lse, dqkv, scr}) free(p);
   for (float *p : {d_qkv, d_dout, d_out, d_lse, d_dsum, d_dqkv}) cudaFree(p);

@@ -76,12 +76,19 @@ Test(roofline, rounding_passes_only_for_16_bit_on_fp32_storage) {
   dt_kroof_compute(&P, 4, &r);
   dt_kroof_compute(&P, 2, &r16);
   const double nc = (double)N * C, p = P.stage_params[0];
-  /* every STORE of gpt2.c: per block 1 (N, C/tp) forward (atty), 2 (N, C) and 8 (N, C/tp)
-   * backward (dfch dtmp dtmp dqkv dtmp); the head's logits and dtmp; the embeddings; the working
-   * copy each forward. Layernorm, GELU, the bias epilogues and cross-entropy backward round as they
-   * store. */
-  const double per_mb = 8 * (L * (nc + 2 * nc + 8 * nc) + 1.0 * N * Vp + nc + nc + p);
+  /* every STORE of gpt2.c: per block 2 (N, C) and 5 (N, C/tp) backward (dfch dtmp dtmp dtmp);
+   * the head's logits and dtmp; the embeddings; the working copy each forward. Layernorm, GELU,
+   * the bias epilogues, cross-entropy backward and the attention round as they store; the matmul
+   * attention (cuBLAS writes out and dqkv) with a pass of the backend: 1 (N, C/tp) forward, 3
+   * backward. */
+  const double head = 1.0 * N * Vp + nc + nc + p;
+  const double per_mb = 8 * (L * (nc + 3 * nc + 2 * nc + 5 * nc) + head);
   cr_assert_eq(r.bytes[DT_KC_ROUND], M * per_mb);
+  plan(DT_PREC_BF16, 1, 0, 0, 0);
+  dt_kroof_t rf;
+  dt_kroof_compute(&P, 4, &rf);
+  cr_assert_eq(rf.bytes[DT_KC_ROUND], M * 8 * (L * (2 * nc + 5 * nc) + head), "flash: no attention pass");
+  plan(DT_PREC_BF16, 0, 0, 0, 0);
   cr_assert_eq(r16.bytes[DT_KC_ROUND], 6 * p, "16-bit storage: only the working copy, once per step");
   cr_assert_eq(r16.bytes[DT_KC_GELU] * 2, r.bytes[DT_KC_GELU], "half the bytes per activation");
 }

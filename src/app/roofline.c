@@ -17,10 +17,11 @@
  *   xent       forward one pass over the logits (online softmax), lse and losses out; backward
  *              rewrites them in place
  *   round      bf16/fp16 on fp32 storage: every stored activation and gradient that its kernel does
- *              not round as it writes (layernorm, GELU, the bias epilogues and cross-entropy
- *              backward do) is read and written once more (gpt2.c's STORE): the attention's output,
- *              the products' input gradients, the logits; and each forward rounds the weights'
- *              working copy
+ *              not round as it writes (layernorm, GELU, the bias epilogues, the flash and cuDNN
+ *              attention and cross-entropy backward do) is read and written once more (gpt2.c's
+ *              STORE, or the backend's pass after the matmul attention's cuBLAS products): the
+ *              products' input gradients, the logits; and each forward rounds the weights' working
+ *              copy
  *   optim      zero_grad writes, the norm reads and AdamW reads p, g, m, v and writes p, m, v
  * With train.recompute the blocks' forward runs twice. FLOPs of the elementwise classes are not
  * counted: they are bound by memory by a factor of 10 or more. */
@@ -81,8 +82,10 @@ static void blocks(dt_kroof_t *r, const dims_t *d, const dt_plan_in_t *in, int a
   add(&b, DT_KC_LAYERNORM, 0, 2 * F * (2 * s * N * C + 8 * N) + 2 * (6 * s * N * C + 8 * N));
   add(&b, DT_KC_BIAS, 0, F * s * N * (2 * 3 * Cl + 2 * 4 * Cl + 2 * 3 * C) + s * N * (3 * Cl + C + 4 * Cl + C));
   add(&b, DT_KC_GELU, 0, F * 2 * s * N * 4 * Cl + 3 * s * N * 4 * Cl);
-  if (!act16 && in->precision != DT_PREC_FP32) /* STOREs: forward atty; backward dfch, dtmp x3, dqkv */
-    add(&b, DT_KC_ROUND, 0, F * 8 * N * Cl + 8 * (2 * N * C + 8 * N * Cl));
+  if (!act16 && in->precision != DT_PREC_FP32) { /* STOREs: backward dfch, dtmp x3 */
+    const double att = in->flash ? 0 : F * N * Cl + 3 * N * Cl; /* cuBLAS's out and dqkv: a pass in the backend */
+    add(&b, DT_KC_ROUND, 0, 8 * (att + 2 * N * C + 5 * N * Cl));
+  }
   for (int k = 0; k < DT_KC_N; k++) add(r, k, nl * b.flops[k], nl * b.bytes[k]);
 }
 

@@ -65,9 +65,10 @@ typedef struct {
   /* out = resid + (out + bias) (the row-parallel projection's epilogue after its all-reduce) */
   dt_status_t (*bias_residual)(dt_backend_t *be, float *out, const float *bias, const float *resid, int N, int OC);
   /* layernorm_forward's out, layernorm_backward's dinp, gelu's outputs, crossentropy_backward's
-   * dlogits, bias_residual's out and linear_forward's out when it has a bias are stored rounded to
-   * be->precision (precision.h; the kernels round as they write, sparing the model a rounding pass
-   * over them); every other activation the model rounds itself (add_bias stores as computed) */
+   * dlogits, bias_residual's out, linear_forward's out when it has a bias and the attention's out
+   * (forward, decode) and dqkv are stored rounded to be->precision (precision.h; the kernels round
+   * as they write, sparing the model a rounding pass over them); every other activation the model
+   * rounds itself (add_bias stores as computed) */
   dt_status_t (*layernorm_forward)(dt_backend_t *be, float *out, float *mean, float *rstd, const float *inp,
                                    const float *weight, const float *bias, int N, int C);
   dt_status_t (*layernorm_backward)(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const float *dresid,

@@ -246,6 +246,7 @@ static dt_status_t k_linear_backward(dt_backend_t *be, float *dinp, float *dweig
 static dt_status_t k_attention_forward(dt_backend_t *be, float *out, float *state, float *scratch, const float *qkv,
                                        int B, int T, int C, int NH) {
   dt_attention_forward(out, state, scratch, qkv, B, T, C, NH, ((cpu_impl_t *)be->impl)->nthr);
+  dt_prec_round(out, (size_t)B * T * C, (dt_precision_t)be->precision);
   return DT_OK;
 }
 
@@ -254,6 +255,7 @@ static dt_status_t k_attention_backward(dt_backend_t *be, float *dqkv, float *sc
                                         int NH) {
   (void)out; /* recomputed with the probabilities */
   dt_attention_backward(dqkv, scratch, dout, qkv, state, B, T, C, NH, ((cpu_impl_t *)be->impl)->nthr);
+  dt_prec_round(dqkv, (size_t)B * T * 3 * C, (dt_precision_t)be->precision);
   return DT_OK;
 }
 
@@ -264,6 +266,7 @@ static dt_status_t k_attention_decode(dt_backend_t *be, float *out, float *kc, f
   if (!scratch) return DT_ERR(DT_ERR_NOMEM, "cpu backend: attention decode scratch of %d x %d floats", nthr, Tmax);
   dt_attention_decode(out, kc, vc, scratch, qkv, B, pos, n, Tmax, C, NH, nthr);
   free(scratch);
+  dt_prec_round(out, (size_t)B * n * C, (dt_precision_t)be->precision);
   return DT_OK;
 }
 

@@ -220,7 +220,6 @@ dt_status_t dt_gpt2__block_forward(dt_gpt2_t *m, const block_t *y, const float *
   RUN(DT_PROF_MATMUL, k->linear_forward(be, y->qkv, y->ln1, P(be, l, DT_QKVW), 1, P(be, l, DT_QKVB), NULL, N, C, 3 * Cl));
   if (kv) RUN(DT_PROF_ATTENTION, k->attention_decode(be, y->atty, kv->k, kv->v, y->qkv, B, kv->pos, T, kv->Tmax, Cl, NHl));
   else RUN(DT_PROF_ATTENTION, k->attention_forward(be, y->atty, y->att, scr, y->qkv, B, T, Cl, NHl));
-  STORE(y->atty, N * Cl);
   RUN(DT_PROF_MATMUL, proj_residual(m, y->res2, y->atty, P(be, l, DT_ATTPROJW), P(be, l, DT_ATTPROJB), x, N, Cl, C));
   RUN(DT_PROF_LAYERNORM, k->layernorm_forward(be, y->ln2, y->ln2_mean, y->ln2_rstd, y->res2, P(be, l, DT_LN2W),
                                               P(be, l, DT_LN2B), N, C));
@@ -413,7 +412,6 @@ static dt_status_t block_backward(dt_gpt2_t *m, acts_t *a, const block_t *y, con
   STORE(a->dtmp, N * Cl);
   RUN(DT_PROF_ATTENTION, k->attention_backward(be, a->dqkv, a->attscr, a->dtmp, y->atty, y->qkv, y->att, B, T, Cl,
                                                      NHl));
-  STORE(a->dqkv, N * 3 * Cl);
   RUN(DT_PROF_MATMUL, k->linear_backward(be, a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, y->ln1,
                                          P(be, l, DT_QKVW), 1, N, C, 3 * Cl));
   if (s->tp > 1) DT_TRY(tp_allreduce(m, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));

@@ -13,15 +13,22 @@
 # outside the linear layers, the attention's, on TF32; no PyTorch row for any of these). Prints one
 # table at the end; logs go to OUT.
 #
-#   bench/gpu_step.sh [--steps N] [--batch B] [--prec fp32,tf32,bf16] [--compile] [--out DIR]
+# --max-batch adds dtrain at the largest micro batch whose `dtrain plan` device total fits 92% of
+# the GPU (in the first bf16 precision of --prec), --xl a GPT-2 1.5B step (inputs/gpt2-xl.ini, B=4,
+# bf16, cuDNN's attention, recomputation if the plan needs it); PyTorch runs at B only.
+#
+#   bench/gpu_step.sh [--steps N] [--batch B] [--prec fp32,tf32,bf16] [--compile] [--max-batch] [--xl] [--out DIR]
 # env: DTRAIN (default: dtrain on PATH, else ./dtrain), DATA (token shards, default
-#      data/austen_train_*.bin), PYTHON (default python3, with PyTorch >= 2 and CUDA).
+#      data/austen_train_*.bin), PYTHON (default python3, with PyTorch >= 2 and CUDA), GPU_MEM_GIB
+#      (the GPU's memory for --max-batch and --xl; default from nvidia-smi).
 # Run on a GPU machine: scripts/gpu-check.sh runs it from the bundle as its speed stage.
 set -uo pipefail
 steps=12
 batch=16
 precs=fp32,tf32,bf16
 compile=""
+maxb=""
+xl=""
 out=${OUT:-/tmp}/gpu_step
 while [ $# -gt 0 ]; do
   case $1 in
@@ -29,8 +36,11 @@ while [ $# -gt 0 ]; do
     --batch) batch=$2; shift 2 ;;
     --prec) precs=$2; shift 2 ;;
     --compile) compile=--compile; shift ;;
+    --max-batch) maxb=1; shift ;;
+    --xl) xl=1; shift ;;
     --out) out=$2; shift 2 ;;
-    *) echo "usage: $0 [--steps N] [--batch B] [--prec fp32,tf32,bf16] [--compile] [--out DIR]" >&2; exit 2 ;;
+    *) echo "usage: $0 [--steps N] [--batch B] [--prec fp32,tf32,bf16] [--compile] [--max-batch] [--xl] [--out DIR]" >&2
+       exit 2 ;;
   esac
 done
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -42,35 +52,42 @@ T=1024
 table=()
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1)
 
-for prec in ${precs//,/ }; do
-  log="$out/dtrain_$prec"
-  p=${prec%%+*} tf=false rc=false att=matmul
+# plan_gib INI ARGS...: `dtrain plan`'s device total of the CUDA backend in GiB (ZeRO 0)
+plan_gib() {
+  "$DTRAIN" plan "$@" 2>/dev/null | awk '/total device, CUDA backend, GiB/ {print $(NF - 3)}'
+}
+
+# dtrain_row NAME PREC B INI L C [OVERRIDES...]: one dtrain run of the model in INI (L blocks of
+# width C, for the MFU) at micro batch B, T=1024, its row appended to the table
+dtrain_row() {
+  local name=$1 prec=$2 B=$3 ini=$4 L=$5 C=$6
+  shift 6
+  local log="$out/dtrain_${name// /_}_$prec" p=${prec%%+*} tf=false rc=false att=matmul
   [[ "$prec" == *+rc* ]] && rc=true
   [[ "$prec" == *+flash* ]] && att=flash
   [[ "$prec" == *+cudnn* ]] && att=cudnn
   [[ "$prec" == *+tf32* ]] && tf=true
   [ "$p" = tf32 ] && p=fp32 tf=true
-  cmd=("$DTRAIN" "$here/inputs/gpt2.ini" system.backend=cuda train.precision="$p" system.tf32=$tf train.recompute=$rc
-       system.attention=$att
-       train.micro_batch="$batch"
-       train.global_batch="$batch" model.seq_len=$T train.steps="$steps" train.warmup=2 train.eval_every=0
-       "data.train=$DATA" data.val= log.every=1 log.metrics="$log.jsonl" checkpoint.dir="$out/ckpt_$prec"
-       checkpoint.every=0 checkpoint.resume=never)
+  local cmd=("$DTRAIN" "$ini" system.backend=cuda train.precision="$p" system.tf32=$tf train.recompute=$rc
+             system.attention=$att train.micro_batch="$B" train.global_batch="$B" model.seq_len=$T
+             train.steps="$steps" train.warmup=2 train.eval_every=0 "data.train=$DATA" data.val= log.every=1
+             log.metrics="$log.jsonl" checkpoint.dir="$out/ckpt_$prec" checkpoint.every=0 checkpoint.resume=never "$@")
   echo "+ ${cmd[*]}"
+  rm -f "$log.jsonl"
   "${cmd[@]}" > "$log.out" 2>&1
-  rc=$?
+  local rc=$?
   tail -n 4 "$log.out"
   rm -rf "$out/ckpt_$prec"
   if [ $rc -ne 0 ]; then
-    table+=("$(printf '%-22s %-10s %10s %12s %7s %22s' "dtrain" "$prec" "exit $rc" "-" "-" "-")")
-    continue
+    table+=("$(printf '%-22s %-10s %10s %12s %7s %22s' "$name" "$prec" "exit $rc" "-" "-" "-")")
+    return
   fi
-  row=$("$PYTHON" - "$log.jsonl" "$log.out" "$prec" "$batch" "$gpu" <<'PY'
+  table+=("$("$PYTHON" - "$log.jsonl" "$log.out" "$prec" "$B" "$gpu" "$name" "$L" "$C" <<'PY'
 import json, re, statistics, sys
 rows = [json.loads(l) for l in open(sys.argv[1])]
-out, prec, B, gpu = open(sys.argv[2]).read(), sys.argv[3], int(sys.argv[4]), sys.argv[5]
+out, prec, B, gpu, name = open(sys.argv[2]).read(), sys.argv[3], int(sys.argv[4]), sys.argv[5], sys.argv[6]
+L, C, T, Vp = int(sys.argv[7]), int(sys.argv[8]), 1024, 50304
 ms = statistics.median(r["ms"] for r in rows[2:]) if len(rows) > 2 else float("nan")
-L, C, T, Vp = 12, 768, 1024, 50304
 tok_s = B * T / (ms / 1e3)
 peak = {"bf16": 989.0, "tf32": 495.0}.get(prec.split("+")[0], 67.0)  # H100/H200 dense, datasheet
 mfu = (6 * (12 * L * C * C + C * Vp) + 12 * L * T * C) * tok_s / 1e12 / peak
@@ -80,11 +97,46 @@ mem = f"{float(m.group(1)):.0f} (plan {float(m.group(2)):.0f}, {m.group(3)}%)" i
 r = re.search(r"roofline: kernels: on an H200\S* .*?step ([0-9.]+) ms as built" if "H200" in gpu else
               r"roofline: kernels: step ([0-9.]+) ms", out)
 roof = f"{float(r.group(1)):.1f} ({ms / float(r.group(1)):.2f}x)" if r else "-"
-print(f"{'dtrain':<22} {prec:<10} {ms:10.1f} {tok_s:12.0f} {mfu:7.3f} {mem:>22} {roof:>16}")
+print(f"{name:<22} {prec:<10} {ms:10.1f} {tok_s:12.0f} {mfu:7.3f} {mem:>22} {roof:>16}")
 PY
-)
-  table+=("$row")
+)")
+}
+
+for prec in ${precs//,/ }; do
+  dtrain_row dtrain "$prec" "$batch" "$here/inputs/gpt2.ini" 12 768
 done
+
+# --max-batch: the largest micro batch of 124M (a multiple of 8 up to 256) whose planned device
+# total fits 92% of the GPU's memory, in the first bf16 precision of --prec (a test of the plan too)
+gpu_gib=${GPU_MEM_GIB:-$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits 2>/dev/null | head -1 |
+  awk '{printf "%.1f", $1 / 1024}')}
+if [ -n "$maxb" ]; then
+  mprec=$(echo "$precs" | tr ',' '\n' | grep -m1 '^bf16' || echo bf16)
+  mp=${mprec%%+*} matt=matmul
+  [[ "$mprec" == *+flash* ]] && matt=flash
+  [[ "$mprec" == *+cudnn* ]] && matt=cudnn
+  best=""
+  for b in 16 24 32 40 48 56 64 80 96 112 128 160 192 224 256; do
+    g=$(plan_gib "$here/inputs/gpt2.ini" train.micro_batch=$b train.global_batch=$b model.seq_len=$T train.precision=$mp \
+      system.attention=$matt train.recompute=$([[ "$mprec" == *+rc* ]] && echo true || echo false))
+    echo "# max batch: B=$b plans ${g:-?} GiB of ${gpu_gib:-?} GiB"
+    [ -n "$g" ] && [ -n "$gpu_gib" ] && awk -v g="$g" -v m="$gpu_gib" 'BEGIN {exit !(g <= 0.92 * m)}' && best=$b
+  done
+  if [ -n "$best" ] && [ "$best" != "$batch" ]; then dtrain_row "dtrain-B$best" "$mprec" "$best" "$here/inputs/gpt2.ini" 12 768
+  else echo "# max batch: none above B=$batch fits (GPU memory ${gpu_gib:-unknown} GiB)"; fi
+fi
+
+# --xl: GPT-2 1.5B (inputs/gpt2-xl.ini) at micro batch 4 in bf16 with cuDNN's attention (flash where
+# cuDNN is missing), with recomputation only if the plan does not fit 92% of the GPU without it
+if [ -n "$xl" ]; then
+  xini="$here/inputs/gpt2-xl.ini" xrc=""
+  g=$(plan_gib "$xini" train.micro_batch=4 train.global_batch=4 system.attention=flash)
+  echo "# gpt2-xl: B=4 plans ${g:-?} GiB without recomputation, the GPU has ${gpu_gib:-?} GiB"
+  [ -n "$g" ] && [ -n "$gpu_gib" ] && ! awk -v g="$g" -v m="$gpu_gib" 'BEGIN {exit !(g <= 0.92 * m)}' && xrc=+rc
+  xatt=cudnn
+  "$DTRAIN" --version 2>/dev/null | grep -q '^cudnn: .* found' || xatt=flash
+  dtrain_row "dtrain-1.5B-B4" "bf16+$xatt$xrc" 4 "$xini" 48 1600
+fi
 
 tprecs=$(echo "$precs" | tr ',' '\n' | grep -v '+' | paste -sd, -)
 echo "+ $PYTHON $here/bench/torch_gpt2_gpu.py --batch $batch --seq $T --steps $steps --warmup 3 --prec $tprecs $compile"
@@ -100,7 +152,7 @@ while read -r line; do
 done < "$out/torch.out"
 
 echo
-echo "# GPT-2 124M, B=$batch, T=$T, median over steps 3..$steps ($gpu); roofline ms: dtrain's kernel roofline" \
-  "(dtrain plan), measured / predicted in ()"
+echo "# GPT-2 124M, B=$batch (unless the run says otherwise), T=$T, median over steps 3..$steps ($gpu); roofline ms:" \
+  "dtrain's kernel roofline (dtrain plan), measured / predicted in ()"
 printf '%-22s %-10s %10s %12s %7s %22s %16s\n' "run" "prec" "ms/step" "tokens/s" "MFU" "device MiB" "roofline ms"
 printf '%s\n' "${table[@]}"

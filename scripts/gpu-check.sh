@@ -28,7 +28,8 @@
 # within 10x the spread of two cpu runs that differ in summation order);
 # ResNet-50 CIFAR B=256 ms/step on cuda in fp32 (ours, and cuDNN's) and bf16, and PyTorch's when its
 # python3 has torch with CUDA: rows in speed.txt), speed (bench/gpu_step.sh:
-# dtrain vs PyTorch, GPT-2 124M, fp32, TF32, bf16). --profile adds a last stage:
+# dtrain vs PyTorch, GPT-2 124M, fp32, TF32, bf16; without --quick also 124M at the largest batch
+# `dtrain plan` fits and GPT-2 1.5B at B=4). --profile adds a last stage:
 # bench/gpu_profile.sh (ncu's time per kernel of one GPT-2 124M step, fp32 and TF32; ~2 more
 # minutes), written to profile.txt.
 # --quick (under 3 minutes): small parity shapes, memcheck only, 20 training steps, speed without
@@ -465,6 +466,7 @@ if [ $emu = 1 ]; then
 elif [ $have_gpu = 1 ]; then
   extra=()
   [ $quick = 0 ] && [ "$(elapsed)" -lt 240 ] && extra=(--compile)
+  [ $quick = 0 ] && extra+=(--max-batch --xl) # 124M at the largest batch the plan fits, GPT-2 1.5B at B=4
   DTRAIN="$dt" DATA="$DATA_DIR/austen_train_*.bin" \
     bash "$here/bench/gpu_step.sh" --steps $([ $quick = 1 ] && echo 8 || echo 12) --out "$work/speed" "${extra[@]}" \
       --prec fp32,tf32,tf32+flash,$([ $quick = 1 ] || echo tf32+rc,)bf16,bf16+tf32,bf16+tf32+flash,bf16+tf32+cudnn \

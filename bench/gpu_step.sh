@@ -57,21 +57,28 @@ plan_gib() {
   "$DTRAIN" plan "$@" 2>/dev/null | awk '/total device, CUDA backend, GiB/ {print $(NF - 3)}'
 }
 
+# prec_args PREC: the dtrain overrides a precision name stands for (fp32, tf32, bf16, fp16 with
+# +rc, +flash, +cudnn, +tf32)
+prec_args() {
+  local p=${1%%+*} tf=false rc=false att=matmul
+  [[ "$1" == *+rc* ]] && rc=true
+  [[ "$1" == *+flash* ]] && att=flash
+  [[ "$1" == *+cudnn* ]] && att=cudnn
+  [[ "$1" == *+tf32* ]] && tf=true
+  [ "$p" = tf32 ] && p=fp32 tf=true
+  echo "train.precision=$p system.tf32=$tf train.recompute=$rc system.attention=$att"
+}
+
 # dtrain_row NAME PREC B INI L C [OVERRIDES...]: one dtrain run of the model in INI (L blocks of
 # width C, for the MFU) at micro batch B, T=1024, its row appended to the table
 dtrain_row() {
   local name=$1 prec=$2 B=$3 ini=$4 L=$5 C=$6
   shift 6
-  local log="$out/dtrain_${name// /_}_$prec" p=${prec%%+*} tf=false rc=false att=matmul
-  [[ "$prec" == *+rc* ]] && rc=true
-  [[ "$prec" == *+flash* ]] && att=flash
-  [[ "$prec" == *+cudnn* ]] && att=cudnn
-  [[ "$prec" == *+tf32* ]] && tf=true
-  [ "$p" = tf32 ] && p=fp32 tf=true
-  local cmd=("$DTRAIN" "$ini" system.backend=cuda train.precision="$p" system.tf32=$tf train.recompute=$rc
-             system.attention=$att train.micro_batch="$B" train.global_batch="$B" model.seq_len=$T
-             train.steps="$steps" train.warmup=2 train.eval_every=0 "data.train=$DATA" data.val= log.every=1
-             log.metrics="$log.jsonl" checkpoint.dir="$out/ckpt_$prec" checkpoint.every=0 checkpoint.resume=never "$@")
+  local log="$out/dtrain_${name// /_}_$prec"
+  local cmd=("$DTRAIN" "$ini" system.backend=cuda $(prec_args "$prec") train.micro_batch="$B" train.global_batch="$B"
+             model.seq_len=$T train.steps="$steps" train.warmup=2 train.eval_every=0 "data.train=$DATA" data.val=
+             log.every=1 log.metrics="$log.jsonl" checkpoint.dir="$out/ckpt_$prec" checkpoint.every=0
+             checkpoint.resume=never "$@")
   echo "+ ${cmd[*]}"
   rm -f "$log.jsonl"
   "${cmd[@]}" > "$log.out" 2>&1
@@ -112,17 +119,15 @@ gpu_gib=${GPU_MEM_GIB:-$(nvidia-smi --query-gpu=memory.total --format=csv,nohead
   awk '{printf "%.1f", $1 / 1024}')}
 if [ -n "$maxb" ]; then
   mprec=$(echo "$precs" | tr ',' '\n' | grep -m1 '^bf16' || echo bf16)
-  mp=${mprec%%+*} matt=matmul
-  [[ "$mprec" == *+flash* ]] && matt=flash
-  [[ "$mprec" == *+cudnn* ]] && matt=cudnn
   best=""
   for b in 16 24 32 40 48 56 64 80 96 112 128 160 192 224 256; do
-    g=$(plan_gib "$here/inputs/gpt2.ini" train.micro_batch=$b train.global_batch=$b model.seq_len=$T train.precision=$mp \
-      system.attention=$matt train.recompute=$([[ "$mprec" == *+rc* ]] && echo true || echo false))
+    g=$(plan_gib "$here/inputs/gpt2.ini" train.micro_batch=$b train.global_batch=$b model.seq_len=$T \
+      $(prec_args "$mprec"))
     echo "# max batch: B=$b plans ${g:-?} GiB of ${gpu_gib:-?} GiB"
     [ -n "$g" ] && [ -n "$gpu_gib" ] && awk -v g="$g" -v m="$gpu_gib" 'BEGIN {exit !(g <= 0.92 * m)}' && best=$b
   done
-  if [ -n "$best" ] && [ "$best" != "$batch" ]; then dtrain_row "dtrain-B$best" "$mprec" "$best" "$here/inputs/gpt2.ini" 12 768
+  if [ -n "$best" ] && [ "$best" != "$batch" ]; then
+    dtrain_row "dtrain-B$best" "$mprec" "$best" "$here/inputs/gpt2.ini" 12 768
   else echo "# max batch: none above B=$batch fits (GPU memory ${gpu_gib:-unknown} GiB)"; fi
 fi
 

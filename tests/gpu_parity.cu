@@ -108,8 +108,7 @@ static void round_both(float *d, float *h, size_t n, int prec) {
   for (size_t i = 0; i < n; i++) h[i] = dt_prec_round1(h[i], prec);
 }
 
-/* tolerance: fp32 math as written (1 ulp-ish), or one bf16 rounding step of the outputs */
-static double tol_of(int prec, double fp32) { return prec == DT_PREC_FP32 ? fp32 : 8e-3; }
+double gp_tol(int prec, double fp32) { return prec == DT_PREC_FP32 ? fp32 : 8e-3; }
 
 /* ---- elementwise ------------------------------------------------------------------------ */
 
@@ -124,14 +123,14 @@ static void elementwise(size_t n, int prec, dt_rng_t *r) {
   dt_gelu_forward(h, x, n);
   round_both(dout, h, n, prec);
   float *g = gp_down(dout, n);
-  gp_compare("gelu_forward", shape, prec, g, h, n, tol_of(prec, 1e-6));
+  gp_compare("gelu_forward", shape, prec, g, h, n, gp_tol(prec, 1e-6));
   free(g);
 
   GP_TRY(dt_cu_gelu_backward(dout, dx, dy, n, prec, 0));
   dt_gelu_backward(h, x, y, n);
   round_both(dout, h, n, prec);
   g = gp_down(dout, n);
-  gp_compare("gelu_backward", shape, prec, g, h, n, tol_of(prec, 1e-6));
+  gp_compare("gelu_backward", shape, prec, g, h, n, gp_tol(prec, 1e-6));
   free(g);
 
   GP_TRY(dt_cu_residual_forward(dout, dx, dy, n, 0));
@@ -212,7 +211,7 @@ static void layernorm(int N, int C, int prec, dt_rng_t *r) {
   dt_layernorm_forward(out, mean, rstd, x, w, b, N, C);
   round_both(d_out, out, n, prec);
   float *g = gp_down(d_out, n);
-  gp_compare("layernorm_forward out", shape, prec, g, out, n, tol_of(prec, 2e-5));
+  gp_compare("layernorm_forward out", shape, prec, g, out, n, gp_tol(prec, 2e-5));
   free(g);
   g = gp_down(d_mean, N);
   gp_compare("layernorm_forward mean", shape, prec, g, mean, N, 1e-5);
@@ -229,7 +228,7 @@ static void layernorm(int N, int C, int prec, dt_rng_t *r) {
   dt_layernorm_backward(dres, dw0, db0, dres, dout, x, w, mean, rstd, N, C);
   round_both(d_dres, dres, n, prec);
   g = gp_down(d_dres, n);
-  gp_compare("layernorm_backward dinp+=", shape, prec, g, dres, n, tol_of(prec, 5e-5));
+  gp_compare("layernorm_backward dinp+=", shape, prec, g, dres, n, gp_tol(prec, 5e-5));
   free(g);
   double tol_p = 2e-6 * sqrt((double)N) + 1e-6;
   g = gp_down(d_dw, C);
@@ -242,7 +241,7 @@ static void layernorm(int N, int C, int prec, dt_rng_t *r) {
   dt_layernorm_backward(dinp, dw0, db0, NULL, dout, x, w, mean, rstd, N, C);
   for (size_t i = 0; i < n; i++) dinp[i] = dt_prec_round1(dinp[i], prec); /* the kernel's own rounding only */
   g = gp_down(d_dinp, n);
-  gp_compare("layernorm_backward dinp", shape, prec, g, dinp, n, tol_of(prec, 5e-5));
+  gp_compare("layernorm_backward dinp", shape, prec, g, dinp, n, gp_tol(prec, 5e-5));
   free(g);
 
   float *hs[] = {x, w, b, dout, dres, dw0, db0, out, mean, rstd, dinp};

@@ -27,6 +27,8 @@ float *gp_rand(dt_rng_t *r, size_t n, float scale, int prec);
 /* One row: normalised max error max|gpu - cpu| / max|cpu| against tol; non-finite values fail
  * unless both sides agree. Returns 1 on pass. */
 int gp_compare(const char *op, const char *shape, int prec, const float *gpu, const float *cpu, size_t n, double tol);
+/* tolerance: fp32 math as written (1 ulp-ish), or one bf16/fp16 rounding step of the outputs */
+double gp_tol(int prec, double fp32);
 
 /* tests/gpu_parity_ops.cu */
 void gp_attention_softmax(int B, int NH, int T, int prec, dt_rng_t *r);

@@ -81,27 +81,27 @@ static void compare(const char *what, const char *shape, int prec, side_t *cpu, 
   free(a), free(b);
 }
 
-/* the CPU side's copy of backend array xc (n floats) into the CUDA side's xg */
-static void sync_to_gpu(side_t *cpu, side_t *gpu, const float *xc, float *xg, size_t n) {
-  float *h = host_copy(cpu, xc, n);
-  GP_TRY(gpu->be.k->upload(&gpu->be, xg, h, n * sizeof(float)));
+/* the CPU side's backend memory xc (bytes) into the CUDA side's xg */
+static void sync_to_gpu(side_t *cpu, side_t *gpu, const void *xc, void *xg, size_t bytes) {
+  void *h = gp_host(bytes);
+  GP_TRY(cpu->be.k->download(&cpu->be, h, xc, bytes));
+  GP_TRY(gpu->be.k->upload(&gpu->be, xg, h, bytes));
   free(h);
 }
 
 /* What backward reads of forward (the same layout on both sides: one build of the network): the
- * activations, batch norm's statistics, the cross-entropy's rows, max pooling's argmax (ints, as
- * many bytes as floats) */
+ * activations, batch norm's statistics, the cross-entropy's rows, max pooling's argmax */
 static void sync_forward(side_t *cpu, side_t *gpu) {
   const dt_cnn_t *c = &cpu->m;
   dt_cnn_t *g = &gpu->m;
-  sync_to_gpu(cpu, gpu, c->acts, g->acts, c->n_acts);
-  sync_to_gpu(cpu, gpu, c->mean, g->mean, c->n_stat);
-  sync_to_gpu(cpu, gpu, c->var, g->var, c->n_stat);
-  sync_to_gpu(cpu, gpu, c->rstd, g->rstd, c->n_stat);
-  sync_to_gpu(cpu, gpu, c->lse, g->lse, (size_t)c->B);
-  sync_to_gpu(cpu, gpu, c->losses, g->losses, (size_t)c->B);
-  static_assert(sizeof(int) == sizeof(float), "argmax indices copied as floats");
-  if (c->n_idx) sync_to_gpu(cpu, gpu, (const float *)c->idx, (float *)g->idx, c->n_idx);
+  const size_t f = sizeof(float);
+  sync_to_gpu(cpu, gpu, c->acts, g->acts, c->n_acts * f);
+  sync_to_gpu(cpu, gpu, c->mean, g->mean, c->n_stat * f);
+  sync_to_gpu(cpu, gpu, c->var, g->var, c->n_stat * f);
+  sync_to_gpu(cpu, gpu, c->rstd, g->rstd, c->n_stat * f);
+  sync_to_gpu(cpu, gpu, c->lse, g->lse, (size_t)c->B * f);
+  sync_to_gpu(cpu, gpu, c->losses, g->losses, (size_t)c->B * f);
+  if (c->n_idx) sync_to_gpu(cpu, gpu, c->idx, g->idx, c->n_idx * sizeof(int));
 }
 
 /* fp32: the products' summation order only; bf16: activations that land on either side of a bf16
@@ -140,7 +140,7 @@ static void cnn_case(const char *name, dt_cnn_config_t c, int B, int adamw, floa
     for (side_t *s : sides) GP_TRY(dt_cnn_backward(&s->m, s->p, s->g, 1.0f / (float)B));
     compare("cnn gradients", shape, prec, &cs, &gs, cs.g, gs.g, np, tol(prec, 1e-4));
     compare("cnn running statistics", shape, prec, &cs, &gs, cs.bufs, gs.bufs, nb, tol(prec, 1e-5));
-    sync_to_gpu(&cs, &gs, cs.g, gs.g, np); /* the update from the same gradients */
+    sync_to_gpu(&cs, &gs, cs.g, gs.g, np * sizeof(float)); /* the update from the same gradients */
     const float t = (float)(step + 1), bc1 = 1.0f - powf(0.9f, t), bc2 = 1.0f - powf(0.999f, t);
     for (side_t *s : sides) {
       const dt_cnn_kernels_t *ck = s->be.ops->cnn;
@@ -152,10 +152,10 @@ static void cnn_case(const char *name, dt_cnn_config_t c, int B, int adamw, floa
     compare(adamw ? "cnn adamw m" : "cnn sgd momentum", shape, prec, &cs, &gs, cs.mo, gs.mo, np, 1e-6);
     if (adamw) compare("cnn adamw v", shape, prec, &cs, &gs, cs.v, gs.v, np, 1e-6);
     /* the next step from the same state */
-    sync_to_gpu(&cs, &gs, cs.p, gs.p, np);
-    sync_to_gpu(&cs, &gs, cs.mo, gs.mo, np);
-    if (adamw) sync_to_gpu(&cs, &gs, cs.v, gs.v, np);
-    sync_to_gpu(&cs, &gs, cs.bufs, gs.bufs, nb);
+    sync_to_gpu(&cs, &gs, cs.p, gs.p, np * sizeof(float));
+    sync_to_gpu(&cs, &gs, cs.mo, gs.mo, np * sizeof(float));
+    if (adamw) sync_to_gpu(&cs, &gs, cs.v, gs.v, np * sizeof(float));
+    sync_to_gpu(&cs, &gs, cs.bufs, gs.bufs, nb * sizeof(float));
     free(x);
   }
   float *x = gp_rand(r, nx, 1.0f, DT_PREC_FP32);

@@ -84,9 +84,9 @@ void gp_crossentropy(int N, int V, int Vp, int prec, dt_rng_t *r) {
   float dloss = 1.0f / (float)N;
   GP_TRY(dt_cu_crossentropy_backward(d_dz, d_z, d_lse, d_tg, dloss, N, V, Vp, 0, prec, 0)); /* rounds as it stores */
   dt_crossentropy_backward(dz, z, lse, tg, dloss, N, V, Vp);
-  for (size_t i = 0; i < n; i++) dz[i] = dt_prec_round1(dz[i], prec);
+  dt_prec_round(dz, n, (dt_precision_t)prec);
   g = gp_down(d_dz, n);
-  gp_compare("crossentropy_backward", shape, prec, g, dz, n, prec == DT_PREC_FP32 ? 2e-6 : 8e-3);
+  gp_compare("crossentropy_backward", shape, prec, g, dz, n, gp_tol(prec, 2e-6));
   free(g);
   free(z);
   free(losses);
@@ -259,7 +259,7 @@ void gp_attention_decode(int B, int NH, int hs, int pos, int n, int Tmax, int pr
   gp_compare("attention_decode v cache", shape, prec, g, vc, nc, 0.0);
   free(g);
   g = gp_down(d_out, no);
-  gp_compare("attention_decode", shape, prec, g, out, no, prec == DT_PREC_FP32 ? 2e-6 : 8e-3);
+  gp_compare("attention_decode", shape, prec, g, out, no, gp_tol(prec, 2e-6));
   free(g);
   for (float *p : {qkv, kc, vc, out, scr}) free(p);
   for (float *p : {d_qkv, d_kc, d_vc, d_out}) cudaFree(p);
@@ -285,15 +285,14 @@ void gp_attention_flash(int B, int NH, int hs, int T, int prec, dt_rng_t *r) {
   dt_attention_backward(dqkv, scr, dout, qkv, lse, B, T, C, NH, 1);
   dt_prec_round(out, no, (dt_precision_t)prec);
   dt_prec_round(dqkv, nq, (dt_precision_t)prec);
-  const int f32 = prec == DT_PREC_FP32;
   float *g = gp_down(d_out, no);
-  gp_compare("attention flash forward", shape, prec, g, out, no, f32 ? 2e-6 : 8e-3);
+  gp_compare("attention flash forward", shape, prec, g, out, no, gp_tol(prec, 2e-6));
   free(g);
   g = gp_down(d_lse, nl);
   gp_compare("attention flash lse", shape, prec, g, lse, nl, 2e-6);
   free(g);
   g = gp_down(d_dqkv, nq);
-  gp_compare("attention flash backward", shape, prec, g, dqkv, nq, f32 ? 1e-5 : 8e-3);
+  gp_compare("attention flash backward", shape, prec, g, dqkv, nq, gp_tol(prec, 1e-5));
   free(g);
   for (float *p : {qkv, dout, out, lse, dqkv, scr}) free(p);
   for (float *p : {d_qkv, d_dout, d_out, d_lse, d_dsum, d_dqkv}) cudaFree(p);

@@ -106,7 +106,7 @@ static void xent_shard(int prec, dt_rng_t *r) {
   for (int i = 0; i < N; i++) total += loss[i];
   const float mean = (float)(total / N), gmean = (float)acc;
   gp_compare("tp xent_finish mean", sh, prec, &gmean, &mean, 1, 1e-6);
-  gp_compare("tp crossentropy_backward", sh, prec, gdz, dz, n, prec == DT_PREC_FP32 ? 2e-6 : 8e-3);
+  gp_compare("tp crossentropy_backward", sh, prec, gdz, dz, n, gp_tol(prec, 2e-6));
   float *hf[] = {z, mx, sum, tl, lse, loss, dz, gsum, gmx, gtl, glse, gloss, gdz};
   for (float *p : hf) free(p);
   free(hs);

@@ -17,11 +17,10 @@
  *   xent       forward one pass over the logits (online softmax), lse and losses out; backward
  *              rewrites them in place
  *   round      bf16/fp16 on fp32 storage: every stored activation and gradient that its kernel does
- *              not round as it writes (layernorm, GELU, the bias epilogues, the flash and cuDNN
- *              attention and cross-entropy backward do) is read and written once more (gpt2.c's
- *              STORE, or the backend's pass after the matmul attention's cuBLAS products): the
- *              products' input gradients, the logits; and each forward rounds the weights' working
- *              copy
+ *              not round as it writes (backend.h lists those that do) is read and written once
+ *              more (gpt2.c's STORE, or the backend's pass after the matmul attention's cuBLAS
+ *              products): the products' input gradients, the logits, the embeddings; and each
+ *              forward rounds the weights' working copy
  *   optim      zero_grad writes, the norm reads and AdamW reads p, g, m, v and writes p, m, v
  * With train.recompute the blocks' forward runs twice. FLOPs of the elementwise classes are not
  * counted: they are bound by memory by a factor of 10 or more. */

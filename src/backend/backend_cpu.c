@@ -198,6 +198,12 @@ static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe
   return DT_OK;
 }
 
+/* x (n floats) rounded to the storage precision in place: the ops that store rounded (backend.h)
+ * round after computing, which gives the values the CUDA kernels round as they write */
+static void store_rounded(const dt_backend_t *be, float *x, size_t n) {
+  dt_prec_round(x, n, (dt_precision_t)be->precision);
+}
+
 static dt_status_t k_bias_residual(dt_backend_t *be, float *out, const float *bias, const float *resid, int N, int OC) {
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
@@ -205,14 +211,14 @@ static dt_status_t k_bias_residual(dt_backend_t *be, float *out, const float *bi
     const float *r = resid + (size_t)i * OC;
     for (int c = 0; c < OC; c++) o[c] = r[c] + (o[c] + bias[c]);
   }
-  dt_prec_round(out, (size_t)N * OC, (dt_precision_t)be->precision); /* stored rounded (backend.h) */
+  store_rounded(be, out, (size_t)N * OC);
   return DT_OK;
 }
 
 static dt_status_t k_layernorm_forward(dt_backend_t *be, float *out, float *mean, float *rstd, const float *inp,
                                        const float *weight, const float *bias, int N, int C) {
   dt_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
-  dt_prec_round(out, (size_t)N * C, (dt_precision_t)be->precision);
+  store_rounded(be, out, (size_t)N * C);
   return DT_OK;
 }
 
@@ -220,7 +226,7 @@ static dt_status_t k_layernorm_backward(dt_backend_t *be, float *dinp, float *dw
                                         const float *dresid, const float *dout, const float *inp, const float *weight,
                                         const float *mean, const float *rstd, int N, int C) {
   dt_layernorm_backward(dinp, dweight, dbias, dresid, dout, inp, weight, mean, rstd, N, C);
-  dt_prec_round(dinp, (size_t)N * C, (dt_precision_t)be->precision);
+  store_rounded(be, dinp, (size_t)N * C);
   return DT_OK;
 }
 
@@ -231,7 +237,7 @@ static dt_status_t k_linear_forward(dt_backend_t *be, float *out, const float *i
   if (!w_in_out) dt_matmul_forward(out, inp, w, bias, N, C, OC);
   else if (resid) dt_conv1d_residual_forward(out, inp, w, bias, resid, N, C, OC);
   else dt_conv1d_forward(out, inp, w, bias, N, C, OC);
-  if (bias) dt_prec_round(out, (size_t)N * OC, (dt_precision_t)be->precision); /* stored rounded (backend.h) */
+  if (bias) store_rounded(be, out, (size_t)N * OC);
   return DT_OK;
 }
 
@@ -246,7 +252,7 @@ static dt_status_t k_linear_backward(dt_backend_t *be, float *dinp, float *dweig
 static dt_status_t k_attention_forward(dt_backend_t *be, float *out, float *state, float *scratch, const float *qkv,
                                        int B, int T, int C, int NH) {
   dt_attention_forward(out, state, scratch, qkv, B, T, C, NH, ((cpu_impl_t *)be->impl)->nthr);
-  dt_prec_round(out, (size_t)B * T * C, (dt_precision_t)be->precision);
+  store_rounded(be, out, (size_t)B * T * C);
   return DT_OK;
 }
 
@@ -255,7 +261,7 @@ static dt_status_t k_attention_backward(dt_backend_t *be, float *dqkv, float *sc
                                         int NH) {
   (void)out; /* recomputed with the probabilities */
   dt_attention_backward(dqkv, scratch, dout, qkv, state, B, T, C, NH, ((cpu_impl_t *)be->impl)->nthr);
-  dt_prec_round(dqkv, (size_t)B * T * 3 * C, (dt_precision_t)be->precision);
+  store_rounded(be, dqkv, (size_t)B * T * 3 * C);
   return DT_OK;
 }
 
@@ -266,19 +272,19 @@ static dt_status_t k_attention_decode(dt_backend_t *be, float *out, float *kc, f
   if (!scratch) return DT_ERR(DT_ERR_NOMEM, "cpu backend: attention decode scratch of %d x %d floats", nthr, Tmax);
   dt_attention_decode(out, kc, vc, scratch, qkv, B, pos, n, Tmax, C, NH, nthr);
   free(scratch);
-  dt_prec_round(out, (size_t)B * n * C, (dt_precision_t)be->precision);
+  store_rounded(be, out, (size_t)B * n * C);
   return DT_OK;
 }
 
 static dt_status_t k_gelu_forward(dt_backend_t *be, float *out, const float *inp, size_t n) {
   dt_gelu_forward(out, inp, n);
-  dt_prec_round(out, n, (dt_precision_t)be->precision);
+  store_rounded(be, out, n);
   return DT_OK;
 }
 
 static dt_status_t k_gelu_backward(dt_backend_t *be, float *dinp, const float *inp, const float *dout, size_t n) {
   dt_gelu_backward(dinp, inp, dout, n);
-  dt_prec_round(dinp, n, (dt_precision_t)be->precision);
+  store_rounded(be, dinp, n);
   return DT_OK;
 }
 
@@ -360,12 +366,12 @@ DT_CPU_VEC static void xent_backward_inplace(float *zd, const float *lse, const 
 static dt_status_t k_crossentropy_backward(dt_backend_t *be, float *logits, const float *lse, const int *targets,
                                            float dloss, int N, int nv, int Vp, int v0) {
   xent_backward_inplace(logits, lse, targets, dloss, N, nv, Vp, v0);
-  dt_prec_round(logits, (size_t)N * Vp, (dt_precision_t)be->precision);
+  store_rounded(be, logits, (size_t)N * Vp);
   return DT_OK;
 }
 
 static dt_status_t k_round(dt_backend_t *be, float *x, size_t n) {
-  dt_prec_round(x, n, (dt_precision_t)be->precision);
+  store_rounded(be, x, n);
   return DT_OK;
 }
 

@@ -20,9 +20,8 @@
  * same sum. The trainer checks that they stay bitwise equal (train.c).
  *
  * Mixed precision: each activation and activation gradient is rounded right after the op that
- * writes it: by the op itself where the kernel table says so (layernorm, GELU, the products with
- * a bias and their residual epilogue, cross-entropy backward: their kernels round as they store),
- * else by STORE; forward reads a rounded copy of the parameters (the points are listed in
+ * writes it: by the op itself where the kernel table says so (backend.h: its kernels round as
+ * they store), else by STORE; forward reads a rounded copy of the parameters (the points are listed in
  * precision.h). Pipeline parallelism: a rank runs its stage's blocks [l0, l1) (local index
  * l - l0), the first stage embeds, the last one has ln_f, the lm_head and the loss. */
 #include "gpt2_int.h"

@@ -288,7 +288,7 @@ static dt_status_t linear_forward(cu_impl_t *im, float *out, const float *inp, c
   DT_TRY(gemm_lin(im, false, !w_in_out, N, OC, C, inp, C, w, w_in_out ? OC : C, 0.0f, out, OC));
   if (bias && resid) return dt_cu_bias_residual(out, bias, resid, N, OC, prec, im->compute); /* one pass for both */
   if (bias) return dt_cu_add_bias(out, bias, N, OC, prec, im->compute);
-  return resid ? dt_cu_residual_forward(out, out, resid, (size_t)N * OC, im->compute) : DT_OK;
+  return resid ? dt_cu_residual_forward(out, out, resid, (size_t)N * OC, DT_PREC_FP32, im->compute) : DT_OK;
 }
 
 /* W (OC,C): dinp (N,C) = dout W, dweight (OC,C) += dout^T inp; W (C,OC) (w_in_out): dinp = dout W^T,
@@ -299,7 +299,7 @@ static dt_status_t linear_backward(cu_impl_t *im, float *dinp, float *dweight, f
   if (w_in_out) DT_TRY(gemm_lin(im, true, false, C, OC, N, inp, C, dout, OC, 1.0f, dweight, OC));
   else DT_TRY(gemm_lin(im, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C));
   if (dbias) DT_TRY(dt_cu_colscr_reserve(im, (size_t)OC));
-  if (dbias) DT_TRY(dt_cu_col_sum(dbias, dout, N, OC, im->colscr, im->compute));
+  if (dbias) DT_TRY(dt_cu_col_sum(dbias, dout, N, OC, im->colscr, DT_PREC_FP32, im->compute));
   return DT_OK;
 }
 
@@ -392,7 +392,7 @@ static void k_attention_floats(const dt_backend_t *be, int B, int T, int NH, siz
 
 static dt_status_t k_encoder_forward(dt_backend_t *be, float *out, const int *inp, const float *wte, const float *wpe,
                                      int B, int T, int C, int v0, int nrows) {
-  if (wpe && v0 == 0 && nrows >= be->lay->d.V) return dt_cu_encoder_forward(out, inp, wte, wpe, B, T, C, S(be));
+  if (wpe && v0 == 0 && nrows >= be->lay->d.V) return dt_cu_encoder_forward(out, inp, wte, wpe, B, T, C, DT_PREC_FP32, S(be));
   DT_TRY(dt_cu_embed_rows(out, inp, wte, B * T, C, v0, nrows, S(be))); /* a vocabulary shard */
   return wpe ? dt_cu_add_bias(out, wpe, B, T * C, DT_PREC_FP32, S(be)) : DT_OK; /* the model rounds it */
 }
@@ -415,7 +415,7 @@ static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe
   DT_CUDA_CHECK(cudaMemcpyAsync(im->order, im->h_order, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, S(be)));
   DT_CUDA_CHECK(cudaMemcpyAsync(im->buckets, im->h_buckets, (size_t)nb * sizeof(dt_embed_bucket_t),
                                 cudaMemcpyHostToDevice, S(be)));
-  return dt_cu_encoder_backward(dwte, dwpe, dout, im->order, im->buckets, nb, B, T, C, S(be));
+  return dt_cu_encoder_backward(dwte, dwpe, dout, im->order, im->buckets, nb, B, T, C, DT_PREC_FP32, S(be));
 }
 static dt_status_t k_add_bias(dt_backend_t *be, float *out, const float *bias, int N, int OC) {
   return dt_cu_add_bias(out, bias, N, OC, DT_PREC_FP32, S(be)); /* as computed (backend.h) */
@@ -473,7 +473,7 @@ static dt_status_t k_gelu_backward(dt_backend_t *be, float *dinp, const float *i
 /* the mean loss added on the device (dt_cu_crossentropy_forward): no host wait */
 static dt_status_t k_crossentropy_forward(dt_backend_t *be, float *losses, float *lse, const float *logits,
                                           const int *targets, int N, int V, int Vp, double *loss_sum) {
-  return dt_cu_crossentropy_forward(losses, lse, logits, targets, N, V, Vp, loss_sum, S(be));
+  return dt_cu_crossentropy_forward(losses, lse, logits, targets, N, V, Vp, loss_sum, DT_PREC_FP32, S(be));
 }
 static dt_status_t k_xent_max(dt_backend_t *be, float *mx, const float *logits, int N, int nv, int Vp) {
   return dt_cu_xent_max(mx, logits, N, nv, Vp, S(be));

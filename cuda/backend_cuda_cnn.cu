@@ -175,7 +175,7 @@ static dt_status_t gap_backward(dt_backend_t *be, float *dinp, const float *dout
   return dt_cu_gap_backward(dinp, dout, B, C, HW, S(be));
 }
 static dt_status_t add(dt_backend_t *be, float *out, const float *a, const float *b, int relu, size_t n) {
-  DT_TRY(dt_cu_residual_forward(out, a, b, n, S(be)));
+  DT_TRY(dt_cu_residual_forward(out, a, b, n, DT_PREC_FP32, S(be)));
   return relu ? dt_cu_relu_forward(out, out, n, S(be)) : DT_OK; /* two launches: the GPU's step is not this */
 }
 static dt_status_t sgd(dt_backend_t *be, float *p, const float *g, float *m, size_t n, float scale, float lr,

@@ -9,6 +9,7 @@
 #include "cuda_launch.h"
 #include "kmath.h"
 #include "precision.h"
+#include "store.h"
 #include "warp.h"
 
 
@@ -22,72 +23,83 @@ __device__ static inline void warp_merge_softmax(float *mx, float *sum) {
 
 /* ---- encoder ------------------------------------------------------------------------------ */
 
-__global__ static void encoder_forward_k(float *out, const int *inp, const float *wte, const float *wpe, int T, int C,
-                                         size_t n) {
+template <typename S>
+__global__ static void encoder_forward_k(S *out, const int *inp, const S *wte, const S *wpe, int T, int C, size_t n,
+                                         int prec) {
   DT_CUDA_FOR_N(i, n) {
     size_t bt = i / C;
     int c = (int)(i % C), t = (int)(bt % T);
-    out[i] = wte[(size_t)inp[bt] * C + c] + wpe[(size_t)t * C + c];
+    dt_st(out + i, dt_ld(wte + (size_t)inp[bt] * C + c) + dt_ld(wpe + (size_t)t * C + c), prec);
   }
 }
 
 /* One block per token bucket (embed_buckets.h), its threads over channels: each (token, channel)
  * adds its positions' gradients in ascending position, as the CPU twin does: no atomics, the same
  * bits on every run and on both backends. */
-__global__ static void encoder_backward_wte_k(float *dwte, const float *dout, const int *order,
+template <typename S>
+__global__ static void encoder_backward_wte_k(float *dwte, const S *dout, const int *order,
                                               const dt_embed_bucket_t *buckets, int nb, int C) {
   DT_CUDA_FOR_ROWS(b, nb, blockIdx.x, gridDim.x) {
     dt_embed_bucket_t k = buckets[b];
     for (int c = threadIdx.x; c < C; c += blockDim.x) {
       float *d = dwte + (size_t)k.token * C + c;
       float acc = *d;
-      for (int p = k.start; p < k.start + k.count; p++) acc += dout[(size_t)order[p] * C + c];
+      for (int p = k.start; p < k.start + k.count; p++) acc += dt_ld(dout + (size_t)order[p] * C + c);
       *d = acc;
     }
   }
 }
 
 /* dwpe[t, c] += dout[b, t, c] for b = 0, 1, ... in that order (the CPU twin's). */
-__global__ static void encoder_backward_wpe_k(float *dwpe, const float *dout, int B, int T, int C) {
+template <typename S>
+__global__ static void encoder_backward_wpe_k(float *dwpe, const S *dout, int B, int T, int C) {
   DT_CUDA_FOR_N(i, (size_t)T * C) {
     float acc = dwpe[i];
-    for (int b = 0; b < B; b++) acc += dout[(size_t)b * T * C + i];
+    for (int b = 0; b < B; b++) acc += dt_ld(dout + (size_t)b * T * C + i);
     dwpe[i] = acc;
   }
 }
 
-dt_status_t dt_cu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C,
-                                  cudaStream_t s) {
+dt_status_t dt_cu_encoder_forward(void *out, const int *inp, const void *wte, const void *wpe, int B, int T, int C,
+                                  int prec, cudaStream_t s) {
   size_t n = (size_t)B * T * C;
-  DT_LAUNCH(encoder_forward_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, inp, wte, wpe, T, C, n);
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(encoder_forward_k<S>, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, (S *)out, inp,
+                            (const S *)wte, (const S *)wpe, T, C, n, dt_store_prec(prec)));
   return DT_OK;
 }
 
-dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *order,
-                                   const dt_embed_bucket_t *buckets, int nb, int B, int T, int C, cudaStream_t s) {
-  if (nb > 0)
-    DT_LAUNCH(encoder_backward_wte_k, dt_cuda_grid(nb, 1), dt_cuda_row_block(C < DT_CUDA_BLOCK ? C : DT_CUDA_BLOCK), 0,
-              s, dwte, dout, order, buckets, nb, C);
-  DT_LAUNCH(encoder_backward_wpe_k, dt_cuda_grid((size_t)T * C, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dwpe, dout, B, T,
-            C);
+dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const void *dout, const int *order,
+                                   const dt_embed_bucket_t *buckets, int nb, int B, int T, int C, int prec,
+                                   cudaStream_t s) {
+  DT_STORE_SWITCH(prec, S, {
+    if (nb > 0)
+      DT_LAUNCH(encoder_backward_wte_k<S>, dt_cuda_grid(nb, 1),
+                dt_cuda_row_block(C < DT_CUDA_BLOCK ? C : DT_CUDA_BLOCK), 0, s, dwte, (const S *)dout, order, buckets,
+                nb, C);
+    DT_LAUNCH(encoder_backward_wpe_k<S>, dt_cuda_grid((size_t)T * C, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dwpe,
+              (const S *)dout, B, T, C);
+  });
   return DT_OK;
 }
 
 /* ---- layernorm ---------------------------------------------------------------------------- */
 
-__global__ static void layernorm_forward_k(float *out, float *mean, float *rstd, const float *inp, const float *w,
-                                           const float *b, int N, int C, int prec) {
+template <typename S>
+__global__ static void layernorm_forward_k(S *out, float *mean, float *rstd, const S *inp, const S *w, const S *b,
+                                           int N, int C, int prec) {
   int lane = threadIdx.x % DT_CUDA_WARP;
   FOR_WARP_ROWS(row, N) {
-    const float *x = inp + row * C;
+    const S *x = inp + row * C;
     float s = 0.0f;
-    for (int c = lane; c < C; c += DT_CUDA_WARP) s += x[c];
+    for (int c = lane; c < C; c += DT_CUDA_WARP) s += dt_ld(x + c);
     float m = warp_sum(s) / (float)C;
     float s2 = 0.0f;
-    for (int c = lane; c < C; c += DT_CUDA_WARP) s2 += (x[c] - m) * (x[c] - m);
+    for (int c = lane; c < C; c += DT_CUDA_WARP) s2 += (dt_ld(x + c) - m) * (dt_ld(x + c) - m);
     float r = dt_ln_rstd(warp_sum(s2) / (float)C);
-    float *o = out + row * C;
-    for (int c = lane; c < C; c += DT_CUDA_WARP) o[c] = dt_prec_round1(dt_ln_apply(x[c], m, r, w[c], b[c]), prec);
+    S *o = out + row * C;
+    for (int c = lane; c < C; c += DT_CUDA_WARP)
+      dt_st(o + c, dt_ln_apply(dt_ld(x + c), m, r, dt_ld(w + c), dt_ld(b + c)), prec);
     if (lane == 0) {
       mean[row] = m;
       rstd[row] = r;
@@ -95,24 +107,24 @@ __global__ static void layernorm_forward_k(float *out, float *mean, float *rstd,
   }
 }
 
-__global__ static void layernorm_backward_dinp_k(float *dinp, const float *dresid, const float *dout, const float *inp,
-                                                 const float *w, const float *mean, const float *rstd, int N, int C,
-                                                 int prec) {
+template <typename S>
+__global__ static void layernorm_backward_dinp_k(S *dinp, const S *dresid, const S *dout, const S *inp, const S *w,
+                                                 const float *mean, const float *rstd, int N, int C, int prec) {
   int lane = threadIdx.x % DT_CUDA_WARP;
   FOR_WARP_ROWS(row, N) {
-    const float *x = inp + row * C, *g = dout + row * C;
+    const S *x = inp + row * C, *g = dout + row * C;
     float m = mean[row], r = rstd[row], a = 0.0f, bb = 0.0f;
     for (int c = lane; c < C; c += DT_CUDA_WARP) {
-      float wg = w[c] * g[c];
+      float wg = dt_ld(w + c) * dt_ld(g + c);
       a += wg;
-      bb += wg * (x[c] - m) * r;
+      bb += wg * (dt_ld(x + c) - m) * r;
     }
     float gm = warp_sum(a) / (float)C, gnm = warp_sum(bb) / (float)C;
-    float *d = dinp + row * C;
-    const float *dr = dresid ? dresid + row * C : NULL;
+    S *d = dinp + row * C;
+    const S *dr = dresid ? dresid + row * C : NULL;
     for (int c = lane; c < C; c += DT_CUDA_WARP) {
-      float v = dt_ln_dinp(x[c], m, r, w[c], g[c], gm, gnm);
-      d[c] = dt_prec_round1(dr ? dr[c] + v : v, prec);
+      float v = dt_ln_dinp(dt_ld(x + c), m, r, dt_ld(w + c), dt_ld(g + c), gm, gnm);
+      dt_st(d + c, dr ? dt_ld(dr + c) + v : v, prec);
     }
   }
 }
@@ -134,8 +146,9 @@ __device__ static void chunk_rows(int N, int k, int *lo, int *hi) {
 }
 
 /* part (2, chunks, C): dweight's partials, then dbias's */
-__global__ static void layernorm_backward_params_k(float *part, const float *dout, const float *inp,
-                                                   const float *mean, const float *rstd, int N, int C) {
+template <typename S>
+__global__ static void layernorm_backward_params_k(float *part, const S *dout, const S *inp, const float *mean,
+                                                   const float *rstd, int N, int C) {
   __shared__ float sw[COLS_Y][COLS_X], sb[COLS_Y][COLS_X];
   int lo, hi;
   chunk_rows(N, blockIdx.y, &lo, &hi);
@@ -144,8 +157,8 @@ __global__ static void layernorm_backward_params_k(float *part, const float *dou
     float aw = 0.0f, ab = 0.0f;
     if (c < (size_t)C)
       for (int i = lo + threadIdx.y; i < hi; i += COLS_Y) {
-        float g = dout[(size_t)i * C + c];
-        aw += g * (inp[(size_t)i * C + c] - mean[i]) * rstd[i];
+        float g = dt_ld(dout + (size_t)i * C + c);
+        aw += g * (dt_ld(inp + (size_t)i * C + c) - mean[i]) * rstd[i];
         ab += g;
       }
     sw[threadIdx.y][threadIdx.x] = aw;
@@ -163,7 +176,8 @@ __global__ static void layernorm_backward_params_k(float *part, const float *dou
   }
 }
 
-__global__ static void col_partial_k(float *part, const float *src, int N, int OC) {
+template <typename S>
+__global__ static void col_partial_k(float *part, const S *src, int N, int OC) {
   __shared__ float sh[COLS_Y][COLS_X];
   int lo, hi;
   chunk_rows(N, blockIdx.y, &lo, &hi);
@@ -171,7 +185,7 @@ __global__ static void col_partial_k(float *part, const float *src, int N, int O
     size_t j = j0 + threadIdx.x;
     float a = 0.0f;
     if (j < (size_t)OC)
-      for (int i = lo + threadIdx.y; i < hi; i += COLS_Y) a += src[(size_t)i * OC + j];
+      for (int i = lo + threadIdx.y; i < hi; i += COLS_Y) a += dt_ld(src + (size_t)i * OC + j);
     sh[threadIdx.y][threadIdx.x] = a;
     __syncthreads();
     if (threadIdx.y == 0 && j < (size_t)OC) {
@@ -193,42 +207,52 @@ __global__ static void col_finish_k(float *dst, const float *part, int n) {
 
 static dim3 col_grid(int cols) { return dim3((unsigned)dt_cuda_grid((size_t)cols, COLS_X), DT_CUDA_COL_CHUNKS); }
 
-dt_status_t dt_cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                                    const float *bias, int N, int C, int prec, cudaStream_t s) {
-  DT_LAUNCH(layernorm_forward_k, dt_cuda_warp_rows_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, mean, rstd, inp,
-            weight, bias, N, C, prec);
+dt_status_t dt_cu_layernorm_forward(void *out, float *mean, float *rstd, const void *inp, const void *weight,
+                                    const void *bias, int N, int C, int prec, cudaStream_t s) {
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(layernorm_forward_k<S>, dt_cuda_warp_rows_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s,
+                            (S *)out, mean, rstd, (const S *)inp, (const S *)weight, (const S *)bias, N, C,
+                            dt_store_prec(prec)));
   return DT_OK;
 }
 
-dt_status_t dt_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dresid, const float *dout,
-                                     const float *inp, const float *weight, const float *mean, const float *rstd, int N,
+dt_status_t dt_cu_layernorm_backward(void *dinp, float *dweight, float *dbias, const void *dresid, const void *dout,
+                                     const void *inp, const void *weight, const float *mean, const float *rstd, int N,
                                      int C, float *scratch, int prec, cudaStream_t s) {
   /* parameter grads first: they read only inputs, and dinp may alias dresid */
   dim3 blk(COLS_X, COLS_Y);
-  DT_LAUNCH(layernorm_backward_params_k, col_grid(C), blk, 0, s, scratch, dout, inp, mean, rstd, N, C);
-  DT_LAUNCH(col_finish_k, dt_cuda_grid(C, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dweight, scratch, C);
-  DT_LAUNCH(col_finish_k, dt_cuda_grid(C, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dbias,
-            scratch + (size_t)DT_CUDA_COL_CHUNKS * C, C);
-  DT_LAUNCH(layernorm_backward_dinp_k, dt_cuda_warp_rows_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dinp, dresid,
-            dout, inp, weight, mean, rstd, N, C, prec);
+  DT_STORE_SWITCH(prec, S, {
+    DT_LAUNCH(layernorm_backward_params_k<S>, col_grid(C), blk, 0, s, scratch, (const S *)dout, (const S *)inp, mean,
+              rstd, N, C);
+    DT_LAUNCH(col_finish_k, dt_cuda_grid(C, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dweight, scratch, C);
+    DT_LAUNCH(col_finish_k, dt_cuda_grid(C, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dbias,
+              scratch + (size_t)DT_CUDA_COL_CHUNKS * C, C);
+    DT_LAUNCH(layernorm_backward_dinp_k<S>, dt_cuda_warp_rows_grid(N, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, (S *)dinp,
+              (const S *)dresid, (const S *)dout, (const S *)inp, (const S *)weight, mean, rstd, N, C,
+              dt_store_prec(prec));
+  });
   return DT_OK;
 }
 
 /* ---- matmul helpers ----------------------------------------------------------------------- */
 
-__global__ static void add_bias_k(float *out, const float *bias, int OC, size_t n, int prec) {
-  DT_CUDA_FOR_N(i, n) out[i] = dt_prec_round1(out[i] + bias[i % OC], prec);
+template <typename S>
+__global__ static void add_bias_k(S *out, const S *bias, int OC, size_t n, int prec) {
+  DT_CUDA_FOR_N(i, n) dt_st(out + i, dt_ld(out + i) + dt_ld(bias + i % OC), prec);
 }
 
-dt_status_t dt_cu_add_bias(float *out, const float *bias, int N, int OC, int prec, cudaStream_t s) {
+dt_status_t dt_cu_add_bias(void *out, const void *bias, int N, int OC, int prec, cudaStream_t s) {
   size_t n = (size_t)N * OC;
-  DT_LAUNCH(add_bias_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, bias, OC, n, prec);
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(add_bias_k<S>, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, (S *)out,
+                            (const S *)bias, OC, n, dt_store_prec(prec)));
   return DT_OK;
 }
 
-dt_status_t dt_cu_col_sum(float *dst, const float *src, int N, int OC, float *scratch, cudaStream_t s) {
+dt_status_t dt_cu_col_sum(float *dst, const void *src, int N, int OC, float *scratch, int prec, cudaStream_t s) {
   dim3 blk(COLS_X, COLS_Y);
-  DT_LAUNCH(col_partial_k, col_grid(OC), blk, 0, s, scratch, src, N, OC);
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(col_partial_k<S>, col_grid(OC), blk, 0, s, scratch, (const S *)src, N, OC));
   DT_LAUNCH(col_finish_k, dt_cuda_grid(OC, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dst, scratch, OC);
   return DT_OK;
 }
@@ -274,36 +298,47 @@ dt_status_t dt_cu_softmax_causal_backward(float *d, const float *att, int rows, 
 
 /* ---- elementwise -------------------------------------------------------------------------- */
 
-__global__ static void gelu_forward_k(float *out, const float *inp, size_t n, int prec) {
-  DT_CUDA_FOR_N(i, n) out[i] = dt_prec_round1(dt_gelu(inp[i]), prec);
+template <typename S>
+__global__ static void gelu_forward_k(S *out, const S *inp, size_t n, int prec) {
+  DT_CUDA_FOR_N(i, n) dt_st(out + i, dt_gelu(dt_ld(inp + i)), prec);
 }
 
-__global__ static void gelu_backward_k(float *dinp, const float *inp, const float *dout, size_t n, int prec) {
-  DT_CUDA_FOR_N(i, n) dinp[i] = dt_prec_round1(dt_gelu_grad(inp[i]) * dout[i], prec);
+template <typename S>
+__global__ static void gelu_backward_k(S *dinp, const S *inp, const S *dout, size_t n, int prec) {
+  DT_CUDA_FOR_N(i, n) dt_st(dinp + i, dt_gelu_grad(dt_ld(inp + i)) * dt_ld(dout + i), prec);
 }
 
-__global__ static void residual_k(float *out, const float *a, const float *b, size_t n) {
-  DT_CUDA_FOR_N(i, n) out[i] = a[i] + b[i];
+template <typename S>
+__global__ static void residual_k(S *out, const S *a, const S *b, size_t n, int prec) {
+  DT_CUDA_FOR_N(i, n) dt_st(out + i, dt_ld(a + i) + dt_ld(b + i), prec);
 }
 
-dt_status_t dt_cu_gelu_forward(float *out, const float *inp, size_t n, int prec, cudaStream_t s) {
-  DT_LAUNCH(gelu_forward_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, inp, n, prec);
+dt_status_t dt_cu_gelu_forward(void *out, const void *inp, size_t n, int prec, cudaStream_t s) {
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(gelu_forward_k<S>, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, (S *)out,
+                            (const S *)inp, n, dt_store_prec(prec)));
   return DT_OK;
 }
 
-dt_status_t dt_cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, int prec, cudaStream_t s) {
-  DT_LAUNCH(gelu_backward_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dinp, inp, dout, n, prec);
+dt_status_t dt_cu_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n, int prec, cudaStream_t s) {
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(gelu_backward_k<S>, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, (S *)dinp,
+                            (const S *)inp, (const S *)dout, n, dt_store_prec(prec)));
   return DT_OK;
 }
 
-/* storage-precision rounding (precision.h): dst = round(src), dst == src allowed */
-__global__ static void round_k(float *dst, const float *src, size_t n, int prec) {
-  DT_CUDA_FOR_N(i, n) dst[i] = dt_prec_round1(src[i], prec);
+/* storage-precision rounding (precision.h): dst = round(src), dst == src allowed; with DT_STORE16
+ * dst (16-bit) gets the rounded values of the float src (the weights' working copy) */
+template <typename S>
+__global__ static void round_k(S *dst, const float *src, size_t n, int prec) {
+  DT_CUDA_FOR_N(i, n) dt_st(dst + i, src[i], prec);
 }
 
-dt_status_t dt_cu_round_copy(float *dst, const float *src, size_t n, int prec, cudaStream_t s) {
+dt_status_t dt_cu_round_copy(void *dst, const float *src, size_t n, int prec, cudaStream_t s) {
   if (prec == DT_PREC_FP32 && dst == src) return DT_OK;
-  DT_LAUNCH(round_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dst, src, n, prec);
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(round_k<S>, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, (S *)dst, src, n,
+                            dt_store_prec(prec)));
   return DT_OK;
 }
 
@@ -315,21 +350,24 @@ dt_status_t dt_cu_divide(float *x, size_t n, float d, cudaStream_t s) {
   return DT_OK;
 }
 
-dt_status_t dt_cu_residual_forward(float *out, const float *a, const float *b, size_t n, cudaStream_t s) {
-  DT_LAUNCH(residual_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, a, b, n);
+dt_status_t dt_cu_residual_forward(void *out, const void *a, const void *b, size_t n, int prec, cudaStream_t s) {
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(residual_k<S>, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, (S *)out,
+                            (const S *)a, (const S *)b, n, dt_store_prec(prec)));
   return DT_OK;
 }
 
 /* ---- softmax + cross-entropy over the vocabulary ------------------------------------------ */
 
-__global__ static void crossentropy_forward_k(float *losses, float *lse, const float *logits, const int *targets, int N,
+template <typename S>
+__global__ static void crossentropy_forward_k(float *losses, float *lse, const S *logits, const int *targets, int N,
                                               int V, int Vp) {
   __shared__ float smx[1024 / DT_CUDA_WARP], ssum[1024 / DT_CUDA_WARP];
   int warp = threadIdx.x / DT_CUDA_WARP, lane = threadIdx.x % DT_CUDA_WARP, nw = blockDim.x / DT_CUDA_WARP;
   DT_CUDA_FOR_ROWS(i, N, blockIdx.x, gridDim.x) { /* a block per row */
-    const float *z = logits + i * Vp;
+    const S *z = logits + i * Vp;
     float mx = -INFINITY, sum = 0.0f;
-    for (int v = threadIdx.x; v < V; v += blockDim.x) dt_softmax_online(&mx, &sum, z[v]);
+    for (int v = threadIdx.x; v < V; v += blockDim.x) dt_softmax_online(&mx, &sum, dt_ld(z + v));
     warp_merge_softmax(&mx, &sum);
     if (lane == 0) {
       smx[warp] = mx;
@@ -341,19 +379,19 @@ __global__ static void crossentropy_forward_k(float *losses, float *lse, const f
       for (int w = 1; w < nw; w++) dt_softmax_merge(&m, &s, smx[w], ssum[w]);
       float l = dt_softmax_lse(m, s);
       lse[i] = l;
-      losses[i] = l - z[targets[i]];
+      losses[i] = l - dt_ld(z + targets[i]);
     }
     __syncthreads(); /* smx, ssum are written again for the next row */
   }
 }
 
-__global__ static void crossentropy_backward_k(float *dlogits, const float *logits, const float *lse,
-                                               const int *targets, float dloss, int V, int Vp, int v0, size_t n,
-                                               int prec) {
+template <typename S>
+__global__ static void crossentropy_backward_k(S *dlogits, const S *logits, const float *lse, const int *targets,
+                                               float dloss, int V, int Vp, int v0, size_t n, int prec) {
   DT_CUDA_FOR_N(k, n) {
     size_t i = k / Vp;
     int v = (int)(k % Vp);
-    dlogits[k] = v < V ? dt_prec_round1(dt_ce_dlogit(logits[k], lse[i], v + v0 == targets[i], dloss), prec) : 0.0f;
+    dt_st(dlogits + k, v < V ? dt_ce_dlogit(dt_ld(logits + k), lse[i], v + v0 == targets[i], dloss) : 0.0f, prec);
   }
 }
 
@@ -378,19 +416,21 @@ dt_status_t dt_cu_loss_mean_add(double *loss_sum, const float *losses, int N, cu
   return DT_OK;
 }
 
-dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets, int N, int V,
-                                       int Vp, double *loss_sum, cudaStream_t s) {
+dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const void *logits, const int *targets, int N, int V,
+                                       int Vp, double *loss_sum, int prec, cudaStream_t s) {
   if (N < 1) return DT_OK;
-  DT_LAUNCH(crossentropy_forward_k, dt_cuda_grid(N, 1), dt_cuda_row_block(V), 0, s, losses, lse, logits, targets, N, V,
-            Vp);
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(crossentropy_forward_k<S>, dt_cuda_grid(N, 1), dt_cuda_row_block(V), 0, s, losses, lse,
+                            (const S *)logits, targets, N, V, Vp));
   return dt_cu_loss_mean_add(loss_sum, losses, N, s);
 }
 
-dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+dt_status_t dt_cu_crossentropy_backward(void *dlogits, const void *logits, const float *lse, const int *targets,
                                         float dloss, int N, int V, int Vp, int v0, int prec, cudaStream_t s) {
   size_t n = (size_t)N * Vp;
-  DT_LAUNCH(crossentropy_backward_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, dlogits, logits, lse, targets,
-            dloss, V, Vp, v0, n, prec);
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(crossentropy_backward_k<S>, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s,
+                            (S *)dlogits, (const S *)logits, lse, targets, dloss, V, Vp, v0, n, dt_store_prec(prec)));
   return DT_OK;
 }
 

@@ -13,30 +13,39 @@
 #include "embed_buckets.h"
 #include "status.h"
 
-/* out (B,T,C) = wte[inp] + wpe;  dwte[inp] += dout, dwpe += sum_b dout, deterministic: the
+/* Activation storage (store.h, issue #22 step 7c): the launchers whose activation arguments are
+ * void pointers read and write them as floats (stored rounded to `prec`) or, with DT_STORE16 or'ed
+ * into prec, as 16-bit values of prec (bf16 or fp16); the weights' working copy they read (wte,
+ * wpe, layernorm weight and bias, the bias) is stored the same way. Statistics, losses and
+ * parameter gradients are floats either way. */
+#define DT_STORE16 0x100
+
+/* out (B,T,C) = wte[inp] + wpe (rounded to prec);  dwte[inp] += dout, dwpe += sum_b dout, deterministic: the
  * positions of each token in the order the CPU twin adds them, from the token buckets (order (N),
  * buckets (nb)) that dt_embed_buckets built on the host from the same inputs */
-dt_status_t dt_cu_encoder_forward(float *out, const int *inp, const float *wte, const float *wpe, int B, int T, int C,
-                                  cudaStream_t s);
-dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const float *dout, const int *order,
-                                   const dt_embed_bucket_t *buckets, int nb, int B, int T, int C, cudaStream_t s);
+dt_status_t dt_cu_encoder_forward(void *out, const int *inp, const void *wte, const void *wpe, int B, int T, int C,
+                                  int prec, cudaStream_t s);
+dt_status_t dt_cu_encoder_backward(float *dwte, float *dwpe, const void *dout, const int *order,
+                                   const dt_embed_bucket_t *buckets, int nb, int B, int T, int C, int prec,
+                                   cudaStream_t s);
 /* Kernels that store an activation or an activation gradient round it to the storage precision
  * `prec` (precision.h: DT_PREC_FP32 stores as computed) as they write it: the same value as a
  * separate rounding pass after them, without its read and write.
  * out (N,C), mean (N), rstd (N): one warp per row (rows loop past a capped grid, as in every row
  * kernel here); out rounded to prec */
-dt_status_t dt_cu_layernorm_forward(float *out, float *mean, float *rstd, const float *inp, const float *weight,
-                                    const float *bias, int N, int C, int prec, cudaStream_t s);
+dt_status_t dt_cu_layernorm_forward(void *out, float *mean, float *rstd, const void *inp, const void *weight,
+                                    const void *bias, int N, int C, int prec, cudaStream_t s);
 /* dinp = dresid + ...(dresid may be NULL, dinp == dresid allowed), rounded to prec; dweight, dbias
  * += (through scratch of dt_cu_col_scratch_floats(2 * C) floats: column sums below) */
-dt_status_t dt_cu_layernorm_backward(float *dinp, float *dweight, float *dbias, const float *dresid,
-                                     const float *dout, const float *inp, const float *weight, const float *mean,
-                                     const float *rstd, int N, int C, float *scratch, int prec, cudaStream_t s);
+dt_status_t dt_cu_layernorm_backward(void *dinp, float *dweight, float *dbias, const void *dresid, const void *dout,
+                                     const void *inp, const void *weight, const float *mean, const float *rstd, int N,
+                                     int C, float *scratch, int prec, cudaStream_t s);
 /* out (N,OC) += bias (OC) broadcast over rows, rounded to prec */
-dt_status_t dt_cu_add_bias(float *out, const float *bias, int N, int OC, int prec, cudaStream_t s);
-/* dst (OC) += sum over N rows of src (N,OC): the rows in DT_CUDA_COL_CHUNKS chunks over the whole
- * GPU, partial sums in scratch (dt_cu_col_scratch_floats(OC) floats), added in a fixed order */
-dt_status_t dt_cu_col_sum(float *dst, const float *src, int N, int OC, float *scratch, cudaStream_t s);
+dt_status_t dt_cu_add_bias(void *out, const void *bias, int N, int OC, int prec, cudaStream_t s);
+/* dst (OC) += sum over N rows of src (N,OC, stored as prec says): the rows in DT_CUDA_COL_CHUNKS
+ * chunks over the whole GPU, partial sums in scratch (dt_cu_col_scratch_floats(OC) floats), added
+ * in a fixed order */
+dt_status_t dt_cu_col_sum(float *dst, const void *src, int N, int OC, float *scratch, int prec, cudaStream_t s);
 static inline size_t dt_cu_col_scratch_floats(size_t cols) { return (size_t)DT_CUDA_COL_CHUNKS * cols; }
 /* causal softmax in place on rows of att (B*NH*T rows of T, row r has t = r % T) */
 dt_status_t dt_cu_softmax_causal(float *att, int rows, int T, cudaStream_t s);
@@ -58,20 +67,21 @@ dt_status_t dt_cu_flash_backward(float *dqkv, float *dsum, const float *dout, co
 dt_status_t dt_cu_attention_decode(float *out, float *kc, float *vc, const float *qkv, int B, int pos, int n, int Tmax,
                                    int C, int NH, int prec, cudaStream_t s);
 /* out, dinp rounded to prec */
-dt_status_t dt_cu_gelu_forward(float *out, const float *inp, size_t n, int prec, cudaStream_t s);
-dt_status_t dt_cu_gelu_backward(float *dinp, const float *inp, const float *dout, size_t n, int prec, cudaStream_t s);
-dt_status_t dt_cu_residual_forward(float *out, const float *a, const float *b, size_t n, cudaStream_t s);
+dt_status_t dt_cu_gelu_forward(void *out, const void *inp, size_t n, int prec, cudaStream_t s);
+dt_status_t dt_cu_gelu_backward(void *dinp, const void *inp, const void *dout, size_t n, int prec, cudaStream_t s);
+/* out = a + b, rounded to prec */
+dt_status_t dt_cu_residual_forward(void *out, const void *a, const void *b, size_t n, int prec, cudaStream_t s);
 /* losses (N), lse (N) from logits (N,Vp) over the first V columns: one block per row; then, if
  * loss_sum (one device double) is not NULL, dt_cu_loss_mean_add */
-dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const float *logits, const int *targets, int N,
-                                       int V, int Vp, double *loss_sum, cudaStream_t s);
+dt_status_t dt_cu_crossentropy_forward(float *losses, float *lse, const void *logits, const int *targets, int N,
+                                       int V, int Vp, double *loss_sum, int prec, cudaStream_t s);
 /* *loss_sum += the mean of losses (N), summed in double in a fixed order (one block), rounded to
  * float: the loss stays on the device until the host asks for it */
 dt_status_t dt_cu_loss_mean_add(double *loss_sum, const float *losses, int N, cudaStream_t s);
 /* dlogits (N,Vp) written, rounded to prec; padded columns v >= V get 0. The columns are global v0 ..
  * v0 + Vp - 1 (tensor parallelism: a vocabulary shard; else v0 = 0): the target's is column
  * targets - v0. */
-dt_status_t dt_cu_crossentropy_backward(float *dlogits, const float *logits, const float *lse, const int *targets,
+dt_status_t dt_cu_crossentropy_backward(void *dlogits, const void *logits, const float *lse, const int *targets,
                                         float dloss, int N, int V, int Vp, int v0, int prec, cudaStream_t s);
 /* Tensor parallelism (kernels_tp.cu; twins: backend_cpu.c's k_* of the same names):
  * out (N,C) = wte row inp - v0 where v0 <= inp < v0 + nrows, else 0 (wte holds nrows rows) */
@@ -88,9 +98,10 @@ dt_status_t dt_cu_xent_sumexp(double *sum, float *tl, const float *logits, const
                               int nv, int Vp, int v0, cudaStream_t s);
 dt_status_t dt_cu_xent_finish(float *lse, float *losses, const double *sum, int N, double *loss_sum, cudaStream_t s);
 /* dst (n) = src rounded to the storage precision prec (precision.h; dst == src allowed, fp32 in
- * place is a no-op). Mixed precision stores nothing in 16 bits on the GPU yet: this emulates the
- * storage rounding exactly as the CPU backend does (parity on an H200: docs/gpu-runs.md). */
-dt_status_t dt_cu_round_copy(float *dst, const float *src, size_t n, int prec, cudaStream_t s);
+ * place is a no-op); with DT_STORE16, dst holds 16-bit values (the weights' working copy). The
+ * trainer stores nothing in 16 bits on the GPU yet: the float form emulates the storage rounding
+ * exactly as the CPU backend does (parity on an H200: docs/gpu-runs.md). */
+dt_status_t dt_cu_round_copy(void *dst, const float *src, size_t n, int prec, cudaStream_t s);
 /* x (n) = x / d */
 dt_status_t dt_cu_divide(float *x, size_t n, float d, cudaStream_t s);
 /* one AdamW step over n elements (kmath.h dt_adamw_update) */

@@ -1,7 +1,8 @@
 /* Kernel parity: every launcher of cuda/kernels.h run on the device and its CPU twin
  * (src/backend/ops_cpu.h, or a float64 reference where the CPU has no separate twin: the attention
  * softmax, the gradient sum of squares) on the same inputs, fp32 and bf16 storage, small, odd and
- * large shapes; and the CUDA backend's ops against the CPU backend (tests/gpu_parity_backend.cu).
+ * large shapes; the kernels' 16-bit storage against their float storage (tests/gpu_parity_store.cu);
+ * and the CUDA backend's ops against the CPU backend (tests/gpu_parity_backend.cu).
  * One row per case: op, shape, precision, normalised max error max|gpu - cpu| / max|cpu|, the
  * tolerance, the verdict. The same program runs on a real GPU (scripts/gpu-check.sh) and, built
  * against cuda/emu/, on the CPU.
@@ -133,7 +134,7 @@ static void elementwise(size_t n, int prec, dt_rng_t *r) {
   gp_compare("gelu_backward", shape, prec, g, h, n, gp_tol(prec, 1e-6));
   free(g);
 
-  GP_TRY(dt_cu_residual_forward(dout, dx, dy, n, 0));
+  GP_TRY(dt_cu_residual_forward(dout, dx, dy, n, DT_PREC_FP32, 0));
   dt_residual_forward(h, x, y, n);
   round_both(dout, h, n, prec);
   g = gp_down(dout, n);
@@ -172,7 +173,7 @@ static void bias_cols(int N, int OC, int prec, dt_rng_t *r) {
   gp_compare("add_bias", shape, prec, g, x, n, 0);
   free(g);
   float *scr = (float *)gp_dev(dt_cu_col_scratch_floats(OC) * sizeof(float));
-  GP_TRY(dt_cu_col_sum(dacc, dx, N, OC, scr, 0)); /* acc += column sums of x (now with the bias) */
+  GP_TRY(dt_cu_col_sum(dacc, dx, N, OC, scr, DT_PREC_FP32, 0)); /* acc += column sums of x (now with the bias) */
   for (int j = 0; j < OC; j++) {
     double s = 0;
     for (int i = 0; i < N; i++) s += x[(size_t)i * OC + j];
@@ -271,7 +272,7 @@ static void encoder(int B, int T, int C, int V, int prec, dt_rng_t *r) {
   dt_embed_bucket_t *d_bk = (dt_embed_bucket_t *)gp_dev(N * sizeof(dt_embed_bucket_t));
   GP_CK(cudaMemcpy(d_inp, inp, N * sizeof(int), cudaMemcpyHostToDevice));
 
-  GP_TRY(dt_cu_encoder_forward(d_out, d_inp, d_wte, d_wpe, B, T, C, 0));
+  GP_TRY(dt_cu_encoder_forward(d_out, d_inp, d_wte, d_wpe, B, T, C, DT_PREC_FP32, 0));
   dt_encoder_forward(out, inp, wte, wpe, B, T, C);
   round_both(d_out, out, n, prec);
   float *g = gp_down(d_out, n);
@@ -281,7 +282,7 @@ static void encoder(int B, int T, int C, int V, int prec, dt_rng_t *r) {
   int nb = dt_embed_buckets(inp, (int)N, V, count, order, bk);
   GP_CK(cudaMemcpy(d_order, order, N * sizeof(int), cudaMemcpyHostToDevice));
   GP_CK(cudaMemcpy(d_bk, bk, (size_t)nb * sizeof(dt_embed_bucket_t), cudaMemcpyHostToDevice));
-  GP_TRY(dt_cu_encoder_backward(d_dwte, d_dwpe, d_dout, d_order, d_bk, nb, B, T, C, 0));
+  GP_TRY(dt_cu_encoder_backward(d_dwte, d_dwpe, d_dout, d_order, d_bk, nb, B, T, C, DT_PREC_FP32, 0));
   dt_encoder_backward(dwte, dwpe, dout, inp, B, T, C);
   g = gp_down(d_dwte, (size_t)V * C); /* deterministic and in the CPU's order: bit for bit */
   gp_compare("encoder_backward dwte (bits)", shape, prec, g, dwte, (size_t)V * C, 0);
@@ -375,6 +376,11 @@ int main(int argc, char **argv) {
   gp_attention_flash(1, 2, 64, 150, DT_PREC_BF16, &r); /* out and dqkv rounded as they are stored */
   gp_attention_flash(2, 5, 40, 33, DT_PREC_FP16, &r);
   gp_attention_decode(1, 12, 64, 3, 5, 16, DT_PREC_BF16, &r);
+  {
+    dt_rng_t rs; /* 16-bit storage, its own numbers too */
+    dt_rng_seed(&rs, 1617);
+    gp_store16_all(&rs, small);
+  }
   if (huge) gp_crossentropy_huge(&r);
   if (backend) gp_backend_all(small);
   {

@@ -42,6 +42,8 @@ void gp_convert16(size_t n, dt_rng_t *r);
 void gp_tensor_parallel(int prec, dt_rng_t *r);
 /* tests/gpu_parity_cnn.cu */
 void gp_cnn_all(dt_rng_t *r);
+/* tests/gpu_parity_store.cu: the 16-bit storage instantiations against the float path, bit for bit */
+void gp_store16_all(dt_rng_t *r, int small);
 /* tests/gpu_parity_backend.cu */
 void gp_backend_all(int small);
 

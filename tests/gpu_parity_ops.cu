@@ -69,7 +69,7 @@ void gp_crossentropy(int N, int V, int Vp, int prec, dt_rng_t *r) {
   const double acc0 = 0.25; /* the mean is ADDED to the accumulator */
   double *d_acc = (double *)gp_dev(sizeof(double)), acc;
   GP_CK(cudaMemcpy(d_acc, &acc0, sizeof acc0, cudaMemcpyHostToDevice));
-  GP_TRY(dt_cu_crossentropy_forward(d_losses, d_lse, d_z, d_tg, N, V, Vp, d_acc, 0));
+  GP_TRY(dt_cu_crossentropy_forward(d_losses, d_lse, d_z, d_tg, N, V, Vp, d_acc, DT_PREC_FP32, 0));
   const float mean = (float)dt_crossentropy_forward(losses, lse, z, tg, N, V, Vp);
   GP_CK(cudaMemcpy(&acc, d_acc, sizeof acc, cudaMemcpyDeviceToHost));
   const float gmean = (float)(acc - acc0);
@@ -124,7 +124,7 @@ void gp_crossentropy_huge(dt_rng_t *r) {
   GP_CK(cudaMemcpy(d_tg, tg, N * sizeof(int), cudaMemcpyHostToDevice));
   float *d_losses = (float *)gp_dev(N * sizeof(float)), *d_lse = (float *)gp_dev(N * sizeof(float));
   float dloss = 1.0f / (float)N;
-  GP_TRY(dt_cu_crossentropy_forward(d_losses, d_lse, d_z, d_tg, N, V, Vp, NULL, 0));
+  GP_TRY(dt_cu_crossentropy_forward(d_losses, d_lse, d_z, d_tg, N, V, Vp, NULL, DT_PREC_FP32, 0));
   GP_TRY(dt_cu_crossentropy_backward(d_dz, d_z, d_lse, d_tg, dloss, N, V, Vp, 0, DT_PREC_FP32, 0));
   float *gl = gp_down(d_losses, N), *glse = gp_down(d_lse, N);
   const int rows[] = {0, N / 2, N - 2, N - 1};

@@ -8,7 +8,7 @@
  * log-sum-exp (B,NH,T); backward recomputes each probability from it, first per query (dq, and
  * D = sum_j p dp, the row's <dout, out>, kept (B,NH,T)), then per key (dk, dv from the queries at
  * or after it): each output element is written by one group, no atomics, the same result on
- * every run. fp32 on the CUDA cores, no tensor cores: memory O(B NH T) instead of O(B NH T^2).
+ * every run. fp32 math on the CUDA cores, no tensor cores: memory O(B NH T) instead of O(B NH T^2).
  * Decoding: a warp per query, the keys from the cache one after the other. */
 #include <math.h>
 
@@ -17,26 +17,33 @@
 #include "cuda_check.h"
 #include "cuda_launch.h"
 #include "precision.h"
+#include "store.h"
 #include "warp.h"
 
 #define LANE_DIMS (DT_CU_ATT_HS_MAX / DT_CUDA_WARP) /* the decoding warp's dims per lane */
 
-/* this lane's dims of a head vector x (hs floats) into r[] (0 past hs) */
-__device__ static inline void load_lane(float *r, const float *x, int hs) {
+/* Activations (qkv, out, dout, dqkv, the key/value cache) are read and written as the storage
+ * type S (store.h: floats stored rounded to prec, or 16-bit values); the shared tiles, the
+ * registers and the row statistics (lse, D) are floats. */
+
+/* this lane's dims of a head vector x (hs values) into r[] (0 past hs) */
+template <typename S>
+__device__ static inline void load_lane(float *r, const S *x, int hs) {
   const int lane = threadIdx.x % DT_CUDA_WARP;
   for (int a = 0; a < LANE_DIMS; a++) {
     const int d = lane + a * DT_CUDA_WARP;
-    r[a] = d < hs ? x[d] : 0.0f;
+    r[a] = d < hs ? dt_ld(x + d) : 0.0f;
   }
 }
 
 /* <r, x> over the warp: r this lane's dims (load_lane), x in memory */
-__device__ static inline float dot_warp(const float *r, const float *x, int hs) {
+template <typename S>
+__device__ static inline float dot_warp(const float *r, const S *x, int hs) {
   const int lane = threadIdx.x % DT_CUDA_WARP;
   float s = 0.0f;
   for (int a = 0; a < LANE_DIMS; a++) {
     const int d = lane + a * DT_CUDA_WARP;
-    if (d < hs) s += r[a] * x[d];
+    if (d < hs) s += r[a] * dt_ld(x + d);
   }
   return warp_sum(s);
 }
@@ -44,19 +51,20 @@ __device__ static inline float dot_warp(const float *r, const float *x, int hs) 
 /* One query q (lane dims) against keys 0..t (rows `ks` floats apart from k and v): an online
  * softmax (the running max and sum, the same in every lane) and acc = sum_j e^(s_j - max) v_j,
  * unnormalised; returns the sum, *mx the max. */
-__device__ static float attend(float *acc, float *mx, const float *q, const float *k, const float *v, size_t ks, int t,
-                               int hs, float scale) {
+template <typename S>
+__device__ static float attend(float *acc, float *mx, const float *q, const S *k, const S *v, size_t ks, int t, int hs,
+                               float scale) {
   const int lane = threadIdx.x % DT_CUDA_WARP;
   float m = -INFINITY, sum = 0.0f;
   for (int a = 0; a < LANE_DIMS; a++) acc[a] = 0.0f;
   for (int j = 0; j <= t; j++) {
-    const float *vj = v + (size_t)j * ks;
+    const S *vj = v + (size_t)j * ks;
     const float sc = dot_warp(q, k + (size_t)j * ks, hs) * scale, m2 = fmaxf(m, sc);
     const float corr = expf(m - m2), p = expf(sc - m2); /* corr = 0 at the first key */
     sum = sum * corr + p;
     for (int a = 0; a < LANE_DIMS; a++) {
       const int d = lane + a * DT_CUDA_WARP;
-      if (d < hs) acc[a] = acc[a] * corr + p * vj[d];
+      if (d < hs) acc[a] = acc[a] * corr + p * dt_ld(vj + d);
     }
     m = m2;
   }
@@ -65,11 +73,12 @@ __device__ static float attend(float *acc, float *mx, const float *q, const floa
 }
 
 /* out[d] = acc * mul for this lane's dims */
-__device__ static inline void store_lane(float *out, const float *acc, float mul, int hs, int prec) {
+template <typename S>
+__device__ static inline void store_lane(S *out, const float *acc, float mul, int hs, int prec) {
   const int lane = threadIdx.x % DT_CUDA_WARP;
   for (int a = 0; a < LANE_DIMS; a++) {
     const int d = lane + a * DT_CUDA_WARP;
-    if (d < hs) out[d] = dt_prec_round1(acc[a] * mul, prec);
+    if (d < hs) dt_st(out + d, acc[a] * mul, prec);
   }
 }
 
@@ -98,10 +107,11 @@ __device__ static inline float group_sum(float v, int G) {
   return v;
 }
 
-__device__ static inline void load_group(float *r, const float *x, int gl, int G, int hs) {
+template <typename S>
+__device__ static inline void load_group(float *r, const S *x, int gl, int G, int hs) {
   for (int a = 0; a < ATT_DPL; a++) {
     const int d = gl + a * G;
-    r[a] = d < hs ? x[d] : 0.0f;
+    r[a] = d < hs ? dt_ld(x + d) : 0.0f;
   }
 }
 
@@ -122,21 +132,24 @@ __device__ static inline void axpy_group(float *acc, float p, const float *x, in
   }
 }
 
-__device__ static inline void store_group(float *out, const float *acc, float mul, int gl, int G, int hs, int prec) {
+template <typename S>
+__device__ static inline void store_group(S *out, const float *acc, float mul, int gl, int G, int hs, int prec) {
   for (int a = 0; a < ATT_DPL; a++) {
     const int d = gl + a * G;
-    if (d < hs) out[d] = dt_prec_round1(acc[a] * mul, prec);
+    if (d < hs) dt_st(out + d, acc[a] * mul, prec);
   }
 }
 
-/* rows [r0, r0 + n) of src (hs floats each, `stride` floats apart) into a shared tile, packed */
-__device__ static inline void tile_load(float *tile, const float *src, size_t stride, int r0, int n, int hs) {
-  for (int i = threadIdx.x; i < n * hs; i += blockDim.x) tile[i] = src[(size_t)(r0 + i / hs) * stride + i % hs];
+/* rows [r0, r0 + n) of src (hs values each, `stride` apart) into a shared float tile, packed */
+template <typename S>
+__device__ static inline void tile_load(float *tile, const S *src, size_t stride, int r0, int n, int hs) {
+  for (int i = threadIdx.x; i < n * hs; i += blockDim.x) tile[i] = dt_ld(src + (size_t)(r0 + i / hs) * stride + i % hs);
 }
 
 /* keys [k0, k0 + nk) of one head into the shared tiles ks and vs (base: the head's q columns of
  * batch row b), between barriers: the block's previous tile is no longer read */
-__device__ static inline void load_kv_tile(float *ks, float *vs, const float *base, int C, int k0, int nk, int hs) {
+template <typename S>
+__device__ static inline void load_kv_tile(float *ks, float *vs, const S *base, int C, int k0, int nk, int hs) {
   __syncthreads();
   tile_load(ks, base + C, 3 * (size_t)C, k0, nk, hs);
   tile_load(vs, base + 2 * C, 3 * (size_t)C, k0, nk, hs);
@@ -158,7 +171,8 @@ __device__ static inline int warp_last_row(int r0, int G) { return warp_first_ro
 
 static int att_tile_rows(int hs) { return imin(ATT_TILE / hs, ATT_TILE_ROWS); }
 
-__global__ static void flash_forward_k(float *out, float *lse, const float *qkv, int T, int C, int NH, int G, int TK,
+template <typename S>
+__global__ static void flash_forward_k(S *out, float *lse, const S *qkv, int T, int C, int NH, int G, int TK,
                                        float scale, int prec, size_t blocks) {
   __shared__ float ks[ATT_TILE], vs[ATT_TILE];
   const int hs = C / NH, R = blockDim.x / G;
@@ -166,7 +180,7 @@ __global__ static void flash_forward_k(float *out, float *lse, const float *qkv,
   for (size_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
     TILE_INDICES(blk, T, NH, R, G);
     const int end = imin(T, r0 + R), t_warp = warp_last_row(r0, G); /* keys 0 .. end - 1 */
-    const float *base = qkv + (size_t)b * T * s3 + h * hs;
+    const S *base = qkv + (size_t)b * T * s3 + h * hs;
     float q[ATT_DPL], acc[ATT_DPL], m = -INFINITY, sum = 0.0f;
     load_group(q, base + (size_t)(live ? t : 0) * s3, gl, G, hs);
     for (int a = 0; a < ATT_DPL; a++) acc[a] = 0.0f;
@@ -196,16 +210,16 @@ __global__ static void flash_forward_k(float *out, float *lse, const float *qkv,
 
 /* per query i: D_i = sum_j p_ij dp_ij (dp_ij = <dout_i, v_j>), then dq_i = scale sum_j p_ij (dp_ij - D_i) k_j:
  * two passes over the key tiles */
-__global__ static void flash_backward_q_k(float *dqkv, float *dsum, const float *dout, const float *qkv,
-                                          const float *lse, int T, int C, int NH, int G, int TK, float scale,
-                                          int prec, size_t blocks) {
+template <typename S>
+__global__ static void flash_backward_q_k(S *dqkv, float *dsum, const S *dout, const S *qkv, const float *lse, int T,
+                                          int C, int NH, int G, int TK, float scale, int prec, size_t blocks) {
   __shared__ float ks[ATT_TILE], vs[ATT_TILE];
   const int hs = C / NH, R = blockDim.x / G;
   const size_t s3 = 3 * (size_t)C;
   for (size_t blk = blockIdx.x; blk < blocks; blk += gridDim.x) {
     TILE_INDICES(blk, T, NH, R, G);
     const int end = imin(T, r0 + R), tc = live ? t : 0, t_warp = warp_last_row(r0, G);
-    const float *base = qkv + (size_t)b * T * s3 + h * hs;
+    const S *base = qkv + (size_t)b * T * s3 + h * hs;
     const size_t row = ((size_t)b * NH + h) * T + tc;
     float q[ATT_DPL], g[ATT_DPL], dq[ATT_DPL], D = 0.0f;
     load_group(q, base + (size_t)tc * s3, gl, G, hs);
@@ -233,9 +247,9 @@ __global__ static void flash_backward_q_k(float *dqkv, float *dsum, const float 
 
 /* per key j: dv_j = sum_{i >= j} p_ij dout_i, dk_j = scale sum_{i >= j} p_ij (dp_ij - D_i) q_i, over
  * tiles of queries (q, dout, lse and D in shared memory) */
-__global__ static void flash_backward_kv_k(float *dqkv, const float *dsum, const float *dout, const float *qkv,
-                                           const float *lse, int T, int C, int NH, int G, int TK, float scale,
-                                           int prec, size_t blocks) {
+template <typename S>
+__global__ static void flash_backward_kv_k(S *dqkv, const float *dsum, const S *dout, const S *qkv, const float *lse,
+                                           int T, int C, int NH, int G, int TK, float scale, int prec, size_t blocks) {
   __shared__ float qs[ATT_TILE], gs[ATT_TILE], ls[ATT_TILE_ROWS], ds[ATT_TILE_ROWS];
   const int hs = C / NH, R = blockDim.x / G;
   const size_t s3 = 3 * (size_t)C;
@@ -243,7 +257,7 @@ __global__ static void flash_backward_kv_k(float *dqkv, const float *dsum, const
     TILE_INDICES(blk, T, NH, R, G); /* t: the key's position */
     const int tc = live ? t : 0, first = warp_first_row(r0, G);
     const size_t row0 = ((size_t)b * NH + h) * T; /* (b, h, 0) in lse and D */
-    const float *q = qkv + (size_t)b * T * s3 + h * hs, *gb = dout + (size_t)b * T * C + h * hs;
+    const S *q = qkv + (size_t)b * T * s3 + h * hs, *gb = dout + (size_t)b * T * C + h * hs;
     float kj[ATT_DPL], vj[ATT_DPL], dk[ATT_DPL], dv[ATT_DPL];
     load_group(kj, q + (size_t)tc * s3 + C, gl, G, hs);
     load_group(vj, q + (size_t)tc * s3 + 2 * C, gl, G, hs);
@@ -267,7 +281,7 @@ __global__ static void flash_backward_kv_k(float *dqkv, const float *dsum, const
       }
     }
     if (live) {
-      float *dst = dqkv + ((size_t)b * T + t) * s3 + h * hs;
+      S *dst = dqkv + ((size_t)b * T + t) * s3 + h * hs;
       store_group(dst + C, dk, scale, gl, G, hs, prec);
       store_group(dst + 2 * C, dv, 1.0f, gl, G, hs, prec);
     }
@@ -288,45 +302,51 @@ static size_t att_blocks(int B, int T, int NH, int G) {
 
 static int att_grid(size_t blocks) { return blocks < DT_CUDA_GRID_MAX ? (int)blocks : DT_CUDA_GRID_MAX; }
 
-dt_status_t dt_cu_flash_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, int prec,
+dt_status_t dt_cu_flash_forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH, int prec,
                                 cudaStream_t s) {
   DT_TRY(check_hs(C, NH, "flash attention"));
   const int hs = C / NH, G = att_group(hs);
   const size_t blocks = att_blocks(B, T, NH, G);
-  DT_LAUNCH(flash_forward_k, att_grid(blocks), DT_CUDA_BLOCK, 0, s, out, lse, qkv, T, C, NH, G, att_tile_rows(hs),
-            1.0f / sqrtf((float)hs), prec, blocks);
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(flash_forward_k<S>, att_grid(blocks), DT_CUDA_BLOCK, 0, s, (S *)out, lse, (const S *)qkv, T,
+                            C, NH, G, att_tile_rows(hs), 1.0f / sqrtf((float)hs), dt_store_prec(prec), blocks));
   return DT_OK;
 }
 
-dt_status_t dt_cu_flash_backward(float *dqkv, float *dsum, const float *dout, const float *qkv, const float *lse, int B,
+dt_status_t dt_cu_flash_backward(void *dqkv, float *dsum, const void *dout, const void *qkv, const float *lse, int B,
                                  int T, int C, int NH, int prec, cudaStream_t s) {
   DT_TRY(check_hs(C, NH, "flash attention"));
-  const int hs = C / NH, G = att_group(hs), TK = att_tile_rows(hs);
+  const int hs = C / NH, G = att_group(hs), TK = att_tile_rows(hs), p = dt_store_prec(prec);
   const size_t blocks = att_blocks(B, T, NH, G);
   const float scale = 1.0f / sqrtf((float)hs);
-  DT_LAUNCH(flash_backward_q_k, att_grid(blocks), DT_CUDA_BLOCK, 0, s, dqkv, dsum, dout, qkv, lse, T, C, NH, G, TK,
-            scale, prec, blocks);
-  DT_LAUNCH(flash_backward_kv_k, att_grid(blocks), DT_CUDA_BLOCK, 0, s, dqkv, dsum, dout, qkv, lse, T, C, NH, G, TK,
-            scale, prec, blocks);
+  DT_STORE_SWITCH(prec, S, {
+    DT_LAUNCH(flash_backward_q_k<S>, att_grid(blocks), DT_CUDA_BLOCK, 0, s, (S *)dqkv, dsum, (const S *)dout,
+              (const S *)qkv, lse, T, C, NH, G, TK, scale, p, blocks);
+    DT_LAUNCH(flash_backward_kv_k<S>, att_grid(blocks), DT_CUDA_BLOCK, 0, s, (S *)dqkv, dsum, (const S *)dout,
+              (const S *)qkv, lse, T, C, NH, G, TK, scale, p, blocks);
+  });
   return DT_OK;
 }
 
 /* ---- decoding with a key/value cache ------------------------------------------------------- */
 
-__global__ static void kv_append_k(float *kc, float *vc, const float *qkv, int pos, int n, int Tmax, int C, size_t total) {
+/* a copy: the cache holds the values of qkv as they are stored (a float store at fp32: exact) */
+template <typename S>
+__global__ static void kv_append_k(S *kc, S *vc, const S *qkv, int pos, int n, int Tmax, int C, size_t total) {
   DT_CUDA_FOR_N(i, total) { /* i over (b, t, c) of the n new positions */
     size_t bt = i / C;
     int c = (int)(i % C), t = (int)(bt % n), b = (int)(bt / n);
-    const float *src = qkv + bt * 3 * C;
+    const S *src = qkv + bt * 3 * C;
     size_t dst = ((size_t)b * Tmax + pos + t) * C + c;
-    kc[dst] = src[C + c];
-    vc[dst] = src[2 * C + c];
+    dt_st(kc + dst, dt_ld(src + C + c), DT_PREC_FP32);
+    dt_st(vc + dst, dt_ld(src + 2 * C + c), DT_PREC_FP32);
   }
 }
 
 /* A warp per (b, h, i): query pos + i against the cached keys 0..pos+i */
-__global__ static void attention_decode_k(float *out, const float *kc, const float *vc, const float *qkv, int pos,
-                                          int n, int Tmax, int C, int NH, float scale, int prec, size_t rows) {
+template <typename S>
+__global__ static void attention_decode_k(S *out, const S *kc, const S *vc, const S *qkv, int pos, int n, int Tmax,
+                                          int C, int NH, float scale, int prec, size_t rows) {
   const int hs = C / NH;
   FOR_WARP_ROWS(r, rows) {
     const int i = (int)(r % n), h = (int)(r / n % NH), b = (int)(r / n / NH);
@@ -338,12 +358,16 @@ __global__ static void attention_decode_k(float *out, const float *kc, const flo
   }
 }
 
-dt_status_t dt_cu_attention_decode(float *out, float *kc, float *vc, const float *qkv, int B, int pos, int n, int Tmax,
+dt_status_t dt_cu_attention_decode(void *out, void *kc, void *vc, const void *qkv, int B, int pos, int n, int Tmax,
                                    int C, int NH, int prec, cudaStream_t s) {
   DT_TRY(check_hs(C, NH, "attention decode"));
   const size_t total = (size_t)B * n * C, rows = (size_t)B * NH * n;
-  DT_LAUNCH(kv_append_k, dt_cuda_grid(total, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, kc, vc, qkv, pos, n, Tmax, C, total);
-  DT_LAUNCH(attention_decode_k, dt_cuda_warp_rows_grid(rows, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, kc, vc, qkv,
-            pos, n, Tmax, C, NH, 1.0f / sqrtf((float)(C / NH)), prec, rows);
+  DT_STORE_SWITCH(prec, S, {
+    DT_LAUNCH(kv_append_k<S>, dt_cuda_grid(total, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, (S *)kc, (S *)vc,
+              (const S *)qkv, pos, n, Tmax, C, total);
+    DT_LAUNCH(attention_decode_k<S>, dt_cuda_warp_rows_grid(rows, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, (S *)out,
+              (const S *)kc, (const S *)vc, (const S *)qkv, pos, n, Tmax, C, NH, 1.0f / sqrtf((float)(C / NH)),
+              dt_store_prec(prec), rows);
+  });
   return DT_OK;
 }

@@ -392,8 +392,9 @@ static void k_attention_floats(const dt_backend_t *be, int B, int T, int NH, siz
 
 static dt_status_t k_encoder_forward(dt_backend_t *be, float *out, const int *inp, const float *wte, const float *wpe,
                                      int B, int T, int C, int v0, int nrows) {
-  if (wpe && v0 == 0 && nrows >= be->lay->d.V) return dt_cu_encoder_forward(out, inp, wte, wpe, B, T, C, DT_PREC_FP32, S(be));
-  DT_TRY(dt_cu_embed_rows(out, inp, wte, B * T, C, v0, nrows, S(be))); /* a vocabulary shard */
+  if (wpe && v0 == 0 && nrows >= be->lay->d.V)
+    return dt_cu_encoder_forward(out, inp, wte, wpe, B, T, C, DT_PREC_FP32, S(be)); /* the model rounds it */
+  DT_TRY(dt_cu_embed_rows(out, inp, wte, B * T, C, v0, nrows, DT_PREC_FP32, S(be))); /* a vocabulary shard */
   return wpe ? dt_cu_add_bias(out, wpe, B, T * C, DT_PREC_FP32, S(be)) : DT_OK; /* the model rounds it */
 }
 /* The token buckets from the host copy of the inputs, then the deterministic backward. */
@@ -476,11 +477,11 @@ static dt_status_t k_crossentropy_forward(dt_backend_t *be, float *losses, float
   return dt_cu_crossentropy_forward(losses, lse, logits, targets, N, V, Vp, loss_sum, DT_PREC_FP32, S(be));
 }
 static dt_status_t k_xent_max(dt_backend_t *be, float *mx, const float *logits, int N, int nv, int Vp) {
-  return dt_cu_xent_max(mx, logits, N, nv, Vp, S(be));
+  return dt_cu_xent_max(mx, logits, N, nv, Vp, DT_PREC_FP32, S(be));
 }
 static dt_status_t k_xent_sumexp(dt_backend_t *be, double *sum, float *tl, const float *logits, const float *mx,
                                  const int *targets, int N, int nv, int Vp, int v0) {
-  return dt_cu_xent_sumexp(sum, tl, logits, mx, targets, N, nv, Vp, v0, S(be));
+  return dt_cu_xent_sumexp(sum, tl, logits, mx, targets, N, nv, Vp, v0, DT_PREC_FP32, S(be));
 }
 static dt_status_t k_xent_finish(dt_backend_t *be, float *lse_mx, float *losses_tl, const double *sum, int N,
                                  double *loss_sum) {

@@ -57,14 +57,14 @@ dt_status_t dt_cu_softmax_causal_backward(float *d, const float *att, int rows, 
  * the row log-sum-exp lse (B,NH,T) from qkv (B,T,3C); backward writes dqkv from dout, qkv and lse,
  * with dsum (B,NH,T) as scratch (the rows' <dout, out>). out and dqkv rounded to prec. */
 #define DT_CU_ATT_HS_MAX 256
-dt_status_t dt_cu_flash_forward(float *out, float *lse, const float *qkv, int B, int T, int C, int NH, int prec,
+dt_status_t dt_cu_flash_forward(void *out, float *lse, const void *qkv, int B, int T, int C, int NH, int prec,
                                 cudaStream_t s);
-dt_status_t dt_cu_flash_backward(float *dqkv, float *dsum, const float *dout, const float *qkv, const float *lse, int B,
+dt_status_t dt_cu_flash_backward(void *dqkv, float *dsum, const void *dout, const void *qkv, const float *lse, int B,
                                  int T, int C, int NH, int prec, cudaStream_t s);
 /* Decoding with a key/value cache (ops_cpu.h dt_attention_decode): k and v of the n new positions
  * of qkv (B,n,3C) into kc, vc (B,Tmax,C) at [pos, pos + n), then out (B,n,C): one warp per (b, h,
  * query) with an online softmax over the cached keys; out rounded to prec. */
-dt_status_t dt_cu_attention_decode(float *out, float *kc, float *vc, const float *qkv, int B, int pos, int n, int Tmax,
+dt_status_t dt_cu_attention_decode(void *out, void *kc, void *vc, const void *qkv, int B, int pos, int n, int Tmax,
                                    int C, int NH, int prec, cudaStream_t s);
 /* out, dinp rounded to prec */
 dt_status_t dt_cu_gelu_forward(void *out, const void *inp, size_t n, int prec, cudaStream_t s);
@@ -84,18 +84,19 @@ dt_status_t dt_cu_loss_mean_add(double *loss_sum, const float *losses, int N, cu
 dt_status_t dt_cu_crossentropy_backward(void *dlogits, const void *logits, const float *lse, const int *targets,
                                         float dloss, int N, int V, int Vp, int v0, int prec, cudaStream_t s);
 /* Tensor parallelism (kernels_tp.cu; twins: backend_cpu.c's k_* of the same names):
- * out (N,C) = wte row inp - v0 where v0 <= inp < v0 + nrows, else 0 (wte holds nrows rows) */
-dt_status_t dt_cu_embed_rows(float *out, const int *inp, const float *wte, int N, int C, int v0, int nrows,
+ * out (N,C) = wte row inp - v0 where v0 <= inp < v0 + nrows, else 0 (wte holds nrows rows),
+ * rounded to prec */
+dt_status_t dt_cu_embed_rows(void *out, const int *inp, const void *wte, int N, int C, int v0, int nrows, int prec,
                              cudaStream_t s);
 /* out (N,OC) = resid + (out + bias), rounded to prec */
-dt_status_t dt_cu_bias_residual(float *out, const float *bias, const float *resid, int N, int OC, int prec,
+dt_status_t dt_cu_bias_residual(void *out, const void *bias, const void *resid, int N, int OC, int prec,
                                 cudaStream_t s);
 /* the vocab-parallel cross-entropy (backend.h xent_*): mx[i] = max of the first nv of Vp columns;
  * sum[i] = sum of exp(z - mx[i]) (double), tl[i] = z[targets[i] - v0] if in [0, nv), else 0;
  * then lse = mx + log(sum), losses = lse - tl in place of mx and tl */
-dt_status_t dt_cu_xent_max(float *mx, const float *logits, int N, int nv, int Vp, cudaStream_t s);
-dt_status_t dt_cu_xent_sumexp(double *sum, float *tl, const float *logits, const float *mx, const int *targets, int N,
-                              int nv, int Vp, int v0, cudaStream_t s);
+dt_status_t dt_cu_xent_max(float *mx, const void *logits, int N, int nv, int Vp, int prec, cudaStream_t s);
+dt_status_t dt_cu_xent_sumexp(double *sum, float *tl, const void *logits, const float *mx, const int *targets, int N,
+                              int nv, int Vp, int v0, int prec, cudaStream_t s);
 dt_status_t dt_cu_xent_finish(float *lse, float *losses, const double *sum, int N, double *loss_sum, cudaStream_t s);
 /* dst (n) = src rounded to the storage precision prec (precision.h; dst == src allowed, fp32 in
  * place is a no-op); with DT_STORE16, dst holds 16-bit values (the weights' working copy). The

@@ -13,6 +13,7 @@
 #include "cuda_launch.h"
 #include "kmath.h"
 #include "precision.h"
+#include "store.h"
 
 #define FULL_MASK 0xffffffffu
 #define MAX_WARPS (1024 / DT_CUDA_WARP)
@@ -42,23 +43,27 @@ __device__ static double block_sum_d(double v, double *sh) {
   return s;
 }
 
-__global__ static void embed_rows_k(float *out, const int *inp, const float *wte, int C, int v0, int nrows, size_t n) {
+template <typename S>
+__global__ static void embed_rows_k(S *out, const int *inp, const S *wte, int C, int v0, int nrows, size_t n,
+                                    int prec) {
   DT_CUDA_FOR_N(i, n) {
     int r = inp[i / C] - v0;
-    out[i] = r >= 0 && r < nrows ? wte[(size_t)r * C + i % C] : 0.0f;
+    dt_st(out + i, r >= 0 && r < nrows ? dt_ld(wte + (size_t)r * C + i % C) : 0.0f, prec);
   }
 }
 
-__global__ static void bias_residual_k(float *out, const float *bias, const float *resid, int OC, size_t n, int prec) {
-  DT_CUDA_FOR_N(i, n) out[i] = dt_prec_round1(resid[i] + (out[i] + bias[i % OC]), prec);
+template <typename S>
+__global__ static void bias_residual_k(S *out, const S *bias, const S *resid, int OC, size_t n, int prec) {
+  DT_CUDA_FOR_N(i, n) dt_st(out + i, dt_ld(resid + i) + (dt_ld(out + i) + dt_ld(bias + i % OC)), prec);
 }
 
-__global__ static void xent_max_k(float *mx, const float *logits, int N, int nv, int Vp) {
+template <typename S>
+__global__ static void xent_max_k(float *mx, const S *logits, int N, int nv, int Vp) {
   __shared__ float sh[MAX_WARPS];
   DT_CUDA_FOR_ROWS(i, N, blockIdx.x, gridDim.x) {
-    const float *z = logits + i * Vp;
+    const S *z = logits + i * Vp;
     float m = -INFINITY;
-    for (int v = threadIdx.x; v < nv; v += blockDim.x) m = fmaxf(m, z[v]);
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) m = fmaxf(m, dt_ld(z + v));
     m = block_max(m, sh);
     if (threadIdx.x == 0) mx[i] = m;
   }
@@ -66,19 +71,20 @@ __global__ static void xent_max_k(float *mx, const float *logits, int N, int nv,
 
 /* each thread's exponentials in float, the block's sum of those in double (the CPU twin: float
  * chunks of 1024 columns, added in double) */
-__global__ static void xent_sumexp_k(double *sum, float *tl, const float *logits, const float *mx, const int *targets,
+template <typename S>
+__global__ static void xent_sumexp_k(double *sum, float *tl, const S *logits, const float *mx, const int *targets,
                                      int N, int nv, int Vp, int v0) {
   __shared__ double sh[MAX_WARPS];
   DT_CUDA_FOR_ROWS(i, N, blockIdx.x, gridDim.x) {
-    const float *z = logits + i * Vp;
+    const S *z = logits + i * Vp;
     const float m = mx[i];
     float cs = 0.0f;
-    for (int v = threadIdx.x; v < nv; v += blockDim.x) cs += dt_expf(z[v] - m);
+    for (int v = threadIdx.x; v < nv; v += blockDim.x) cs += dt_expf(dt_ld(z + v) - m);
     double s = block_sum_d((double)cs, sh);
     if (threadIdx.x == 0) {
       sum[i] = s;
       int t = targets[i] - v0;
-      tl[i] = t >= 0 && t < nv ? z[t] : 0.0f;
+      tl[i] = t >= 0 && t < nv ? dt_ld(z + t) : 0.0f;
     }
   }
 }
@@ -91,33 +97,40 @@ __global__ static void xent_finish_k(float *lse, float *losses, const double *su
   }
 }
 
-dt_status_t dt_cu_embed_rows(float *out, const int *inp, const float *wte, int N, int C, int v0, int nrows,
+dt_status_t dt_cu_embed_rows(void *out, const int *inp, const void *wte, int N, int C, int v0, int nrows, int prec,
                              cudaStream_t s) {
   size_t n = (size_t)N * C;
   if (n == 0) return DT_OK;
-  DT_LAUNCH(embed_rows_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, inp, wte, C, v0, nrows, n);
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(embed_rows_k<S>, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, (S *)out, inp,
+                            (const S *)wte, C, v0, nrows, n, dt_store_prec(prec)));
   return DT_OK;
 }
 
-dt_status_t dt_cu_bias_residual(float *out, const float *bias, const float *resid, int N, int OC, int prec,
+dt_status_t dt_cu_bias_residual(void *out, const void *bias, const void *resid, int N, int OC, int prec,
                                 cudaStream_t s) {
   size_t n = (size_t)N * OC;
   if (n == 0) return DT_OK;
-  DT_LAUNCH(bias_residual_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, out, bias, resid, OC, n, prec);
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(bias_residual_k<S>, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, (S *)out,
+                            (const S *)bias, (const S *)resid, OC, n, dt_store_prec(prec)));
   return DT_OK;
 }
 
-dt_status_t dt_cu_xent_max(float *mx, const float *logits, int N, int nv, int Vp, cudaStream_t s) {
+dt_status_t dt_cu_xent_max(float *mx, const void *logits, int N, int nv, int Vp, int prec, cudaStream_t s) {
   if (N < 1) return DT_OK;
-  DT_LAUNCH(xent_max_k, dt_cuda_grid(N, 1), dt_cuda_row_block(nv), 0, s, mx, logits, N, nv, Vp);
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(xent_max_k<S>, dt_cuda_grid(N, 1), dt_cuda_row_block(nv), 0, s, mx, (const S *)logits, N,
+                            nv, Vp));
   return DT_OK;
 }
 
-dt_status_t dt_cu_xent_sumexp(double *sum, float *tl, const float *logits, const float *mx, const int *targets, int N,
-                              int nv, int Vp, int v0, cudaStream_t s) {
+dt_status_t dt_cu_xent_sumexp(double *sum, float *tl, const void *logits, const float *mx, const int *targets, int N,
+                              int nv, int Vp, int v0, int prec, cudaStream_t s) {
   if (N < 1) return DT_OK;
-  DT_LAUNCH(xent_sumexp_k, dt_cuda_grid(N, 1), dt_cuda_row_block(nv), 0, s, sum, tl, logits, mx, targets, N, nv, Vp,
-            v0);
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(xent_sumexp_k<S>, dt_cuda_grid(N, 1), dt_cuda_row_block(nv), 0, s, sum, tl,
+                            (const S *)logits, mx, targets, N, nv, Vp, v0));
   return DT_OK;
 }
 

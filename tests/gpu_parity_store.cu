@@ -259,6 +259,93 @@ static void crossentropy(int N, int V, int Vp, int prec, dt_rng_t *r) {
   free(tg);
 }
 
+/* tensor parallelism's kernels: the vocabulary shard's embedding rows, the bias + residual
+ * epilogue, the vocab-parallel cross-entropy's pieces */
+static void tensor_parallel(int N, int C, int V, int prec, dt_rng_t *r) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "N=%d C=%d V=%d", N, C, V);
+  const int p16 = prec | DT_STORE16, v0 = V / 3, nrows = V / 2, Vp = nrows + 3;
+  size_t n = (size_t)N * C, nz = (size_t)N * Vp;
+  int *inp = (int *)gp_host(N * sizeof(int)), *d_inp = (int *)gp_dev(N * sizeof(int));
+  for (int i = 0; i < N; i++) inp[i] = (int)(dt_rng_uniform(r) * V); /* inside the shard or not */
+  GP_CK(cudaMemcpy(d_inp, inp, N * sizeof(int), cudaMemcpyHostToDevice));
+  float *wte = gp_rand(r, (size_t)nrows * C, 1.0f, prec), *b = gp_rand(r, C, 1.0f, prec);
+  float *res = gp_rand(r, n, 1.0f, prec), *z = gp_rand(r, nz, 6.0f, prec);
+  pair_t E = up_pair(wte, (size_t)nrows * C, prec), Bi = up_pair(b, C, prec), R = up_pair(res, n, prec);
+  pair_t Z = up_pair(z, nz, prec), O = out_pair(n);
+  GP_TRY(dt_cu_embed_rows(O.f, d_inp, E.f, N, C, v0, nrows, prec, 0));
+  GP_TRY(dt_cu_embed_rows(O.h, d_inp, E.h, N, C, v0, nrows, p16, 0));
+  same("embed_rows", shape, prec, O);
+  GP_TRY(dt_cu_bias_residual(O.f, Bi.f, R.f, N, C, prec, 0));
+  GP_TRY(dt_cu_bias_residual(O.h, Bi.h, R.h, N, C, p16, 0));
+  same("bias_residual", shape, prec, O);
+  float *st = (float *)gp_dev(4 * (size_t)N * sizeof(float));
+  double *sum = (double *)gp_dev(2 * (size_t)N * sizeof(double));
+  GP_TRY(dt_cu_xent_max(st, Z.f, N, nrows, Vp, prec, 0));
+  GP_TRY(dt_cu_xent_max(st + N, Z.h, N, nrows, Vp, p16, 0));
+  same_f("xent_max", shape, prec, st + N, st, N);
+  GP_TRY(dt_cu_xent_sumexp(sum, st + 2 * N, Z.f, st, d_inp, N, nrows, Vp, v0, prec, 0));
+  GP_TRY(dt_cu_xent_sumexp(sum + N, st + 3 * N, Z.h, st, d_inp, N, nrows, Vp, v0, p16, 0));
+  same_f("xent_sumexp target logit", shape, prec, st + 3 * N, st + 2 * N, N);
+  double *hs = (double *)gp_host(2 * (size_t)N * sizeof(double));
+  GP_CK(cudaMemcpy(hs, sum, 2 * (size_t)N * sizeof(double), cudaMemcpyDeviceToHost));
+  float f[2] = {0.0f, (float)memcmp(hs, hs + N, (size_t)N * sizeof(double))}; /* the double sums: all bits */
+  same_values("xent_sumexp sum (double)", shape, prec, &f[1], &f[0], 1);
+  pair_t ps[] = {E, Bi, R, Z, O};
+  for (pair_t p : ps) free_pair(p);
+  cudaFree(st);
+  cudaFree(sum);
+  cudaFree(d_inp);
+  float *h[] = {wte, b, res, z};
+  for (float *p : h) free(p);
+  free(hs);
+  free(inp);
+}
+
+/* the fused attention: forward's out and lse, backward's dqkv and D (dsum) */
+static void flash(int B, int NH, int hs, int T, int prec, dt_rng_t *r) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "B=%d NH=%d hs=%d T=%d", B, NH, hs, T);
+  const int C = NH * hs, p16 = prec | DT_STORE16;
+  size_t n3 = (size_t)B * T * 3 * C, n = (size_t)B * T * C, rows = (size_t)B * NH * T;
+  float *qkv = gp_rand(r, n3, 1.0f, prec), *dout = gp_rand(r, n, 1.0f, prec);
+  pair_t Q = up_pair(qkv, n3, prec), D = up_pair(dout, n, prec), O = out_pair(n), DQ = out_pair(n3);
+  float *st = (float *)gp_dev(4 * rows * sizeof(float));
+  GP_TRY(dt_cu_flash_forward(O.f, st, Q.f, B, T, C, NH, prec, 0));
+  GP_TRY(dt_cu_flash_forward(O.h, st + rows, Q.h, B, T, C, NH, p16, 0));
+  same("flash_forward out", shape, prec, O);
+  same_f("flash_forward lse", shape, prec, st + rows, st, rows);
+  GP_TRY(dt_cu_flash_backward(DQ.f, st + 2 * rows, D.f, Q.f, st, B, T, C, NH, prec, 0));
+  GP_TRY(dt_cu_flash_backward(DQ.h, st + 3 * rows, D.h, Q.h, st, B, T, C, NH, p16, 0));
+  same("flash_backward dqkv", shape, prec, DQ);
+  same_f("flash_backward D", shape, prec, st + 3 * rows, st + 2 * rows, rows);
+  pair_t ps[] = {Q, D, O, DQ};
+  for (pair_t p : ps) free_pair(p);
+  cudaFree(st);
+  free(qkv);
+  free(dout);
+}
+
+/* decoding: n new positions appended to a 16-bit key/value cache at pos, then attended */
+static void decode(int B, int NH, int hs, int pos, int n, int Tmax, int prec, dt_rng_t *r) {
+  char shape[64];
+  snprintf(shape, sizeof shape, "B=%d NH=%d hs=%d pos=%d n=%d", B, NH, hs, pos, n);
+  const int C = NH * hs;
+  size_t nc = (size_t)B * Tmax * C, n3 = (size_t)B * n * 3 * C, no = (size_t)B * n * C;
+  float *kc = gp_rand(r, nc, 1.0f, prec), *vc = gp_rand(r, nc, 1.0f, prec), *qkv = gp_rand(r, n3, 1.0f, prec);
+  pair_t K = up_pair(kc, nc, prec), V = up_pair(vc, nc, prec), Q = up_pair(qkv, n3, prec), O = out_pair(no);
+  GP_TRY(dt_cu_attention_decode(O.f, K.f, V.f, Q.f, B, pos, n, Tmax, C, NH, prec, 0));
+  GP_TRY(dt_cu_attention_decode(O.h, K.h, V.h, Q.h, B, pos, n, Tmax, C, NH, prec | DT_STORE16, 0));
+  same("attention_decode out", shape, prec, O);
+  same("attention_decode k cache", shape, prec, K);
+  same("attention_decode v cache", shape, prec, V);
+  pair_t ps[] = {K, V, Q, O};
+  for (pair_t p : ps) free_pair(p);
+  free(kc);
+  free(vc);
+  free(qkv);
+}
+
 void gp_store16_all(dt_rng_t *r, int small) {
   const int precs[] = {DT_PREC_BF16, DT_PREC_FP16};
   for (int prec : precs) {
@@ -272,6 +359,12 @@ void gp_store16_all(dt_rng_t *r, int small) {
     encoder(3, 17, 40, 97, prec, r);
     crossentropy(37, 97, 128, prec, r);
     crossentropy(4, 50257, 50304, prec, r);
+    tensor_parallel(37, 48, 101, prec, r);
+    flash(2, 3, 16, 13, prec, r);   /* odd T */
+    flash(1, 2, 64, 150, prec, r);  /* several key tiles, the last one partial */
+    flash(2, 5, 40, 33, prec, r);   /* a head size that is no multiple of the warp */
+    decode(2, 3, 16, 5, 4, 12, prec, r);
+    decode(1, 2, 256, 30, 1, 64, prec, r); /* the largest head size */
     if (!small) { /* past the launch grid's cap */
       layernorm(524281, 32, prec, r);
       encoder(1, 200000, 4, 140000, prec, r);

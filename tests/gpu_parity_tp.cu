@@ -29,7 +29,7 @@ static void embed_and_epilogue(int prec, dt_rng_t *r) {
   int *inp = rand_tokens(r, N, V), *d_inp = up_ints(inp, N);
   float *wte = gp_rand(r, (size_t)nrows * C, 1.0f, prec), *ref = (float *)gp_host((size_t)N * C * sizeof(float));
   float *d_wte = gp_up(wte, (size_t)nrows * C), *d_out = (float *)gp_dev((size_t)N * C * sizeof(float));
-  GP_TRY(dt_cu_embed_rows(d_out, d_inp, d_wte, N, C, v0, nrows, 0));
+  GP_TRY(dt_cu_embed_rows(d_out, d_inp, d_wte, N, C, v0, nrows, DT_PREC_FP32, 0));
   for (int i = 0; i < N; i++)
     for (int c = 0; c < C; c++) {
       int k = inp[i] - v0;
@@ -66,8 +66,8 @@ static void xent_shard(int prec, dt_rng_t *r) {
   float *mx = (float *)gp_host(N * sizeof(float)), *sum = (float *)gp_host(N * sizeof(float));
   float *tl = (float *)gp_host(N * sizeof(float)), *lse = (float *)gp_host(N * sizeof(float));
   float *loss = (float *)gp_host(N * sizeof(float)), *dz = (float *)gp_host(n * sizeof(float));
-  GP_TRY(dt_cu_xent_max(d_mx, d_z, N, nv, Vp, 0));
-  GP_TRY(dt_cu_xent_sumexp(d_sum, d_tl, d_z, d_mx, d_tg, N, nv, Vp, v0, 0));
+  GP_TRY(dt_cu_xent_max(d_mx, d_z, N, nv, Vp, DT_PREC_FP32, 0));
+  GP_TRY(dt_cu_xent_sumexp(d_sum, d_tl, d_z, d_mx, d_tg, N, nv, Vp, v0, DT_PREC_FP32, 0));
   double *hs = (double *)gp_host(N * sizeof(double));
   GP_CK(cudaMemcpy(hs, d_sum, N * sizeof(double), cudaMemcpyDeviceToHost));
   float *gsum = (float *)gp_host(N * sizeof(float));

@@ -3,10 +3,16 @@
  * dimensions larger than the matrices, alpha and beta != 1, beta = 0 over a NaN-filled C (cuBLAS
  * does not read C then); cublasSgemmStridedBatched; the handle's stream (the product waits for
  * it to run); CUBLAS_STATUS_INVALID_VALUE for a leading dimension too small; an operand outside
- * its allocation is a sticky illegal address naming the call. */
+ * its allocation is a sticky illegal address naming the call; cublasGemmEx on bf16 and fp16
+ * operands with an fp32 or 16-bit C. */
 #include <cublas_v2.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
+
+extern "C" {
+#include "kmath.h"
+}
 
 #include "emu_test.h"
 
@@ -114,4 +120,82 @@ Test(emu_cublas, bad_arguments) {
   cr_expect_eq(e, cudaErrorIllegalAddress);
   cr_expect(err_mentions(e, "cublasSgemm") && err_mentions(e, "past its end"), "%s", cudaGetErrorString(e));
   printf("lda too small: CUBLAS_STATUS_INVALID_VALUE; A outside its allocation: %s\n", cudaGetErrorString(e));
+}
+
+/* the 16 bits of x rounded to bf16 (fp16 = 0) or fp16, and back */
+static uint16_t to16(float x, int fp16) { return fp16 ? dt_fp16_bits(dt_round_fp16(x)) : dt_bf16_bits(dt_round_bf16(x)); }
+static float from16(uint16_t b, int fp16) { return fp16 ? dt_fp16_value(b) : dt_bf16_value(b); }
+
+/* cublasGemmEx with bf16 / fp16 A and B (CUBLAS_COMPUTE_32F): C in fp32 against the double
+ * reference on the operands' values; C in the operands' type bit for bit the fp32 C rounded (the
+ * same product, then one rounding), its padding untouched, not read at beta = 0 (NaN there) */
+Test(emu_cublas, gemmex_16bit_operands) {
+  cublasHandle_t h;
+  cr_assert_eq(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  const int m = 11, n = 6, k = 17;
+  for (int fp16 = 0; fp16 < 2; fp16++)
+    for (int t = 0; t < 2; t++)
+      for (int zero_beta = 0; zero_beta < 2; zero_beta++) {
+        const int ta = t, tb = !t, lda = (ta ? k : m) + 2, ldb = (tb ? n : k) + 1, ldc = m + 3;
+        const cudaDataType_t ty = fp16 ? CUDA_R_16F : CUDA_R_16BF;
+        std::vector<uint16_t> A((size_t)lda * (ta ? m : k)), B((size_t)ldb * (tb ? k : n)), C16((size_t)ldc * n);
+        std::vector<float> Af(A.size()), Bf(B.size()), Cf(C16.size());
+        for (size_t i = 0; i < A.size(); i++) Af[i] = from16(A[i] = to16(val((int)i, 6) * 1.37f, fp16), fp16);
+        for (size_t i = 0; i < B.size(); i++) Bf[i] = from16(B[i] = to16(val((int)i, 7) * 0.71f, fp16), fp16);
+        for (size_t i = 0; i < C16.size(); i++) { /* C's values exact in 16 bits: both Cs start equal */
+          Cf[i] = zero_beta ? NAN : from16(C16[i] = to16(val((int)i, 8), fp16), fp16);
+          if (zero_beta) C16[i] = fp16 ? 0x7e00 : 0x7fc0;
+        }
+        float alpha = 0.5f, beta = zero_beta ? 0.0f : 1.25f;
+        uint16_t *dA = dev_from(A), *dB = dev_from(B), *dC16 = dev_from(C16);
+        float *dCf = dev_from(Cf);
+        cublasOperation_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+        cr_assert_eq(cublasGemmEx(h, oa, ob, m, n, k, &alpha, dA, ty, lda, dB, ty, ldb, &beta, dCf, CUDA_R_32F, ldc,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     CUBLAS_STATUS_SUCCESS);
+        cr_assert_eq(cublasGemmEx(h, oa, ob, m, n, k, &alpha, dA, ty, lda, dB, ty, ldb, &beta, dC16, ty, ldc,
+                                  CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                     CUBLAS_STATUS_SUCCESS);
+        std::vector<float> got = host_from(dCf, Cf.size()), want = Cf;
+        std::vector<uint16_t> got16 = host_from(dC16, C16.size());
+        ref_gemm(ta, tb, m, n, k, alpha, Af.data(), lda, Bf.data(), ldb, beta, want.data(), ldc);
+        int bits = 0, pad = 0;
+        for (int j = 0; j < n; j++)
+          for (int i = 0; i < ldc; i++) {
+            size_t q = i + (size_t)j * ldc;
+            if (i >= m) { /* padding: untouched on both sides */
+              pad += got16[q] != C16[q] || !(zero_beta ? isnan(got[q]) : got[q] == Cf[q]);
+              got[q] = want[q] = 0;
+            } else {
+              bits += got16[q] != to16(got[q], fp16);
+            }
+          }
+        float e = max_err(got, want);
+        cr_expect_lt(e, 1e-5f, "%s ta %d beta %g: fp32 C max relative error %g", fp16 ? "fp16" : "bf16", ta, beta, e);
+        cr_expect_eq(bits, 0, "%d elements of the 16-bit C are not the fp32 C rounded", bits);
+        cr_expect_eq(pad, 0, "%d padding elements of C changed", pad);
+        printf("cublasGemmEx(%s A, B; %c, %c; beta=%g%s): fp32 C max rel. error %.2e vs double, 16-bit C = fp32 C "
+               "rounded (%d differ)\n", fp16 ? "fp16" : "bf16", ta ? 'T' : 'N', tb ? 'T' : 'N', beta,
+               zero_beta ? " over NaN" : "", e, bits);
+        CU(cudaFree(dA));
+        CU(cudaFree(dB));
+        CU(cudaFree(dC16));
+        CU(cudaFree(dCf));
+      }
+  /* what cuBLAS does not run either: mixed A/B types, a 16-bit C of the other type, a FAST
+   * compute type on 16-bit operands */
+  void *d;
+  float one = 1.0f;
+  CU(cudaMalloc(&d, 256));
+  cr_expect_eq(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, d, CUDA_R_16BF, 4, d, CUDA_R_16F, 4, &one, d,
+                            CUDA_R_32F, 4, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               CUBLAS_STATUS_NOT_SUPPORTED);
+  cr_expect_eq(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, d, CUDA_R_16BF, 4, d, CUDA_R_16BF, 4, &one, d,
+                            CUDA_R_16F, 4, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+               CUBLAS_STATUS_NOT_SUPPORTED);
+  cr_expect_eq(cublasGemmEx(h, CUBLAS_OP_N, CUBLAS_OP_N, 4, 4, 4, &one, d, CUDA_R_16F, 4, d, CUDA_R_16F, 4, &one, d,
+                            CUDA_R_32F, 4, CUBLAS_COMPUTE_32F_FAST_16F, CUBLAS_GEMM_DEFAULT),
+               CUBLAS_STATUS_NOT_SUPPORTED);
+  CU(cudaFree(d));
+  cublasDestroy(h);
 }

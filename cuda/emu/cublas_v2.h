@@ -1,7 +1,8 @@
 /* CUDA emulation: the cuBLAS subset dtrain calls (cublasCreate/Destroy/SetStream, cublasSgemm,
- * cublasSgemmStridedBatched, cublasGemmEx on fp32 operands), column-major as in cuBLAS. The products run as stream work on the
- * handle's stream through dt_cpu_sgemm (src/backend/ops_cpu.h), the CPU backend's own sgemm: a
- * column-major product is the row-major product of the transposes (cuda/emu/cublas.cpp). */
+ * cublasSgemmStridedBatched, cublasGemmEx on fp32 operands and on bf16/fp16 ones), column-major as
+ * in cuBLAS. The products run as stream work on the handle's stream through dt_cpu_sgemm
+ * (src/backend/ops_cpu.h), the CPU backend's own sgemm: a column-major product is the row-major
+ * product of the transposes (cuda/emu/cublas.cpp). */
 #ifndef DT_EMU_CUBLAS_V2_H
 #define DT_EMU_CUBLAS_V2_H
 
@@ -24,8 +25,9 @@ typedef enum { CUBLAS_POINTER_MODE_HOST = 0, CUBLAS_POINTER_MODE_DEVICE = 1 } cu
 /* TF32: the emulation rounds A and B to 10 mantissa bits (to nearest) before an fp32 product */
 typedef enum { CUBLAS_DEFAULT_MATH = 0, CUBLAS_TF32_TENSOR_OP_MATH = 3 } cublasMath_t;
 
-/* cublasGemmEx's compute types for fp32 operands: the FAST ones round A and B (to nearest, ties to
- * even) to TF32, bf16 or fp16 before an fp32 product, as the tensor cores see them */
+/* cublasGemmEx's compute types. fp32 operands: the FAST ones round A and B (to nearest, ties to
+ * even) to TF32, bf16 or fp16 before an fp32 product, as the tensor cores see them; 16-bit
+ * operands: CUBLAS_COMPUTE_32F only */
 typedef enum {
   CUBLAS_COMPUTE_32F = 68,
   CUBLAS_COMPUTE_32F_FAST_16F = 74,
@@ -33,7 +35,7 @@ typedef enum {
   CUBLAS_COMPUTE_32F_FAST_TF32 = 77,
 } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
-typedef enum { CUDA_R_32F = 0 } cudaDataType_t; /* library_types.h: only fp32 operands here */
+typedef enum { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType_t; /* library_types.h's values */
 
 typedef struct dt_emu_cublas *cublasHandle_t;
 

@@ -72,10 +72,14 @@ summary=()
 broken=""
 cmp="python3 $here/scripts/gpu_check_compare.py"
 
-# stage NAME VERDICT DETAIL: one line now and in the summary
+# stage NAME VERDICT DETAIL: one line now and in the summary, with the seconds since the previous
+# stage line (where a lent GPU's minutes went)
+t_stage=$t_start
 stage() {
-  local line
-  line=$(printf 'STAGE %-12s %-4s  %s' "$1" "$2" "$3")
+  local line now
+  now=$(date +%s)
+  line=$(printf 'STAGE %-12s %-4s %4ss  %s' "$1" "$2" "$((now - t_stage))" "$3")
+  t_stage=$now
   echo "$line"
   summary+=("$line")
   [ "$2" = FAIL ] && [ -z "$broken" ] && broken=$1

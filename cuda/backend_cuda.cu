@@ -124,6 +124,8 @@ static void cu_free(dt_backend_t *be) {
     if (im->comm) cudaStreamDestroy(im->comm);
     cudaFree(im->partial);
     cudaFree(im->colscr);
+    cudaFree(im->seg_ends);
+    cudaFree(im->seg_kinds);
     cudaFree(im->order);
     cudaFree(im->buckets);
     free(im->h_order);
@@ -537,23 +539,63 @@ static dt_status_t cu_grad_sumsq(dt_backend_t *be, double *out) {
   return k_sumsq(be, be->grads + lo, dt_backend_opt_floats(be), out);
 }
 
-static dt_status_t cu_adamw(dt_backend_t *be, const dt_adamw_args_t *ar) {
-  if (ar->t < 1) return DT_ERR(DT_ERR_ARG, "cuda backend: adamw step t=%d (must be >= 1)", ar->t);
+/* The optimizer range [lo, hi) cut into dt_cu_adamw_multi's segments, once (the range is fixed at
+ * init): each tensor's part inside it (weight decay where decay = 1; outside the shard, or a
+ * tensor of another pipeline stage: none), the padding between them skipped. */
+static dt_status_t adamw_segments(dt_backend_t *be, size_t lo, size_t hi) {
   cu_impl_t *im = impl(be);
   const dt_layout_t *lay = be->lay;
-  DT_TRY(join_comm(im));
-  float bc1 = (float)(1.0 - pow(ar->beta1, ar->t)), bc2 = (float)(1.0 - pow(ar->beta2, ar->t));
-  /* per tensor (weight decay only where decay = 1), its part inside the optimizer range (ZeRO) */
-  size_t lo = be->opt_hi > be->opt_lo ? be->opt_lo : 0, hi = lo + dt_backend_opt_floats(be);
+  if (im->seg_ends || hi <= lo) return DT_OK;
+  const size_t cap = 2 * (size_t)lay->n_tensors + 1;
+  size_t *ends = (size_t *)malloc(cap * sizeof *ends), at = lo;
+  unsigned char *kinds = (unsigned char *)malloc(cap);
+  int n = 0;
+  if (!ends || !kinds) {
+    free(ends);
+    free(kinds);
+    return DT_ERR(DT_ERR_NOMEM, "cuda backend: out of memory (adamw segments)");
+  }
   for (int i = 0; i < lay->n_tensors; i++) {
     const dt_tensor_t *t = &lay->tensors[i];
     size_t a = t->offset > lo ? t->offset : lo, z = t->offset + (size_t)t->rows * t->cols;
     if (z > hi) z = hi;
-    if (a >= z) continue; /* outside the shard, or a tensor of another pipeline stage */
-    DT_TRY(dt_cu_adamw(be->params + a, be->grads + a, be->m + (a - lo), be->v + (a - lo), z - a, ar->lr, ar->beta1,
-                       ar->beta2, ar->eps, t->decay ? ar->weight_decay : 0.0f, bc1, bc2, ar->grad_scale, im->compute));
+    if (a >= z) continue;
+    if (a < at) break; /* not in arena order: reported below */
+    if (a > at) ends[n] = a, kinds[n++] = DT_CU_SEG_SKIP;
+    ends[n] = z, kinds[n++] = t->decay ? DT_CU_SEG_DECAY : DT_CU_SEG_NODECAY;
+    at = z;
   }
-  return DT_OK;
+  dt_status_t st = DT_OK;
+  if (n < (int)cap && at < hi) ends[n] = hi, kinds[n++] = DT_CU_SEG_SKIP;
+  if (n > 0 && ends[n - 1] != hi)
+    st = DT_ERR(DT_ERR_INTERNAL, "cuda backend: the layout's tensors overlap or are out of arena order");
+  /* on the compute stream, which the update runs on (a plain cudaMemcpy goes on the legacy stream,
+   * not ordered with it), then waited for: the host tables are freed below */
+  if (st == DT_OK && cudaMalloc((void **)&im->seg_ends, (size_t)n * sizeof *ends) == cudaSuccess &&
+      cudaMalloc((void **)&im->seg_kinds, (size_t)n) == cudaSuccess &&
+      cudaMemcpyAsync(im->seg_ends, ends, (size_t)n * sizeof *ends, cudaMemcpyHostToDevice, im->compute) ==
+          cudaSuccess &&
+      cudaMemcpyAsync(im->seg_kinds, kinds, (size_t)n, cudaMemcpyHostToDevice, im->compute) == cudaSuccess &&
+      cudaStreamSynchronize(im->compute) == cudaSuccess)
+    im->nseg = n;
+  else if (st == DT_OK)
+    st = DT_ERR(DT_ERR_CUDA, "cuda backend: adamw segments: %s", cudaGetErrorString(cudaGetLastError()));
+  free(ends);
+  free(kinds);
+  return st;
+}
+
+/* Every tensor of the optimizer range in one launch (dt_cu_adamw_multi) */
+static dt_status_t cu_adamw(dt_backend_t *be, const dt_adamw_args_t *ar) {
+  if (ar->t < 1) return DT_ERR(DT_ERR_ARG, "cuda backend: adamw step t=%d (must be >= 1)", ar->t);
+  cu_impl_t *im = impl(be);
+  DT_TRY(join_comm(im));
+  float bc1 = (float)(1.0 - pow(ar->beta1, ar->t)), bc2 = (float)(1.0 - pow(ar->beta2, ar->t));
+  size_t lo = be->opt_hi > be->opt_lo ? be->opt_lo : 0, hi = lo + dt_backend_opt_floats(be);
+  DT_TRY(adamw_segments(be, lo, hi));
+  return dt_cu_adamw_multi(be->params, be->grads, be->m, be->v, lo, hi - lo, im->seg_ends, im->seg_kinds, im->nseg,
+                           ar->lr, ar->beta1, ar->beta2, ar->eps, ar->weight_decay, bc1, bc2, ar->grad_scale,
+                           im->compute);
 }
 
 /* ---- copies ------------------------------------------------------------------------------- */

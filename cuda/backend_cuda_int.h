@@ -40,6 +40,9 @@ typedef struct {
   struct dt_cudnn *cudnn; /* system.conv = cudnn: conv_cudnn.h's state (NULL: our convolutions) */
   struct dt_cudnn_att *catt; /* system.attention = cudnn: attention_cudnn.h's state, else NULL */
   dt_cu_sparse_t *sp_params, *sp_grads; /* be->sparse: those arenas (sparse.h), else NULL */
+  size_t *seg_ends;          /* the optimizer range's segments for dt_cu_adamw_multi (device), */
+  unsigned char *seg_kinds;  /* built at the first AdamW step */
+  int nseg;
 } cu_impl_t;
 
 static inline cu_impl_t *impl(dt_backend_t *be) { return (cu_impl_t *)be->impl; }

@@ -454,6 +454,42 @@ dt_status_t dt_cu_adamw(float *p, const float *g, float *m, float *v, size_t n, 
   return DT_OK;
 }
 
+/* the segment of arena offset a: the first k with ends[k] > a (a < ends[nseg - 1]) */
+__device__ static inline int segment_of(const size_t *ends, int nseg, size_t a) {
+  int lo = 0, hi = nseg - 1;
+  while (lo < hi) {
+    int mid = (lo + hi) / 2;
+    if (ends[mid] > a) hi = mid;
+    else lo = mid + 1;
+  }
+  return lo;
+}
+
+__global__ static void adamw_multi_k(float *p, const float *g, float *m, float *v, size_t lo, size_t n,
+                                     const size_t *ends, const unsigned char *kinds, int nseg, float lr, float beta1,
+                                     float beta2, float eps, float wd, float bc1, float bc2, float gscale) {
+  DT_CUDA_FOR_N(i, n) {
+    const size_t a = lo + i;
+    const int kind = kinds[segment_of(ends, nseg, a)];
+    if (kind == DT_CU_SEG_SKIP) continue;
+    float mi = m[i], vi = v[i];
+    p[a] = dt_adamw_update(p[a], g[a] * gscale, &mi, &vi, lr, beta1, beta2, eps, kind == DT_CU_SEG_DECAY ? wd : 0.0f,
+                           bc1, bc2);
+    m[i] = mi;
+    v[i] = vi;
+  }
+}
+
+dt_status_t dt_cu_adamw_multi(float *p, const float *g, float *m, float *v, size_t lo, size_t n, const size_t *ends,
+                              const unsigned char *kinds, int nseg, float lr, float beta1, float beta2, float eps,
+                              float wd, float bc1, float bc2, float gscale, cudaStream_t s) {
+  if (n == 0) return DT_OK;
+  if (nseg < 1) return DT_ERR(DT_ERR_ARG, "cuda adamw: no segments for a range of %zu", n);
+  DT_LAUNCH(adamw_multi_k, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, p, g, m, v, lo, n, ends, kinds, nseg,
+            lr, beta1, beta2, eps, wd, bc1, bc2, gscale);
+  return DT_OK;
+}
+
 __global__ static void sumsq_partial_k(double *partial, const float *g, size_t n) {
   __shared__ double sh[DT_CUDA_BLOCK];
   double a = 0.0;

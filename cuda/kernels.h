@@ -108,6 +108,16 @@ dt_status_t dt_cu_divide(float *x, size_t n, float d, cudaStream_t s);
 /* one AdamW step over n elements (kmath.h dt_adamw_update) */
 dt_status_t dt_cu_adamw(float *p, const float *g, float *m, float *v, size_t n, float lr, float beta1, float beta2,
                         float eps, float wd, float bc1, float bc2, float gscale, cudaStream_t s);
+/* One AdamW step over the optimizer range [lo, lo + n) of the arena, every tensor in one launch
+ * (the per-tensor dt_cu_adamw is a launch per tensor): p and g are indexed by arena offset, m and
+ * v by offset - lo. The range is cut into nseg segments, segment k ending at offset ends[k]
+ * (ascending, ends[nseg - 1] = lo + n), of kind kinds[k]: DT_CU_SEG_DECAY (weight decay wd),
+ * DT_CU_SEG_NODECAY (none) or DT_CU_SEG_SKIP (padding between tensors: left as it is). ends and
+ * kinds are device memory. Each element's math is dt_cu_adamw's. */
+enum { DT_CU_SEG_SKIP = 0, DT_CU_SEG_NODECAY = 1, DT_CU_SEG_DECAY = 2 };
+dt_status_t dt_cu_adamw_multi(float *p, const float *g, float *m, float *v, size_t lo, size_t n, const size_t *ends,
+                              const unsigned char *kinds, int nseg, float lr, float beta1, float beta2, float eps,
+                              float wd, float bc1, float bc2, float gscale, cudaStream_t s);
 /* partial[DT_CUDA_SUMSQ_BLOCKS] = per-block double sums of g^2 over (n), a block per 256 elements
  * up to the fixed count (the same partition for the same n: deterministic), unused ones 0; the
  * caller adds them */

@@ -7,7 +7,7 @@
  *   dt_bf16_t  the 16 bits of a bf16 value, dt_fp16_t those of an IEEE half.
  * A load gives the float of the stored value; a store rounds to nearest even (kmath.h). A 16-bit
  * store of v therefore keeps the same value as a float store of v at that precision, so a kernel's
- * 16-bit instantiation gives bit for bit the values of its float one (tests/gpu_parity.cu checks
+ * 16-bit instantiation gives bit for bit the values of its float one (tests/gpu_parity_store.cu checks
  * every instantiation against the float path). Statistics (layernorm mean/rstd, the attention's
  * log-sum-exp, losses), parameter gradients and optimizer state stay float.
  *

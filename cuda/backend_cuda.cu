@@ -555,20 +555,21 @@ static dt_status_t adamw_segments(dt_backend_t *be, size_t lo, size_t hi) {
     free(kinds);
     return DT_ERR(DT_ERR_NOMEM, "cuda backend: out of memory (adamw segments)");
   }
+  dt_status_t st = DT_OK;
   for (int i = 0; i < lay->n_tensors; i++) {
     const dt_tensor_t *t = &lay->tensors[i];
     size_t a = t->offset > lo ? t->offset : lo, z = t->offset + (size_t)t->rows * t->cols;
     if (z > hi) z = hi;
     if (a >= z) continue;
-    if (a < at) break; /* not in arena order: reported below */
+    if (a < at) {
+      st = DT_ERR(DT_ERR_INTERNAL, "cuda backend: tensor %d overlaps another or is out of arena order", i);
+      break;
+    }
     if (a > at) ends[n] = a, kinds[n++] = DT_CU_SEG_SKIP;
     ends[n] = z, kinds[n++] = t->decay ? DT_CU_SEG_DECAY : DT_CU_SEG_NODECAY;
     at = z;
   }
-  dt_status_t st = DT_OK;
-  if (n < (int)cap && at < hi) ends[n] = hi, kinds[n++] = DT_CU_SEG_SKIP;
-  if (n > 0 && ends[n - 1] != hi)
-    st = DT_ERR(DT_ERR_INTERNAL, "cuda backend: the layout's tensors overlap or are out of arena order");
+  if (at < hi) ends[n] = hi, kinds[n++] = DT_CU_SEG_SKIP; /* at most 2 per tensor + 1: cap */
   /* on the compute stream, which the update runs on (a plain cudaMemcpy goes on the legacy stream,
    * not ordered with it), then waited for: the host tables are freed below */
   if (st == DT_OK && cudaMalloc((void **)&im->seg_ends, (size_t)n * sizeof *ends) == cudaSuccess &&

@@ -10,11 +10,11 @@
 #include "kmath.h"
 
 __global__ static void to16_k(uint16_t *dst, const float *src, size_t n, int fp16) {
-  DT_CUDA_FOR_N(i, n) dst[i] = fp16 ? dt_fp16_bits(dt_round_fp16(src[i])) : dt_bf16_bits(dt_round_bf16(src[i]));
+  DT_CUDA_FOR_N(i, n) dst[i] = dt_to16(src[i], fp16);
 }
 
 __global__ static void from16_k(float *dst, const uint16_t *src, size_t n, int fp16) {
-  DT_CUDA_FOR_N(i, n) dst[i] = fp16 ? dt_fp16_value(src[i]) : dt_bf16_value(src[i]);
+  DT_CUDA_FOR_N(i, n) dst[i] = dt_from16(src[i], fp16);
 }
 
 dt_status_t dt_cu_to16(void *dst, const float *src, size_t n, int fp16, cudaStream_t s) {

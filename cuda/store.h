@@ -31,13 +31,13 @@ struct dt_fp16_t {
 };
 
 DT_HD static inline float dt_ld(const float *p) { return *p; }
-DT_HD static inline float dt_ld(const dt_bf16_t *p) { return dt_bf16_value(p->bits); }
-DT_HD static inline float dt_ld(const dt_fp16_t *p) { return dt_fp16_value(p->bits); }
+DT_HD static inline float dt_ld(const dt_bf16_t *p) { return dt_from16(p->bits, 0); }
+DT_HD static inline float dt_ld(const dt_fp16_t *p) { return dt_from16(p->bits, 1); }
 
 /* *p = v rounded to the storage (prec: the float storage's precision, DT_STORE16 masked off) */
 DT_HD static inline void dt_st(float *p, float v, int prec) { *p = dt_prec_round1(v, prec); }
-DT_HD static inline void dt_st(dt_bf16_t *p, float v, int) { p->bits = dt_bf16_bits(dt_round_bf16(v)); }
-DT_HD static inline void dt_st(dt_fp16_t *p, float v, int) { p->bits = dt_fp16_bits(dt_round_fp16(v)); }
+DT_HD static inline void dt_st(dt_bf16_t *p, float v, int) { p->bits = dt_to16(v, 0); }
+DT_HD static inline void dt_st(dt_fp16_t *p, float v, int) { p->bits = dt_to16(v, 1); }
 
 /* the precision without the storage flag */
 static inline int dt_store_prec(int prec) { return prec & ~DT_STORE16; }

@@ -27,14 +27,11 @@ typedef struct {
   size_t n;
 } pair_t;
 
-static uint16_t bits16(float x, int prec) { return prec == DT_PREC_BF16 ? dt_bf16_bits(x) : dt_fp16_bits(x); }
-static float value16(uint16_t b, int prec) { return prec == DT_PREC_BF16 ? dt_bf16_value(b) : dt_fp16_value(b); }
-
 /* x (n host floats, already rounded to prec) on the device both ways */
 static pair_t up_pair(const float *x, size_t n, int prec) {
   pair_t p = {gp_up(x, n), gp_dev(n * 2), n};
   uint16_t *b = (uint16_t *)gp_host(n * 2);
-  for (size_t i = 0; i < n; i++) b[i] = bits16(x[i], prec);
+  for (size_t i = 0; i < n; i++) b[i] = dt_to16(x[i], prec == DT_PREC_FP16);
   GP_CK(cudaMemcpy(p.h, b, n * 2, cudaMemcpyHostToDevice));
   free(b);
   return p;
@@ -81,7 +78,7 @@ static void same(const char *op, const char *shape, int prec, pair_t p) {
   float *f = gp_down(p.f, p.n), *v = (float *)gp_host(p.n * sizeof(float));
   uint16_t *b = (uint16_t *)gp_host(p.n * 2);
   GP_CK(cudaMemcpy(b, p.h, p.n * 2, cudaMemcpyDeviceToHost));
-  for (size_t i = 0; i < p.n; i++) v[i] = value16(b[i], prec);
+  for (size_t i = 0; i < p.n; i++) v[i] = dt_from16(b[i], prec == DT_PREC_FP16);
   same_values(op, shape, prec, v, f, p.n);
   free(f);
   free(v);

@@ -122,10 +122,6 @@ Test(emu_cublas, bad_arguments) {
   printf("lda too small: CUBLAS_STATUS_INVALID_VALUE; A outside its allocation: %s\n", cudaGetErrorString(e));
 }
 
-/* the 16 bits of x rounded to bf16 (fp16 = 0) or fp16, and back */
-static uint16_t to16(float x, int fp16) { return fp16 ? dt_fp16_bits(dt_round_fp16(x)) : dt_bf16_bits(dt_round_bf16(x)); }
-static float from16(uint16_t b, int fp16) { return fp16 ? dt_fp16_value(b) : dt_bf16_value(b); }
-
 /* cublasGemmEx with bf16 / fp16 A and B (CUBLAS_COMPUTE_32F): C in fp32 against the double
  * reference on the operands' values; C in the operands' type bit for bit the fp32 C rounded (the
  * same product, then one rounding), its padding untouched, not read at beta = 0 (NaN there) */
@@ -140,10 +136,10 @@ Test(emu_cublas, gemmex_16bit_operands) {
         const cudaDataType_t ty = fp16 ? CUDA_R_16F : CUDA_R_16BF;
         std::vector<uint16_t> A((size_t)lda * (ta ? m : k)), B((size_t)ldb * (tb ? k : n)), C16((size_t)ldc * n);
         std::vector<float> Af(A.size()), Bf(B.size()), Cf(C16.size());
-        for (size_t i = 0; i < A.size(); i++) Af[i] = from16(A[i] = to16(val((int)i, 6) * 1.37f, fp16), fp16);
-        for (size_t i = 0; i < B.size(); i++) Bf[i] = from16(B[i] = to16(val((int)i, 7) * 0.71f, fp16), fp16);
+        for (size_t i = 0; i < A.size(); i++) Af[i] = dt_from16(A[i] = dt_to16(val((int)i, 6) * 1.37f, fp16), fp16);
+        for (size_t i = 0; i < B.size(); i++) Bf[i] = dt_from16(B[i] = dt_to16(val((int)i, 7) * 0.71f, fp16), fp16);
         for (size_t i = 0; i < C16.size(); i++) { /* C's values exact in 16 bits: both Cs start equal */
-          Cf[i] = zero_beta ? NAN : from16(C16[i] = to16(val((int)i, 8), fp16), fp16);
+          Cf[i] = zero_beta ? NAN : dt_from16(C16[i] = dt_to16(val((int)i, 8), fp16), fp16);
           if (zero_beta) C16[i] = fp16 ? 0x7e00 : 0x7fc0;
         }
         float alpha = 0.5f, beta = zero_beta ? 0.0f : 1.25f;
@@ -167,7 +163,7 @@ Test(emu_cublas, gemmex_16bit_operands) {
               pad += got16[q] != C16[q] || !(zero_beta ? isnan(got[q]) : got[q] == Cf[q]);
               got[q] = want[q] = 0;
             } else {
-              bits += got16[q] != to16(got[q], fp16);
+              bits += got16[q] != dt_to16(got[q], fp16);
             }
           }
         float e = max_err(got, want);

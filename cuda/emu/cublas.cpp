@@ -86,7 +86,7 @@ static size_t span_of(const operand_t &o, int batch) {
 static float widen(const operand_t &o, size_t i) {
   uint16_t b;
   memcpy(&b, el_at(o, (long long)i), 2);
-  return o.el == EL_BF16 ? dt_bf16_value(b) : dt_fp16_value(b);
+  return dt_from16(b, o.el == EL_FP16);
 }
 
 /* An operand as floats: fp32 ones as they are, or a copy of the span (every batch) with each value
@@ -118,7 +118,7 @@ static void narrow_c(const operand_t &o, const float *f, int batch) {
     for (long long c = 0; c < o.cols; c++)
       for (long long e = 0; e < o.rows; e++) {
         const long long at = i * o.stride + c * o.ld + e;
-        uint16_t b = o.el == EL_BF16 ? dt_bf16_bits(dt_round_bf16(f[at])) : dt_fp16_bits(dt_round_fp16(f[at]));
+        uint16_t b = dt_to16(f[at], o.el == EL_FP16);
         memcpy((char *)o.p + at * 2, &b, 2);
       }
 }

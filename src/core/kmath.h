@@ -284,5 +284,12 @@ DT_HD static inline float dt_fp16_value(uint16_t h) {
   return dt_u2f(sign | ((e + 112u) << 23) | (m << 13));
 }
 
+/* 16-bit storage of x: rounded to nearest even and stored as the bits of bf16 (fp16 = 0) or of an
+ * IEEE half (fp16 = 1); and the float value of such bits (exact) */
+DT_HD static inline uint16_t dt_to16(float x, int fp16) {
+  return fp16 ? dt_fp16_bits(dt_round_fp16(x)) : dt_bf16_bits(dt_round_bf16(x));
+}
+DT_HD static inline float dt_from16(uint16_t h, int fp16) { return fp16 ? dt_fp16_value(h) : dt_bf16_value(h); }
+
 #endif
 

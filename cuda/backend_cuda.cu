@@ -266,6 +266,7 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
   be->sparse = sparse;
   be->opt_lo = opt_lo;
   be->opt_hi = opt_hi;
+  be->act_bytes = 4; /* float storage rounded to the precision until step 7d (docs/architecture.md) */
   if (B < 1 || T < 1 || T > lay->d.T)
     return DT_ERR(DT_ERR_ARG, "cuda backend: bad micro-batch B=%d T=%d (model T=%d)", B, T, lay->d.T);
   cu_impl_t *im = (cu_impl_t *)calloc(1, sizeof *im);
@@ -357,6 +358,10 @@ static dt_status_t attention_backward(cu_impl_t *im, float *dqkv, float *scratch
  * between them over the tp group's NCCL communicator on the same stream. */
 
 static cudaStream_t S(dt_backend_t *be) { return impl(be)->compute; }
+/* Activation storage as the float buffers the products and cuDNN's attention take: be->act_bytes
+ * is 4 until step 7d gives them 16-bit operands (docs/architecture.md). */
+static float *F(dt_act_t *x) { return (float *)x; }
+static const float *CF(const dt_act_t *x) { return (const float *)x; }
 
 static dt_status_t k_alloc(dt_backend_t *be, void **p, size_t bytes) {
   DT_CUDA_CHECK(cudaSetDevice(impl(be)->device));
@@ -392,15 +397,15 @@ static void k_attention_floats(const dt_backend_t *be, int B, int T, int NH, siz
   dt_cuda_attention_floats(B, T, NH, be->flash, state, scratch);
 }
 
-static dt_status_t k_encoder_forward(dt_backend_t *be, float *out, const int *inp, const float *wte, const float *wpe,
-                                     int B, int T, int C, int v0, int nrows) {
+static dt_status_t k_encoder_forward(dt_backend_t *be, dt_act_t *out, const int *inp, const float *wte,
+                                     const float *wpe, int B, int T, int C, int v0, int nrows) {
   if (wpe && v0 == 0 && nrows >= be->lay->d.V)
     return dt_cu_encoder_forward(out, inp, wte, wpe, B, T, C, DT_PREC_FP32, S(be)); /* the model rounds it */
   DT_TRY(dt_cu_embed_rows(out, inp, wte, B * T, C, v0, nrows, DT_PREC_FP32, S(be))); /* a vocabulary shard */
   return wpe ? dt_cu_add_bias(out, wpe, B, T * C, DT_PREC_FP32, S(be)) : DT_OK; /* the model rounds it */
 }
 /* The token buckets from the host copy of the inputs, then the deterministic backward. */
-static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe, const float *dout, const int *inp,
+static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe, const dt_act_t *dout, const int *inp,
                                       const int *inp_host, int B, int T, int C, int v0, int nrows) {
   (void)inp;
   cu_impl_t *im = impl(be);
@@ -420,68 +425,73 @@ static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe
                                 cudaMemcpyHostToDevice, S(be)));
   return dt_cu_encoder_backward(dwte, dwpe, dout, im->order, im->buckets, nb, B, T, C, DT_PREC_FP32, S(be));
 }
-static dt_status_t k_add_bias(dt_backend_t *be, float *out, const float *bias, int N, int OC) {
+static dt_status_t k_add_bias(dt_backend_t *be, dt_act_t *out, const float *bias, int N, int OC) {
   return dt_cu_add_bias(out, bias, N, OC, DT_PREC_FP32, S(be)); /* as computed (backend.h) */
 }
-static dt_status_t k_bias_residual(dt_backend_t *be, float *out, const float *bias, const float *resid, int N, int OC) {
+static dt_status_t k_bias_residual(dt_backend_t *be, dt_act_t *out, const float *bias, const dt_act_t *resid, int N,
+                                   int OC) {
   return dt_cu_bias_residual(out, bias, resid, N, OC, be->precision, S(be));
 }
-static dt_status_t k_layernorm_forward(dt_backend_t *be, float *out, float *mean, float *rstd, const float *inp,
+static dt_status_t k_layernorm_forward(dt_backend_t *be, dt_act_t *out, float *mean, float *rstd, const dt_act_t *inp,
                                        const float *weight, const float *bias, int N, int C) {
   return dt_cu_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, be->precision, S(be));
 }
-static dt_status_t k_layernorm_backward(dt_backend_t *be, float *dinp, float *dweight, float *dbias,
-                                        const float *dresid, const float *dout, const float *inp, const float *weight,
-                                        const float *mean, const float *rstd, int N, int C) {
+static dt_status_t k_layernorm_backward(dt_backend_t *be, dt_act_t *dinp, float *dweight, float *dbias,
+                                        const dt_act_t *dresid, const dt_act_t *dout, const dt_act_t *inp,
+                                        const float *weight, const float *mean, const float *rstd, int N, int C) {
   return dt_cu_layernorm_backward(dinp, dweight, dbias, dresid, dout, inp, weight, mean, rstd, N, C, impl(be)->colscr,
                                   be->precision, S(be));
 }
 /* out = [resid +] (inp W + bias): the residual added after the product, one rounding later */
-static dt_status_t k_linear_forward(dt_backend_t *be, float *out, const float *inp, const float *w, int w_in_out,
-                                    const float *bias, const float *resid, int N, int C, int OC) {
-  return linear_forward(impl(be), out, inp, w, w_in_out != 0, bias, resid, N, C, OC, be->precision);
+static dt_status_t k_linear_forward(dt_backend_t *be, dt_act_t *out, const dt_act_t *inp, const float *w, int w_in_out,
+                                    const float *bias, const dt_act_t *resid, int N, int C, int OC) {
+  return linear_forward(impl(be), F(out), CF(inp), w, w_in_out != 0, bias, CF(resid), N, C, OC, be->precision);
 }
-static dt_status_t k_linear_backward(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const float *dout,
-                                     const float *inp, const float *w, int w_in_out, int N, int C, int OC) {
-  return linear_backward(impl(be), dinp, dweight, dbias, dout, inp, w, w_in_out != 0, N, C, OC);
+static dt_status_t k_linear_backward(dt_backend_t *be, dt_act_t *dinp, float *dweight, float *dbias,
+                                     const dt_act_t *dout, const dt_act_t *inp, const float *w, int w_in_out, int N,
+                                     int C, int OC) {
+  return linear_backward(impl(be), F(dinp), dweight, dbias, CF(dout), CF(inp), w, w_in_out != 0, N, C, OC);
 }
 /* state: this block's probabilities (B,NH,T,T), with flash its rows' log-sum-exp (B,NH,T); scratch: their
  * gradient, with flash the rows' <dout, out> (backward only) */
-static dt_status_t k_attention_forward(dt_backend_t *be, float *out, float *state, float *scratch, const float *qkv,
-                                       int B, int T, int C, int NH) {
+static dt_status_t k_attention_forward(dt_backend_t *be, dt_act_t *out, float *state, float *scratch,
+                                       const dt_act_t *qkv, int B, int T, int C, int NH) {
   (void)scratch;
-  if (impl(be)->catt) return dt_cudnn_att_forward(impl(be)->catt, out, state, qkv, B, T, C, NH); /* 16-bit values */
+  if (impl(be)->catt) /* 16-bit values */
+    return dt_cudnn_att_forward(impl(be)->catt, F(out), state, CF(qkv), B, T, C, NH);
   if (be->flash) return dt_cu_flash_forward(out, state, qkv, B, T, C, NH, be->precision, S(be));
-  DT_TRY(attention_forward(impl(be), out, state, qkv, B, T, C, NH)); /* cuBLAS writes out: a rounding pass */
-  return dt_cu_round_copy(out, out, (size_t)B * T * C, be->precision, S(be));
+  DT_TRY(attention_forward(impl(be), F(out), state, CF(qkv), B, T, C, NH)); /* cuBLAS writes out: a rounding pass */
+  return dt_cu_round_copy(out, CF(out), (size_t)B * T * C, be->precision, S(be));
 }
-static dt_status_t k_attention_backward(dt_backend_t *be, float *dqkv, float *scratch, const float *dout,
-                                        const float *out, const float *qkv, const float *state, int B, int T, int C,
-                                        int NH) {
-  if (impl(be)->catt) return dt_cudnn_att_backward(impl(be)->catt, dqkv, dout, out, qkv, state, B, T, C, NH);
+static dt_status_t k_attention_backward(dt_backend_t *be, dt_act_t *dqkv, float *scratch, const dt_act_t *dout,
+                                        const dt_act_t *out, const dt_act_t *qkv, const float *state, int B, int T,
+                                        int C, int NH) {
+  if (impl(be)->catt)
+    return dt_cudnn_att_backward(impl(be)->catt, F(dqkv), CF(dout), CF(out), CF(qkv), state, B, T, C, NH);
   if (be->flash) return dt_cu_flash_backward(dqkv, scratch, dout, qkv, state, B, T, C, NH, be->precision, S(be));
-  DT_TRY(attention_backward(impl(be), dqkv, scratch, dout, qkv, state, B, T, C, NH));
-  return dt_cu_round_copy(dqkv, dqkv, (size_t)B * T * 3 * C, be->precision, S(be));
+  DT_TRY(attention_backward(impl(be), F(dqkv), scratch, CF(dout), CF(qkv), state, B, T, C, NH));
+  return dt_cu_round_copy(dqkv, CF(dqkv), (size_t)B * T * 3 * C, be->precision, S(be));
 }
-static dt_status_t k_attention_decode(dt_backend_t *be, float *out, float *kc, float *vc, const float *qkv, int B,
-                                      int pos, int n, int Tmax, int C, int NH) {
+static dt_status_t k_attention_decode(dt_backend_t *be, dt_act_t *out, dt_act_t *kc, dt_act_t *vc, const dt_act_t *qkv,
+                                      int B, int pos, int n, int Tmax, int C, int NH) {
   return dt_cu_attention_decode(out, kc, vc, qkv, B, pos, n, Tmax, C, NH, be->precision, S(be));
 }
-static dt_status_t k_gelu_forward(dt_backend_t *be, float *out, const float *inp, size_t n) {
+static dt_status_t k_gelu_forward(dt_backend_t *be, dt_act_t *out, const dt_act_t *inp, size_t n) {
   return dt_cu_gelu_forward(out, inp, n, be->precision, S(be));
 }
-static dt_status_t k_gelu_backward(dt_backend_t *be, float *dinp, const float *inp, const float *dout, size_t n) {
+static dt_status_t k_gelu_backward(dt_backend_t *be, dt_act_t *dinp, const dt_act_t *inp, const dt_act_t *dout,
+                                   size_t n) {
   return dt_cu_gelu_backward(dinp, inp, dout, n, be->precision, S(be));
 }
 /* the mean loss added on the device (dt_cu_crossentropy_forward): no host wait */
-static dt_status_t k_crossentropy_forward(dt_backend_t *be, float *losses, float *lse, const float *logits,
+static dt_status_t k_crossentropy_forward(dt_backend_t *be, float *losses, float *lse, const dt_act_t *logits,
                                           const int *targets, int N, int V, int Vp, double *loss_sum) {
   return dt_cu_crossentropy_forward(losses, lse, logits, targets, N, V, Vp, loss_sum, DT_PREC_FP32, S(be));
 }
-static dt_status_t k_xent_max(dt_backend_t *be, float *mx, const float *logits, int N, int nv, int Vp) {
+static dt_status_t k_xent_max(dt_backend_t *be, float *mx, const dt_act_t *logits, int N, int nv, int Vp) {
   return dt_cu_xent_max(mx, logits, N, nv, Vp, DT_PREC_FP32, S(be));
 }
-static dt_status_t k_xent_sumexp(dt_backend_t *be, double *sum, float *tl, const float *logits, const float *mx,
+static dt_status_t k_xent_sumexp(dt_backend_t *be, double *sum, float *tl, const dt_act_t *logits, const float *mx,
                                  const int *targets, int N, int nv, int Vp, int v0) {
   return dt_cu_xent_sumexp(sum, tl, logits, mx, targets, N, nv, Vp, v0, DT_PREC_FP32, S(be));
 }
@@ -490,7 +500,7 @@ static dt_status_t k_xent_finish(dt_backend_t *be, float *lse_mx, float *losses_
   return dt_cu_xent_finish(lse_mx, losses_tl, sum, N, loss_sum, S(be));
 }
 /* in place: the kernel reads each logit before it writes its gradient at the same index */
-static dt_status_t k_crossentropy_backward(dt_backend_t *be, float *logits, const float *lse, const int *targets,
+static dt_status_t k_crossentropy_backward(dt_backend_t *be, dt_act_t *logits, const float *lse, const int *targets,
                                            float dloss, int N, int nv, int Vp, int v0) {
   return dt_cu_crossentropy_backward(logits, logits, lse, targets, dloss, N, nv, Vp, v0, be->precision, S(be));
 }

@@ -133,6 +133,10 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   if (tr->sync.ops->optim_sharded && tr->lay.tp == 1 && tr->lay.pp <= 1) /* tp, pp: host_arenas clips the boxes */
     DT_TRY(dt_ckpt_ranges_add_flat(&tr->zero_optim, &tr->lay, tr->be.opt_lo, tr->be.opt_hi));
   DT_TRY(ops->init(&tr->be, &tr->lay, tr->B, tr->T, tr->mesh.threads));
+  dt_precision_t prec = DT_PREC_FP32; /* before the model: the precision decides the activation storage */
+  if (dt_precision_parse(cfg->precision, &prec) != 0)
+    return DT_ERR(DT_ERR_CONFIG, "%s: train.precision: '%s' is not one of fp32|bf16|fp16", cfg_name, cfg->precision);
+  DT_TRY(ops->set_precision(&tr->be, prec));
   /* 1F1B's micro-batches in flight: one activation set each */
   DT_TRY(dt_gpt2_init(&tr->model, &tr->be, dt_pp_inflight(tr->mesh.pp_idx, tr->mesh.pp, tr->accum), cfg->recompute));
   tr->model.tp_comm = tr->mesh.tp > 1 ? tr->mesh.tp_comm : NULL;
@@ -146,14 +150,14 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
     DT_TRY(c->ops->split(c, s == 0 || s == pp - 1 ? 0 : 1, s, &tr->tied_comm));
     MPI_Comm th; /* named for the hang watchdog's line, as the mesh's are */
     if (dt_comm_mpi_handle(tr->tied_comm, &th) == DT_OK) MPI_Comm_set_name(th, "tied");
-    tr->pipe = (dt_pipe_t){.comm = c};
-    size_t bytes = sizeof(float) * (size_t)tr->B * tr->T * tr->lay.d.C;
+    tr->pipe = (dt_pipe_t){.comm = c, .esz = (size_t)tr->be.act_bytes};
+    size_t bytes = (size_t)tr->be.act_bytes * tr->B * tr->T * tr->lay.d.C; /* activation storage */
     if (cuda) { /* device buffers sent on the compute stream (NCCL or staged MPI); the tied sum too */
       DT_TRY(device_comm_over(tr, c, &tr->dev_pp_comm));
       if (s == 0 || s == pp - 1) DT_TRY(device_comm_over(tr, tr->tied_comm, &tr->dev_tied_comm));
-      tr->pipe = (dt_pipe_t){.comm = tr->dev_pp_comm, .stream = tr->be.stream};
-      DT_TRY(tr->be.k->alloc(&tr->be, (void **)&tr->pp_send, bytes));
-      DT_TRY(tr->be.k->alloc(&tr->be, (void **)&tr->pp_recv, bytes));
+      tr->pipe = (dt_pipe_t){.comm = tr->dev_pp_comm, .stream = tr->be.stream, .esz = (size_t)tr->be.act_bytes};
+      DT_TRY(tr->be.k->alloc(&tr->be, &tr->pp_send, bytes));
+      DT_TRY(tr->be.k->alloc(&tr->be, &tr->pp_recv, bytes));
     } else {
       tr->pp_send = malloc(bytes);
       tr->pp_recv = malloc(bytes);
@@ -165,10 +169,6 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   if (!tr->pp_ops) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   dt_pp_schedule(tr->mesh.pp_idx, tr->mesh.pp, tr->accum, tr->pp_ops);
   DT_TRY(dt_sync_attach(&tr->sync, &tr->model.layer_hook, &tr->model.hook_ctx)); /* ZeRO-3: blocks gathered around their use */
-  dt_precision_t prec = DT_PREC_FP32;
-  if (dt_precision_parse(cfg->precision, &prec) != 0)
-    return DT_ERR(DT_ERR_CONFIG, "%s: train.precision: '%s' is not one of fp32|bf16|fp16", cfg_name, cfg->precision);
-  DT_TRY(ops->set_precision(&tr->be, prec));
   dt_scaler_init(&tr->scaler, prec == DT_PREC_FP16, cfg->loss_scale_init, cfg->loss_scale_window);
   if (cuda) { /* host copies of params, m, v for checkpoints */
     tr->host_arena = malloc(3 * sizeof(float) * tr->lay.n_params);

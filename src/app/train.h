@@ -56,7 +56,7 @@ typedef struct {
    * buffer of (B, T, C), this stage's schedule, and per-step time sums for the bubble report */
   dt_pipe_t pipe;
   dt_comm_t *tied_comm;
-  float *pp_send, *pp_recv;
+  void *pp_send, *pp_recv;
   dt_pp_op_t *pp_ops;
   double t_pp_fwd, t_pp_bwd, t_pp_step; /* forward and backward compute, whole micro-step loop */
   int n_pp_steps;

@@ -24,6 +24,11 @@ typedef struct dt_cnn_kernels dt_cnn_kernels_t; /* the image classifiers' kernel
 typedef enum { DT_BUF_PARAMS, DT_BUF_GRADS, DT_BUF_M, DT_BUF_V } dt_buf_t;
 enum { DT_SPARSE_PARAMS = 1, DT_SPARSE_GRADS = 2 }; /* dt_backend_t.sparse */
 
+/* Activation storage: activations and activation gradients, be->act_bytes per element (4: float,
+ * rounded to be->precision where the model stores them; 2: the 16 bits of a bf16/fp16 value, the
+ * CUDA backend's storage once issue #22 step 7d switches it on). Statistics (layernorm means and
+ * rstds, losses, log-sum-exps, the attention's state) are float in every precision. */
+typedef void dt_act_t;
 
 typedef struct {
   float lr;           /* this step's learning rate */
@@ -37,7 +42,8 @@ typedef struct {
  * *_host, every call is queued in order on the backend's compute stream (be->stream), and a
  * kernel returns DT_OK or the launch's error. Formulas and shapes: ops_cpu.h (the CPU twins, the
  * reference); N = B*T rows. Parameter gradients ACCUMULATE (+=), activation gradients are WRITTEN
- * (=). A new kernel: an entry here, its CPU twin (ops_cpu), the CUDA kernel (cuda/kernels.cu),
+ * (=). dt_act_t arguments are activation storage (be->act_bytes per element), float ones float.
+ * A new kernel: an entry here, its CPU twin (ops_cpu), the CUDA kernel (cuda/kernels.cu),
  * a case in tests/gpu_parity (docs/architecture.md). */
 typedef struct {
   /* memory: alloc returns zeroed memory; download waits until dst holds the data */
@@ -54,51 +60,53 @@ typedef struct {
    * blocks, for NH local heads. */
   void (*attention_floats)(const dt_backend_t *be, int B, int T, int NH, size_t *state, size_t *scratch);
   /* out[b,t] = (inp in [v0, v0+nrows) ? wte[inp - v0] : 0) + (wpe ? wpe[t] : 0); wte (nrows,C) */
-  dt_status_t (*encoder_forward)(dt_backend_t *be, float *out, const int *inp, const float *wte, const float *wpe,
+  dt_status_t (*encoder_forward)(dt_backend_t *be, dt_act_t *out, const int *inp, const float *wte, const float *wpe,
                                  int B, int T, int C, int v0, int nrows);
   /* dwte[inp - v0] += dout for tokens in [v0, v0+nrows), dwpe[t] += sum_b dout (positions in
    * ascending order: deterministic); inp_host: the same tokens on the host */
-  dt_status_t (*encoder_backward)(dt_backend_t *be, float *dwte, float *dwpe, const float *dout, const int *inp,
+  dt_status_t (*encoder_backward)(dt_backend_t *be, float *dwte, float *dwpe, const dt_act_t *dout, const int *inp,
                                   const int *inp_host, int B, int T, int C, int v0, int nrows);
   /* out (N,OC) += bias (OC) broadcast over rows */
-  dt_status_t (*add_bias)(dt_backend_t *be, float *out, const float *bias, int N, int OC);
+  dt_status_t (*add_bias)(dt_backend_t *be, dt_act_t *out, const float *bias, int N, int OC);
   /* out = resid + (out + bias) (the row-parallel projection's epilogue after its all-reduce) */
-  dt_status_t (*bias_residual)(dt_backend_t *be, float *out, const float *bias, const float *resid, int N, int OC);
+  dt_status_t (*bias_residual)(dt_backend_t *be, dt_act_t *out, const float *bias, const dt_act_t *resid, int N,
+                               int OC);
   /* layernorm_forward's out, layernorm_backward's dinp, gelu's outputs, crossentropy_backward's
    * dlogits, bias_residual's out, linear_forward's out when it has a bias and the attention's out
    * (forward, decode) and dqkv are stored rounded to be->precision (precision.h; the kernels round
    * as they write, sparing the model a rounding pass over them); every other activation the model
    * rounds itself (add_bias stores as computed) */
-  dt_status_t (*layernorm_forward)(dt_backend_t *be, float *out, float *mean, float *rstd, const float *inp,
+  dt_status_t (*layernorm_forward)(dt_backend_t *be, dt_act_t *out, float *mean, float *rstd, const dt_act_t *inp,
                                    const float *weight, const float *bias, int N, int C);
-  dt_status_t (*layernorm_backward)(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const float *dresid,
-                                    const float *dout, const float *inp, const float *weight, const float *mean,
-                                    const float *rstd, int N, int C);
+  dt_status_t (*layernorm_backward)(dt_backend_t *be, dt_act_t *dinp, float *dweight, float *dbias,
+                                    const dt_act_t *dresid, const dt_act_t *dout, const dt_act_t *inp,
+                                    const float *weight, const float *mean, const float *rstd, int N, int C);
   /* out (N,OC) = [resid +] inp W [+ bias]: W (OC,C) nn.Linear (w_in_out = 0, the lm_head) or
    * (C,OC) Conv1D (w_in_out = 1, the blocks); bias, resid may be NULL (resid: Conv1D only) */
-  dt_status_t (*linear_forward)(dt_backend_t *be, float *out, const float *inp, const float *w, int w_in_out,
-                                const float *bias, const float *resid, int N, int C, int OC);
+  dt_status_t (*linear_forward)(dt_backend_t *be, dt_act_t *out, const dt_act_t *inp, const float *w, int w_in_out,
+                                const float *bias, const dt_act_t *resid, int N, int C, int OC);
   /* dinp = d out / d inp (if dinp), dweight += ..., dbias += sum_N dout (if dbias) */
-  dt_status_t (*linear_backward)(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const float *dout,
-                                 const float *inp, const float *w, int w_in_out, int N, int C, int OC);
+  dt_status_t (*linear_backward)(dt_backend_t *be, dt_act_t *dinp, float *dweight, float *dbias, const dt_act_t *dout,
+                                 const dt_act_t *inp, const float *w, int w_in_out, int N, int C, int OC);
   /* causal self-attention over qkv (B,T,3C) with NH heads into out (B,T,C); state: this block's
    * (attention_floats), scratch: the shared one; backward also gets forward's out */
-  dt_status_t (*attention_forward)(dt_backend_t *be, float *out, float *state, float *scratch, const float *qkv, int B,
-                                   int T, int C, int NH);
-  dt_status_t (*attention_backward)(dt_backend_t *be, float *dqkv, float *scratch, const float *dout, const float *out,
-                                    const float *qkv, const float *state, int B, int T, int C, int NH);
+  dt_status_t (*attention_forward)(dt_backend_t *be, dt_act_t *out, float *state, float *scratch, const dt_act_t *qkv,
+                                   int B, int T, int C, int NH);
+  dt_status_t (*attention_backward)(dt_backend_t *be, dt_act_t *dqkv, float *scratch, const dt_act_t *dout,
+                                    const dt_act_t *out, const dt_act_t *qkv, const float *state, int B, int T, int C,
+                                    int NH);
   /* decoding with a key/value cache (gpt2.h dt_gpt2_decode): qkv (B,n,3C) of positions [pos, pos+n);
    * their k and v are stored into kc, vc (B,Tmax,C) at those positions, then out (B,n,C) = the
    * causal attention of each new query over cache positions [0, its own] (ops_cpu.h) */
-  dt_status_t (*attention_decode)(dt_backend_t *be, float *out, float *kc, float *vc, const float *qkv, int B,
-                                  int pos, int n, int Tmax, int C, int NH);
-  dt_status_t (*gelu_forward)(dt_backend_t *be, float *out, const float *inp, size_t n);
-  dt_status_t (*gelu_backward)(dt_backend_t *be, float *dinp, const float *inp, const float *dout, size_t n);
+  dt_status_t (*attention_decode)(dt_backend_t *be, dt_act_t *out, dt_act_t *kc, dt_act_t *vc, const dt_act_t *qkv,
+                                  int B, int pos, int n, int Tmax, int C, int NH);
+  dt_status_t (*gelu_forward)(dt_backend_t *be, dt_act_t *out, const dt_act_t *inp, size_t n);
+  dt_status_t (*gelu_backward)(dt_backend_t *be, dt_act_t *dinp, const dt_act_t *inp, const dt_act_t *dout, size_t n);
   /* softmax over the first V of Vp columns + cross-entropy: losses, lse (N); *loss_sum (one double of
    * backend memory) += the mean loss (summed in float64, rounded to float: the loss a forward
    * reports). The host reads the sum when it needs it (once per step in training), so computing a
    * loss never makes the host wait. */
-  dt_status_t (*crossentropy_forward)(dt_backend_t *be, float *losses, float *lse, const float *logits,
+  dt_status_t (*crossentropy_forward)(dt_backend_t *be, float *losses, float *lse, const dt_act_t *logits,
                                       const int *targets, int N, int V, int Vp, double *loss_sum);
   /* The vocab-parallel cross-entropy in pieces (the model all-reduces between them): logits
    * (N,Vp) hold global columns [v0, v0+Vp) of which the first nv are real vocabulary:
@@ -106,13 +114,13 @@ typedef struct {
    *   xent_sumexp: sum[i] = sum exp(z - mx[i]) (double), tl[i] = z[target - v0] if it is here, else 0
    *   xent_finish: lse = mx + log(sum), losses = lse - tl (mx -> lse, tl -> losses in place),
    *                *loss_sum += mean of the losses (as crossentropy_forward) */
-  dt_status_t (*xent_max)(dt_backend_t *be, float *mx, const float *logits, int N, int nv, int Vp);
-  dt_status_t (*xent_sumexp)(dt_backend_t *be, double *sum, float *tl, const float *logits, const float *mx,
+  dt_status_t (*xent_max)(dt_backend_t *be, float *mx, const dt_act_t *logits, int N, int nv, int Vp);
+  dt_status_t (*xent_sumexp)(dt_backend_t *be, double *sum, float *tl, const dt_act_t *logits, const float *mx,
                              const int *targets, int N, int nv, int Vp, int v0);
   dt_status_t (*xent_finish)(dt_backend_t *be, float *lse_mx, float *losses_tl, const double *sum, int N,
                              double *loss_sum);
   /* in place: z[i,v] <- (softmax - [v + v0 == target]) * dloss for v < nv, 0 for v in [nv, Vp) */
-  dt_status_t (*crossentropy_backward)(dt_backend_t *be, float *logits, const float *lse, const int *targets,
+  dt_status_t (*crossentropy_backward)(dt_backend_t *be, dt_act_t *logits, const float *lse, const int *targets,
                                        float dloss, int N, int nv, int Vp, int v0);
   /* x (n) rounded in place to be->precision (precision.h; fp32: nothing); dst = round(src) */
   dt_status_t (*round)(dt_backend_t *be, float *x, size_t n);
@@ -174,6 +182,8 @@ struct dt_backend {
   float *wparams;                /* the parameters forward/backward read: == params in fp32, else a
                                     copy rounded to `precision` at the start of every forward */
   int precision;                 /* dt_precision_t, set by set_precision (init: fp32) */
+  int act_bytes;                 /* bytes of a dt_act_t element: init sets 4 (16-bit storage, 2, is
+                                    not switched on yet: docs/architecture.md step 7) */
   float loss_scale;              /* backward differentiates loss * loss_scale (init: 1; fp16 loss
                                     scaling sets it before backward) */
   int B, T;                      /* capacity of a micro-batch */

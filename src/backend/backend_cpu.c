@@ -86,6 +86,7 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
   }
   be->wparams = be->params;
   be->precision = DT_PREC_FP32;
+  be->act_bytes = 4; /* always: 16-bit storage is emulated by rounding floats (precision.h) */
   be->loss_scale = 1.0f;
   return DT_OK;
 }
@@ -146,8 +147,9 @@ static void embed_rows(float *out, const int *inp, const float *wte, int N, int 
   }
 }
 
-static dt_status_t k_add_bias(dt_backend_t *be, float *out, const float *bias, int N, int OC) {
+static dt_status_t k_add_bias(dt_backend_t *be, dt_act_t *out_, const float *bias, int N, int OC) {
   (void)be;
+  float *out = out_;
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
     float *o = out + (size_t)i * OC;
@@ -156,8 +158,8 @@ static dt_status_t k_add_bias(dt_backend_t *be, float *out, const float *bias, i
   return DT_OK;
 }
 
-static dt_status_t k_encoder_forward(dt_backend_t *be, float *out, const int *inp, const float *wte, const float *wpe,
-                                     int B, int T, int C, int v0, int nrows) {
+static dt_status_t k_encoder_forward(dt_backend_t *be, dt_act_t *out, const int *inp, const float *wte,
+                                     const float *wpe, int B, int T, int C, int v0, int nrows) {
   if (wpe && v0 == 0 && nrows >= be->lay->d.V) { /* every token's row is here */
     dt_encoder_forward(out, inp, wte, wpe, B, T, C);
     return DT_OK;
@@ -190,7 +192,7 @@ static void tp_encoder_backward(float *dwte, float *dwpe, const float *dout, con
   }
 }
 
-static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe, const float *dout, const int *inp,
+static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe, const dt_act_t *dout, const int *inp,
                                       const int *inp_host, int B, int T, int C, int v0, int nrows) {
   (void)inp_host;
   if (v0 == 0 && nrows >= be->lay->d.V) dt_encoder_backward(dwte, dwpe, dout, inp, B, T, C);
@@ -204,7 +206,10 @@ static void store_rounded(const dt_backend_t *be, float *x, size_t n) {
   dt_prec_round(x, n, (dt_precision_t)be->precision);
 }
 
-static dt_status_t k_bias_residual(dt_backend_t *be, float *out, const float *bias, const float *resid, int N, int OC) {
+static dt_status_t k_bias_residual(dt_backend_t *be, dt_act_t *out_, const float *bias, const dt_act_t *resid_, int N,
+                                   int OC) {
+  float *out = out_;
+  const float *resid = resid_;
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
     float *o = out + (size_t)i * OC;
@@ -215,23 +220,23 @@ static dt_status_t k_bias_residual(dt_backend_t *be, float *out, const float *bi
   return DT_OK;
 }
 
-static dt_status_t k_layernorm_forward(dt_backend_t *be, float *out, float *mean, float *rstd, const float *inp,
+static dt_status_t k_layernorm_forward(dt_backend_t *be, dt_act_t *out, float *mean, float *rstd, const dt_act_t *inp,
                                        const float *weight, const float *bias, int N, int C) {
   dt_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
   store_rounded(be, out, (size_t)N * C);
   return DT_OK;
 }
 
-static dt_status_t k_layernorm_backward(dt_backend_t *be, float *dinp, float *dweight, float *dbias,
-                                        const float *dresid, const float *dout, const float *inp, const float *weight,
-                                        const float *mean, const float *rstd, int N, int C) {
+static dt_status_t k_layernorm_backward(dt_backend_t *be, dt_act_t *dinp, float *dweight, float *dbias,
+                                        const dt_act_t *dresid, const dt_act_t *dout, const dt_act_t *inp,
+                                        const float *weight, const float *mean, const float *rstd, int N, int C) {
   dt_layernorm_backward(dinp, dweight, dbias, dresid, dout, inp, weight, mean, rstd, N, C);
   store_rounded(be, dinp, (size_t)N * C);
   return DT_OK;
 }
 
-static dt_status_t k_linear_forward(dt_backend_t *be, float *out, const float *inp, const float *w, int w_in_out,
-                                    const float *bias, const float *resid, int N, int C, int OC) {
+static dt_status_t k_linear_forward(dt_backend_t *be, dt_act_t *out, const dt_act_t *inp, const float *w, int w_in_out,
+                                    const float *bias, const dt_act_t *resid, int N, int C, int OC) {
   if (!w_in_out && resid)
     return DT_ERR(DT_ERR_ARG, "%s backend: a residual epilogue needs the Conv1D layout", be->ops->name);
   if (!w_in_out) dt_matmul_forward(out, inp, w, bias, N, C, OC);
@@ -241,32 +246,33 @@ static dt_status_t k_linear_forward(dt_backend_t *be, float *out, const float *i
   return DT_OK;
 }
 
-static dt_status_t k_linear_backward(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const float *dout,
-                                     const float *inp, const float *w, int w_in_out, int N, int C, int OC) {
+static dt_status_t k_linear_backward(dt_backend_t *be, dt_act_t *dinp, float *dweight, float *dbias,
+                                     const dt_act_t *dout, const dt_act_t *inp, const float *w, int w_in_out, int N,
+                                     int C, int OC) {
   (void)be;
   if (w_in_out) dt_conv1d_backward(dinp, dweight, dbias, dout, inp, w, N, C, OC);
   else dt_matmul_backward(dinp, dweight, dbias, dout, inp, w, N, C, OC);
   return DT_OK;
 }
 
-static dt_status_t k_attention_forward(dt_backend_t *be, float *out, float *state, float *scratch, const float *qkv,
-                                       int B, int T, int C, int NH) {
+static dt_status_t k_attention_forward(dt_backend_t *be, dt_act_t *out, float *state, float *scratch,
+                                       const dt_act_t *qkv, int B, int T, int C, int NH) {
   dt_attention_forward(out, state, scratch, qkv, B, T, C, NH, ((cpu_impl_t *)be->impl)->nthr);
   store_rounded(be, out, (size_t)B * T * C);
   return DT_OK;
 }
 
-static dt_status_t k_attention_backward(dt_backend_t *be, float *dqkv, float *scratch, const float *dout,
-                                        const float *out, const float *qkv, const float *state, int B, int T, int C,
-                                        int NH) {
+static dt_status_t k_attention_backward(dt_backend_t *be, dt_act_t *dqkv, float *scratch, const dt_act_t *dout,
+                                        const dt_act_t *out, const dt_act_t *qkv, const float *state, int B, int T,
+                                        int C, int NH) {
   (void)out; /* recomputed with the probabilities */
   dt_attention_backward(dqkv, scratch, dout, qkv, state, B, T, C, NH, ((cpu_impl_t *)be->impl)->nthr);
   store_rounded(be, dqkv, (size_t)B * T * 3 * C);
   return DT_OK;
 }
 
-static dt_status_t k_attention_decode(dt_backend_t *be, float *out, float *kc, float *vc, const float *qkv, int B,
-                                      int pos, int n, int Tmax, int C, int NH) {
+static dt_status_t k_attention_decode(dt_backend_t *be, dt_act_t *out, dt_act_t *kc, dt_act_t *vc, const dt_act_t *qkv,
+                                      int B, int pos, int n, int Tmax, int C, int NH) {
   const int nthr = ((cpu_impl_t *)be->impl)->nthr;
   float *scratch = malloc((size_t)nthr * Tmax * sizeof(float)); /* decoding only: not a hot path */
   if (!scratch) return DT_ERR(DT_ERR_NOMEM, "cpu backend: attention decode scratch of %d x %d floats", nthr, Tmax);
@@ -276,19 +282,20 @@ static dt_status_t k_attention_decode(dt_backend_t *be, float *out, float *kc, f
   return DT_OK;
 }
 
-static dt_status_t k_gelu_forward(dt_backend_t *be, float *out, const float *inp, size_t n) {
+static dt_status_t k_gelu_forward(dt_backend_t *be, dt_act_t *out, const dt_act_t *inp, size_t n) {
   dt_gelu_forward(out, inp, n);
   store_rounded(be, out, n);
   return DT_OK;
 }
 
-static dt_status_t k_gelu_backward(dt_backend_t *be, float *dinp, const float *inp, const float *dout, size_t n) {
+static dt_status_t k_gelu_backward(dt_backend_t *be, dt_act_t *dinp, const dt_act_t *inp, const dt_act_t *dout,
+                                   size_t n) {
   dt_gelu_backward(dinp, inp, dout, n);
   store_rounded(be, dinp, n);
   return DT_OK;
 }
 
-static dt_status_t k_crossentropy_forward(dt_backend_t *be, float *losses, float *lse, const float *logits,
+static dt_status_t k_crossentropy_forward(dt_backend_t *be, float *losses, float *lse, const dt_act_t *logits,
                                           const int *targets, int N, int V, int Vp, double *loss_sum) {
   (void)be;
   *loss_sum += (float)dt_crossentropy_forward(losses, lse, logits, targets, N, V, Vp);
@@ -297,8 +304,9 @@ static dt_status_t k_crossentropy_forward(dt_backend_t *be, float *losses, float
 
 /* The vocab-parallel cross-entropy's pieces: the same math as dt_crossentropy_forward (float
  * chunks of exponentials, added in double), the final sums on the host. */
-static dt_status_t k_xent_max(dt_backend_t *be, float *mx, const float *logits, int N, int nv, int Vp) {
+static dt_status_t k_xent_max(dt_backend_t *be, float *mx, const dt_act_t *logits_, int N, int nv, int Vp) {
   (void)be;
+  const float *logits = logits_;
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
     const float *z = logits + (size_t)i * Vp;
@@ -309,9 +317,10 @@ static dt_status_t k_xent_max(dt_backend_t *be, float *mx, const float *logits, 
   return DT_OK;
 }
 
-static dt_status_t k_xent_sumexp(dt_backend_t *be, double *sum, float *tl, const float *logits, const float *mx,
+static dt_status_t k_xent_sumexp(dt_backend_t *be, double *sum, float *tl, const dt_act_t *logits_, const float *mx,
                                  const int *targets, int N, int nv, int Vp, int v0) {
   (void)be;
+  const float *logits = logits_;
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
     const float *z = logits + (size_t)i * Vp;
@@ -363,7 +372,7 @@ DT_CPU_VEC static void xent_backward_inplace(float *zd, const float *lse, const 
   }
 }
 
-static dt_status_t k_crossentropy_backward(dt_backend_t *be, float *logits, const float *lse, const int *targets,
+static dt_status_t k_crossentropy_backward(dt_backend_t *be, dt_act_t *logits, const float *lse, const int *targets,
                                            float dloss, int N, int nv, int Vp, int v0) {
   xent_backward_inplace(logits, lse, targets, dloss, N, nv, Vp, v0);
   store_rounded(be, logits, (size_t)N * Vp);

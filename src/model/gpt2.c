@@ -38,31 +38,35 @@ const char *const dt_prof_names[DT_PROF_N] = {"encoder", "layernorm", "matmul", 
 double dt_profile_now(void) { return dt_time_now(); }
 
 /* Carve nslots sets of a stage with nl blocks (lnf..lse if `last`) and the shared scratch; with
- * base == NULL only count. With recompute a set keeps of each block only its output (residual3;
- * the stage input is `encoded`), and one block's other activations (ln1 .. fch_gelu) are scratch
- * shared by all sets and blocks: backward recomputes them from the block's input. */
-static size_t carve(acts_t *sets, int nslots, float *base, const dt_dims_t *d, int tp, int nl, int last, int B, int T,
-                    int recompute, size_t att_state, size_t att_scratch) {
+ * base == NULL only count. Returns bytes: activations of esz bytes each, statistics floats, every
+ * view aligned to DT_ALIGN floats. With recompute a set keeps of each block only its output
+ * (residual3; the stage input is `encoded`), and one block's other activations (ln1 .. fch_gelu)
+ * are scratch shared by all sets and blocks: backward recomputes them from the block's input. */
+static size_t carve(acts_t *sets, int nslots, char *base, const dt_dims_t *d, int tp, int nl, int last, int B, int T,
+                    int recompute, size_t att_state, size_t att_scratch, size_t esz) {
   size_t off = 0, L = (size_t)nl, bt = (size_t)B * T, C = d->C, Cl = C / tp;
+  const size_t align = DT_ALIGN * sizeof(float);
   acts_t dummy, *a = &dummy;
-#define TAKE(field, n)                                \
-  do {                                                \
-    size_t n_ = (size_t)(n);                          \
-    a->field = base && n_ ? base + off : NULL;        \
-    off += (n_ + DT_ALIGN - 1) / DT_ALIGN * DT_ALIGN; \
+#define TAKE_SZ(field, n, sz)                            \
+  do {                                                   \
+    size_t n_ = (size_t)(n) * (sz);                      \
+    a->field = base && n_ ? (void *)(base + off) : NULL; \
+    off += (n_ + align - 1) / align * align;             \
   } while (0)
+#define TAKE(field, n) TAKE_SZ(field, n, esz)            /* activation storage */
+#define TAKEF(field, n) TAKE_SZ(field, n, sizeof(float)) /* statistics and state */
 #define TAKE_BLOCKS(n) /* the blocks' activations for n blocks */ \
   do {                                                            \
     TAKE(ln1, (n) * bt * C);                                      \
-    TAKE(ln1_mean, (n) * bt);                                     \
-    TAKE(ln1_rstd, (n) * bt);                                     \
+    TAKEF(ln1_mean, (n) * bt);                                    \
+    TAKEF(ln1_rstd, (n) * bt);                                    \
     TAKE(qkv, (n) * bt * 3 * Cl);                                 \
     TAKE(atty, (n) * bt * Cl);                                    \
-    TAKE(att, (n) * att_state);                                   \
+    TAKEF(att, (n) * att_state);                                  \
     TAKE(residual2, (n) * bt * C);                                \
     TAKE(ln2, (n) * bt * C);                                      \
-    TAKE(ln2_mean, (n) * bt);                                     \
-    TAKE(ln2_rstd, (n) * bt);                                     \
+    TAKEF(ln2_mean, (n) * bt);                                    \
+    TAKEF(ln2_rstd, (n) * bt);                                    \
     TAKE(fch, (n) * bt * 4 * Cl);                                 \
     TAKE(fch_gelu, (n) * bt * 4 * Cl);                            \
   } while (0)
@@ -72,11 +76,11 @@ static size_t carve(acts_t *sets, int nslots, float *base, const dt_dims_t *d, i
     if (!recompute) TAKE_BLOCKS(L);
     TAKE(residual3, L * bt * C);
     TAKE(lnf, last ? bt * C : 0);
-    TAKE(lnf_mean, last ? bt : 0);
-    TAKE(lnf_rstd, last ? bt : 0);
+    TAKEF(lnf_mean, last ? bt : 0);
+    TAKEF(lnf_rstd, last ? bt : 0);
     TAKE(logits, last ? bt * (d->Vp / tp) : 0);
-    TAKE(losses, last ? bt : 0);
-    TAKE(lse, last ? bt : 0);
+    TAKEF(losses, last ? bt : 0);
+    TAKEF(lse, last ? bt : 0);
   }
   a = sets ? &sets[0] : &dummy; /* the scratch, shared by every set */
   if (recompute && L > 0) TAKE_BLOCKS((size_t)1);
@@ -84,10 +88,12 @@ static size_t carve(acts_t *sets, int nslots, float *base, const dt_dims_t *d, i
   TAKE(dtmp, bt * C);
   TAKE(dqkv, bt * 3 * Cl);
   TAKE(dfch, bt * 4 * Cl);
-  TAKE(attscr, att_scratch);
-  TAKE(xtmp, tp > 1 ? 2 * bt : 0);
+  TAKEF(attscr, att_scratch);
+  TAKEF(xtmp, tp > 1 ? 2 * bt : 0);
 #undef TAKE_BLOCKS
+#undef TAKEF
 #undef TAKE
+#undef TAKE_SZ
   for (int k = 1; sets && k < nslots; k++) {
     acts_t *b = &sets[k];
     b->dres = a->dres, b->dtmp = a->dtmp, b->dqkv = a->dqkv, b->dfch = a->dfch, b->attscr = a->attscr;
@@ -101,9 +107,11 @@ static size_t carve(acts_t *sets, int nslots, float *base, const dt_dims_t *d, i
   return off;
 }
 
+/* Counted with float activations (what the CPU backend and today's CUDA backend allocate). */
 size_t dt_gpt2_activation_floats(const dt_dims_t *d, int tp, int nl, int last, int slots, int B, int T, int recompute,
                                  size_t att_state, size_t att_scratch) {
-  return carve(NULL, slots, NULL, d, tp, nl, last, B, T, recompute, att_state, att_scratch);
+  return carve(NULL, slots, NULL, d, tp, nl, last, B, T, recompute, att_state, att_scratch, sizeof(float)) /
+         sizeof(float);
 }
 
 void dt_gpt2_free(dt_gpt2_t *m) {
@@ -139,21 +147,28 @@ dt_status_t dt_gpt2_init(dt_gpt2_t *m, dt_backend_t *be, int slots, int recomput
   s->btc = s->bt * lay->d.C;
   s->btcl = s->bt * s->Cl;
   dt_layout_stage(lay, &s->l0, &s->l1, &s->first, &s->last);
+  s->esz = (size_t)be->act_bytes;
+  if (s->esz != sizeof(float)) {
+    dt_gpt2_free(m);
+    return DT_ERR(DT_ERR_UNSUPPORTED, "gpt2: %s backend with %d-byte activations (only float storage is implemented)",
+                  be->ops->name, be->act_bytes);
+  }
   size_t att_scratch = 0;
   be->k->attention_floats(be, be->B, be->T, s->NHl, &s->att, &att_scratch);
   const int nl = s->l1 - s->l0;
-  size_t nact = carve(NULL, m->slots, NULL, &lay->d, tp, nl, s->last, be->B, be->T, recompute, s->att, att_scratch);
+  size_t nact = carve(NULL, m->slots, NULL, &lay->d, tp, nl, s->last, be->B, be->T, recompute, s->att, att_scratch,
+                      s->esz);
   s->acts = calloc((size_t)m->slots, sizeof *s->acts);
   s->h_ints = calloc((size_t)m->slots * s->bt, sizeof(int));
   dt_status_t st = s->acts && s->h_ints ? DT_OK : DT_ERR(DT_ERR_NOMEM, "gpt2: out of memory");
-  if (st == DT_OK) st = be->k->alloc(be, (void **)&s->arena, nact * sizeof(float));
+  if (st == DT_OK) st = be->k->alloc(be, &s->arena, nact);
   if (st == DT_OK) st = be->k->alloc(be, (void **)&s->ints, 2 * (size_t)m->slots * s->bt * sizeof(int));
   if (st == DT_OK) st = be->k->alloc(be, (void **)&s->loss, 2 * sizeof(double));
   if (st != DT_OK) {
     dt_gpt2_free(m);
     return st;
   }
-  carve(s->acts, m->slots, s->arena, &lay->d, tp, nl, s->last, be->B, be->T, recompute, s->att, att_scratch);
+  carve(s->acts, m->slots, s->arena, &lay->d, tp, nl, s->last, be->B, be->T, recompute, s->att, att_scratch, s->esz);
   for (int k = 0; k < m->slots; k++) {
     s->acts[k].inputs = s->ints + 2 * (size_t)k * s->bt;
     s->acts[k].targets = s->acts[k].inputs + s->bt;
@@ -174,8 +189,8 @@ static dt_status_t tp_allreduce(dt_gpt2_t *m, void *x, size_t n, dt_dtype_t ty, 
 }
 
 /* out = resid + inp W + bias; W (IC, OC) (Conv1D), local rows of the global input dim when tp > 1. */
-static dt_status_t proj_residual(dt_gpt2_t *m, float *out, const float *inp, const float *w, const float *bias,
-                                 const float *resid, int N, int IC, int OC) {
+static dt_status_t proj_residual(dt_gpt2_t *m, dt_act_t *out, const dt_act_t *inp, const float *w, const float *bias,
+                                 const dt_act_t *resid, int N, int IC, int OC) {
   dt_backend_t *be = m->be;
   if (m->st->tp == 1) return be->k->linear_forward(be, out, inp, w, 1, bias, resid, N, IC, OC);
   DT_TRY(be->k->linear_forward(be, out, inp, w, 1, NULL, NULL, N, IC, OC));
@@ -185,7 +200,7 @@ static dt_status_t proj_residual(dt_gpt2_t *m, float *out, const float *inp, con
 
 /* The embedding (vocab-parallel with tp > 1: the rows owned here, zeros else, summed, + wpe),
  * positions from pos. */
-dt_status_t dt_gpt2__encoder_forward(dt_gpt2_t *m, float *out, const int *inp, int B, int T, int pos) {
+dt_status_t dt_gpt2__encoder_forward(dt_gpt2_t *m, dt_act_t *out, const int *inp, int B, int T, int pos) {
   dt_backend_t *be = m->be;
   const dt_gpt2_state_t *s = m->st;
   const int C = be->lay->d.C;
@@ -200,15 +215,25 @@ dt_status_t dt_gpt2__encoder_forward(dt_gpt2_t *m, float *out, const int *inp, i
 block_t dt_gpt2__block_views(const dt_gpt2_t *m, const acts_t *a, size_t j) {
   const dt_gpt2_state_t *s = m->st;
   const size_t k = m->recompute ? 0 : j, o = k * s->btc, ol = k * s->btcl, os = k * s->bt;
-  return (block_t){a->ln1 + o,          a->ln1_mean + os, a->ln1_rstd + os, a->qkv + 3 * ol, a->atty + ol,
-                   a->att + k * s->att, a->residual2 + o, a->ln2 + o,       a->ln2_mean + os, a->ln2_rstd + os,
-                   a->fch + 4 * ol,     a->fch_gelu + 4 * ol, a->residual3 + j * s->btc};
+  return (block_t){.ln1 = ACT(s, a->ln1, o),
+                   .ln1_mean = a->ln1_mean + os,
+                   .ln1_rstd = a->ln1_rstd + os,
+                   .qkv = ACT(s, a->qkv, 3 * ol),
+                   .atty = ACT(s, a->atty, ol),
+                   .att = a->att + k * s->att,
+                   .res2 = ACT(s, a->residual2, o),
+                   .ln2 = ACT(s, a->ln2, o),
+                   .ln2_mean = a->ln2_mean + os,
+                   .ln2_rstd = a->ln2_rstd + os,
+                   .fch = ACT(s, a->fch, 4 * ol),
+                   .fchg = ACT(s, a->fch_gelu, 4 * ol),
+                   .res3 = ACT(s, a->residual3, j * s->btc)};
 }
 
 /* Forward of block l from its input x into y (also backward's recomputation: the same code on
  * the same input gives bitwise the same activations; and decoding, where kv replaces the
  * attention over the T rows by one over the layer's key/value cache). */
-dt_status_t dt_gpt2__block_forward(dt_gpt2_t *m, const block_t *y, const float *x, int l, int B, int T,
+dt_status_t dt_gpt2__block_forward(dt_gpt2_t *m, const block_t *y, const dt_act_t *x, int l, int B, int T,
                                    const kv_layer_t *kv) {
   dt_backend_t *be = m->be;
   const dt_kernels_t *k = be->k;
@@ -246,7 +271,7 @@ static dt_status_t tp_crossentropy_forward(dt_gpt2_t *m, acts_t *a, const int *t
 }
 
 /* ln_f, the tied lm_head (logits = lnf wte^T) and, with targets, the loss. */
-dt_status_t dt_gpt2__head_forward(dt_gpt2_t *m, acts_t *a, const float *x, int N, float *loss) {
+dt_status_t dt_gpt2__head_forward(dt_gpt2_t *m, acts_t *a, const dt_act_t *x, int N, float *loss) {
   dt_backend_t *be = m->be;
   const dt_layout_t *lay = be->lay;
   const int C = lay->d.C, Vpl = m->st->Vpl;
@@ -279,8 +304,8 @@ dt_status_t dt_gpt2_loss_sum(dt_gpt2_t *m, double *sum_host) {
 }
 
 /* The arguments of a stage's forward, checked; the batch copied into set `slot`. */
-static dt_status_t forward_begin(dt_gpt2_t *m, int slot, const int *inputs, const int *targets, const float *x_in,
-                                 int B, int T, float *y_out) {
+static dt_status_t forward_begin(dt_gpt2_t *m, int slot, const int *inputs, const int *targets, const dt_act_t *x_in,
+                                 int B, int T, dt_act_t *y_out) {
   dt_backend_t *be = m->be;
   const dt_layout_t *lay = be->lay;
   dt_gpt2_state_t *s = m->st;
@@ -315,8 +340,8 @@ static dt_status_t forward_begin(dt_gpt2_t *m, int slot, const int *inputs, cons
   return DT_OK;
 }
 
-dt_status_t dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, const int *targets, const float *x_in,
-                                  int B, int T, float *loss, float *y_out) {
+dt_status_t dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, const int *targets, const dt_act_t *x_in,
+                                  int B, int T, float *loss, dt_act_t *y_out) {
   dt_backend_t *be = m->be;
   DT_TRY(forward_begin(m, slot, inputs, targets, x_in, B, T, y_out));
   dt_gpt2_state_t *s = m->st;
@@ -324,12 +349,12 @@ dt_status_t dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, con
   const int N = B * T, C = be->lay->d.C;
   if (be->wparams != be->params) DT_TRY(be->k->round_copy(be, be->wparams, be->params, be->lay->n_params));
   if (!s->first) {
-    DT_TRY(be->k->copy(be, a->encoded, x_in, (size_t)N * C * sizeof(float))); /* stored (rounded) by the previous stage */
+    DT_TRY(be->k->copy(be, a->encoded, x_in, (size_t)N * C * s->esz)); /* stored (rounded) by the previous stage */
   } else {
     RUN(DT_PROF_ENCODER, dt_gpt2__encoder_forward(m, a->encoded, a->inputs, B, T, 0));
     STORE(a->encoded, N * C);
   }
-  const float *x = a->encoded; /* (B,T,C) residual stream entering block l */
+  const dt_act_t *x = a->encoded; /* (B,T,C) residual stream entering block l */
   for (int l = s->l0; l < s->l1; l++) {
     if (m->layer_hook) DT_TRY(m->layer_hook(m->hook_ctx, l, DT_HOOK_FWD));
     const block_t y = dt_gpt2__block_views(m, a, (size_t)(l - s->l0)); /* this stage's block index */
@@ -337,7 +362,7 @@ dt_status_t dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, con
     x = y.res3;
     if (m->layer_hook) DT_TRY(m->layer_hook(m->hook_ctx, l, DT_HOOK_FWD_DONE));
   }
-  if (!s->last) return be->k->copy(be, y_out, x, (size_t)N * C * sizeof(float)); /* on to the next stage */
+  if (!s->last) return be->k->copy(be, y_out, x, (size_t)N * C * s->esz); /* on to the next stage */
   return dt_gpt2__head_forward(m, a, x, N, loss);
 }
 
@@ -360,7 +385,7 @@ static dt_status_t group_ready(dt_gpt2_t *m, int g, dt_grad_ready_fn ready, void
  * loss is the mean over B*T, divided by accum, times the loss scale (1 unless fp16); dlogits
  * replace the logits in place (one (B,T,Vp) buffer instead of two: 206 MB less at GPT-2 124M,
  * B=4, T=256). */
-static dt_status_t head_backward(dt_gpt2_t *m, acts_t *a, const float *x_last, int accum) {
+static dt_status_t head_backward(dt_gpt2_t *m, acts_t *a, const dt_act_t *x_last, int accum) {
   dt_backend_t *be = m->be;
   const dt_kernels_t *k = be->k;
   const dt_layout_t *lay = be->lay;
@@ -390,7 +415,7 @@ static dt_status_t head_backward(dt_gpt2_t *m, acts_t *a, const float *x_last, i
 
 /* Backward of block l with input x: dres holds d loss / d residual3[l] on entry and d loss / d x
  * on return. */
-static dt_status_t block_backward(dt_gpt2_t *m, acts_t *a, const block_t *y, const float *x, int l) {
+static dt_status_t block_backward(dt_gpt2_t *m, acts_t *a, const block_t *y, const dt_act_t *x, int l) {
   dt_backend_t *be = m->be;
   const dt_kernels_t *k = be->k;
   const dt_gpt2_state_t *s = m->st;
@@ -420,8 +445,8 @@ static dt_status_t block_backward(dt_gpt2_t *m, acts_t *a, const block_t *y, con
   return DT_OK;
 }
 
-dt_status_t dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, int accum, const float *dy, float *dx, dt_grad_ready_fn ready,
-                                   void *ctx) {
+dt_status_t dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, int accum, const dt_act_t *dy, dt_act_t *dx,
+                                   dt_grad_ready_fn ready, void *ctx) {
   dt_backend_t *be = m->be;
   const dt_layout_t *lay = be->lay;
   dt_gpt2_state_t *s = m->st;
@@ -436,15 +461,15 @@ dt_status_t dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, int accum, const floa
                   !dy ? "dy from the next stage" : "dx for the previous stage");
   const size_t nl = (size_t)(s->l1 - s->l0);
   if (!s->last) { /* d loss / d (this stage's output) */
-    DT_TRY(be->k->copy(be, a->dres, dy, (size_t)N * C * sizeof(float)));
+    DT_TRY(be->k->copy(be, a->dres, dy, (size_t)N * C * s->esz));
   } else {
-    DT_TRY(head_backward(m, a, nl > 0 ? a->residual3 + (nl - 1) * s->btc : a->encoded, accum));
+    DT_TRY(head_backward(m, a, nl > 0 ? ACT(s, a->residual3, (nl - 1) * s->btc) : a->encoded, accum));
     DT_TRY(group_ready(m, L + 1, ready, ctx));
   }
   for (int l = s->l1 - 1; l >= s->l0; l--) {
     if (m->layer_hook) DT_TRY(m->layer_hook(m->hook_ctx, l, DT_HOOK_BWD));
     const size_t j = (size_t)(l - s->l0);
-    const float *x = j > 0 ? a->residual3 + (j - 1) * s->btc : a->encoded;
+    const dt_act_t *x = j > 0 ? ACT(s, a->residual3, (j - 1) * s->btc) : a->encoded;
     const block_t y = dt_gpt2__block_views(m, a, j);
     if (m->recompute) DT_TRY(dt_gpt2__block_forward(m, &y, x, l, B, T, NULL)); /* the block's activations again, bitwise */
     DT_TRY(block_backward(m, a, &y, x, l));
@@ -453,7 +478,7 @@ dt_status_t dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, int accum, const floa
     if (m->layer_hook) DT_TRY(m->layer_hook(m->hook_ctx, l, DT_HOOK_BWD_DONE));
   }
   if (!s->first) {
-    DT_TRY(be->k->copy(be, dx, a->dres, (size_t)N * C * sizeof(float))); /* d loss / d x_in, for the previous stage */
+    DT_TRY(be->k->copy(be, dx, a->dres, (size_t)N * C * s->esz)); /* d loss / d x_in, for the previous stage */
   } else {
     float *dwte = be->grads + lay->tensors[0].offset, *dwpe = be->grads + lay->tensors[1].offset;
     RUN(DT_PROF_ENCODER, be->k->encoder_backward(be, dwte, dwpe, a->dres, a->inputs, a->h_inputs, B, T, C, s->v0, s->Vpl));
@@ -487,7 +512,7 @@ dt_status_t dt_gpt2_logits_to_host(dt_gpt2_t *m, float *dst) {
                                  a->B * a->T, d->C, d->Vp));
     STORE(a->logits, n);
   }
-  return be->k->download(be, dst, a->logits, n * sizeof(float));
+  return be->k->download(be, dst, a->logits, n * sizeof(float)); /* float storage (dt_gpt2_init) */
 }
 
 dt_status_t dt_gpt2_grad_sumsq(dt_gpt2_t *m, double *sharded, double *replicated) {

@@ -58,16 +58,17 @@ size_t dt_gpt2_activation_floats(const dt_dims_t *d, int tp, int nl, int last, i
  * (host int32 (B, T)) are given: into *loss (host; the host waits for the forward), or, with loss
  * NULL, added to the model's loss sum in backend memory (dt_gpt2_loss_sum reads it: a training step
  * reads its micro-batches' losses once). The others write y_out (B, T, C) in backend memory for the
- * next stage. B and T may be smaller than the capacity. */
-dt_status_t dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, const int *targets, const float *x_in,
-                                  int B, int T, float *loss, float *y_out);
+ * next stage (x_in, y_out: activation storage, be->act_bytes per element). B and T may be smaller
+ * than the capacity. */
+dt_status_t dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, const int *targets, const dt_act_t *x_in,
+                                  int B, int T, float *loss, dt_act_t *y_out);
 /* Backward of set `slot`: the last stage from the loss, the others from dy (B, T, C) = d loss /
  * d y_out (the next stage's dx). Gradients ACCUMULATE (+=) into be->grads, scaled so that the loss
  * is divided by `accum` (micro-steps per optimizer step) and multiplied by be->loss_scale; ready()
  * reports this stage's gradient groups as they become final (absent groups are empty ranges). All
  * but the first stage write dx (B, T, C) = d loss / d x_in for the previous stage. */
-dt_status_t dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, int accum, const float *dy, float *dx, dt_grad_ready_fn ready,
-                                   void *ctx);
+dt_status_t dt_gpt2_stage_backward(dt_gpt2_t *m, int slot, int accum, const dt_act_t *dy, dt_act_t *dx,
+                                   dt_grad_ready_fn ready, void *ctx);
 /* *sum_host = the sum of the mean losses of the forwards with targets and loss NULL since the last
  * call (0 on a stage without the loss), and the sum starts again from 0. */
 dt_status_t dt_gpt2_loss_sum(dt_gpt2_t *m, double *sum_host);

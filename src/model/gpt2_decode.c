@@ -8,8 +8,8 @@
 #include "gpt2_int.h"
 
 struct dt_gpt2_kv {
-  float *cache;  /* (L, 2, Tmax, Cl): per block its keys then its values */
-  float *gather; /* tp > 1: (Vp) the last row's logits of every rank */
+  dt_act_t *cache; /* (L, 2, Tmax, Cl): per block its keys then its values (activation storage) */
+  float *gather;   /* tp > 1: (Vp) the last row's logits of every rank */
   int Tmax, pos;
 };
 
@@ -35,7 +35,7 @@ dt_status_t dt_gpt2_kv_init(dt_gpt2_t *m, int Tmax, dt_gpt2_kv_t **out) {
   if (!kv) return DT_ERR(DT_ERR_NOMEM, "gpt2: out of memory");
   kv->Tmax = Tmax;
   const size_t n = (size_t)lay->d.L * 2 * Tmax * s->Cl;
-  dt_status_t st = be->k->alloc(be, (void **)&kv->cache, n * sizeof(float));
+  dt_status_t st = be->k->alloc(be, &kv->cache, n * s->esz);
   if (st == DT_OK && s->tp > 1) st = be->k->alloc(be, (void **)&kv->gather, (size_t)lay->d.Vp * sizeof(float));
   if (st == DT_OK && be->wparams != be->params) st = be->k->round_copy(be, be->wparams, be->params, lay->n_params);
   if (st != DT_OK) {
@@ -68,12 +68,12 @@ dt_status_t dt_gpt2_decode(dt_gpt2_t *m, dt_gpt2_kv_t *kv, const int *tokens, in
   a->have_targets = 0;
   RUN(DT_PROF_ENCODER, dt_gpt2__encoder_forward(m, a->encoded, a->inputs, 1, n, kv->pos));
   STORE(a->encoded, (size_t)n * C);
-  const float *x = a->encoded;
+  const dt_act_t *x = a->encoded;
   for (int l = 0; l < lay->d.L; l++) {
     if (m->layer_hook) DT_TRY(m->layer_hook(m->hook_ctx, l, DT_HOOK_FWD));
     const block_t y = dt_gpt2__block_views(m, a, (size_t)l);
-    float *k = kv->cache + (size_t)l * 2 * kv->Tmax * s->Cl;
-    const kv_layer_t kvl = {k, k + (size_t)kv->Tmax * s->Cl, kv->pos, kv->Tmax};
+    dt_act_t *k = ACT(s, kv->cache, (size_t)l * 2 * kv->Tmax * s->Cl);
+    const kv_layer_t kvl = {k, ACT(s, k, (size_t)kv->Tmax * s->Cl), kv->pos, kv->Tmax};
     DT_TRY(dt_gpt2__block_forward(m, &y, x, l, 1, n, &kvl));
     x = y.res3;
     if (m->layer_hook) DT_TRY(m->layer_hook(m->hook_ctx, l, DT_HOOK_FWD_DONE));
@@ -88,7 +88,7 @@ dt_status_t dt_gpt2_kv_logits(dt_gpt2_t *m, dt_gpt2_kv_t *kv, float *logits_host
   const dt_gpt2_state_t *s = m->st;
   const acts_t *a = &s->acts[0];
   if (!a->have_fwd || a->logits_gone) return DT_ERR(DT_ERR_ARG, "gpt2: no logits of a forward to read");
-  const float *row = a->logits + (size_t)(a->B * a->T - 1) * s->Vpl; /* (Vpl) */
+  const float *row = ACT(s, a->logits, (size_t)(a->B * a->T - 1) * s->Vpl); /* (Vpl); float storage (gpt2.c init) */
   if (s->tp > 1) {
     DT_TRY(m->tp_comm->ops->allgather(m->tp_comm, row, kv->gather, (size_t)s->Vpl, DT_F32, be->stream, NULL));
     row = kv->gather;

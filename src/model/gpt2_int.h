@@ -8,25 +8,29 @@
 #include "profile.h"
 
 /* One activation set (a micro-batch in flight). The (B, T, C) stage input sits in `encoded`.
- * lnf..lse exist on the last stage only (NULL elsewhere). */
+ * lnf..lse exist on the last stage only (NULL elsewhere). dt_act_t: activation storage of
+ * be->act_bytes per element (ACT below moves through it); float: statistics, float always. */
 typedef struct {
-  float *encoded;                   /* (B,T,C) */
-  float *ln1, *ln1_mean, *ln1_rstd; /* (L,B,T,C), (L,B,T), (L,B,T) */
-  float *qkv;                       /* (L,B,T,3Cl) */
-  float *atty;                      /* (L,B,T,Cl) */
+  dt_act_t *encoded;                /* (B,T,C) */
+  dt_act_t *ln1;                    /* (L,B,T,C) */
+  float *ln1_mean, *ln1_rstd;       /* (L,B,T), (L,B,T) */
+  dt_act_t *qkv;                    /* (L,B,T,3Cl) */
+  dt_act_t *atty;                   /* (L,B,T,Cl) */
   float *att;                       /* (L, the backend's attention state) */
-  float *residual2;                 /* (L,B,T,C) */
-  float *ln2, *ln2_mean, *ln2_rstd;
-  float *fch, *fch_gelu;            /* (L,B,T,4Cl) */
-  float *residual3;                 /* (L,B,T,C) */
-  float *lnf, *lnf_mean, *lnf_rstd; /* (B,T,C), (B,T), (B,T) */
-  float *logits;                    /* (B,T,Vpl); backward turns them into dlogits in place */
+  dt_act_t *residual2;              /* (L,B,T,C) */
+  dt_act_t *ln2;
+  float *ln2_mean, *ln2_rstd;
+  dt_act_t *fch, *fch_gelu;         /* (L,B,T,4Cl) */
+  dt_act_t *residual3;              /* (L,B,T,C) */
+  dt_act_t *lnf;                    /* (B,T,C) */
+  float *lnf_mean, *lnf_rstd;       /* (B,T), (B,T) */
+  dt_act_t *logits;                 /* (B,T,Vpl); backward turns them into dlogits in place */
   float *losses, *lse;              /* (B,T) */
   /* activation-gradient scratch, one layer's worth (written with '='), shared by the sets */
-  float *dres;                      /* (B,T,C) gradient of the residual stream */
-  float *dtmp;                      /* (B,T,C) */
-  float *dqkv;                      /* (B,T,3Cl) */
-  float *dfch;                      /* (B,T,4Cl) */
+  dt_act_t *dres;                   /* (B,T,C) gradient of the residual stream */
+  dt_act_t *dtmp;                   /* (B,T,C) */
+  dt_act_t *dqkv;                   /* (B,T,3Cl) */
+  dt_act_t *dfch;                   /* (B,T,4Cl) */
   float *attscr;                    /* the attention's shared scratch */
   float *xtmp;                      /* tp > 1 only: (B,T) doubles for the vocab-parallel cross-entropy */
   int *inputs, *targets;            /* (B,T) copies of this set's forward batch, backend memory */
@@ -38,26 +42,36 @@ typedef struct {
 } acts_t;
 
 struct dt_gpt2_state {
-  float *arena;
+  void *arena;
   int *ints, *h_ints;       /* inputs and targets of every set (backend memory), host inputs */
   double *loss;             /* backend memory: [0] the loss sum (dt_gpt2_loss_sum), [1] one forward's */
   acts_t *acts;             /* m->slots sets */
   int l0, l1, first, last;  /* pipeline stage: blocks [l0, l1), embeddings, ln_f + lm_head */
   size_t bt, btc, btcl;     /* capacity strides: B*T, B*T*C, B*T*Cl */
   size_t att;               /* attention state floats per block */
+  size_t esz;               /* be->act_bytes at init: bytes of an activation element */
   int tp, Cl, NHl, Vpl, v0; /* tensor parallelism: degree, local C, heads, vocab rows, first vocab row */
 };
+
+/* Element i of activation storage p (s->esz bytes each). */
+#define ACT(s, p, i) ((dt_act_t *)((char *)(p) + (size_t)(i) * (s)->esz))
 
 /* One block's activations in a set: its own (stored per block) or, with recompute, the shared
  * one-block scratch; the block's output res3 is always its own (the next block's input). */
 typedef struct {
-  float *ln1, *ln1_mean, *ln1_rstd, *qkv, *atty, *att, *res2, *ln2, *ln2_mean, *ln2_rstd, *fch, *fchg, *res3;
+  dt_act_t *ln1;
+  float *ln1_mean, *ln1_rstd;
+  dt_act_t *qkv, *atty;
+  float *att;
+  dt_act_t *res2, *ln2;
+  float *ln2_mean, *ln2_rstd;
+  dt_act_t *fch, *fchg, *res3;
 } block_t;
 
 /* One layer's key/value cache for decoding: k, v (B, Tmax, Cl) and the first new position
  * (gpt2_decode.c); NULL in training. */
 typedef struct {
-  float *k, *v;
+  dt_act_t *k, *v;
   int pos, Tmax;
 } kv_layer_t;
 
@@ -72,13 +86,13 @@ typedef struct {
 #define STORE(x, n) DT_TRY(be->k->round(be, (x), (size_t)(n)))
 
 /* The embedding of positions [pos, pos + T) (vocab-parallel with tp > 1). */
-dt_status_t dt_gpt2__encoder_forward(dt_gpt2_t *m, float *out, const int *inp, int B, int T, int pos);
+dt_status_t dt_gpt2__encoder_forward(dt_gpt2_t *m, dt_act_t *out, const int *inp, int B, int T, int pos);
 /* Block j's views (stage index) in set a. */
 block_t dt_gpt2__block_views(const dt_gpt2_t *m, const acts_t *a, size_t j);
 /* Forward of block l from x into y; with kv, attention over the cache (decoding). */
-dt_status_t dt_gpt2__block_forward(dt_gpt2_t *m, const block_t *y, const float *x, int l, int B, int T,
+dt_status_t dt_gpt2__block_forward(dt_gpt2_t *m, const block_t *y, const dt_act_t *x, int l, int B, int T,
                                    const kv_layer_t *kv);
 /* ln_f, the lm_head's logits and, if a has targets, the loss. */
-dt_status_t dt_gpt2__head_forward(dt_gpt2_t *m, acts_t *a, const float *x, int N, float *loss);
+dt_status_t dt_gpt2__head_forward(dt_gpt2_t *m, acts_t *a, const dt_act_t *x, int N, float *loss);
 
 #endif

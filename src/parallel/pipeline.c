@@ -118,14 +118,23 @@ out:
 
 /* ---- transfers ------------------------------------------------------------------------------ */
 
+/* n elements of p->esz bytes as the communicator counts them: floats, or bytes for 16-bit storage */
+static size_t pipe_count(const dt_pipe_t *p, size_t n, dt_dtype_t *ty) {
+  const size_t esz = p->esz ? p->esz : sizeof(float);
+  *ty = esz == sizeof(float) ? DT_F32 : DT_U8;
+  return esz == sizeof(float) ? n : n * esz;
+}
+
 dt_status_t dt_pipe_flush(dt_pipe_t *p) {
   if (!p->send_buf) return DT_OK;
-  dt_status_t st = p->comm->ops->send(p->comm, p->send_buf, p->send_n, DT_F32, p->send_peer, p->stream, NULL);
+  dt_dtype_t ty;
+  size_t k = pipe_count(p, p->send_n, &ty);
+  dt_status_t st = p->comm->ops->send(p->comm, p->send_buf, k, ty, p->send_peer, p->stream, NULL);
   p->send_buf = NULL;
   return st;
 }
 
-dt_status_t dt_pipe_send(dt_pipe_t *p, const float *buf, size_t n, int peer) {
+dt_status_t dt_pipe_send(dt_pipe_t *p, const void *buf, size_t n, int peer) {
   DT_TRY(dt_pipe_flush(p));
   p->send_buf = buf;
   p->send_n = n;
@@ -133,15 +142,18 @@ dt_status_t dt_pipe_send(dt_pipe_t *p, const float *buf, size_t n, int peer) {
   return DT_OK;
 }
 
-dt_status_t dt_pipe_recv(dt_pipe_t *p, float *buf, size_t n, int peer) {
+dt_status_t dt_pipe_recv(dt_pipe_t *p, void *buf, size_t n, int peer) {
   dt_comm_t *c = p->comm;
   dt_status_t st = DT_OK;
+  dt_dtype_t ty;
+  const size_t k = pipe_count(p, n, &ty);
   if (!p->send_buf) {
-    st = c->ops->recv(c, buf, n, DT_F32, peer, p->stream, NULL);
+    st = c->ops->recv(c, buf, k, ty, peer, p->stream, NULL);
   } else { /* both posted, both completed at group_end */
+    const size_t ks = pipe_count(p, p->send_n, &ty);
     st = c->ops->group_start(c);
-    if (st == DT_OK) st = c->ops->send(c, p->send_buf, p->send_n, DT_F32, p->send_peer, p->stream, NULL);
-    if (st == DT_OK) st = c->ops->recv(c, buf, n, DT_F32, peer, p->stream, NULL);
+    if (st == DT_OK) st = c->ops->send(c, p->send_buf, ks, ty, p->send_peer, p->stream, NULL);
+    if (st == DT_OK) st = c->ops->recv(c, buf, k, ty, peer, p->stream, NULL);
     dt_status_t e = c->ops->group_end(c);
     if (st == DT_OK) st = e;
     p->send_buf = NULL;

@@ -42,16 +42,18 @@ double dt_pp_simulate(int pp, int m, const double *tf, const double *tb, double 
 /* The transfer state of one rank: comm is the pipeline group (rank = stage). */
 typedef struct {
   dt_comm_t *comm;
-  void *stream;          /* the comm's stream argument (NCCL: the compute stream; MPI: NULL) */
-  const float *send_buf; /* deferred send, NULL = none */
+  void *stream;         /* the comm's stream argument (NCCL: the compute stream; MPI: NULL) */
+  size_t esz;           /* bytes of an element (the backend's act_bytes; 0 = 4, floats) */
+  const void *send_buf; /* deferred send, NULL = none */
   size_t send_n;
   int send_peer;
 } dt_pipe_t;
 
-/* Defer a send of n floats to stage `peer` (completes any earlier deferred send first). */
-dt_status_t dt_pipe_send(dt_pipe_t *p, const float *buf, size_t n, int peer);
-/* Receive n floats from stage `peer`, completing the deferred send (if any) in the same group. */
-dt_status_t dt_pipe_recv(dt_pipe_t *p, float *buf, size_t n, int peer);
+/* Defer a send of n elements (activation storage, esz bytes each) to stage `peer` (completes any
+ * earlier deferred send first). */
+dt_status_t dt_pipe_send(dt_pipe_t *p, const void *buf, size_t n, int peer);
+/* Receive n elements from stage `peer`, completing the deferred send (if any) in the same group. */
+dt_status_t dt_pipe_recv(dt_pipe_t *p, void *buf, size_t n, int peer);
 /* Complete the deferred send (if any) alone. */
 dt_status_t dt_pipe_flush(dt_pipe_t *p);
 

@@ -236,17 +236,33 @@ dt_status_t dt_cu_layernorm_backward(void *dinp, float *dweight, float *dbias, c
 
 /* ---- matmul helpers ----------------------------------------------------------------------- */
 
+/* out = [resid +] (acc + [bias]) stored as S, the accumulator read from acc32 (float) when given,
+ * else from acc (S; out itself for the in-place epilogues); bias, resid may be NULL. The sums in
+ * the CPU's order (ops_cpu.h's epilogues): one rounding, at the store. */
 template <typename S>
-__global__ static void add_bias_k(S *out, const S *bias, int OC, size_t n, int prec) {
-  DT_CUDA_FOR_N(i, n) dt_st(out + i, dt_ld(out + i) + dt_ld(bias + i % OC), prec);
+__global__ static void epilogue_k(S *out, const S *acc, const float *acc32, const S *bias, const S *resid, int OC,
+                                  size_t n, int prec) {
+  DT_CUDA_FOR_N(i, n) {
+    float v = acc32 ? acc32[i] : dt_ld(acc + i);
+    if (bias) v += dt_ld(bias + i % OC);
+    if (resid) v = dt_ld(resid + i) + v;
+    dt_st(out + i, v, prec);
+  }
+}
+
+dt_status_t dt_cu_epilogue(void *out, const void *acc, const float *acc32, const void *bias, const void *resid, int N,
+                           int OC, int prec, cudaStream_t s) {
+  size_t n = (size_t)N * OC;
+  if (n == 0) return DT_OK;
+  DT_STORE_SWITCH(prec, S,
+                  DT_LAUNCH(epilogue_k<S>, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, (S *)out,
+                            acc32 ? NULL : (const S *)acc, acc32, (const S *)bias, (const S *)resid, OC, n,
+                            dt_store_prec(prec)));
+  return DT_OK;
 }
 
 dt_status_t dt_cu_add_bias(void *out, const void *bias, int N, int OC, int prec, cudaStream_t s) {
-  size_t n = (size_t)N * OC;
-  DT_STORE_SWITCH(prec, S,
-                  DT_LAUNCH(add_bias_k<S>, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, (S *)out,
-                            (const S *)bias, OC, n, dt_store_prec(prec)));
-  return DT_OK;
+  return dt_cu_epilogue(out, out, NULL, bias, NULL, N, OC, prec, s);
 }
 
 dt_status_t dt_cu_col_sum(float *dst, const void *src, int N, int OC, float *scratch, int prec, cudaStream_t s) {

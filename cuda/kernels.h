@@ -42,6 +42,11 @@ dt_status_t dt_cu_layernorm_backward(void *dinp, float *dweight, float *dbias, c
                                      int C, float *scratch, int prec, cudaStream_t s);
 /* out (N,OC) += bias (OC) broadcast over rows, rounded to prec */
 dt_status_t dt_cu_add_bias(void *out, const void *bias, int N, int OC, int prec, cudaStream_t s);
+/* A product's epilogue: out (N,OC) = [resid +] (acc + [bias]) rounded once to out's storage (prec);
+ * the accumulator is acc32 (float, a product's fp32 result) when not NULL, else acc (out's
+ * storage; acc == out: in place, as add_bias and bias_residual); bias, resid may be NULL */
+dt_status_t dt_cu_epilogue(void *out, const void *acc, const float *acc32, const void *bias, const void *resid, int N,
+                           int OC, int prec, cudaStream_t s);
 /* dst (OC) += sum over N rows of src (N,OC, stored as prec says): the rows in DT_CUDA_COL_CHUNKS
  * chunks over the whole GPU, partial sums in scratch (dt_cu_col_scratch_floats(OC) floats), added
  * in a fixed order */

@@ -53,11 +53,6 @@ __global__ static void embed_rows_k(S *out, const int *inp, const S *wte, int C,
 }
 
 template <typename S>
-__global__ static void bias_residual_k(S *out, const S *bias, const S *resid, int OC, size_t n, int prec) {
-  DT_CUDA_FOR_N(i, n) dt_st(out + i, dt_ld(resid + i) + (dt_ld(out + i) + dt_ld(bias + i % OC)), prec);
-}
-
-template <typename S>
 __global__ static void xent_max_k(float *mx, const S *logits, int N, int nv, int Vp) {
   __shared__ float sh[MAX_WARPS];
   DT_CUDA_FOR_ROWS(i, N, blockIdx.x, gridDim.x) {
@@ -109,12 +104,7 @@ dt_status_t dt_cu_embed_rows(void *out, const int *inp, const void *wte, int N, 
 
 dt_status_t dt_cu_bias_residual(void *out, const void *bias, const void *resid, int N, int OC, int prec,
                                 cudaStream_t s) {
-  size_t n = (size_t)N * OC;
-  if (n == 0) return DT_OK;
-  DT_STORE_SWITCH(prec, S,
-                  DT_LAUNCH(bias_residual_k<S>, dt_cuda_grid(n, DT_CUDA_BLOCK), DT_CUDA_BLOCK, 0, s, (S *)out,
-                            (const S *)bias, (const S *)resid, OC, n, dt_store_prec(prec)));
-  return DT_OK;
+  return dt_cu_epilogue(out, out, NULL, bias, resid, N, OC, prec, s); /* kernels.cu */
 }
 
 dt_status_t dt_cu_xent_max(float *mx, const void *logits, int N, int nv, int Vp, int prec, cudaStream_t s) {

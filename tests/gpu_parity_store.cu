@@ -145,6 +145,42 @@ static void bias_cols(int N, int OC, int prec, dt_rng_t *r) {
   free(acc);
 }
 
+/* A product's epilogue from its fp32 accumulator (the 16-bit path's products write fp32, then this
+ * stores once): the float path runs it in place on the accumulator, the 16-bit one from a separate
+ * fp32 buffer; both against round(resid + (acc + bias)) computed here. With and without the bias
+ * and the residual. */
+static void epilogue32(int N, int OC, int prec, dt_rng_t *r) {
+  size_t n = (size_t)N * OC;
+  float *acc = gp_rand(r, n, 2.0f, DT_PREC_FP32), *b = gp_rand(r, OC, 1.0f, prec), *res = gp_rand(r, n, 1.0f, prec);
+  float *ref = (float *)gp_host(n * sizeof(float));
+  pair_t Bi = up_pair(b, OC, prec), R = up_pair(res, n, prec), O = out_pair(n);
+  float *dacc = gp_up(acc, n);
+  for (int v = 0; v < 4; v++) {
+    const int has_b = v & 1, has_r = v >> 1;
+    char shape[96];
+    snprintf(shape, sizeof shape, "N=%d OC=%d%s%s", N, OC, has_b ? " +bias" : "", has_r ? " +resid" : "");
+    GP_CK(cudaMemcpy(O.f, acc, n * sizeof(float), cudaMemcpyHostToDevice));
+    GP_TRY(dt_cu_epilogue(O.f, O.f, NULL, has_b ? Bi.f : NULL, has_r ? R.f : NULL, N, OC, prec, 0));
+    GP_TRY(dt_cu_epilogue(O.h, NULL, dacc, has_b ? Bi.h : NULL, has_r ? R.h : NULL, N, OC, prec | DT_STORE16, 0));
+    same("epilogue from fp32", shape, prec, O);
+    for (size_t i = 0; i < n; i++) {
+      float x = acc[i] + (has_b ? b[i % OC] : 0.0f);
+      ref[i] = dt_prec_round1(has_r ? res[i] + x : x, prec);
+    }
+    float *f = gp_down(O.f, n);
+    same_values("epilogue float side vs host", shape, prec, f, ref, n);
+    free(f);
+  }
+  free_pair(Bi);
+  free_pair(R);
+  free_pair(O);
+  cudaFree(dacc);
+  free(acc);
+  free(b);
+  free(res);
+  free(ref);
+}
+
 /* the statistics from the 32 and 16-bit runs (m32, r32, m16, r16), the parameter gradients the
  * same way: each kernel's float outputs compared too */
 static void layernorm(int N, int C, int prec, dt_rng_t *r) {
@@ -350,6 +386,7 @@ void gp_store16_all(dt_rng_t *r, int small) {
     elementwise(small ? 4099 : 1000003, prec, r);
     bias_cols(7, 33, prec, r);
     bias_cols(257, 768, prec, r);
+    epilogue32(37, 100, prec, r);
     layernorm(1, 1, prec, r);
     layernorm(37, 100, prec, r);
     layernorm(64, 768, prec, r);

@@ -255,35 +255,43 @@ static dt_status_t copies(dt_cudnn_att_t *a, int B, int T, int C, char **qkv, ch
   return DT_OK;
 }
 
-dt_status_t dt_cudnn_att_forward(dt_cudnn_att_t *a, float *out, float *lse, const float *qkv, int B, int T, int C,
-                                 int NH) {
+dt_status_t dt_cudnn_att_forward(dt_cudnn_att_t *a, void *out, float *lse, const void *qkv, int in16, int B, int T,
+                                 int C, int NH) {
   char *q16, *o16, *do16, *dq16;
   graph_t *gt;
-  DT_TRY(copies(a, B, T, C, &q16, &o16, &do16, &dq16));
   DT_TRY(graph_for(a, &gt, 0, B, T, NH, C / NH));
   const size_t btc = (size_t)B * T * C;
-  DT_TRY(to16(a, q16, qkv, 3 * btc));
+  if (in16) { /* the model's own 16-bit buffers: no copies */
+    q16 = (char *)qkv, o16 = (char *)out;
+  } else {
+    DT_TRY(copies(a, B, T, C, &q16, &o16, &do16, &dq16));
+    DT_TRY(to16(a, q16, (const float *)qkv, 3 * btc));
+  }
   std::unordered_map<int64_t, void *> pack = {{UID_Q, q16}, {UID_K, q16 + 2 * (size_t)C}, {UID_V, q16 + 4 * (size_t)C},
                                               {UID_O, o16}, {UID_STATS, lse}};
   DT_TRY(run(a, gt, pack));
-  return from16(a, out, o16, btc);
+  return in16 ? DT_OK : from16(a, (float *)out, o16, btc);
 }
 
-dt_status_t dt_cudnn_att_backward(dt_cudnn_att_t *a, float *dqkv, const float *dout, const float *out,
-                                  const float *qkv, const float *lse, int B, int T, int C, int NH) {
+dt_status_t dt_cudnn_att_backward(dt_cudnn_att_t *a, void *dqkv, const void *dout, const void *out, const void *qkv,
+                                  const float *lse, int in16, int B, int T, int C, int NH) {
   char *q16, *o16, *do16, *dq16;
   graph_t *gt;
-  DT_TRY(copies(a, B, T, C, &q16, &o16, &do16, &dq16));
   DT_TRY(graph_for(a, &gt, 1, B, T, NH, C / NH));
   const size_t btc = (size_t)B * T * C, c2 = 2 * (size_t)C; /* bytes of C 16-bit values */
-  DT_TRY(to16(a, q16, qkv, 3 * btc));
-  DT_TRY(to16(a, o16, out, btc));
-  DT_TRY(to16(a, do16, dout, btc));
+  if (in16) { /* the model's own 16-bit buffers: no copies */
+    q16 = (char *)qkv, o16 = (char *)out, do16 = (char *)dout, dq16 = (char *)dqkv;
+  } else {
+    DT_TRY(copies(a, B, T, C, &q16, &o16, &do16, &dq16));
+    DT_TRY(to16(a, q16, (const float *)qkv, 3 * btc));
+    DT_TRY(to16(a, o16, (const float *)out, btc));
+    DT_TRY(to16(a, do16, (const float *)dout, btc));
+  }
   std::unordered_map<int64_t, void *> pack = {
       {UID_Q, q16},  {UID_K, q16 + c2},   {UID_V, q16 + 2 * c2},  {UID_O, o16},           {UID_DO, do16},
       {UID_STATS, (void *)lse}, {UID_DQ, dq16}, {UID_DK, dq16 + c2}, {UID_DV, dq16 + 2 * c2}};
   DT_TRY(run(a, gt, pack));
-  return from16(a, dqkv, dq16, 3 * btc);
+  return in16 ? DT_OK : from16(a, (float *)dqkv, dq16, 3 * btc);
 }
 
 #else /* no cuDNN frontend headers at build time, or the CUDA emulation */
@@ -309,14 +317,14 @@ dt_status_t dt_cudnn_att_validate(int sm, int fp16, int bwd, int B, int T, int N
   (void)sm, (void)fp16, (void)bwd, (void)B, (void)T, (void)NH, (void)hs;
   return DT_ERR(DT_ERR_UNSUPPORTED, "system.attention = cudnn: %s", NO_CUDNN_ATT);
 }
-dt_status_t dt_cudnn_att_forward(dt_cudnn_att_t *a, float *out, float *lse, const float *qkv, int B, int T, int C,
-                                 int NH) {
-  (void)a, (void)out, (void)lse, (void)qkv, (void)B, (void)T, (void)C, (void)NH;
+dt_status_t dt_cudnn_att_forward(dt_cudnn_att_t *a, void *out, float *lse, const void *qkv, int in16, int B, int T,
+                                 int C, int NH) {
+  (void)a, (void)out, (void)lse, (void)qkv, (void)in16, (void)B, (void)T, (void)C, (void)NH;
   return DT_ERR(DT_ERR_INTERNAL, "cudnn attention: not in this build");
 }
-dt_status_t dt_cudnn_att_backward(dt_cudnn_att_t *a, float *dqkv, const float *dout, const float *out,
-                                  const float *qkv, const float *lse, int B, int T, int C, int NH) {
-  (void)a, (void)dqkv, (void)dout, (void)out, (void)qkv, (void)lse, (void)B, (void)T, (void)C, (void)NH;
+dt_status_t dt_cudnn_att_backward(dt_cudnn_att_t *a, void *dqkv, const void *dout, const void *out, const void *qkv,
+                                  const float *lse, int in16, int B, int T, int C, int NH) {
+  (void)a, (void)dqkv, (void)dout, (void)out, (void)qkv, (void)lse, (void)in16, (void)B, (void)T, (void)C, (void)NH;
   return DT_ERR(DT_ERR_INTERNAL, "cudnn attention: not in this build");
 }
 

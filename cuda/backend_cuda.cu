@@ -124,6 +124,7 @@ static void cu_free(dt_backend_t *be) {
     if (im->comm) cudaStreamDestroy(im->comm);
     cudaFree(im->partial);
     cudaFree(im->colscr);
+    cudaFree(im->acc);
     cudaFree(im->seg_ends);
     cudaFree(im->seg_kinds);
     cudaFree(im->order);
@@ -147,7 +148,8 @@ static void cu_free(dt_backend_t *be) {
   cudaFree(be->grads);
   cudaFree(be->m);
   cudaFree(be->v);
-  be->params = be->grads = be->m = be->v = be->wparams = NULL;
+  be->params = be->grads = be->m = be->v = NULL;
+  be->wparams = NULL;
   be->impl = NULL;
   be->stream = be->comm_stream = NULL;
 }
@@ -225,15 +227,27 @@ static dt_status_t open_cudnn_att(dt_backend_t *be, dt_precision_t p) {
   return dt_cudnn_att_open(&im->catt, im->compute, p == DT_PREC_FP16); /* the emulation: refused */
 }
 
-/* bf16/fp16: a device working copy of the parameters, rounded from the master in forward. */
+/* bf16/fp16: a device working copy of the parameters, rounded from the master in forward, in the
+ * activation storage: 16 bits with be->store16 and an attention that takes them (flash, cuDNN),
+ * with the fp32 accumulator of the biased products (the widest: the MLP's 4C); else floats. */
 static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
+  cu_impl_t *im = impl(be);
   if (!dt_precision_name(p)) return DT_ERR(DT_ERR_ARG, "cuda backend: unknown precision %d", (int)p);
-  if (p != DT_PREC_FP32 && be->wparams == be->params) {
-    DT_CUDA_CHECK(cudaSetDevice(impl(be)->device));
-    float *w = NULL;
-    DT_TRY(alloc_zero((void **)&w, be->lay->n_params * sizeof(float), impl(be)->compute));
-    be->wparams = w;
+  const int bytes = p != DT_PREC_FP32 && be->store16 && be->flash ? 2 : 4;
+  DT_CUDA_CHECK(cudaSetDevice(im->device));
+  if (be->wparams != be->params && (p == DT_PREC_FP32 || bytes != be->act_bytes)) { /* another storage than before */
+    DT_CUDA_CHECK(cudaStreamSynchronize(im->compute));
+    cudaFree(be->wparams);
+    be->wparams = be->params;
   }
+  be->act_bytes = bytes;
+  if (p != DT_PREC_FP32 && be->wparams == be->params)
+    DT_TRY(alloc_zero((void **)&be->wparams, be->lay->n_params * (size_t)bytes, im->compute));
+  if (bytes == 2 && !im->acc) {
+    im->acc_n = (size_t)be->B * be->T * 4 * be->lay->d.C;
+    DT_TRY(alloc_zero((void **)&im->acc, im->acc_n * sizeof(float), im->compute));
+  }
+  im->st16 = p == DT_PREC_FP16 ? CUDA_R_16F : CUDA_R_16BF;
   be->precision = (int)p;
   DT_TRY(open_cudnn_att(be, p));
   impl(be)->lin_16 = p != DT_PREC_FP32;
@@ -278,79 +292,6 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
   return st;
 }
 
-/* ---- matmuls ------------------------------------------------------------------------------ */
-
-/* Weights in two layouts, as on the CPU (ops_cpu.h): the lm_head's wte (OC, C) like nn.Linear
- * (w_in_out = 0), the blocks' (C, OC) like Hugging Face's Conv1D (w_in_out = 1). */
-
-/* out (N,OC) = inp (N,C) W^T + bias with W (OC,C), or inp W + bias with W (C,OC) (w_in_out), then
- * + resid; bias and resid in one pass over out (resid + (out + bias): the CPU's sums, commuted),
- * which also rounds out to prec (with a bias: backend.h) */
-static dt_status_t linear_forward(cu_impl_t *im, float *out, const float *inp, const float *w, bool w_in_out,
-                                  const float *bias, const float *resid, int N, int C, int OC, int prec) {
-  DT_TRY(gemm_lin(im, false, !w_in_out, N, OC, C, inp, C, w, w_in_out ? OC : C, 0.0f, out, OC));
-  if (bias && resid) return dt_cu_bias_residual(out, bias, resid, N, OC, prec, im->compute); /* one pass for both */
-  if (bias) return dt_cu_add_bias(out, bias, N, OC, prec, im->compute);
-  return resid ? dt_cu_residual_forward(out, out, resid, (size_t)N * OC, DT_PREC_FP32, im->compute) : DT_OK;
-}
-
-/* W (OC,C): dinp (N,C) = dout W, dweight (OC,C) += dout^T inp; W (C,OC) (w_in_out): dinp = dout W^T,
- * dweight (C,OC) += inp^T dout; dbias (OC) += sum_N dout */
-static dt_status_t linear_backward(cu_impl_t *im, float *dinp, float *dweight, float *dbias, const float *dout,
-                                   const float *inp, const float *w, bool w_in_out, int N, int C, int OC) {
-  if (dinp) DT_TRY(gemm_lin(im, false, w_in_out, N, C, OC, dout, OC, w, w_in_out ? OC : C, 0.0f, dinp, C));
-  if (w_in_out) DT_TRY(gemm_lin(im, true, false, C, OC, N, inp, C, dout, OC, 1.0f, dweight, OC));
-  else DT_TRY(gemm_lin(im, true, false, OC, C, N, dout, OC, inp, C, 1.0f, dweight, C));
-  if (dbias) DT_TRY(dt_cu_colscr_reserve(im, (size_t)OC));
-  if (dbias) DT_TRY(dt_cu_col_sum(dbias, dout, N, OC, im->colscr, DT_PREC_FP32, im->compute));
-  return DT_OK;
-}
-
-/* ---- attention (ops_cpu.c's dt_attention_forward/backward with per-b strided batches over heads) */
-
-static dt_status_t attention_forward(cu_impl_t *im, float *out, float *att, const float *qkv, int B, int T, int C,
-                                     int NH) {
-  const int hs = C / NH, C3 = 3 * C;
-  const float scale = 1.0f / sqrtf((float)hs);
-  const long long TT = (long long)T * T;
-  for (int b = 0; b < B; b++) { /* scores q k^T * scale, (T,hs) x (hs,T) per head */
-    const float *q = qkv + (size_t)b * T * C3, *k = q + C;
-    DT_TRY(gemm_rm_batched(im->blas, false, true, T, T, hs, scale, q, C3, hs, k, C3, hs, 0.0f,
-                           att + (size_t)b * NH * TT, T, TT, NH));
-  }
-  DT_TRY(dt_cu_softmax_causal(att, B * NH * T, T, im->compute));
-  for (int b = 0; b < B; b++) { /* out_h = att v, (T,T) x (T,hs) */
-    const float *v = qkv + (size_t)b * T * C3 + 2 * C;
-    DT_TRY(gemm_rm_batched(im->blas, false, false, T, hs, T, 1.0f, att + (size_t)b * NH * TT, T, TT, v, C3, hs, 0.0f,
-                           out + (size_t)b * T * C, C, hs, NH));
-  }
-  return DT_OK;
-}
-
-static dt_status_t attention_backward(cu_impl_t *im, float *dqkv, float *scratch, const float *dout,
-                                      const float *qkv, const float *att, int B, int T, int C, int NH) {
-  const int hs = C / NH, C3 = 3 * C;
-  const float scale = 1.0f / sqrtf((float)hs);
-  const long long TT = (long long)T * T;
-  for (int b = 0; b < B; b++) {
-    const float *v = qkv + (size_t)b * T * C3 + 2 * C, *a = att + (size_t)b * NH * TT, *g = dout + (size_t)b * T * C;
-    /* datt = dout_h v^T */
-    DT_TRY(gemm_rm_batched(im->blas, false, true, T, T, hs, 1.0f, g, C, hs, v, C3, hs, 0.0f,
-                           scratch + (size_t)b * NH * TT, T, TT, NH));
-    /* dv = att^T dout_h */
-    DT_TRY(gemm_rm_batched(im->blas, true, false, T, hs, T, 1.0f, a, T, TT, g, C, hs, 0.0f,
-                           dqkv + (size_t)b * T * C3 + 2 * C, C3, hs, NH));
-  }
-  DT_TRY(dt_cu_softmax_causal_backward(scratch, att, B * NH * T, T, im->compute));
-  for (int b = 0; b < B; b++) {
-    const float *q = qkv + (size_t)b * T * C3, *k = q + C, *dp = scratch + (size_t)b * NH * TT;
-    float *dq = dqkv + (size_t)b * T * C3, *dk = dq + C;
-    DT_TRY(gemm_rm_batched(im->blas, false, false, T, hs, T, scale, dp, T, TT, k, C3, hs, 0.0f, dq, C3, hs, NH));
-    DT_TRY(gemm_rm_batched(im->blas, true, false, T, hs, T, scale, dp, T, TT, q, C3, hs, 0.0f, dk, C3, hs, NH));
-  }
-  return DT_OK;
-}
-
 /* ---- the kernel table (backend.h dt_kernels_t) the model runs on -------------------------- *
  * Every entry queues its work on the compute stream. Tensor parallelism's vocab-parallel pieces
  * (rows [v0, v0 + nrows) of the embedding, the split cross-entropy, the bias + residual
@@ -358,8 +299,9 @@ static dt_status_t attention_backward(cu_impl_t *im, float *dqkv, float *scratch
  * between them over the tp group's NCCL communicator on the same stream. */
 
 static cudaStream_t S(dt_backend_t *be) { return impl(be)->compute; }
-/* Activation storage as the float buffers the products and cuDNN's attention take: be->act_bytes
- * is 4 until step 7d gives them 16-bit operands (docs/architecture.md). */
+/* The precision argument of kernels that store at the run's precision (dt_cu_store) */
+static int SP(const dt_backend_t *be) { return dt_cu_store(be, be->precision); }
+/* Float storage (act_bytes 4) as the matmul attention's buffers take it */
 static float *F(dt_act_t *x) { return (float *)x; }
 static const float *CF(const dt_act_t *x) { return (const float *)x; }
 
@@ -397,12 +339,12 @@ static void k_attention_floats(const dt_backend_t *be, int B, int T, int NH, siz
   dt_cuda_attention_floats(B, T, NH, be->flash, state, scratch);
 }
 
-static dt_status_t k_encoder_forward(dt_backend_t *be, dt_act_t *out, const int *inp, const float *wte,
-                                     const float *wpe, int B, int T, int C, int v0, int nrows) {
+static dt_status_t k_encoder_forward(dt_backend_t *be, dt_act_t *out, const int *inp, const dt_act_t *wte,
+                                     const dt_act_t *wpe, int B, int T, int C, int v0, int nrows) {
   if (wpe && v0 == 0 && nrows >= be->lay->d.V)
-    return dt_cu_encoder_forward(out, inp, wte, wpe, B, T, C, DT_PREC_FP32, S(be)); /* the model rounds it */
-  DT_TRY(dt_cu_embed_rows(out, inp, wte, B * T, C, v0, nrows, DT_PREC_FP32, S(be))); /* a vocabulary shard */
-  return wpe ? dt_cu_add_bias(out, wpe, B, T * C, DT_PREC_FP32, S(be)) : DT_OK; /* the model rounds it */
+    return dt_cu_encoder_forward(out, inp, wte, wpe, B, T, C, dt_cu_store(be, DT_PREC_FP32), S(be));
+  DT_TRY(dt_cu_embed_rows(out, inp, wte, B * T, C, v0, nrows, dt_cu_store(be, DT_PREC_FP32), S(be))); /* a shard */
+  return wpe ? dt_cu_add_bias(out, wpe, B, T * C, dt_cu_store(be, DT_PREC_FP32), S(be)) : DT_OK;
 }
 /* The token buckets from the host copy of the inputs, then the deterministic backward. */
 static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe, const dt_act_t *dout, const int *inp,
@@ -423,34 +365,35 @@ static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe
   DT_CUDA_CHECK(cudaMemcpyAsync(im->order, im->h_order, (size_t)N * sizeof(int), cudaMemcpyHostToDevice, S(be)));
   DT_CUDA_CHECK(cudaMemcpyAsync(im->buckets, im->h_buckets, (size_t)nb * sizeof(dt_embed_bucket_t),
                                 cudaMemcpyHostToDevice, S(be)));
-  return dt_cu_encoder_backward(dwte, dwpe, dout, im->order, im->buckets, nb, B, T, C, DT_PREC_FP32, S(be));
+  return dt_cu_encoder_backward(dwte, dwpe, dout, im->order, im->buckets, nb, B, T, C, dt_cu_store(be, DT_PREC_FP32),
+                                S(be));
 }
-static dt_status_t k_add_bias(dt_backend_t *be, dt_act_t *out, const float *bias, int N, int OC) {
-  return dt_cu_add_bias(out, bias, N, OC, DT_PREC_FP32, S(be)); /* as computed (backend.h) */
+static dt_status_t k_add_bias(dt_backend_t *be, dt_act_t *out, const dt_act_t *bias, int N, int OC) {
+  return dt_cu_add_bias(out, bias, N, OC, dt_cu_store(be, DT_PREC_FP32), S(be)); /* as computed (backend.h) */
 }
-static dt_status_t k_bias_residual(dt_backend_t *be, dt_act_t *out, const float *bias, const dt_act_t *resid, int N,
+static dt_status_t k_bias_residual(dt_backend_t *be, dt_act_t *out, const dt_act_t *bias, const dt_act_t *resid, int N,
                                    int OC) {
-  return dt_cu_bias_residual(out, bias, resid, N, OC, be->precision, S(be));
+  return dt_cu_bias_residual(out, bias, resid, N, OC, SP(be), S(be));
 }
 static dt_status_t k_layernorm_forward(dt_backend_t *be, dt_act_t *out, float *mean, float *rstd, const dt_act_t *inp,
-                                       const float *weight, const float *bias, int N, int C) {
-  return dt_cu_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, be->precision, S(be));
+                                       const dt_act_t *weight, const dt_act_t *bias, int N, int C) {
+  return dt_cu_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C, SP(be), S(be));
 }
 static dt_status_t k_layernorm_backward(dt_backend_t *be, dt_act_t *dinp, float *dweight, float *dbias,
                                         const dt_act_t *dresid, const dt_act_t *dout, const dt_act_t *inp,
-                                        const float *weight, const float *mean, const float *rstd, int N, int C) {
+                                        const dt_act_t *weight, const float *mean, const float *rstd, int N, int C) {
   return dt_cu_layernorm_backward(dinp, dweight, dbias, dresid, dout, inp, weight, mean, rstd, N, C, impl(be)->colscr,
-                                  be->precision, S(be));
+                                  SP(be), S(be));
 }
 /* out = [resid +] (inp W + bias): the residual added after the product, one rounding later */
-static dt_status_t k_linear_forward(dt_backend_t *be, dt_act_t *out, const dt_act_t *inp, const float *w, int w_in_out,
-                                    const float *bias, const dt_act_t *resid, int N, int C, int OC) {
-  return linear_forward(impl(be), F(out), CF(inp), w, w_in_out != 0, bias, CF(resid), N, C, OC, be->precision);
+static dt_status_t k_linear_forward(dt_backend_t *be, dt_act_t *out, const dt_act_t *inp, const dt_act_t *w,
+                                    int w_in_out, const dt_act_t *bias, const dt_act_t *resid, int N, int C, int OC) {
+  return dt_cu_linear_forward(be, out, inp, w, w_in_out != 0, bias, resid, N, C, OC);
 }
 static dt_status_t k_linear_backward(dt_backend_t *be, dt_act_t *dinp, float *dweight, float *dbias,
-                                     const dt_act_t *dout, const dt_act_t *inp, const float *w, int w_in_out, int N,
+                                     const dt_act_t *dout, const dt_act_t *inp, const dt_act_t *w, int w_in_out, int N,
                                      int C, int OC) {
-  return linear_backward(impl(be), F(dinp), dweight, dbias, CF(dout), CF(inp), w, w_in_out != 0, N, C, OC);
+  return dt_cu_linear_backward(be, dinp, dweight, dbias, dout, inp, w, w_in_out != 0, N, C, OC);
 }
 /* state: this block's probabilities (B,NH,T,T), with flash its rows' log-sum-exp (B,NH,T); scratch: their
  * gradient, with flash the rows' <dout, out> (backward only) */
@@ -458,42 +401,45 @@ static dt_status_t k_attention_forward(dt_backend_t *be, dt_act_t *out, float *s
                                        const dt_act_t *qkv, int B, int T, int C, int NH) {
   (void)scratch;
   if (impl(be)->catt) /* 16-bit values */
-    return dt_cudnn_att_forward(impl(be)->catt, F(out), state, CF(qkv), B, T, C, NH);
-  if (be->flash) return dt_cu_flash_forward(out, state, qkv, B, T, C, NH, be->precision, S(be));
-  DT_TRY(attention_forward(impl(be), F(out), state, CF(qkv), B, T, C, NH)); /* cuBLAS writes out: a rounding pass */
+    return dt_cudnn_att_forward(impl(be)->catt, out, state, qkv, be->act_bytes == 2, B, T, C, NH);
+  if (be->flash) return dt_cu_flash_forward(out, state, qkv, B, T, C, NH, SP(be), S(be));
+  if (be->act_bytes != 4) return DT_ERR(DT_ERR_UNSUPPORTED, "cuda backend: matmul attention on 16-bit storage");
+  DT_TRY(dt_cu_matmul_attention_forward(impl(be), F(out), state, CF(qkv), B, T, C, NH)); /* then a rounding pass */
   return dt_cu_round_copy(out, CF(out), (size_t)B * T * C, be->precision, S(be));
 }
 static dt_status_t k_attention_backward(dt_backend_t *be, dt_act_t *dqkv, float *scratch, const dt_act_t *dout,
                                         const dt_act_t *out, const dt_act_t *qkv, const float *state, int B, int T,
                                         int C, int NH) {
   if (impl(be)->catt)
-    return dt_cudnn_att_backward(impl(be)->catt, F(dqkv), CF(dout), CF(out), CF(qkv), state, B, T, C, NH);
-  if (be->flash) return dt_cu_flash_backward(dqkv, scratch, dout, qkv, state, B, T, C, NH, be->precision, S(be));
-  DT_TRY(attention_backward(impl(be), F(dqkv), scratch, CF(dout), CF(qkv), state, B, T, C, NH));
+    return dt_cudnn_att_backward(impl(be)->catt, dqkv, dout, out, qkv, state, be->act_bytes == 2, B, T, C, NH);
+  if (be->flash) return dt_cu_flash_backward(dqkv, scratch, dout, qkv, state, B, T, C, NH, SP(be), S(be));
+  if (be->act_bytes != 4) return DT_ERR(DT_ERR_UNSUPPORTED, "cuda backend: matmul attention on 16-bit storage");
+  DT_TRY(dt_cu_matmul_attention_backward(impl(be), F(dqkv), scratch, CF(dout), CF(qkv), state, B, T, C, NH));
   return dt_cu_round_copy(dqkv, CF(dqkv), (size_t)B * T * 3 * C, be->precision, S(be));
 }
 static dt_status_t k_attention_decode(dt_backend_t *be, dt_act_t *out, dt_act_t *kc, dt_act_t *vc, const dt_act_t *qkv,
                                       int B, int pos, int n, int Tmax, int C, int NH) {
-  return dt_cu_attention_decode(out, kc, vc, qkv, B, pos, n, Tmax, C, NH, be->precision, S(be));
+  return dt_cu_attention_decode(out, kc, vc, qkv, B, pos, n, Tmax, C, NH, SP(be), S(be));
 }
 static dt_status_t k_gelu_forward(dt_backend_t *be, dt_act_t *out, const dt_act_t *inp, size_t n) {
-  return dt_cu_gelu_forward(out, inp, n, be->precision, S(be));
+  return dt_cu_gelu_forward(out, inp, n, SP(be), S(be));
 }
 static dt_status_t k_gelu_backward(dt_backend_t *be, dt_act_t *dinp, const dt_act_t *inp, const dt_act_t *dout,
                                    size_t n) {
-  return dt_cu_gelu_backward(dinp, inp, dout, n, be->precision, S(be));
+  return dt_cu_gelu_backward(dinp, inp, dout, n, SP(be), S(be));
 }
 /* the mean loss added on the device (dt_cu_crossentropy_forward): no host wait */
 static dt_status_t k_crossentropy_forward(dt_backend_t *be, float *losses, float *lse, const dt_act_t *logits,
                                           const int *targets, int N, int V, int Vp, double *loss_sum) {
-  return dt_cu_crossentropy_forward(losses, lse, logits, targets, N, V, Vp, loss_sum, DT_PREC_FP32, S(be));
+  return dt_cu_crossentropy_forward(losses, lse, logits, targets, N, V, Vp, loss_sum, dt_cu_store(be, DT_PREC_FP32),
+                                    S(be));
 }
 static dt_status_t k_xent_max(dt_backend_t *be, float *mx, const dt_act_t *logits, int N, int nv, int Vp) {
-  return dt_cu_xent_max(mx, logits, N, nv, Vp, DT_PREC_FP32, S(be));
+  return dt_cu_xent_max(mx, logits, N, nv, Vp, dt_cu_store(be, DT_PREC_FP32), S(be));
 }
 static dt_status_t k_xent_sumexp(dt_backend_t *be, double *sum, float *tl, const dt_act_t *logits, const float *mx,
                                  const int *targets, int N, int nv, int Vp, int v0) {
-  return dt_cu_xent_sumexp(sum, tl, logits, mx, targets, N, nv, Vp, v0, DT_PREC_FP32, S(be));
+  return dt_cu_xent_sumexp(sum, tl, logits, mx, targets, N, nv, Vp, v0, dt_cu_store(be, DT_PREC_FP32), S(be));
 }
 static dt_status_t k_xent_finish(dt_backend_t *be, float *lse_mx, float *losses_tl, const double *sum, int N,
                                  double *loss_sum) {
@@ -502,13 +448,14 @@ static dt_status_t k_xent_finish(dt_backend_t *be, float *lse_mx, float *losses_
 /* in place: the kernel reads each logit before it writes its gradient at the same index */
 static dt_status_t k_crossentropy_backward(dt_backend_t *be, dt_act_t *logits, const float *lse, const int *targets,
                                            float dloss, int N, int nv, int Vp, int v0) {
-  return dt_cu_crossentropy_backward(logits, logits, lse, targets, dloss, N, nv, Vp, v0, be->precision, S(be));
+  return dt_cu_crossentropy_backward(logits, logits, lse, targets, dloss, N, nv, Vp, v0, SP(be), S(be));
 }
-static dt_status_t k_round(dt_backend_t *be, float *x, size_t n) {
-  return dt_cu_round_copy(x, x, n, be->precision, S(be));
+/* 16-bit storage holds rounded values by construction: nothing to round */
+static dt_status_t k_round(dt_backend_t *be, dt_act_t *x, size_t n) {
+  return be->act_bytes == 2 ? DT_OK : dt_cu_round_copy(x, CF(x), n, be->precision, S(be));
 }
-static dt_status_t k_round_copy(dt_backend_t *be, float *dst, const float *src, size_t n) {
-  return dt_cu_round_copy(dst, src, n, be->precision, S(be));
+static dt_status_t k_round_copy(dt_backend_t *be, dt_act_t *dst, const float *src, size_t n) {
+  return dt_cu_round_copy(dst, src, n, SP(be), S(be));
 }
 
 /* Order the compute stream after everything enqueued on the comm stream so far (all-reduces of

@@ -16,6 +16,7 @@ extern "C" {
 #include "cuda_check.h"
 #include "cuda_launch.h"
 #include "embed_buckets.h"
+#include "kernels.h"
 #include "sparse.h"
 
 /* The activations are the model's (gpt2.c carves them from k_alloc); the backend keeps its
@@ -37,6 +38,9 @@ typedef struct {
    * conversion is exact and only the fp32 accumulation order differs from cublasSgemm's */
   int lin_16;
   cublasComputeType_t lin_compute;
+  cudaDataType_t st16;       /* 16-bit storage (be->act_bytes 2): CUDA_R_16BF or CUDA_R_16F */
+  float *acc;                /* 16-bit storage: the fp32 result of a product with a bias or a */
+  size_t acc_n;              /* residual, before its epilogue stores it (backend_cuda_gemm.cu) */
   struct dt_cudnn *cudnn; /* system.conv = cudnn: conv_cudnn.h's state (NULL: our convolutions) */
   struct dt_cudnn_att *catt; /* system.attention = cudnn: attention_cudnn.h's state, else NULL */
   dt_cu_sparse_t *sp_params, *sp_grads; /* be->sparse: those arenas (sparse.h), else NULL */
@@ -106,6 +110,23 @@ static inline dt_status_t gemm_rm_batched(cublasHandle_t h, bool ta, bool tb, in
   return DT_OK;
 }
 
+
+/* The precision argument of a kernel that stores activations: with 16-bit storage the run's
+ * precision with DT_STORE16, else float_prec (the run's, or DT_PREC_FP32 where the model rounds) */
+static inline int dt_cu_store(const dt_backend_t *be, int float_prec) {
+  return be->act_bytes == 2 ? be->precision | DT_STORE16 : float_prec;
+}
+
+/* backend_cuda_gemm.cu: the layers' products over the storage (be->act_bytes), as the kernel
+ * table's linear_forward/backward (backend.h), and the matmul attention on float storage */
+dt_status_t dt_cu_linear_forward(dt_backend_t *be, void *out, const void *inp, const void *w, bool w_in_out,
+                                 const void *bias, const void *resid, int N, int C, int OC);
+dt_status_t dt_cu_linear_backward(dt_backend_t *be, void *dinp, float *dweight, float *dbias, const void *dout,
+                                  const void *inp, const void *w, bool w_in_out, int N, int C, int OC);
+dt_status_t dt_cu_matmul_attention_forward(cu_impl_t *im, float *out, float *att, const float *qkv, int B, int T,
+                                           int C, int NH);
+dt_status_t dt_cu_matmul_attention_backward(cu_impl_t *im, float *dqkv, float *scratch, const float *dout,
+                                            const float *qkv, const float *att, int B, int T, int C, int NH);
 
 /* The column-sum scratch (dt_cu_col_sum) holds at least `cols` columns: grown on first need (the
  * image classifiers' bias widths are not known at init). */

@@ -15,8 +15,8 @@
 #       speed SKIP
 # Stages: preflight (driver, runtime, the libraries loaded), parity (tests/gpu_parity: every
 # kernel and backend op against its CPU twin), sanitizer (compute-sanitizer memcheck, and
-# racecheck on the kernels), training (tiny model 50 steps cpu vs cuda, fp32 and bf16; cuda with recomputation
-# bitwise equal to cuda without; cuda with TF32 near cpu; validation's numerics reference on
+# racecheck on the kernels), training (tiny model 50 steps cpu vs cuda, fp32 and bf16, bf16 also with
+# 16-bit storage; cuda with recomputation bitwise equal to cuda without; cuda with TF32 near cpu; validation's numerics reference on
 # cuda), checkpoints (save/resume across backends, exact GPU resume, eval agreement), generate
 # (`dtrain generate --verify` greedy on cuda: cached vs uncached logits, tokens equal cpu's), nccl (every
 # collective, one rank, over NCCL and over the host-staged MPI communicator), parallel (tp=2, pp=2,
@@ -242,11 +242,12 @@ steps=$([ $quick = 1 ] && echo 20 || echo 50)
 tiny=("$cfg" train.steps=$steps train.eval_every=0 log.every=1 "data.train=$DATA_DIR/austen_train_*.bin"
       "data.val=$DATA_DIR/austen_val_*.bin" checkpoint.resume=never checkpoint.every=0)
 if [ $have_gpu = 1 ]; then
-  for be in cpu cuda cuda_rc cuda_tf32 cpu_bf16 cuda_bf16; do
+  for be in cpu cuda cuda_rc cuda_tf32 cpu_bf16 cuda_bf16 cuda_bf16s; do
     a=(system.backend=${be%%_*})
     [ $be = cuda_rc ] && a+=(train.recompute=true)
     [ $be = cuda_tf32 ] && a+=(system.tf32=true)
     [ ${be#*_} = bf16 ] && a+=(train.precision=bf16)
+    [ $be = cuda_bf16s ] && a+=(train.precision=bf16 system.attention=flash) # 16-bit storage (system.store16)
     run "$dt" "${tiny[@]}" "${a[@]}" log.metrics="$work/tiny_$be.jsonl" checkpoint.dir="$work/tiny_ck_$be" \
       > "$work/tiny_$be.out" 2>&1 || tail -5 "$work/tiny_$be.out"
     tail -n 3 "$work/tiny_$be.out"
@@ -282,9 +283,14 @@ if [ $have_gpu = 1 ]; then
     ok6=$?
     [ $rc6 = 0 ] || { r6="$r6; exit $rc6: $(grep -m1 'error\|cudnn' "$o6")"; ok6=1; }
   fi
-  printf '%s\n' "$r1" "$r2" "$r3" "$r4" "$r5" "$r6"
-  detail="$(echo "$r1" | tail -1); $(echo "$r2" | tail -1); $(echo "$r3" | tail -1); $(echo "$r4" | tail -1); $(echo "$r5" | tail -1); $(echo "$r6" | tail -1)"
-  if [ $ok1 = 0 ] && [ $ok2 = 0 ] && [ $ok3 = 0 ] && [ $ok4 = 0 ] && [ $ok5 = 0 ] && [ $ok6 = 0 ]; then stage training PASS "$detail"
+  # bf16 with 16-bit storage (the flash attention; system.store16 = auto): the same tolerance as bf16
+  r7=$($cmp losses "$work/tiny_cpu_bf16.jsonl" "$work/tiny_cuda_bf16s.jsonl" --rtol 1e-2 --steps $steps \
+    --what "cpu vs cuda bf16 with 16-bit storage" 2>&1)
+  ok7=$?
+  grep -q '^# storage: 16 bits' "$work/tiny_cuda_bf16s.out" || { r7="$r7; no '# storage: 16 bits' line"; ok7=1; }
+  printf '%s\n' "$r1" "$r2" "$r3" "$r4" "$r5" "$r6" "$r7"
+  detail="$(echo "$r1" | tail -1); $(echo "$r2" | tail -1); $(echo "$r3" | tail -1); $(echo "$r4" | tail -1); $(echo "$r5" | tail -1); $(echo "$r6" | tail -1); $(echo "$r7" | tail -1)"
+  if [ $ok1 = 0 ] && [ $ok2 = 0 ] && [ $ok3 = 0 ] && [ $ok4 = 0 ] && [ $ok5 = 0 ] && [ $ok6 = 0 ] && [ $ok7 = 0 ]; then stage training PASS "$detail"
   else stage training FAIL "$detail"; fi
 else
   stage training SKIP "no GPU"

@@ -115,8 +115,25 @@ Test(plan, cpu_activations_match_the_tensor_list) {
   cr_assert_eq(P.z[0].act_cpu, 4.0 * (L * per + once) + 2 * bt * sizeof(int));
   /* the CUDA attention keeps (B,NH,T,T) probabilities per layer and their gradient once */
   size_t att = B * d.NH * T * T;
-  cr_assert_eq(dt_plan_gpu_activation_floats(&d, (int)B, (int)T, 0, 0),
-               L * (per - B * d.NH * T + att) + once - dt_attention_scratch_floats((int)T, (int)nthr) + att);
+  cr_assert_eq(dt_plan_gpu_activation_bytes(&d, (int)B, (int)T, 0, 0, 4),
+               4 * (L * (per - B * d.NH * T + att) + once - dt_attention_scratch_floats((int)T, (int)nthr) + att));
+  /* 16-bit storage with the flash attention: 2 bytes per activation, 4 per statistic, the rows'
+   * log-sum-exp (B,NH,T) per layer and their <dout, out> (B,NH,T) once */
+  const size_t rows = B * d.NH * T;
+  const size_t per16 = 2 * bt * 16 * C + 4 * (4 * bt + rows), once16 = 2 * bt * (11 * C + d.Vp) + 4 * (4 * bt + rows);
+  cr_assert_eq(dt_plan_gpu_activation_bytes(&d, (int)B, (int)T, 0, 1, 2), L * per16 + once16);
+  /* the plan of a bf16 run with it: the working copy in 2 bytes, the activations above and the
+   * products' fp32 accumulator (B T 4C floats) instead of float storage */
+  in.precision = DT_PREC_BF16;
+  in.flash = 1;
+  cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
+  const double g32 = P.z[0].total_gpu, n = P.z[0].params / 4;
+  in.store16 = 1;
+  cr_assert_eq(dt_plan_compute(&P, &in), DT_OK);
+  cr_assert_float_eq(P.z[0].total_gpu - g32,
+                     -2 * n + (double)dt_plan_gpu_activation_bytes(&d, (int)B, (int)T, 0, 1, 2) -
+                         (double)dt_plan_gpu_activation_bytes(&d, (int)B, (int)T, 0, 1, 4) + 16.0 * bt * C,
+                     1);
 }
 
 /* The planner's GPU count against what the model allocates on the CUDA backend itself (host code,
@@ -134,9 +151,10 @@ Test(plan, gpu_activations_match_the_cuda_backend) {
         dt_cuda_attention_floats(B, T, ds[i].NH, flash, &state, &scratch);
         cr_assert_eq(state, (size_t)B * ds[i].NH * T * (flash ? 1 : T));
         for (int rc = 0; rc < 2; rc++)
-          cr_assert_eq(dt_plan_gpu_activation_floats(&ds[i], B, T, rc, flash),
-                       dt_gpt2_activation_floats(&ds[i], 1, ds[i].L, 1, 1, B, T, rc, state, scratch),
-                       "dims %d, B=%d T=%d, recompute %d, flash %d", i, B, T, rc, flash);
+          for (int es = 2; es <= 4; es += 2)
+            cr_assert_eq(dt_plan_gpu_activation_bytes(&ds[i], B, T, rc, flash, es),
+                         dt_gpt2_activation_bytes(&ds[i], 1, ds[i].L, 1, 1, B, T, rc, state, scratch, es),
+                         "dims %d, B=%d T=%d, recompute %d, flash %d, %d-byte activations", i, B, T, rc, flash, es);
       }
     }
 #else

@@ -254,8 +254,11 @@ int dt_generate_main(int argc, char **argv) {
   if (st == DT_OK) st = dt_trainer_init_model(&tr, &cfg, o.cfg_path);
   if (st == DT_OK) st = dt_trainer_load_checkpoint(&tr, ckpt, used, sizeof used);
   if (st == DT_OK && rank == 0) {
-    fprintf(stderr, "# generate: checkpoint %s, %s backend, tp=%d, %s tokenizer, prompt %d tokens, %d new, temperature %g, "
-            "top-k %d\n", used, tr.be.ops->name, tr.lay.tp, gpt2 ? "gpt2" : "byte", tx.n, o.tokens, o.temperature, o.top_k);
+    fprintf(stderr,
+            "# generate: checkpoint %s, %s backend%s, tp=%d, %s tokenizer, prompt %d tokens, %d new, "
+            "temperature %g, top-k %d\n",
+            used, tr.be.ops->name, tr.be.act_bytes == 2 ? " (16-bit storage)" : "", tr.lay.tp, gpt2 ? "gpt2" : "byte",
+            tx.n, o.tokens, o.temperature, o.top_k);
     for (int i = 0; i < tx.n; i++) print_token(&tx, tx.ids[i]);
   }
   if (st == DT_OK) st = generate(&tr, &o, &tx, rank, ids);

@@ -59,10 +59,10 @@ static size_t cpu_activation_floats(const dt_dims_t *d, int tp, int nl, int last
   return dt_gpt2_activation_floats(d, tp, nl, last, slots, B, T, recompute, state, scratch);
 }
 
-size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T, int recompute, int flash) {
+size_t dt_plan_gpu_activation_bytes(const dt_dims_t *d, int B, int T, int recompute, int flash, int act_bytes) {
   size_t state = 0, scratch = 0;
   dt_cuda_attention_floats(B, T, d->NH, flash, &state, &scratch);
-  return dt_gpt2_activation_floats(d, 1, d->L, 1, 1, B, T, recompute, state, scratch);
+  return dt_gpt2_activation_bytes(d, 1, d->L, 1, 1, B, T, recompute, state, scratch, act_bytes);
 }
 
 /* parallel.zero when this build's config table has it (the ZeRO work adds it), else -1. */
@@ -102,6 +102,7 @@ dt_status_t dt_plan_input(dt_plan_in_t *in, const dt_config_t *cfg, const char *
   in->flash = strcmp(cfg->attention, "matmul") != 0; /* flash, cudnn: the rows' log-sum-exp only */
   in->cudnn = !strcmp(cfg->attention, "cudnn");
   in->tf32 = cfg->tf32;
+  in->store16 = !strcmp(cfg->store16, "auto") && prec != DT_PREC_FP32 && in->flash && cfg->tp <= 1;
   in->device_mem = device_mem;
   return DT_OK;
 }
@@ -155,16 +156,18 @@ static dt_status_t plan_groups(dt_plan_t *p, const dt_plan_in_t *in, double *wte
   return DT_OK;
 }
 
-/* Activation counts (floats) the stages share: the backend's own count for tp = pp = 1;
- * otherwise fixed (embedding/head/scratch, counted on every stage: an upper bound) + per-layer
- * part, with the tp-sharded tensors (qkv, atty, fch, fch_gelu, attention lse/probabilities,
- * logits) divided by tp and pp - s micro-batches in flight (1F1B). */
+/* Activation counts the stages share: the backend's own count for tp = pp = 1; otherwise fixed
+ * (embedding/head/scratch, counted on every stage: an upper bound) + per-layer part, with the
+ * tp-sharded tensors (qkv, atty, fch, fch_gelu, attention lse/probabilities, logits) divided by
+ * tp and pp - s micro-batches in flight (1F1B). CPU in floats, GPU in bytes (its activations of
+ * es bytes: 2 with 16-bit storage). */
 typedef struct {
-  double c_fix, c_per_tp, g_fix, g_per_tp; /* CPU / GPU: fixed part, per block (tp-sharded) */
-  double logits_sh;                        /* what vocab-parallel logits save */
+  double c_fix, c_per_tp, g_fix, g_per_tp; /* CPU floats / GPU bytes: fixed part, per block (tp-sharded) */
+  double logits_sh;                        /* what vocab-parallel logits save (elements) */
   double ints;                             /* inputs + targets of a micro-batch, bytes */
   double wte;                              /* plan_groups' */
   int mixed;                               /* 16-bit working parameters */
+  int es;                                  /* bytes of a GPU activation (in->store16: 2) */
 } plan_act_t;
 
 static plan_act_t plan_act(const dt_plan_in_t *in, double wte) {
@@ -174,14 +177,15 @@ static plan_act_t plan_act(const dt_plan_in_t *in, double wte) {
   d0.L = 0;
   d1.L = 1;
   plan_act_t a = {.wte = wte, .mixed = in->precision != DT_PREC_FP32, .ints = 2 * bt * sizeof(int)};
+  a.es = in->store16 ? 2 : 4;
   a.c_fix = (double)cpu_activation_floats(&d0, 1, 0, 1, 1, in->B, in->T, in->threads, 0);
   const double c_per = (double)cpu_activation_floats(&d1, 1, 1, 1, 1, in->B, in->T, in->threads, 0) - a.c_fix;
-  a.g_fix = (double)dt_plan_gpu_activation_floats(&d0, in->B, in->T, 0, in->flash);
-  const double g_per = (double)dt_plan_gpu_activation_floats(&d1, in->B, in->T, 0, in->flash) - a.g_fix;
+  a.g_fix = (double)dt_plan_gpu_activation_bytes(&d0, in->B, in->T, 0, in->flash, a.es);
+  const double g_per = (double)dt_plan_gpu_activation_bytes(&d1, in->B, in->T, 0, in->flash, a.es) - a.g_fix;
   a.logits_sh = bt * d->Vp * shard;
   a.c_per_tp = c_per - bt * (12 * C + d->NH) * shard;
   const double att_rows = (double)in->B * d->NH * in->T * (in->flash ? 1 : in->T); /* a block's attention state */
-  a.g_per_tp = g_per - (bt * 12 * C + att_rows) * shard;
+  a.g_per_tp = g_per - (bt * 12 * C * a.es + att_rows * 4) * shard;
   return a;
 }
 
@@ -204,16 +208,18 @@ static void stage_acts(const dt_plan_in_t *in, const plan_act_t *a, int s, doubl
     rc = keep - inflight * n_l * a->c_per_tp + inflight * n_l * bt * C + a->c_per_tp;
   }
   if (tp == 1 && pp == 1) {
-    gkeep = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T, 0, in->flash);
-    grc = 4 * (double)dt_plan_gpu_activation_floats(d, in->B, in->T, 1, in->flash);
+    gkeep = (double)dt_plan_gpu_activation_bytes(d, in->B, in->T, 0, in->flash, a->es);
+    grc = (double)dt_plan_gpu_activation_bytes(d, in->B, in->T, 1, in->flash, a->es);
   } else {
-    gkeep = 4 * (a->g_fix - a->logits_sh + inflight * n_l * a->g_per_tp); /* logits (dlogits in place) */
-    grc = gkeep - 4 * inflight * n_l * a->g_per_tp + 4 * (inflight * n_l * bt * C + a->g_per_tp);
+    gkeep = a->g_fix - a->logits_sh * a->es + inflight * n_l * a->g_per_tp; /* logits (dlogits in place) */
+    grc = gkeep - inflight * n_l * a->g_per_tp + inflight * n_l * bt * C * a->es + a->g_per_tp;
   }
   /* + the backend's copies of inputs and targets: of each micro-batch in flight on the CPU */
   r->act_cpu = 4 * (in->recompute ? rc : keep) + inflight * a->ints;
   r->act_cpu_alt = 4 * (in->recompute ? keep : rc) + inflight * a->ints;
-  const double c16 = in->cudnn ? 16 * bt * (C / tp) : 0; /* cuDNN attention's 16-bit copies (attention_cudnn.cpp) */
+  /* cuDNN attention's 16-bit copies of float storage (attention_cudnn.cpp); 16-bit storage: the
+   * fp32 accumulator of the biased products (B T 4C floats, backend_cuda.cu) */
+  const double c16 = in->store16 ? 4 * bt * 4 * C : in->cudnn ? 16 * bt * (C / tp) : 0;
   r->act_gpu = (in->recompute ? grc : gkeep) + a->ints + c16;
   r->act_gpu_rc = (in->recompute ? gkeep : grc) + a->ints + c16;
 }
@@ -253,7 +259,7 @@ static dt_plan_zero_t stage_memory(const dt_plan_t *p, const dt_plan_in_t *in, c
   const double own = 1.0 - 1.0 / dp; /* ZeRO-3: a third block, released but not yet given back */
   double params_gpu = z >= 3 ? r.params + r.gather + 4 * p->group_blk * own : 4 * P;
   double grads_gpu = z >= 2 ? r.grads + held : 4 * P;
-  double state_gpu = params_gpu + (a->mixed ? 4 * P : 0) + grads_gpu + r.m + r.v + r.comm_gpu;
+  double state_gpu = params_gpu + (a->mixed ? (double)a->es * P : 0) + grads_gpu + r.m + r.v + r.comm_gpu;
   r.total_cpu = state + r.act_cpu + r.work_cpu;
   r.total_gpu = state_gpu + r.act_gpu + r.work_gpu;
   r.total_gpu_rc = state_gpu + r.act_gpu_rc + r.work_gpu;
@@ -267,9 +273,12 @@ static void plan_roof(dt_plan_t *p, const dt_plan_in_t *in, const plan_act_t *a,
   const dt_dims_t *d = &in->d;
   const int tp = in->tp, pp = in->pp, dp = in->dp, s = p->z[zc].pp_stage;
   const double P = p->stage_params[s], acc = in->accum, bt = (double)in->B * in->T, C = d->C;
-  /* activations one micro-batch writes and reads (not the pp - s kept in flight) */
-  const double A = tp == 1 && pp == 1 ? p->z[zc].act_gpu
-                                      : 4 * (a->g_fix - a->logits_sh + p->stage_blocks[s] * a->g_per_tp) + a->ints;
+  /* activations one micro-batch writes and reads (not the pp - s kept in flight), in 4-byte storage
+   * (the 16-bit figure is act_rw16; with pp > 1 and 16-bit storage scaled from it, statistics too) */
+  const double A = tp == 1 && pp == 1
+                       ? (double)dt_plan_gpu_activation_bytes(d, in->B, in->T, 0, in->flash, 4) + a->ints +
+                             (in->cudnn && !in->store16 ? 16 * bt * C : 0)
+                       : (a->g_fix - a->logits_sh * a->es + p->stage_blocks[s] * a->g_per_tp) * 4 / a->es + a->ints;
   dt_plan_roof_t *f = &p->roof;
   f->flops = dt_model_flops_per_token(d, in->T) * bt * acc / ((double)tp * pp);
   f->w_read = acc * 2 * 4 * P + (a->mixed ? 8 * P : 0); /* fwd + bwd read W; rounding copy */

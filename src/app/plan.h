@@ -37,6 +37,8 @@ typedef struct {
   int tf32;           /* system.tf32: the CUDA fp32 products on TF32 tensor cores (the kernel roofline) */
   int cudnn;          /* system.attention = cudnn: + its 16-bit copies of one block's qkv, out, dout and dqkv
                          (16 B T C/tp bytes); cuDNN's workspace is not counted */
+  int store16;        /* the CUDA backend stores 16 bits (system.store16 = auto, bf16/fp16, flash or cudnn,
+                         tp = 1: train.c): the kernel roofline's as-built storage */
   double device_mem;  /* bytes per device for the fit verdict */
 } dt_plan_in_t;
 
@@ -102,9 +104,10 @@ typedef struct {
   double stage_flops_share;   /* pp > 1: the busiest stage's FLOPs over the mean stage's */
 } dt_plan_t;
 
-/* GPU backend activation floats for (B, T): what the model (gpt2.c) allocates on the CUDA
- * backend, whose attention keeps the (B, NH, T, T) probabilities and their gradient. */
-size_t dt_plan_gpu_activation_floats(const dt_dims_t *d, int B, int T, int recompute, int flash);
+/* GPU backend activation bytes for (B, T): what the model (gpt2.c) allocates on the CUDA backend
+ * (tp = pp = 1), whose attention keeps the (B, NH, T, T) probabilities and their gradient (flash:
+ * the rows' log-sum-exp), with activations of act_bytes (4, or 2 with 16-bit storage). */
+size_t dt_plan_gpu_activation_bytes(const dt_dims_t *d, int B, int T, int recompute, int flash, int act_bytes);
 
 /* The planner's input for a loaded config and a world size (0: dp*tp*pp with dp=0 read as 1).
  * Errors (DT_ERR_CONFIG) name the key. */

@@ -81,8 +81,10 @@ static void print_model(const dt_plan_t *p, FILE *o, const char *prefix) {
   pl(o, prefix, "  AdamW m + v (fp32)       %.4g x 8 B  = %7.2f GB", n, 8 * n / GB);
   pl(o, prefix, "  mixed precision: fp32 master + m + v = %.4g x 12 B = %.2f GB, plus a 16-bit working copy "
      "%.4g x 2 B = %.2f GB", n, 12 * n / GB, n, 2 * n / GB);
-  pl(o, prefix, "    (dtrain emulates bf16/fp16 storage in fp32: its working copy is %.4g x 4 B = %.2f GB)", n,
-     4 * n / GB);
+  pl(o, prefix, "    (%s: its working copy is %.4g x 4 B = %.2f GB)",
+     in->store16 ? "the CPU backend emulates bf16/fp16 storage in fp32; this run's CUDA backend stores 16 bits"
+                 : "dtrain emulates bf16/fp16 storage in fp32 here",
+     n, 4 * n / GB);
   pl(o, prefix, "  ZeRO over dp=%d, per rank: stage 1 shards m + v: %.2f / %d = %.2f GB; stage 2 also the gradients: "
      "%.2f / %d = %.2f GB; stage 3 also the parameters: %.2f / %d = %.2f GB", dp, 8 * n / GB, dp,
      8 * ceil_div(n, dp) / GB, 4 * n / GB, dp, 4 * ceil_div(n, dp) / GB, 4 * n / GB, dp, 4 * ceil_div(n, dp) / GB);
@@ -101,7 +103,7 @@ static void print_ranks(const dt_plan_t *p, FILE *o, const char *prefix) {
   const int mixed = in->precision != DT_PREC_FP32;
   pl(o, prefix, "plan: per rank, GB (worst pipeline stage)       %9s %9s %9s %9s", "zero0", "zero1", "zero2", "zero3");
   ROW("parameters (fp32 master)", params);
-  if (mixed) ROW("working copy (emulated 16-bit, stored fp32)", wparams);
+  if (mixed) ROW("working copy (CPU: emulated 16-bit, fp32)", wparams);
   ROW("gradients (fp32)", grads);
   ROW("AdamW m (fp32)", m);
   ROW("AdamW v (fp32)", v);

@@ -143,8 +143,9 @@ void dt_kroof_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   static const char *att[3] = {"matmul", "flash", "cudnn"};
   dt_kroof_t r, r16;
   double tk[DT_KC_N];
-  dt_kroof_compute(p, 4, &r);
-  dt_kroof_compute(p, 2, &r16);
+  const int built = in->store16 ? 2 : 4; /* the other storage is the alternative line's */
+  dt_kroof_compute(p, built, &r);
+  dt_kroof_compute(p, 6 - built, &r16);
   const double t = dt_kroof_time(&r, g, tk), t16 = dt_kroof_time(&r16, g, NULL);
   const double tokens = (double)in->B * in->T * (in->accum > 0 ? in->accum : 1);
   const double split = (in->tp > 1 ? in->tp : 1) * (in->pp > 1 ? in->pp : 1);
@@ -152,11 +153,11 @@ void dt_kroof_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   const int pp = in->pp > 1;
   dt_plan_line(o, prefix,
                "roofline: kernels: the CUDA backend's kernels by class, one optimizer step of %s (%d blocks%s), "
-               "as built: activations stored in 4 bytes, train.precision = %s, system.attention = %s, "
+               "as built: activations stored in %d bytes, train.precision = %s, system.attention = %s, "
                "system.tf32 = %s%s; %s datasheet (fp32 %.0f TF, TF32 %.0f, bf16 %.0f, HBM %.2f TB/s); each class "
                "max(FLOPs/peak, bytes/HBM), the step their sum; a prediction, not measured on a GPU",
                pp ? "the last pipeline stage" : "one rank", p->stage_blocks[pp ? in->pp - 1 : 0],
-               pp ? " + the head" : " + embeddings + head", dt_precision_name((dt_precision_t)in->precision),
+               pp ? " + the head" : " + embeddings + head", built, dt_precision_name((dt_precision_t)in->precision),
                att[in->cudnn ? 2 : in->flash ? 1 : 0], in->tf32 ? "true" : "false",
                in->recompute ? ", train.recompute = true" : "", g->name, g->fp32 / 1e12, g->tf32 / 1e12,
                g->bf16 / 1e12, g->hbm / 1e12);
@@ -172,12 +173,20 @@ void dt_kroof_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   dt_plan_line(o, prefix,
                "roofline: kernels: step %.2f ms: %.4g tokens/s per GPU, %.1f%% of the bf16 dense peak in model "
                "FLOPs (%.4g per step)", 1e3 * t, tokens / t, 100 * model / t / g->bf16, model);
-  dt_plan_line(o, prefix,
-               "roofline: kernels: with activations stored in 16 bits (#22 item 1, not built: no rounding passes, "
-               "16-bit products and weights): step %.2f ms, %.4g tokens/s per GPU, %.1f%% of the bf16 peak",
-               1e3 * t16, tokens / t16, 100 * model / t16 / g->bf16);
+  if (built == 4)
+    dt_plan_line(o, prefix,
+                 "roofline: kernels: with activations stored in 16 bits (system.store16 = auto with bf16/fp16, "
+                 "flash or cudnn attention, tp = 1: no rounding passes, 16-bit products and weights): step %.2f ms, "
+                 "%.4g tokens/s per GPU, %.1f%% of the bf16 peak",
+                 1e3 * t16, tokens / t16, 100 * model / t16 / g->bf16);
+  else
+    dt_plan_line(o, prefix,
+                 "roofline: kernels: with float storage instead (system.store16 = off: rounding passes, twice the "
+                 "bytes): step %.2f ms, %.4g tokens/s per GPU, %.1f%% of the bf16 peak",
+                 1e3 * t16, tokens / t16, 100 * model / t16 / g->bf16);
   const double th = dt_kroof_time(&r, h200, NULL), th16 = dt_kroof_time(&r16, h200, NULL);
   dt_plan_line(o, prefix,
                "roofline: kernels: on an %s (HBM %.1f TB/s, the GPU docs/gpu-runs.md ran on): step %.2f ms as "
-               "built, %.2f ms with 16-bit activations", h200->name, h200->hbm / 1e12, 1e3 * th, 1e3 * th16);
+               "built, %.2f ms with %s", h200->name, h200->hbm / 1e12, 1e3 * th, 1e3 * th16,
+               built == 4 ? "16-bit activations" : "float storage");
 }

@@ -54,6 +54,14 @@ static void print_header(dt_trainer_t *tr) {
   if (tr->cfg.tf32 && tr->be.ops->host_memory)
     fprintf(o, "# note: system.tf32 = true has no effect on the %s backend (fp32 matmuls)\n", tr->be.ops->name);
   dt_train_print_precision(o, (dt_precision_t)tr->be.precision, &tr->scaler);
+  if (tr->be.precision != DT_PREC_FP32 && !tr->be.ops->host_memory)
+    fprintf(o, "# storage: %s (system.store16 = %s%s)\n",
+            tr->be.act_bytes == 2 ? "16 bits for the activations, their gradients and the weights' working copy"
+                                  : "float values rounded to the precision",
+            tr->cfg.store16,
+            tr->be.act_bytes == 2 || strcmp(tr->cfg.store16, "auto") ? ""
+            : tr->mesh.tp > 1 ? "; 16-bit storage needs parallel.tp = 1"
+                              : "; 16-bit storage needs system.attention = flash or cudnn");
   fprintf(o, "# FLOPs per token = 6*(12*L*C^2 + C*Vp) + 12*L*T*C = %.4g (fwd+bwd, full TxT attention)\n",
           tr->flops_per_token);
 }

@@ -24,10 +24,11 @@ typedef struct dt_cnn_kernels dt_cnn_kernels_t; /* the image classifiers' kernel
 typedef enum { DT_BUF_PARAMS, DT_BUF_GRADS, DT_BUF_M, DT_BUF_V } dt_buf_t;
 enum { DT_SPARSE_PARAMS = 1, DT_SPARSE_GRADS = 2 }; /* dt_backend_t.sparse */
 
-/* Activation storage: activations and activation gradients, be->act_bytes per element (4: float,
- * rounded to be->precision where the model stores them; 2: the 16 bits of a bf16/fp16 value, the
- * CUDA backend's storage once issue #22 step 7d switches it on). Statistics (layernorm means and
- * rstds, losses, log-sum-exps, the attention's state) are float in every precision. */
+/* Activation storage: activations, activation gradients and the weights' working copy, be->act_bytes
+ * per element (4: float, rounded to be->precision where the model stores them; 2: the 16 bits of a
+ * bf16/fp16 value, the CUDA backend's storage with be->store16). Statistics (layernorm means and
+ * rstds, losses, log-sum-exps, the attention's state), the fp32 master, gradients and optimizer
+ * state are float in every precision. */
 typedef void dt_act_t;
 
 typedef struct {
@@ -42,7 +43,8 @@ typedef struct {
  * *_host, every call is queued in order on the backend's compute stream (be->stream), and a
  * kernel returns DT_OK or the launch's error. Formulas and shapes: ops_cpu.h (the CPU twins, the
  * reference); N = B*T rows. Parameter gradients ACCUMULATE (+=), activation gradients are WRITTEN
- * (=). dt_act_t arguments are activation storage (be->act_bytes per element), float ones float.
+ * (=). dt_act_t arguments are activation storage (be->act_bytes per element: the activations, their
+ * gradients and the weights' working copy be->wparams), float ones float.
  * A new kernel: an entry here, its CPU twin (ops_cpu), the CUDA kernel (cuda/kernels.cu),
  * a case in tests/gpu_parity (docs/architecture.md). */
 typedef struct {
@@ -60,16 +62,16 @@ typedef struct {
    * blocks, for NH local heads. */
   void (*attention_floats)(const dt_backend_t *be, int B, int T, int NH, size_t *state, size_t *scratch);
   /* out[b,t] = (inp in [v0, v0+nrows) ? wte[inp - v0] : 0) + (wpe ? wpe[t] : 0); wte (nrows,C) */
-  dt_status_t (*encoder_forward)(dt_backend_t *be, dt_act_t *out, const int *inp, const float *wte, const float *wpe,
-                                 int B, int T, int C, int v0, int nrows);
+  dt_status_t (*encoder_forward)(dt_backend_t *be, dt_act_t *out, const int *inp, const dt_act_t *wte,
+                                 const dt_act_t *wpe, int B, int T, int C, int v0, int nrows);
   /* dwte[inp - v0] += dout for tokens in [v0, v0+nrows), dwpe[t] += sum_b dout (positions in
    * ascending order: deterministic); inp_host: the same tokens on the host */
   dt_status_t (*encoder_backward)(dt_backend_t *be, float *dwte, float *dwpe, const dt_act_t *dout, const int *inp,
                                   const int *inp_host, int B, int T, int C, int v0, int nrows);
   /* out (N,OC) += bias (OC) broadcast over rows */
-  dt_status_t (*add_bias)(dt_backend_t *be, dt_act_t *out, const float *bias, int N, int OC);
+  dt_status_t (*add_bias)(dt_backend_t *be, dt_act_t *out, const dt_act_t *bias, int N, int OC);
   /* out = resid + (out + bias) (the row-parallel projection's epilogue after its all-reduce) */
-  dt_status_t (*bias_residual)(dt_backend_t *be, dt_act_t *out, const float *bias, const dt_act_t *resid, int N,
+  dt_status_t (*bias_residual)(dt_backend_t *be, dt_act_t *out, const dt_act_t *bias, const dt_act_t *resid, int N,
                                int OC);
   /* layernorm_forward's out, layernorm_backward's dinp, gelu's outputs, crossentropy_backward's
    * dlogits, bias_residual's out, linear_forward's out when it has a bias and the attention's out
@@ -77,17 +79,17 @@ typedef struct {
    * as they write, sparing the model a rounding pass over them); every other activation the model
    * rounds itself (add_bias stores as computed) */
   dt_status_t (*layernorm_forward)(dt_backend_t *be, dt_act_t *out, float *mean, float *rstd, const dt_act_t *inp,
-                                   const float *weight, const float *bias, int N, int C);
+                                   const dt_act_t *weight, const dt_act_t *bias, int N, int C);
   dt_status_t (*layernorm_backward)(dt_backend_t *be, dt_act_t *dinp, float *dweight, float *dbias,
                                     const dt_act_t *dresid, const dt_act_t *dout, const dt_act_t *inp,
-                                    const float *weight, const float *mean, const float *rstd, int N, int C);
+                                    const dt_act_t *weight, const float *mean, const float *rstd, int N, int C);
   /* out (N,OC) = [resid +] inp W [+ bias]: W (OC,C) nn.Linear (w_in_out = 0, the lm_head) or
    * (C,OC) Conv1D (w_in_out = 1, the blocks); bias, resid may be NULL (resid: Conv1D only) */
-  dt_status_t (*linear_forward)(dt_backend_t *be, dt_act_t *out, const dt_act_t *inp, const float *w, int w_in_out,
-                                const float *bias, const dt_act_t *resid, int N, int C, int OC);
+  dt_status_t (*linear_forward)(dt_backend_t *be, dt_act_t *out, const dt_act_t *inp, const dt_act_t *w, int w_in_out,
+                                const dt_act_t *bias, const dt_act_t *resid, int N, int C, int OC);
   /* dinp = d out / d inp (if dinp), dweight += ..., dbias += sum_N dout (if dbias) */
   dt_status_t (*linear_backward)(dt_backend_t *be, dt_act_t *dinp, float *dweight, float *dbias, const dt_act_t *dout,
-                                 const dt_act_t *inp, const float *w, int w_in_out, int N, int C, int OC);
+                                 const dt_act_t *inp, const dt_act_t *w, int w_in_out, int N, int C, int OC);
   /* causal self-attention over qkv (B,T,3C) with NH heads into out (B,T,C); state: this block's
    * (attention_floats), scratch: the shared one; backward also gets forward's out */
   dt_status_t (*attention_forward)(dt_backend_t *be, dt_act_t *out, float *state, float *scratch, const dt_act_t *qkv,
@@ -122,9 +124,10 @@ typedef struct {
   /* in place: z[i,v] <- (softmax - [v + v0 == target]) * dloss for v < nv, 0 for v in [nv, Vp) */
   dt_status_t (*crossentropy_backward)(dt_backend_t *be, dt_act_t *logits, const float *lse, const int *targets,
                                        float dloss, int N, int nv, int Vp, int v0);
-  /* x (n) rounded in place to be->precision (precision.h; fp32: nothing); dst = round(src) */
-  dt_status_t (*round)(dt_backend_t *be, float *x, size_t n);
-  dt_status_t (*round_copy)(dt_backend_t *be, float *dst, const float *src, size_t n);
+  /* x (n) rounded in place to be->precision (precision.h; fp32 and 16-bit storage: nothing);
+   * dst = round(src), stored as activations (the weights' working copy) */
+  dt_status_t (*round)(dt_backend_t *be, dt_act_t *x, size_t n);
+  dt_status_t (*round_copy)(dt_backend_t *be, dt_act_t *dst, const float *src, size_t n);
   /* *out_host = sum of x[i]^2 over (n) (float64 accumulation) */
   dt_status_t (*sumsq)(dt_backend_t *be, const float *x, size_t n, double *out_host);
   /* x (n) = 0 (ZeRO-2/3 on device arenas: what lies outside the rank's shard after a reduction
@@ -162,8 +165,8 @@ typedef struct {
   dt_status_t (*copy_to_host)(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, float *dst);
   dt_status_t (*copy_from_host)(dt_backend_t *be, dt_buf_t buf, size_t off, size_t count, const float *src);
   /* Storage precision of the working parameters, activations and activation gradients
-   * (precision.h); init leaves fp32. Call after init, before forward: allocates the working copy
-   * be->wparams for bf16/fp16. */
+   * (precision.h); init leaves fp32. Call after init, before forward (and before the model carves
+   * its activations: it sets act_bytes): allocates the working copy be->wparams for bf16/fp16. */
   dt_status_t (*set_precision)(dt_backend_t *be, dt_precision_t p);
   /* Block until everything queued on the backend (its compute and communication streams) has
    * finished: host timers around device work and host code that hands device memory to another
@@ -179,11 +182,15 @@ struct dt_backend {
   const dt_layout_t *lay;
   float *params, *grads, *m, *v; /* arenas of lay->n_params floats (host or device); params is the
                                     fp32 master that AdamW updates and checkpoints hold */
-  float *wparams;                /* the parameters forward/backward read: == params in fp32, else a
-                                    copy rounded to `precision` at the start of every forward */
+  dt_act_t *wparams;             /* the parameters forward/backward read: == params in fp32, else a
+                                    copy rounded to `precision` at the start of every forward, in
+                                    activation storage (act_bytes per element) */
   int precision;                 /* dt_precision_t, set by set_precision (init: fp32) */
-  int act_bytes;                 /* bytes of a dt_act_t element: init sets 4 (16-bit storage, 2, is
-                                    not switched on yet: docs/architecture.md step 7) */
+  int act_bytes;                 /* bytes of a dt_act_t element: 4, or 2 when set_precision chose
+                                    16-bit storage (store16) */
+  int store16;                   /* CUDA: 16-bit storage asked for (system.store16 = auto), set after
+                                    init and before set_precision; it takes it for bf16/fp16 with
+                                    flash or cuDNN attention (the CPU: float storage, always) */
   float loss_scale;              /* backward differentiates loss * loss_scale (init: 1; fp16 loss
                                     scaling sets it before backward) */
   int B, T;                      /* capacity of a micro-batch */

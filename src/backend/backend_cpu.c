@@ -147,9 +147,10 @@ static void embed_rows(float *out, const int *inp, const float *wte, int N, int 
   }
 }
 
-static dt_status_t k_add_bias(dt_backend_t *be, dt_act_t *out_, const float *bias, int N, int OC) {
+static dt_status_t k_add_bias(dt_backend_t *be, dt_act_t *out_, const dt_act_t *bias_, int N, int OC) {
   (void)be;
   float *out = out_;
+  const float *bias = bias_;
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
     float *o = out + (size_t)i * OC;
@@ -158,8 +159,8 @@ static dt_status_t k_add_bias(dt_backend_t *be, dt_act_t *out_, const float *bia
   return DT_OK;
 }
 
-static dt_status_t k_encoder_forward(dt_backend_t *be, dt_act_t *out, const int *inp, const float *wte,
-                                     const float *wpe, int B, int T, int C, int v0, int nrows) {
+static dt_status_t k_encoder_forward(dt_backend_t *be, dt_act_t *out, const int *inp, const dt_act_t *wte,
+                                     const dt_act_t *wpe, int B, int T, int C, int v0, int nrows) {
   if (wpe && v0 == 0 && nrows >= be->lay->d.V) { /* every token's row is here */
     dt_encoder_forward(out, inp, wte, wpe, B, T, C);
     return DT_OK;
@@ -206,10 +207,10 @@ static void store_rounded(const dt_backend_t *be, float *x, size_t n) {
   dt_prec_round(x, n, (dt_precision_t)be->precision);
 }
 
-static dt_status_t k_bias_residual(dt_backend_t *be, dt_act_t *out_, const float *bias, const dt_act_t *resid_, int N,
-                                   int OC) {
+static dt_status_t k_bias_residual(dt_backend_t *be, dt_act_t *out_, const dt_act_t *bias_, const dt_act_t *resid_,
+                                   int N, int OC) {
   float *out = out_;
-  const float *resid = resid_;
+  const float *bias = bias_, *resid = resid_;
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
     float *o = out + (size_t)i * OC;
@@ -221,7 +222,7 @@ static dt_status_t k_bias_residual(dt_backend_t *be, dt_act_t *out_, const float
 }
 
 static dt_status_t k_layernorm_forward(dt_backend_t *be, dt_act_t *out, float *mean, float *rstd, const dt_act_t *inp,
-                                       const float *weight, const float *bias, int N, int C) {
+                                       const dt_act_t *weight, const dt_act_t *bias, int N, int C) {
   dt_layernorm_forward(out, mean, rstd, inp, weight, bias, N, C);
   store_rounded(be, out, (size_t)N * C);
   return DT_OK;
@@ -229,14 +230,14 @@ static dt_status_t k_layernorm_forward(dt_backend_t *be, dt_act_t *out, float *m
 
 static dt_status_t k_layernorm_backward(dt_backend_t *be, dt_act_t *dinp, float *dweight, float *dbias,
                                         const dt_act_t *dresid, const dt_act_t *dout, const dt_act_t *inp,
-                                        const float *weight, const float *mean, const float *rstd, int N, int C) {
+                                        const dt_act_t *weight, const float *mean, const float *rstd, int N, int C) {
   dt_layernorm_backward(dinp, dweight, dbias, dresid, dout, inp, weight, mean, rstd, N, C);
   store_rounded(be, dinp, (size_t)N * C);
   return DT_OK;
 }
 
-static dt_status_t k_linear_forward(dt_backend_t *be, dt_act_t *out, const dt_act_t *inp, const float *w, int w_in_out,
-                                    const float *bias, const dt_act_t *resid, int N, int C, int OC) {
+static dt_status_t k_linear_forward(dt_backend_t *be, dt_act_t *out, const dt_act_t *inp, const dt_act_t *w,
+                                    int w_in_out, const dt_act_t *bias, const dt_act_t *resid, int N, int C, int OC) {
   if (!w_in_out && resid)
     return DT_ERR(DT_ERR_ARG, "%s backend: a residual epilogue needs the Conv1D layout", be->ops->name);
   if (!w_in_out) dt_matmul_forward(out, inp, w, bias, N, C, OC);
@@ -247,7 +248,7 @@ static dt_status_t k_linear_forward(dt_backend_t *be, dt_act_t *out, const dt_ac
 }
 
 static dt_status_t k_linear_backward(dt_backend_t *be, dt_act_t *dinp, float *dweight, float *dbias,
-                                     const dt_act_t *dout, const dt_act_t *inp, const float *w, int w_in_out, int N,
+                                     const dt_act_t *dout, const dt_act_t *inp, const dt_act_t *w, int w_in_out, int N,
                                      int C, int OC) {
   (void)be;
   if (w_in_out) dt_conv1d_backward(dinp, dweight, dbias, dout, inp, w, N, C, OC);
@@ -379,12 +380,12 @@ static dt_status_t k_crossentropy_backward(dt_backend_t *be, dt_act_t *logits, c
   return DT_OK;
 }
 
-static dt_status_t k_round(dt_backend_t *be, float *x, size_t n) {
+static dt_status_t k_round(dt_backend_t *be, dt_act_t *x, size_t n) {
   store_rounded(be, x, n);
   return DT_OK;
 }
 
-static dt_status_t k_round_copy(dt_backend_t *be, float *dst, const float *src, size_t n) {
+static dt_status_t k_round_copy(dt_backend_t *be, dt_act_t *dst, const float *src, size_t n) {
   dt_prec_round_copy(dst, src, n, (dt_precision_t)be->precision);
   return DT_OK;
 }

@@ -26,9 +26,12 @@
  * l - l0), the first stage embeds, the last one has ln_f, the lm_head and the loss. */
 #include "gpt2_int.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kmath.h"
+#include "precision.h"
 #include "timer.h"
 
 dt_profile_t dt_profile;
@@ -107,11 +110,15 @@ static size_t carve(acts_t *sets, int nslots, char *base, const dt_dims_t *d, in
   return off;
 }
 
-/* Counted with float activations (what the CPU backend and today's CUDA backend allocate). */
 size_t dt_gpt2_activation_floats(const dt_dims_t *d, int tp, int nl, int last, int slots, int B, int T, int recompute,
                                  size_t att_state, size_t att_scratch) {
-  return carve(NULL, slots, NULL, d, tp, nl, last, B, T, recompute, att_state, att_scratch, sizeof(float)) /
+  return dt_gpt2_activation_bytes(d, tp, nl, last, slots, B, T, recompute, att_state, att_scratch, sizeof(float)) /
          sizeof(float);
+}
+
+size_t dt_gpt2_activation_bytes(const dt_dims_t *d, int tp, int nl, int last, int slots, int B, int T, int recompute,
+                                size_t att_state, size_t att_scratch, int act_bytes) {
+  return carve(NULL, slots, NULL, d, tp, nl, last, B, T, recompute, att_state, att_scratch, (size_t)act_bytes);
 }
 
 void dt_gpt2_free(dt_gpt2_t *m) {
@@ -148,10 +155,10 @@ dt_status_t dt_gpt2_init(dt_gpt2_t *m, dt_backend_t *be, int slots, int recomput
   s->btcl = s->bt * s->Cl;
   dt_layout_stage(lay, &s->l0, &s->l1, &s->first, &s->last);
   s->esz = (size_t)be->act_bytes;
-  if (s->esz != sizeof(float)) {
+  if ((s->esz != 2 && s->esz != 4) || (s->esz == 2 && tp > 1)) { /* tp's all-reduces would sum in 16 bits */
     dt_gpt2_free(m);
-    return DT_ERR(DT_ERR_UNSUPPORTED, "gpt2: %s backend with %d-byte activations (only float storage is implemented)",
-                  be->ops->name, be->act_bytes);
+    return DT_ERR(DT_ERR_UNSUPPORTED, "gpt2: %s backend with %d-byte activations%s", be->ops->name, be->act_bytes,
+                  tp > 1 ? " and tensor parallelism (16-bit storage needs tp = 1)" : "");
   }
   size_t att_scratch = 0;
   be->k->attention_floats(be, be->B, be->T, s->NHl, &s->att, &att_scratch);
@@ -178,9 +185,13 @@ dt_status_t dt_gpt2_init(dt_gpt2_t *m, dt_backend_t *be, int slots, int recomput
 }
 
 
-/* Parameter views read by forward/backward: the working copy (the master itself in fp32). */
-static const float *P(const dt_backend_t *be, int l, int which) {
-  return be->wparams + dt_layout_block(be->lay, l, which)->offset;
+/* Parameter views read by forward/backward: the working copy (the master itself in fp32), in
+ * activation storage. */
+static const dt_act_t *W(const dt_backend_t *be, size_t off) {
+  return (const char *)be->wparams + off * (size_t)be->act_bytes;
+}
+static const dt_act_t *P(const dt_backend_t *be, int l, int which) {
+  return W(be, dt_layout_block(be->lay, l, which)->offset);
 }
 static float *G(const dt_backend_t *be, int l, int which) { return be->grads + dt_layout_block(be->lay, l, which)->offset; }
 
@@ -204,8 +215,8 @@ dt_status_t dt_gpt2__encoder_forward(dt_gpt2_t *m, dt_act_t *out, const int *inp
   dt_backend_t *be = m->be;
   const dt_gpt2_state_t *s = m->st;
   const int C = be->lay->d.C;
-  const float *wte = be->wparams + be->lay->tensors[0].offset;
-  const float *wpe = be->wparams + be->lay->tensors[1].offset + (size_t)pos * C;
+  const dt_act_t *wte = W(be, be->lay->tensors[0].offset);
+  const dt_act_t *wpe = W(be, be->lay->tensors[1].offset + (size_t)pos * C);
   if (s->tp == 1) return be->k->encoder_forward(be, out, inp, wte, wpe, B, T, C, 0, s->Vpl);
   DT_TRY(be->k->encoder_forward(be, out, inp, wte, NULL, B, T, C, s->v0, s->Vpl));
   DT_TRY(tp_allreduce(m, out, (size_t)B * T * C, DT_F32, DT_SUM));
@@ -275,10 +286,10 @@ dt_status_t dt_gpt2__head_forward(dt_gpt2_t *m, acts_t *a, const dt_act_t *x, in
   dt_backend_t *be = m->be;
   const dt_layout_t *lay = be->lay;
   const int C = lay->d.C, Vpl = m->st->Vpl;
-  const float *wte = be->wparams + lay->tensors[0].offset;
+  const dt_act_t *wte = W(be, lay->tensors[0].offset);
   const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
-  RUN(DT_PROF_LAYERNORM, be->k->layernorm_forward(be, a->lnf, a->lnf_mean, a->lnf_rstd, x, be->wparams + lnfw->offset,
-                                                  be->wparams + lnfb->offset, N, C));
+  RUN(DT_PROF_LAYERNORM, be->k->layernorm_forward(be, a->lnf, a->lnf_mean, a->lnf_rstd, x, W(be, lnfw->offset),
+                                                  W(be, lnfb->offset), N, C));
   RUN(DT_PROF_LMHEAD, be->k->linear_forward(be, a->logits, a->lnf, wte, 0, NULL, NULL, N, C, Vpl));
   STORE(a->logits, (size_t)N * Vpl);
   a->logits_gone = 0;
@@ -392,7 +403,7 @@ static dt_status_t head_backward(dt_gpt2_t *m, acts_t *a, const dt_act_t *x_last
   const dt_gpt2_state_t *s = m->st;
   const int C = lay->d.C, V = lay->d.V, Vpl = s->Vpl, N = a->B * a->T;
   const int nv = V - s->v0 < Vpl ? V - s->v0 : Vpl; /* real vocab columns among the local logits */
-  const float *wte = be->wparams + lay->tensors[0].offset;
+  const dt_act_t *wte = W(be, lay->tensors[0].offset);
   float *dwte = be->grads + lay->tensors[0].offset;
   const dt_tensor_t *lnfw = &lay->tensors[lay->n_tensors - 2], *lnfb = &lay->tensors[lay->n_tensors - 1];
   if (a->logits_gone) { /* a repeated backward: recompute the logits the first one consumed */
@@ -408,7 +419,7 @@ static dt_status_t head_backward(dt_gpt2_t *m, acts_t *a, const dt_act_t *x_last
   if (s->tp > 1) DT_TRY(tp_allreduce(m, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
   STORE(a->dtmp, N * C);
   RUN(DT_PROF_LAYERNORM, k->layernorm_backward(be, a->dres, be->grads + lnfw->offset, be->grads + lnfb->offset, NULL,
-                                               a->dtmp, x_last, be->wparams + lnfw->offset, a->lnf_mean, a->lnf_rstd,
+                                               a->dtmp, x_last, W(be, lnfw->offset), a->lnf_mean, a->lnf_rstd,
                                                N, C));
   return DT_OK;
 }
@@ -508,11 +519,23 @@ dt_status_t dt_gpt2_logits_to_host(dt_gpt2_t *m, float *dst) {
                          * logits buffer, which stays "gone": a parameter update may follow) */
     if (be->param_gen != a->logits_gen)
       return DT_ERR(DT_ERR_ARG, "gpt2: logits requested after backward and a parameter update (run a forward first)");
-    DT_TRY(be->k->linear_forward(be, a->logits, a->lnf, be->wparams + be->lay->tensors[0].offset, 0, NULL, NULL,
+    DT_TRY(be->k->linear_forward(be, a->logits, a->lnf, W(be, be->lay->tensors[0].offset), 0, NULL, NULL,
                                  a->B * a->T, d->C, d->Vp));
     STORE(a->logits, n);
   }
-  return be->k->download(be, dst, a->logits, n * sizeof(float)); /* float storage (dt_gpt2_init) */
+  return dt_gpt2__act_to_host(m, dst, a->logits, n);
+}
+
+dt_status_t dt_gpt2__act_to_host(dt_gpt2_t *m, float *dst, const dt_act_t *src, size_t n) {
+  dt_backend_t *be = m->be;
+  if (m->st->esz == sizeof(float)) return be->k->download(be, dst, src, n * sizeof(float));
+  uint16_t *h = malloc(n * sizeof *h);
+  if (!h) return DT_ERR(DT_ERR_NOMEM, "gpt2: out of memory");
+  dt_status_t st = be->k->download(be, h, src, n * sizeof *h);
+  const int fp16 = be->precision == DT_PREC_FP16;
+  for (size_t i = 0; st == DT_OK && i < n; i++) dst[i] = dt_from16(h[i], fp16);
+  free(h);
+  return st;
 }
 
 dt_status_t dt_gpt2_grad_sumsq(dt_gpt2_t *m, double *sharded, double *replicated) {

@@ -50,6 +50,10 @@ void dt_gpt2_free(dt_gpt2_t *m);
  * int copies of each set's inputs and targets. */
 size_t dt_gpt2_activation_floats(const dt_dims_t *d, int tp, int nl, int last, int slots, int B, int T, int recompute,
                                  size_t att_state, size_t att_scratch);
+/* The same in bytes with activations of act_bytes each (be->act_bytes: 4, or 2 for 16-bit storage)
+ * and the statistics and attention state in floats. */
+size_t dt_gpt2_activation_bytes(const dt_dims_t *d, int tp, int nl, int last, int slots, int B, int T, int recompute,
+                                size_t att_state, size_t att_scratch, int act_bytes);
 
 /* One stage's forward of a micro-batch into activation set `slot` (0 <= slot < slots; a set stays
  * valid until its backward, so 1F1B keeps several micro-batches in flight). The first stage embeds

@@ -88,10 +88,10 @@ dt_status_t dt_gpt2_kv_logits(dt_gpt2_t *m, dt_gpt2_kv_t *kv, float *logits_host
   const dt_gpt2_state_t *s = m->st;
   const acts_t *a = &s->acts[0];
   if (!a->have_fwd || a->logits_gone) return DT_ERR(DT_ERR_ARG, "gpt2: no logits of a forward to read");
-  const float *row = ACT(s, a->logits, (size_t)(a->B * a->T - 1) * s->Vpl); /* (Vpl); float storage (gpt2.c init) */
-  if (s->tp > 1) {
+  const dt_act_t *row = ACT(s, a->logits, (size_t)(a->B * a->T - 1) * s->Vpl); /* (Vpl) */
+  if (s->tp > 1) { /* float storage (16-bit storage is tp = 1 only) */
     DT_TRY(m->tp_comm->ops->allgather(m->tp_comm, row, kv->gather, (size_t)s->Vpl, DT_F32, be->stream, NULL));
     row = kv->gather;
   }
-  return be->k->download(be, logits_host, row, (size_t)be->lay->d.V * sizeof(float));
+  return dt_gpt2__act_to_host(m, logits_host, row, (size_t)be->lay->d.V);
 }

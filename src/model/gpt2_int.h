@@ -92,6 +92,8 @@ block_t dt_gpt2__block_views(const dt_gpt2_t *m, const acts_t *a, size_t j);
 /* Forward of block l from x into y; with kv, attention over the cache (decoding). */
 dt_status_t dt_gpt2__block_forward(dt_gpt2_t *m, const block_t *y, const dt_act_t *x, int l, int B, int T,
                                    const kv_layer_t *kv);
+/* n activations at src (backend memory, the model's storage) as floats into dst (host). */
+dt_status_t dt_gpt2__act_to_host(dt_gpt2_t *m, float *dst, const dt_act_t *src, size_t n);
 /* ln_f, the lm_head's logits and, if a has targets, the loss. */
 dt_status_t dt_gpt2__head_forward(dt_gpt2_t *m, acts_t *a, const dt_act_t *x, int N, float *loss);
 

@@ -8,7 +8,8 @@ equivalence and resume tests).
     check_lr(load(PATH), sched, "dp2")            # every logged lr against the formula
     agree(ref_rows, rows, "dp2", 1e-5)            # loss, grad_norm and lr at every step
 
-or from a shell: metrics_match.py lr JSONL INI [section.key=value ...]
+or from a shell: metrics_match.py lr JSONL INI [section.key=value ...], or metrics_match.py same A B
+(two runs' loss, grad_norm, val_loss and lr equal bit for bit at every step)
 
 The schedule (README "Learning-rate schedule", `dtrain --help`), for the 0-based step s (the
 JSONL's "step" is s + 1), W = warmup, S = steps:
@@ -105,9 +106,28 @@ def agree(ref, rows, name, tol, norm_tol=None, ref_name="the reference"):
     return wl, wn
 
 
+def same(a, b, name):
+    """Two runs bit for bit alike: the same steps, each with equal loss, grad_norm, val_loss and lr
+    (or both without one). Prints one line; exits 1 at the first difference."""
+    keys = ("step", "loss", "grad_norm", "val_loss", "lr")
+    ra = [{k: r.get(k) for k in keys} for r in a]
+    rb = [{k: r.get(k) for k in keys} for r in b]
+    assert ra, f"{name}: no rows"
+    for x, y in zip(ra, rb):
+        if x != y:
+            sys.exit(f"{name}: step {x['step']} differs: {x} vs {y}")
+    if len(ra) != len(rb):
+        sys.exit(f"{name}: {len(ra)} rows vs {len(rb)}")
+    vals = sum(r["val_loss"] is not None for r in ra)
+    print(f"{name}: {len(ra)} steps ({vals} with val_loss) equal bit for bit")
+
+
 def main(argv):
+    if len(argv) == 4 and argv[1] == "same":
+        same(load(argv[2]), load(argv[3]), f"{os.path.basename(argv[2])} = {os.path.basename(argv[3])}")
+        return
     if len(argv) < 4 or argv[1] != "lr":
-        sys.exit("usage: metrics_match.py lr JSONL INI [section.key=value ...]")
+        sys.exit("usage: metrics_match.py lr JSONL INI [section.key=value ...] | same JSONL JSONL")
     check_lr(load(argv[2]), schedule(argv[3], argv[4:]), os.path.basename(argv[2]))
 
 

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# 16-bit storage on the emulated CUDA backend (system.store16, issue #22 step 7d): activations,
+# activation gradients and the weights' working copy held as bf16/fp16 bits, the products on
+# 16-bit operands with fp32 accumulation (cublasGemmEx), the biased ones through an fp32
+# accumulator and dt_cu_epilogue. Each value it stores is the value the float storage rounds to,
+# so the two storages must train bit for bit alike (tests/small.ini, 8 steps, an evaluation every
+# 4; tests/ref/metrics_match.py same compares loss, grad_norm, val_loss and lr exactly):
+#   1. bf16 and fp16 (the loss scaler) with system.attention = flash, store16 auto against off,
+#      and the start line names the storage of each run;
+#   2. bf16 with train.recompute, and with 2 pipeline stages (its transfers are 2-byte elements)
+#      and with 2 data-parallel ranks on ZeRO-2, each against off;
+#   3. decoding with a 16-bit key/value cache: `dtrain generate --verify` (cached logits against
+#      the uncached forward) gives the tokens float storage gives;
+#   4. where 16-bit storage is not built (matmul attention, tp = 2) auto keeps float storage and
+#      the start line says why.
+# The CPU backend always stores rounded floats; tests/emu_train.sh compares those with it.
+source "$top_srcdir/tests/lib.sh"
+begin_test
+EMU="$top_builddir/dtrain_emu"
+cfg="$top_srcdir/tests/small.ini"
+base=(system.backend=cuda train.stop_after=8 train.eval_every=4 checkpoint.dir=)
+same() { # run a and run b trained alike
+  run "$PY" "$top_srcdir/tests/ref/metrics_match.py" same "$t/$1.jsonl" "$t/$2.jsonl" ||
+    { echo "FAIL: $1 and $2 differ"; exit 1; }
+}
+storage() { # run $1's start line says $2
+  grep -q "^# storage: $2" "$t/$1.out" ||
+    { grep '^# storage' "$t/$1.out"; echo "FAIL: $1: no '# storage: $2'"; exit 1; }
+}
+train() { # name ranks args...
+  local name=$1 n=$2
+  shift 2
+  mpi "$n" -x DTRAIN_EMU_DEVICES="$n" "$EMU" "$cfg" "${base[@]}" log.metrics="$t/$name.jsonl" "$@" > "$t/$name.out"
+}
+for p in bf16 fp16; do
+  for s in auto off; do train "${p}_$s" 1 train.precision=$p system.attention=flash system.store16=$s; done
+  storage "${p}_auto" "16 bits" && storage "${p}_off" "float values"
+  same "${p}_auto" "${p}_off"
+done
+for s in auto off; do
+  train "rc_$s" 1 train.precision=bf16 system.attention=flash train.recompute=true system.store16=$s
+  train "pp_$s" 2 train.precision=bf16 system.attention=flash parallel.pp=2 train.grad_accum=2 system.store16=$s
+  train "z2_$s" 2 train.precision=bf16 system.attention=flash parallel.zero=2 system.store16=$s
+done
+storage rc_auto "16 bits" && storage pp_auto "16 bits" && storage z2_auto "16 bits"
+same rc_auto rc_off
+same pp_auto pp_off
+same z2_auto z2_off
+# decoding: a checkpoint of the bf16 run, greedy tokens with the cache in 16 bits and in floats
+train ck 1 train.precision=bf16 system.attention=flash checkpoint.dir="$t/c" checkpoint.every=8
+gen=(generate "$cfg" system.backend=cuda train.precision=bf16 system.attention=flash --checkpoint "$t/c"
+  --prompt "It is a truth" --tokens 16 --print-tokens --temperature 0 --verify)
+for s in auto off; do mpi 1 "$EMU" "${gen[@]}" system.store16=$s > "$t/gen_$s.out" 2>&1; done
+grep '^tokens:' "$t/gen_auto.out"
+grep -q '^# generate: .*cuda backend (16-bit storage)' "$t/gen_auto.out" ||
+  { echo "FAIL: generate: no 16-bit storage"; exit 1; }
+! grep -q '16-bit storage' "$t/gen_off.out" || { echo "FAIL: generate with store16 = off: 16-bit storage"; exit 1; }
+[ "$(grep '^tokens:' "$t/gen_auto.out")" = "$(grep '^tokens:' "$t/gen_off.out")" ] ||
+  { echo "FAIL: generate with 16-bit storage gave other tokens"; exit 1; }
+# not built: float storage, and the start line says why
+train mm 1 train.precision=bf16 train.stop_after=1 system.store16=auto
+train tp 2 train.precision=bf16 train.stop_after=1 system.attention=flash parallel.tp=2 system.store16=auto
+storage mm "float values .*needs system.attention = flash or cudnn"
+storage tp "float values .*needs parallel.tp = 1"
+echo "emu_store16: OK"

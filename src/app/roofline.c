@@ -12,7 +12,9 @@
  *   layernorm  forward: read x, write y, mean, rstd; backward: dinp from dout, x, dresid (the
  *              blocks') and the parameters' partial sums from dout and x again
  *   bias       qkv and fc: + bias in place (read, write); projections: resid + (out + bias) (read
- *              both, write); backward: each bias's column sum reads dout
+ *              both, write); with 16-bit storage the products write their fp32 sums and this
+ *              epilogue reads those (4 bytes) and stores 2; backward: each bias's column sum reads
+ *              dout
  *   gelu       forward read, write; backward read x and dout, write dinp
  *   xent       forward one pass over the logits (online softmax), lse and losses out; backward
  *              rewrites them in place
@@ -36,6 +38,8 @@ const char *const dt_kclass_names[DT_KC_N] = {"matmul (layers)", "lm_head", "att
 
 typedef struct {
   double N, B, T, C, Cl, NHl, hs, Vpl, s, ws;
+  double acc; /* bytes of a biased product's forward result: s, or 4 with 16-bit storage (its fp32
+               * accumulator, which the epilogue reads back) */
   double fwd; /* forward passes of the blocks per micro-batch: 1, 2 with recompute */
 } dims_t;
 
@@ -44,10 +48,10 @@ static void add(dt_kroof_t *r, int k, double flops, double bytes) {
   r->bytes[k] += bytes;
 }
 
-/* inp (M, K) x W (K, Nn), forward `fwd` times, backward once */
-static void product(dt_kroof_t *r, int k, const dims_t *d, double M, double K, double Nn, double fwd) {
+/* inp (M, K) x W (K, Nn), forward `fwd` times writing ob bytes per output, backward once */
+static void product(dt_kroof_t *r, int k, const dims_t *d, double M, double K, double Nn, double fwd, double ob) {
   const double f = 2 * M * K * Nn, s = d->s, ws = d->ws;
-  add(r, k, fwd * f, fwd * (s * M * K + ws * K * Nn + s * M * Nn));
+  add(r, k, fwd * f, fwd * (s * M * K + ws * K * Nn + ob * M * Nn));
   add(r, k, f, s * M * Nn + ws * K * Nn + s * M * K); /* dinp */
   add(r, k, f, s * M * K + s * M * Nn + 8 * K * Nn);  /* dW += */
 }
@@ -73,13 +77,14 @@ static void blocks(dt_kroof_t *r, const dims_t *d, const dt_plan_in_t *in, int a
   dt_kroof_t b;
   memset(&b, 0, sizeof b);
   const double N = d->N, C = d->C, Cl = d->Cl, s = d->s, F = d->fwd;
-  product(&b, DT_KC_MATMUL, d, N, C, 3 * Cl, F);
-  product(&b, DT_KC_MATMUL, d, N, Cl, C, F);
-  product(&b, DT_KC_MATMUL, d, N, C, 4 * Cl, F);
-  product(&b, DT_KC_MATMUL, d, N, 4 * Cl, C, F);
+  const double a = d->acc; /* every block product has a bias */
+  product(&b, DT_KC_MATMUL, d, N, C, 3 * Cl, F, a);
+  product(&b, DT_KC_MATMUL, d, N, Cl, C, F, a);
+  product(&b, DT_KC_MATMUL, d, N, C, 4 * Cl, F, a);
+  product(&b, DT_KC_MATMUL, d, N, 4 * Cl, C, F, a);
   attention(&b, d, in, act16);
   add(&b, DT_KC_LAYERNORM, 0, 2 * F * (2 * s * N * C + 8 * N) + 2 * (6 * s * N * C + 8 * N));
-  add(&b, DT_KC_BIAS, 0, F * s * N * (2 * 3 * Cl + 2 * 4 * Cl + 2 * 3 * C) + s * N * (3 * Cl + C + 4 * Cl + C));
+  add(&b, DT_KC_BIAS, 0, F * N * ((a + s) * (3 * Cl + 4 * Cl) + 2 * (a + 2 * s) * C) + s * N * (3 * Cl + C + 4 * Cl + C));
   add(&b, DT_KC_GELU, 0, F * 2 * s * N * 4 * Cl + 3 * s * N * 4 * Cl);
   if (!act16 && in->precision != DT_PREC_FP32) { /* STOREs: backward dfch, dtmp x3 */
     const double att = in->flash ? 0 : F * N * Cl + 3 * N * Cl; /* cuBLAS's out and dqkv: a pass in the backend */
@@ -96,14 +101,14 @@ void dt_kroof_compute(const dt_plan_t *p, int act_bytes, dt_kroof_t *r) {
   r->act_bytes = act_bytes;
   dims_t d = {.B = in->B, .T = in->T, .C = in->d.C, .Cl = (double)in->d.C / tp, .NHl = (double)in->d.NH / tp,
               .hs = (double)in->d.C / in->d.NH, .Vpl = (double)in->d.Vp / tp, .s = act_bytes, .ws = act16 ? 2 : 4,
-              .fwd = in->recompute ? 2 : 1};
+              .fwd = in->recompute ? 2 : 1, .acc = act16 ? 4 : act_bytes};
   d.N = d.B * d.T;
   const double N = d.N, C = d.C, s = d.s, m = in->accum > 0 ? in->accum : 1;
   const double Pst = p->stage_params[last]; /* floats of this stage's parameters per tp rank */
   dt_kroof_t mb;                           /* one micro-batch */
   memset(&mb, 0, sizeof mb);
   blocks(&mb, &d, in, act16, p->stage_blocks[last]);
-  product(&mb, DT_KC_LMHEAD, &d, N, C, d.Vpl, 1);
+  product(&mb, DT_KC_LMHEAD, &d, N, C, d.Vpl, 1, s); /* no bias: cuBLAS stores the logits */
   add(&mb, DT_KC_LAYERNORM, 0, 2 * s * N * C + 8 * N + 5 * s * N * C + 8 * N); /* ln_f: no dresid */
   add(&mb, DT_KC_XENT, 0, s * N * d.Vpl + 12 * N + 2 * s * N * d.Vpl);
   if (in->pp <= 1) /* the embeddings live on stage 0 */
@@ -116,10 +121,11 @@ void dt_kroof_compute(const dt_plan_t *p, int act_bytes, dt_kroof_t *r) {
   add(r, DT_KC_OPTIM, 0, 4 * Pst + 4 * Popt + 28 * Popt);
   if (act16) add(r, DT_KC_ROUND, 0, 6 * Pst); /* the 16-bit working copy, once per step */
   r->unit[DT_KC_MATMUL] = r->unit[DT_KC_LMHEAD] = half ? DT_KU_16 : in->tf32 ? DT_KU_TF32 : DT_KU_FP32;
-  /* the attention: cuDNN (and any 16-bit design) on tensor cores, our flash kernels on fp32 cores,
-   * the matmul attention's cuBLAS products fp32 or TF32 whatever the precision */
+  /* the attention: cuDNN on tensor cores, our flash kernels on fp32 cores (whatever the storage),
+   * the matmul attention's cuBLAS products fp32 or TF32 whatever the precision (a 16-bit matmul
+   * attention, not built, on tensor cores) */
   const int fp32 = in->tf32 ? DT_KU_TF32 : DT_KU_FP32;
-  r->unit[DT_KC_ATTENTION] = act16 || in->cudnn ? DT_KU_16 : in->flash ? DT_KU_FP32 : fp32;
+  r->unit[DT_KC_ATTENTION] = in->cudnn || (act16 && !in->flash) ? DT_KU_16 : in->flash ? DT_KU_FP32 : fp32;
 }
 
 static double peak(const dt_gpu_spec_t *g, int unit) {
@@ -173,11 +179,14 @@ void dt_kroof_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   dt_plan_line(o, prefix,
                "roofline: kernels: step %.2f ms: %.4g tokens/s per GPU, %.1f%% of the bf16 dense peak in model "
                "FLOPs (%.4g per step)", 1e3 * t, tokens / t, 100 * model / t / g->bf16, model);
+  const int can16 = in->precision != DT_PREC_FP32 && in->flash && in->tp <= 1; /* what train.c lets store 16 bits */
   if (built == 4)
     dt_plan_line(o, prefix,
-                 "roofline: kernels: with activations stored in 16 bits (system.store16 = auto with bf16/fp16, "
-                 "flash or cudnn attention, tp = 1: no rounding passes, 16-bit products and weights): step %.2f ms, "
-                 "%.4g tokens/s per GPU, %.1f%% of the bf16 peak",
+                 "roofline: kernels: with activations stored in 16 bits (%s: no rounding passes, 16-bit products "
+                 "and weights): step %.2f ms, %.4g tokens/s per GPU, %.1f%% of the bf16 peak",
+                 can16 ? "system.store16 = auto"
+                       : "not built for this configuration: it needs bf16/fp16, system.attention = flash or cudnn "
+                         "and tp = 1",
                  1e3 * t16, tokens / t16, 100 * model / t16 / g->bf16);
   else
     dt_plan_line(o, prefix,

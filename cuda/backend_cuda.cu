@@ -27,6 +27,7 @@ extern "C" {
 #include "kernels.h"
 #include "backend_cuda_int.h"
 #include "attention_cudnn.h"
+#include "convert16.h"
 
 /* ---- device discovery --------------------------------------------------------------------- */
 
@@ -371,9 +372,18 @@ static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe
 static dt_status_t k_add_bias(dt_backend_t *be, dt_act_t *out, const dt_act_t *bias, int N, int OC) {
   return dt_cu_add_bias(out, bias, N, OC, dt_cu_store(be, DT_PREC_FP32), S(be)); /* as computed (backend.h) */
 }
-static dt_status_t k_bias_residual(dt_backend_t *be, dt_act_t *out, const dt_act_t *bias, const dt_act_t *resid, int N,
-                                   int OC) {
-  return dt_cu_bias_residual(out, bias, resid, N, OC, SP(be), S(be));
+/* float storage: acc may be out (the kernel reads each element before it writes it) */
+static dt_status_t k_epilogue(dt_backend_t *be, dt_act_t *out, const float *acc, const dt_act_t *bias,
+                              const dt_act_t *resid, int N, int OC) {
+  return dt_cu_epilogue(out, NULL, acc, bias, resid, N, OC, SP(be), S(be));
+}
+static dt_status_t k_widen(dt_backend_t *be, float *dst, const dt_act_t *src, size_t n) {
+  if ((const void *)dst == src || n == 0) return DT_OK;
+  if (be->act_bytes == 4) {
+    DT_CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, S(be)));
+    return DT_OK;
+  }
+  return dt_cu_from16(dst, src, n, be->precision == DT_PREC_FP16, S(be));
 }
 static dt_status_t k_layernorm_forward(dt_backend_t *be, dt_act_t *out, float *mean, float *rstd, const dt_act_t *inp,
                                        const dt_act_t *weight, const dt_act_t *bias, int N, int C) {
@@ -394,6 +404,15 @@ static dt_status_t k_linear_backward(dt_backend_t *be, dt_act_t *dinp, float *dw
                                      const dt_act_t *dout, const dt_act_t *inp, const dt_act_t *w, int w_in_out, int N,
                                      int C, int OC) {
   return dt_cu_linear_backward(be, dinp, dweight, dbias, dout, inp, w, w_in_out != 0, N, C, OC);
+}
+static dt_status_t k_linear_forward32(dt_backend_t *be, float *out, const dt_act_t *inp, const dt_act_t *w,
+                                      int w_in_out, int N, int C, int OC) {
+  return dt_cu_linear_forward32(be, out, inp, w, w_in_out != 0, N, C, OC);
+}
+static dt_status_t k_linear_backward32(dt_backend_t *be, float *dinp, float *dweight, float *dbias,
+                                       const dt_act_t *dout, const dt_act_t *inp, const dt_act_t *w, int w_in_out,
+                                       int N, int C, int OC) {
+  return dt_cu_linear_backward32(be, dinp, dweight, dbias, dout, inp, w, w_in_out != 0, N, C, OC);
 }
 /* state: this block's probabilities (B,NH,T,T), with flash its rows' log-sum-exp (B,NH,T); scratch: their
  * gradient, with flash the rows' <dout, out> (backward only) */
@@ -608,7 +627,8 @@ static const char *cu_engine(const dt_backend_t *be) {
 static const dt_kernels_t cuda_kernels = {
     k_alloc,           k_release,           k_copy,           k_upload,          k_download,
     k_grads_ready,     k_attention_floats,  k_encoder_forward, k_encoder_backward, k_add_bias,
-    k_bias_residual,   k_layernorm_forward, k_layernorm_backward, k_linear_forward, k_linear_backward,
+    k_epilogue,        k_widen,             k_layernorm_forward, k_layernorm_backward, k_linear_forward,
+    k_linear_backward, k_linear_forward32,  k_linear_backward32,
     k_attention_forward, k_attention_backward, k_attention_decode, k_gelu_forward, k_gelu_backward, k_crossentropy_forward,
     k_xent_max,        k_xent_sumexp,       k_xent_finish,    k_crossentropy_backward, k_round,
     k_round_copy,      k_sumsq,             dt_cu_arena_clear, dt_cu_arena_populate, k_divide,

@@ -97,6 +97,25 @@ dt_status_t dt_cu_linear_backward(dt_backend_t *be, void *dinp, float *dweight, 
                            (const float *)w, w_in_out, N, C, OC);
 }
 
+/* tensor parallelism's partial products in fp32, unrounded, whatever the storage */
+dt_status_t dt_cu_linear_forward32(dt_backend_t *be, float *out, const void *inp, const void *w, bool w_in_out, int N,
+                                   int C, int OC) {
+  cu_impl_t *im = impl(be);
+  if (be->act_bytes == 2)
+    return gemm16(im, CUDA_R_32F, false, !w_in_out, N, OC, C, inp, C, w, w_in_out ? OC : C, 0.0f, out, OC);
+  return gemm_lin(im, false, !w_in_out, N, OC, C, (const float *)inp, C, (const float *)w, w_in_out ? OC : C, 0.0f,
+                  out, OC);
+}
+
+dt_status_t dt_cu_linear_backward32(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const void *dout,
+                                    const void *inp, const void *w, bool w_in_out, int N, int C, int OC) {
+  if (be->act_bytes == 4) /* the float path's dinp is fp32 and unrounded already */
+    return dt_cu_linear_backward(be, dinp, dweight, dbias, dout, inp, w, w_in_out, N, C, OC);
+  if (dinp)
+    DT_TRY(gemm16(impl(be), CUDA_R_32F, false, w_in_out, N, C, OC, dout, OC, w, w_in_out ? OC : C, 0.0f, dinp, C));
+  return dt_cu_linear_backward(be, NULL, dweight, dbias, dout, inp, w, w_in_out, N, C, OC);
+}
+
 /* ---- attention (ops_cpu.c's dt_attention_forward/backward with per-b strided batches over heads) */
 
 dt_status_t dt_cu_matmul_attention_forward(cu_impl_t *im, float *out, float *att, const float *qkv, int B, int T, int C,

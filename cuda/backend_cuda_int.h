@@ -123,6 +123,11 @@ dt_status_t dt_cu_linear_forward(dt_backend_t *be, void *out, const void *inp, c
                                  const void *bias, const void *resid, int N, int C, int OC);
 dt_status_t dt_cu_linear_backward(dt_backend_t *be, void *dinp, float *dweight, float *dbias, const void *dout,
                                   const void *inp, const void *w, bool w_in_out, int N, int C, int OC);
+/* the same with out, dinp fp32 and unrounded whatever the storage (no bias, no residual) */
+dt_status_t dt_cu_linear_forward32(dt_backend_t *be, float *out, const void *inp, const void *w, bool w_in_out, int N,
+                                   int C, int OC);
+dt_status_t dt_cu_linear_backward32(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const void *dout,
+                                    const void *inp, const void *w, bool w_in_out, int N, int C, int OC);
 dt_status_t dt_cu_matmul_attention_forward(cu_impl_t *im, float *out, float *att, const float *qkv, int B, int T,
                                            int C, int NH);
 dt_status_t dt_cu_matmul_attention_backward(cu_impl_t *im, float *dqkv, float *scratch, const float *dout,

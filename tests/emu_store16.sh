@@ -7,12 +7,14 @@
 # 4; tests/ref/metrics_match.py same compares loss, grad_norm, val_loss and lr exactly):
 #   1. bf16 and fp16 (the loss scaler) with system.attention = flash, store16 auto against off,
 #      and the start line names the storage of each run;
-#   2. bf16 with train.recompute, and with 2 pipeline stages (its transfers are 2-byte elements)
-#      and with 2 data-parallel ranks on ZeRO-2, each against off;
-#   3. decoding with a 16-bit key/value cache: `dtrain generate --verify` (cached logits against
-#      the uncached forward) gives the tokens float storage gives;
-#   4. where 16-bit storage is not built (matmul attention, tp = 2) auto keeps float storage and
-#      the start line says why.
+#   2. bf16 with train.recompute, with 2 pipeline stages (its transfers are 2-byte elements), with
+#      2 data-parallel ranks on ZeRO-2, and with tensor parallelism over 2 ranks (its partial
+#      products all-reduced in fp32 before they are stored), each against off;
+#   3. decoding with a 16-bit key/value cache, on 1 rank and with tp = 2 (the last row's 16-bit
+#      logits gathered): `dtrain generate --verify` (cached logits against the uncached forward)
+#      gives the tokens float storage gives;
+#   4. where 16-bit storage is not built (the matmul attention) auto keeps float storage and the
+#      start line says why.
 # The CPU backend always stores rounded floats; tests/emu_train.sh compares those with it.
 source "$top_srcdir/tests/lib.sh"
 begin_test
@@ -41,25 +43,31 @@ for s in auto off; do
   train "rc_$s" 1 train.precision=bf16 system.attention=flash train.recompute=true system.store16=$s
   train "pp_$s" 2 train.precision=bf16 system.attention=flash parallel.pp=2 train.grad_accum=2 system.store16=$s
   train "z2_$s" 2 train.precision=bf16 system.attention=flash parallel.zero=2 system.store16=$s
+  train "tp_$s" 2 train.precision=bf16 system.attention=flash parallel.tp=2 system.store16=$s
 done
-storage rc_auto "16 bits" && storage pp_auto "16 bits" && storage z2_auto "16 bits"
-same rc_auto rc_off
-same pp_auto pp_off
-same z2_auto z2_off
+for r in rc pp z2 tp; do
+  storage ${r}_auto "16 bits"
+  same ${r}_auto ${r}_off
+done
 # decoding: a checkpoint of the bf16 run, greedy tokens with the cache in 16 bits and in floats
 train ck 1 train.precision=bf16 system.attention=flash checkpoint.dir="$t/c" checkpoint.every=8
 gen=(generate "$cfg" system.backend=cuda train.precision=bf16 system.attention=flash --checkpoint "$t/c"
   --prompt "It is a truth" --tokens 16 --print-tokens --temperature 0 --verify)
-for s in auto off; do mpi 1 "$EMU" "${gen[@]}" system.store16=$s > "$t/gen_$s.out" 2>&1; done
+for s in auto off; do
+  mpi 1 "$EMU" "${gen[@]}" system.store16=$s > "$t/gen_$s.out" 2> "$t/gen_$s.err"
+  mpi 2 -x DTRAIN_EMU_DEVICES=2 "$EMU" "${gen[@]}" parallel.tp=2 system.store16=$s > "$t/gentp_$s.out" \
+    2> "$t/gentp_$s.err"
+done
 grep '^tokens:' "$t/gen_auto.out"
-grep -q '^# generate: .*cuda backend (16-bit storage)' "$t/gen_auto.out" ||
-  { echo "FAIL: generate: no 16-bit storage"; exit 1; }
-! grep -q '16-bit storage' "$t/gen_off.out" || { echo "FAIL: generate with store16 = off: 16-bit storage"; exit 1; }
-[ "$(grep '^tokens:' "$t/gen_auto.out")" = "$(grep '^tokens:' "$t/gen_off.out")" ] ||
-  { echo "FAIL: generate with 16-bit storage gave other tokens"; exit 1; }
+for g in gen_auto gentp_auto; do
+  grep -q '^# generate: .*cuda backend (16-bit storage)' "$t/$g.err" || { echo "FAIL: $g: no 16-bit storage"; exit 1; }
+done
+! grep -q '16-bit storage' "$t/gen_off.err" || { echo "FAIL: generate with store16 = off: 16-bit storage"; exit 1; }
+for g in gen_off gentp_auto gentp_off; do
+  [ "$(grep '^tokens:' "$t/gen_auto.out")" = "$(grep '^tokens:' "$t/$g.out")" ] ||
+    { echo "FAIL: generate: $g gave other tokens than gen_auto"; exit 1; }
+done
 # not built: float storage, and the start line says why
 train mm 1 train.precision=bf16 train.stop_after=1 system.store16=auto
-train tp 2 train.precision=bf16 train.stop_after=1 system.attention=flash parallel.tp=2 system.store16=auto
 storage mm "float values .*needs system.attention = flash or cudnn"
-storage tp "float values .*needs parallel.tp = 1"
 echo "emu_store16: OK"

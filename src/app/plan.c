@@ -102,7 +102,7 @@ dt_status_t dt_plan_input(dt_plan_in_t *in, const dt_config_t *cfg, const char *
   in->flash = strcmp(cfg->attention, "matmul") != 0; /* flash, cudnn: the rows' log-sum-exp only */
   in->cudnn = !strcmp(cfg->attention, "cudnn");
   in->tf32 = cfg->tf32;
-  in->store16 = !strcmp(cfg->store16, "auto") && prec != DT_PREC_FP32 && in->flash && cfg->tp <= 1;
+  in->store16 = !strcmp(cfg->store16, "auto") && prec != DT_PREC_FP32 && in->flash;
   in->device_mem = device_mem;
   return DT_OK;
 }
@@ -218,8 +218,9 @@ static void stage_acts(const dt_plan_in_t *in, const plan_act_t *a, int s, doubl
   r->act_cpu = 4 * (in->recompute ? rc : keep) + inflight * a->ints;
   r->act_cpu_alt = 4 * (in->recompute ? keep : rc) + inflight * a->ints;
   /* cuDNN attention's 16-bit copies of float storage (attention_cudnn.cpp); 16-bit storage: the
-   * fp32 accumulator of the biased products (B T 4C floats, backend_cuda.cu) */
-  const double c16 = in->store16 ? 4 * bt * 4 * C : in->cudnn ? 16 * bt * (C / tp) : 0;
+   * fp32 accumulator of the biased products (B T 4C floats, backend_cuda.cu) and with tp > 1 the
+   * fp32 partial sums tensor parallelism all-reduces (B T C floats, gpt2.c) */
+  const double c16 = in->store16 ? 4 * bt * 4 * C + (tp > 1 ? 4 * bt * C : 0) : in->cudnn ? 16 * bt * (C / tp) : 0;
   r->act_gpu = (in->recompute ? grc : gkeep) + a->ints + c16;
   r->act_gpu_rc = (in->recompute ? gkeep : grc) + a->ints + c16;
 }

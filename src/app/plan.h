@@ -37,8 +37,8 @@ typedef struct {
   int tf32;           /* system.tf32: the CUDA fp32 products on TF32 tensor cores (the kernel roofline) */
   int cudnn;          /* system.attention = cudnn: + its 16-bit copies of one block's qkv, out, dout and dqkv
                          (16 B T C/tp bytes); cuDNN's workspace is not counted */
-  int store16;        /* the CUDA backend stores 16 bits (system.store16 = auto, bf16/fp16, flash or cudnn,
-                         tp = 1: train.c): the kernel roofline's as-built storage */
+  int store16;        /* the CUDA backend stores 16 bits (system.store16 = auto, bf16/fp16, flash or cudnn:
+                         train.c): the kernel roofline's as-built storage */
   double device_mem;  /* bytes per device for the fit verdict */
 } dt_plan_in_t;
 

@@ -179,14 +179,14 @@ void dt_kroof_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   dt_plan_line(o, prefix,
                "roofline: kernels: step %.2f ms: %.4g tokens/s per GPU, %.1f%% of the bf16 dense peak in model "
                "FLOPs (%.4g per step)", 1e3 * t, tokens / t, 100 * model / t / g->bf16, model);
-  const int can16 = in->precision != DT_PREC_FP32 && in->flash && in->tp <= 1; /* what train.c lets store 16 bits */
+  const int can16 = in->precision != DT_PREC_FP32 && in->flash; /* what train.c lets store 16 bits */
   if (built == 4)
     dt_plan_line(o, prefix,
                  "roofline: kernels: with activations stored in 16 bits (%s: no rounding passes, 16-bit products "
                  "and weights): step %.2f ms, %.4g tokens/s per GPU, %.1f%% of the bf16 peak",
                  can16 ? "system.store16 = auto"
-                       : "not built for this configuration: it needs bf16/fp16, system.attention = flash or cudnn "
-                         "and tp = 1",
+                       : "not built for this configuration: it needs bf16/fp16 and system.attention = flash or "
+                         "cudnn",
                  1e3 * t16, tokens / t16, 100 * model / t16 / g->bf16);
   else
     dt_plan_line(o, prefix,

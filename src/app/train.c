@@ -136,7 +136,7 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   dt_precision_t prec = DT_PREC_FP32; /* before the model: the precision decides the activation storage */
   if (dt_precision_parse(cfg->precision, &prec) != 0)
     return DT_ERR(DT_ERR_CONFIG, "%s: train.precision: '%s' is not one of fp32|bf16|fp16", cfg_name, cfg->precision);
-  tr->be.store16 = cuda && !strcmp(cfg->store16, "auto") && tr->mesh.tp == 1; /* gpt2.c: 16-bit storage is tp = 1 */
+  tr->be.store16 = cuda && !strcmp(cfg->store16, "auto");
   DT_TRY(ops->set_precision(&tr->be, prec));
   /* 1F1B's micro-batches in flight: one activation set each */
   DT_TRY(dt_gpt2_init(&tr->model, &tr->be, dt_pp_inflight(tr->mesh.pp_idx, tr->mesh.pp, tr->accum), cfg->recompute));

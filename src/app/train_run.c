@@ -60,8 +60,8 @@ static void print_header(dt_trainer_t *tr) {
                                   : "float values rounded to the precision",
             tr->cfg.store16,
             tr->be.act_bytes == 2 || strcmp(tr->cfg.store16, "auto") ? ""
-            : tr->mesh.tp > 1 ? "; 16-bit storage needs parallel.tp = 1"
-                              : "; 16-bit storage needs system.attention = flash or cudnn");
+                                                                    : "; 16-bit storage needs system.attention = "
+                                                                      "flash or cudnn");
   fprintf(o, "# FLOPs per token = 6*(12*L*C^2 + C*Vp) + 12*L*T*C = %.4g (fwd+bwd, full TxT attention)\n",
           tr->flops_per_token);
 }

@@ -70,11 +70,14 @@ typedef struct {
                                   const int *inp_host, int B, int T, int C, int v0, int nrows);
   /* out (N,OC) += bias (OC) broadcast over rows */
   dt_status_t (*add_bias)(dt_backend_t *be, dt_act_t *out, const dt_act_t *bias, int N, int OC);
-  /* out = resid + (out + bias) (the row-parallel projection's epilogue after its all-reduce) */
-  dt_status_t (*bias_residual)(dt_backend_t *be, dt_act_t *out, const dt_act_t *bias, const dt_act_t *resid, int N,
-                               int OC);
+  /* out (N,OC) = [resid +] (acc + [bias]) stored rounded, from acc (N,OC) fp32 (tensor parallelism's
+   * all-reduced partial products; with act_bytes 4 acc may be out itself); bias, resid may be NULL */
+  dt_status_t (*epilogue)(dt_backend_t *be, dt_act_t *out, const float *acc, const dt_act_t *bias,
+                          const dt_act_t *resid, int N, int OC);
+  /* dst (n floats) = the values of src (n activations); nothing when dst is src (float storage) */
+  dt_status_t (*widen)(dt_backend_t *be, float *dst, const dt_act_t *src, size_t n);
   /* layernorm_forward's out, layernorm_backward's dinp, gelu's outputs, crossentropy_backward's
-   * dlogits, bias_residual's out, linear_forward's out when it has a bias and the attention's out
+   * dlogits, epilogue's out, linear_forward's out when it has a bias and the attention's out
    * (forward, decode) and dqkv are stored rounded to be->precision (precision.h; the kernels round
    * as they write, sparing the model a rounding pass over them); every other activation the model
    * rounds itself (add_bias stores as computed) */
@@ -90,6 +93,12 @@ typedef struct {
   /* dinp = d out / d inp (if dinp), dweight += ..., dbias += sum_N dout (if dbias) */
   dt_status_t (*linear_backward)(dt_backend_t *be, dt_act_t *dinp, float *dweight, float *dbias, const dt_act_t *dout,
                                  const dt_act_t *inp, const dt_act_t *w, int w_in_out, int N, int C, int OC);
+  /* The same two with out, dinp fp32 and unrounded whatever the storage, no bias or residual:
+   * tensor parallelism's partial products, all-reduced in fp32 before the epilogue stores them */
+  dt_status_t (*linear_forward32)(dt_backend_t *be, float *out, const dt_act_t *inp, const dt_act_t *w, int w_in_out,
+                                  int N, int C, int OC);
+  dt_status_t (*linear_backward32)(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const dt_act_t *dout,
+                                   const dt_act_t *inp, const dt_act_t *w, int w_in_out, int N, int C, int OC);
   /* causal self-attention over qkv (B,T,3C) with NH heads into out (B,T,C); state: this block's
    * (attention_floats), scratch: the shared one; backward also gets forward's out */
   dt_status_t (*attention_forward)(dt_backend_t *be, dt_act_t *out, float *state, float *scratch, const dt_act_t *qkv,

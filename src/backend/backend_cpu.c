@@ -207,17 +207,27 @@ static void store_rounded(const dt_backend_t *be, float *x, size_t n) {
   dt_prec_round(x, n, (dt_precision_t)be->precision);
 }
 
-static dt_status_t k_bias_residual(dt_backend_t *be, dt_act_t *out_, const dt_act_t *bias_, const dt_act_t *resid_,
-                                   int N, int OC) {
+/* out = [resid +] (acc + [bias]), rounded; acc may be out (the CPU's storage is float) */
+static dt_status_t k_epilogue(dt_backend_t *be, dt_act_t *out_, const float *acc, const dt_act_t *bias_,
+                              const dt_act_t *resid_, int N, int OC) {
   float *out = out_;
   const float *bias = bias_, *resid = resid_;
 #pragma omp parallel for schedule(static)
   for (int i = 0; i < N; i++) {
     float *o = out + (size_t)i * OC;
-    const float *r = resid + (size_t)i * OC;
-    for (int c = 0; c < OC; c++) o[c] = r[c] + (o[c] + bias[c]);
+    const float *a = acc + (size_t)i * OC, *r = resid ? resid + (size_t)i * OC : NULL;
+    for (int c = 0; c < OC; c++) {
+      float v = bias ? a[c] + bias[c] : a[c];
+      o[c] = r ? r[c] + v : v;
+    }
   }
   store_rounded(be, out, (size_t)N * OC);
+  return DT_OK;
+}
+
+static dt_status_t k_widen(dt_backend_t *be, float *dst, const dt_act_t *src, size_t n) {
+  (void)be;
+  if (dst != src) memcpy(dst, src, n * sizeof(float));
   return DT_OK;
 }
 
@@ -254,6 +264,17 @@ static dt_status_t k_linear_backward(dt_backend_t *be, dt_act_t *dinp, float *dw
   if (w_in_out) dt_conv1d_backward(dinp, dweight, dbias, dout, inp, w, N, C, OC);
   else dt_matmul_backward(dinp, dweight, dbias, dout, inp, w, N, C, OC);
   return DT_OK;
+}
+
+/* float storage: the fp32 versions are the same products */
+static dt_status_t k_linear_forward32(dt_backend_t *be, float *out, const dt_act_t *inp, const dt_act_t *w,
+                                      int w_in_out, int N, int C, int OC) {
+  return k_linear_forward(be, out, inp, w, w_in_out, NULL, NULL, N, C, OC);
+}
+static dt_status_t k_linear_backward32(dt_backend_t *be, float *dinp, float *dweight, float *dbias,
+                                       const dt_act_t *dout, const dt_act_t *inp, const dt_act_t *w, int w_in_out,
+                                       int N, int C, int OC) {
+  return k_linear_backward(be, dinp, dweight, dbias, dout, inp, w, w_in_out, N, C, OC);
 }
 
 static dt_status_t k_attention_forward(dt_backend_t *be, dt_act_t *out, float *state, float *scratch,
@@ -514,11 +535,14 @@ static const dt_kernels_t cpu_kernels = {
     .encoder_forward = k_encoder_forward,
     .encoder_backward = k_encoder_backward,
     .add_bias = k_add_bias,
-    .bias_residual = k_bias_residual,
+    .epilogue = k_epilogue,
+    .widen = k_widen,
     .layernorm_forward = k_layernorm_forward,
     .layernorm_backward = k_layernorm_backward,
     .linear_forward = k_linear_forward,
     .linear_backward = k_linear_backward,
+    .linear_forward32 = k_linear_forward32,
+    .linear_backward32 = k_linear_backward32,
     .attention_forward = k_attention_forward,
     .attention_backward = k_attention_backward,
     .attention_decode = k_attention_decode,

@@ -93,6 +93,7 @@ static size_t carve(acts_t *sets, int nslots, char *base, const dt_dims_t *d, in
   TAKE(dfch, bt * 4 * Cl);
   TAKEF(attscr, att_scratch);
   TAKEF(xtmp, tp > 1 ? 2 * bt : 0);
+  TAKEF(tpacc, tp > 1 && esz != sizeof(float) ? bt * C : 0);
 #undef TAKE_BLOCKS
 #undef TAKEF
 #undef TAKE
@@ -100,7 +101,7 @@ static size_t carve(acts_t *sets, int nslots, char *base, const dt_dims_t *d, in
   for (int k = 1; sets && k < nslots; k++) {
     acts_t *b = &sets[k];
     b->dres = a->dres, b->dtmp = a->dtmp, b->dqkv = a->dqkv, b->dfch = a->dfch, b->attscr = a->attscr;
-    b->xtmp = a->xtmp;
+    b->xtmp = a->xtmp, b->tpacc = a->tpacc;
     if (recompute) {
       b->ln1 = a->ln1, b->ln1_mean = a->ln1_mean, b->ln1_rstd = a->ln1_rstd, b->qkv = a->qkv, b->atty = a->atty;
       b->att = a->att, b->residual2 = a->residual2, b->ln2 = a->ln2, b->ln2_mean = a->ln2_mean;
@@ -155,10 +156,9 @@ dt_status_t dt_gpt2_init(dt_gpt2_t *m, dt_backend_t *be, int slots, int recomput
   s->btcl = s->bt * s->Cl;
   dt_layout_stage(lay, &s->l0, &s->l1, &s->first, &s->last);
   s->esz = (size_t)be->act_bytes;
-  if ((s->esz != 2 && s->esz != 4) || (s->esz == 2 && tp > 1)) { /* tp's all-reduces would sum in 16 bits */
+  if (s->esz != 2 && s->esz != 4) {
     dt_gpt2_free(m);
-    return DT_ERR(DT_ERR_UNSUPPORTED, "gpt2: %s backend with %d-byte activations%s", be->ops->name, be->act_bytes,
-                  tp > 1 ? " and tensor parallelism (16-bit storage needs tp = 1)" : "");
+    return DT_ERR(DT_ERR_UNSUPPORTED, "gpt2: %s backend with %d-byte activations", be->ops->name, be->act_bytes);
   }
   size_t att_scratch = 0;
   be->k->attention_floats(be, be->B, be->T, s->NHl, &s->att, &att_scratch);
@@ -199,14 +199,41 @@ static dt_status_t tp_allreduce(dt_gpt2_t *m, void *x, size_t n, dt_dtype_t ty, 
   return m->tp_comm->ops->allreduce(m->tp_comm, x, x, n, ty, op, m->be->stream, NULL);
 }
 
-/* out = resid + inp W + bias; W (IC, OC) (Conv1D), local rows of the global input dim when tp > 1. */
-static dt_status_t proj_residual(dt_gpt2_t *m, dt_act_t *out, const dt_act_t *inp, const float *w, const float *bias,
-                                 const dt_act_t *resid, int N, int IC, int OC) {
+/* Tensor parallelism sums partial results in fp32: their fp32 buffer for out, out itself in
+ * float storage (all-reduced in place, as before 16-bit storage) */
+static float *tp_acc(const dt_gpt2_t *m, dt_act_t *out) {
+  return m->st->esz == sizeof(float) ? (float *)out : m->st->acts[0].tpacc;
+}
+
+/* out = resid + inp W + bias; W (IC, OC) (Conv1D), local rows of the global input dim when tp > 1:
+ * the partial products in fp32, all-reduced, then the epilogue stores once. */
+static dt_status_t proj_residual(dt_gpt2_t *m, dt_act_t *out, const dt_act_t *inp, const dt_act_t *w,
+                                 const dt_act_t *bias, const dt_act_t *resid, int N, int IC, int OC) {
   dt_backend_t *be = m->be;
   if (m->st->tp == 1) return be->k->linear_forward(be, out, inp, w, 1, bias, resid, N, IC, OC);
-  DT_TRY(be->k->linear_forward(be, out, inp, w, 1, NULL, NULL, N, IC, OC));
-  DT_TRY(tp_allreduce(m, out, (size_t)N * OC, DT_F32, DT_SUM));
-  return be->k->bias_residual(be, out, bias, resid, N, OC);
+  float *acc = tp_acc(m, out);
+  DT_TRY(be->k->linear_forward32(be, acc, inp, w, 1, N, IC, OC));
+  DT_TRY(tp_allreduce(m, acc, (size_t)N * OC, DT_F32, DT_SUM));
+  return be->k->epilogue(be, out, acc, bias, resid, N, OC);
+}
+
+/* dinp = d out / d inp of a column-parallel product (c_attn, c_fc, the lm_head), stored: with tp > 1
+ * a partial sum over this rank's output columns, all-reduced in fp32 first. Weight gradients as
+ * linear_backward. */
+static dt_status_t linear_backward_tp(dt_gpt2_t *m, dt_act_t *dinp, float *dw, float *db, const dt_act_t *dout,
+                                      const dt_act_t *inp, const dt_act_t *w, int w_in_out, int N, int C, int OC) {
+  dt_backend_t *be = m->be;
+  if (m->st->tp == 1) {
+    RUN(w_in_out ? DT_PROF_MATMUL : DT_PROF_LMHEAD,
+        be->k->linear_backward(be, dinp, dw, db, dout, inp, w, w_in_out, N, C, OC));
+    STORE(dinp, (size_t)N * C);
+    return DT_OK;
+  }
+  float *acc = tp_acc(m, dinp);
+  RUN(w_in_out ? DT_PROF_MATMUL : DT_PROF_LMHEAD,
+      be->k->linear_backward32(be, acc, dw, db, dout, inp, w, w_in_out, N, C, OC));
+  DT_TRY(tp_allreduce(m, acc, (size_t)N * C, DT_F32, DT_SUM));
+  return be->k->epilogue(be, dinp, acc, NULL, NULL, N, C);
 }
 
 /* The embedding (vocab-parallel with tp > 1: the rows owned here, zeros else, summed, + wpe),
@@ -218,9 +245,11 @@ dt_status_t dt_gpt2__encoder_forward(dt_gpt2_t *m, dt_act_t *out, const int *inp
   const dt_act_t *wte = W(be, be->lay->tensors[0].offset);
   const dt_act_t *wpe = W(be, be->lay->tensors[1].offset + (size_t)pos * C);
   if (s->tp == 1) return be->k->encoder_forward(be, out, inp, wte, wpe, B, T, C, 0, s->Vpl);
-  DT_TRY(be->k->encoder_forward(be, out, inp, wte, NULL, B, T, C, s->v0, s->Vpl));
-  DT_TRY(tp_allreduce(m, out, (size_t)B * T * C, DT_F32, DT_SUM));
-  return be->k->add_bias(be, out, wpe, B, T * C);
+  DT_TRY(be->k->encoder_forward(be, out, inp, wte, NULL, B, T, C, s->v0, s->Vpl)); /* rows here, zeros else */
+  float *acc = tp_acc(m, out);
+  DT_TRY(be->k->widen(be, acc, out, (size_t)B * T * C));
+  DT_TRY(tp_allreduce(m, acc, (size_t)B * T * C, DT_F32, DT_SUM));
+  return be->k->epilogue(be, out, acc, wpe, NULL, B, T * C);
 }
 
 block_t dt_gpt2__block_views(const dt_gpt2_t *m, const acts_t *a, size_t j) {
@@ -415,9 +444,7 @@ static dt_status_t head_backward(dt_gpt2_t *m, acts_t *a, const dt_act_t *x_last
   RUN(DT_PROF_XENT, k->crossentropy_backward(be, a->logits, a->lse, a->targets, be->loss_scale / ((float)N * accum), N,
                                              nv, Vpl, s->v0));
   a->logits_gone = 1;
-  RUN(DT_PROF_LMHEAD, k->linear_backward(be, a->dtmp, dwte, NULL, a->logits, a->lnf, wte, 0, N, C, Vpl));
-  if (s->tp > 1) DT_TRY(tp_allreduce(m, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
-  STORE(a->dtmp, N * C);
+  DT_TRY(linear_backward_tp(m, a->dtmp, dwte, NULL, a->logits, a->lnf, wte, 0, N, C, Vpl));
   RUN(DT_PROF_LAYERNORM, k->layernorm_backward(be, a->dres, be->grads + lnfw->offset, be->grads + lnfb->offset, NULL,
                                                a->dtmp, x_last, W(be, lnfw->offset), a->lnf_mean, a->lnf_rstd,
                                                N, C));
@@ -435,10 +462,8 @@ static dt_status_t block_backward(dt_gpt2_t *m, acts_t *a, const block_t *y, con
                                          P(be, l, DT_FCPROJW), 1, N, 4 * Cl, C));
   STORE(a->dfch, N * 4 * Cl);
   RUN(DT_PROF_GELU, k->gelu_backward(be, a->dfch, y->fch, a->dfch, (size_t)N * 4 * Cl));
-  RUN(DT_PROF_MATMUL, k->linear_backward(be, a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, y->ln2,
-                                         P(be, l, DT_FCW), 1, N, C, 4 * Cl));
-  if (s->tp > 1) DT_TRY(tp_allreduce(m, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
-  STORE(a->dtmp, N * C);
+  DT_TRY(linear_backward_tp(m, a->dtmp, G(be, l, DT_FCW), G(be, l, DT_FCB), a->dfch, y->ln2, P(be, l, DT_FCW), 1, N,
+                            C, 4 * Cl));
   RUN(DT_PROF_LAYERNORM, k->layernorm_backward(be, a->dres, G(be, l, DT_LN2W), G(be, l, DT_LN2B), a->dres, a->dtmp,
                                                y->res2, P(be, l, DT_LN2W), y->ln2_mean, y->ln2_rstd, N, C));
   /* dres holds d loss / d residual2[l] */
@@ -447,10 +472,8 @@ static dt_status_t block_backward(dt_gpt2_t *m, acts_t *a, const block_t *y, con
   STORE(a->dtmp, N * Cl);
   RUN(DT_PROF_ATTENTION, k->attention_backward(be, a->dqkv, a->attscr, a->dtmp, y->atty, y->qkv, y->att, B, T, Cl,
                                                      NHl));
-  RUN(DT_PROF_MATMUL, k->linear_backward(be, a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, y->ln1,
-                                         P(be, l, DT_QKVW), 1, N, C, 3 * Cl));
-  if (s->tp > 1) DT_TRY(tp_allreduce(m, a->dtmp, (size_t)N * C, DT_F32, DT_SUM));
-  STORE(a->dtmp, N * C);
+  DT_TRY(linear_backward_tp(m, a->dtmp, G(be, l, DT_QKVW), G(be, l, DT_QKVB), a->dqkv, y->ln1, P(be, l, DT_QKVW), 1,
+                            N, C, 3 * Cl));
   RUN(DT_PROF_LAYERNORM, k->layernorm_backward(be, a->dres, G(be, l, DT_LN1W), G(be, l, DT_LN1B), a->dres, a->dtmp, x,
                                                P(be, l, DT_LN1W), y->ln1_mean, y->ln1_rstd, N, C));
   return DT_OK;

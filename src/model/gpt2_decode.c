@@ -9,7 +9,7 @@
 
 struct dt_gpt2_kv {
   dt_act_t *cache; /* (L, 2, Tmax, Cl): per block its keys then its values (activation storage) */
-  float *gather;   /* tp > 1: (Vp) the last row's logits of every rank */
+  dt_act_t *gather; /* tp > 1: (Vp) the last row's logits of every rank (activation storage) */
   int Tmax, pos;
 };
 
@@ -36,7 +36,7 @@ dt_status_t dt_gpt2_kv_init(dt_gpt2_t *m, int Tmax, dt_gpt2_kv_t **out) {
   kv->Tmax = Tmax;
   const size_t n = (size_t)lay->d.L * 2 * Tmax * s->Cl;
   dt_status_t st = be->k->alloc(be, &kv->cache, n * s->esz);
-  if (st == DT_OK && s->tp > 1) st = be->k->alloc(be, (void **)&kv->gather, (size_t)lay->d.Vp * sizeof(float));
+  if (st == DT_OK && s->tp > 1) st = be->k->alloc(be, &kv->gather, (size_t)lay->d.Vp * s->esz);
   if (st == DT_OK && be->wparams != be->params) st = be->k->round_copy(be, be->wparams, be->params, lay->n_params);
   if (st != DT_OK) {
     dt_gpt2_kv_free(m, kv);
@@ -89,8 +89,10 @@ dt_status_t dt_gpt2_kv_logits(dt_gpt2_t *m, dt_gpt2_kv_t *kv, float *logits_host
   const acts_t *a = &s->acts[0];
   if (!a->have_fwd || a->logits_gone) return DT_ERR(DT_ERR_ARG, "gpt2: no logits of a forward to read");
   const dt_act_t *row = ACT(s, a->logits, (size_t)(a->B * a->T - 1) * s->Vpl); /* (Vpl) */
-  if (s->tp > 1) { /* float storage (16-bit storage is tp = 1 only) */
-    DT_TRY(m->tp_comm->ops->allgather(m->tp_comm, row, kv->gather, (size_t)s->Vpl, DT_F32, be->stream, NULL));
+  if (s->tp > 1) { /* gathered as they are stored: floats, or the bytes of 16-bit values */
+    const int f = s->esz == sizeof(float);
+    DT_TRY(m->tp_comm->ops->allgather(m->tp_comm, row, kv->gather, f ? (size_t)s->Vpl : (size_t)s->Vpl * s->esz,
+                                      f ? DT_F32 : DT_U8, be->stream, NULL));
     row = kv->gather;
   }
   return dt_gpt2__act_to_host(m, logits_host, row, (size_t)be->lay->d.V);

@@ -33,6 +33,7 @@ typedef struct {
   dt_act_t *dfch;                   /* (B,T,4Cl) */
   float *attscr;                    /* the attention's shared scratch */
   float *xtmp;                      /* tp > 1 only: (B,T) doubles for the vocab-parallel cross-entropy */
+  float *tpacc;                     /* tp > 1 with 16-bit storage: (B,T,C) fp32 partial sums, all-reduced */
   int *inputs, *targets;            /* (B,T) copies of this set's forward batch, backend memory */
   int *h_inputs;                    /* (B,T) host copy of the inputs */
   int B, T;                         /* of that forward */

@@ -10,8 +10,9 @@
 # precision written PREC+rc runs dtrain with train.recompute=true,
 # PREC+flash with system.attention=flash, PREC+cudnn with system.attention=cudnn (cuDNN's fused
 # attention, bf16/fp16 only), PREC+tf32 with system.tf32=true (bf16+tf32: the products
-# outside the linear layers, the attention's, on TF32; no PyTorch row for any of these). Prints one
-# table at the end; logs go to OUT.
+# outside the linear layers, the attention's, on TF32), PREC+f32s with system.store16=off (bf16 or
+# fp16 on float storage; without it flash and cudnn store 16 bits); no PyTorch row for any of
+# these. Prints one table at the end; logs go to OUT.
 #
 # --max-batch adds dtrain at the largest micro batch whose `dtrain plan` device total fits 92% of
 # the GPU (in the first bf16 precision of --prec), --xl a GPT-2 1.5B step (inputs/gpt2-xl.ini, B=4,
@@ -58,15 +59,16 @@ plan_gib() {
 }
 
 # prec_args PREC: the dtrain overrides a precision name stands for (fp32, tf32, bf16, fp16 with
-# +rc, +flash, +cudnn, +tf32)
+# +rc, +flash, +cudnn, +tf32, +f32s)
 prec_args() {
-  local p=${1%%+*} tf=false rc=false att=matmul
+  local p=${1%%+*} tf=false rc=false att=matmul s16=auto
   [[ "$1" == *+rc* ]] && rc=true
   [[ "$1" == *+flash* ]] && att=flash
   [[ "$1" == *+cudnn* ]] && att=cudnn
   [[ "$1" == *+tf32* ]] && tf=true
+  [[ "$1" == *+f32s* ]] && s16=off
   [ "$p" = tf32 ] && p=fp32 tf=true
-  echo "train.precision=$p system.tf32=$tf train.recompute=$rc system.attention=$att"
+  echo "train.precision=$p system.tf32=$tf train.recompute=$rc system.attention=$att system.store16=$s16"
 }
 
 # dtrain_row NAME PREC B INI L C [OVERRIDES...]: one dtrain run of the model in INI (L blocks of

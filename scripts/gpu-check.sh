@@ -477,10 +477,11 @@ elif [ $have_gpu = 1 ]; then
   extra=()
   [ $quick = 0 ] && [ "$(elapsed)" -lt 240 ] && extra=(--compile)
   [ $quick = 0 ] && extra+=(--max-batch --xl) # 124M at the largest batch the plan fits, GPT-2 1.5B at B=4
+  # bf16+tf32+cudnn+f32s: cuDNN's attention on float storage, beside 16-bit storage's row
+  precs=fp32,tf32,tf32+flash,$([ $quick = 1 ] || echo tf32+rc,)bf16,bf16+tf32,bf16+tf32+flash,bf16+tf32+cudnn
   DTRAIN="$dt" DATA="$DATA_DIR/austen_train_*.bin" \
     bash "$here/bench/gpu_step.sh" --steps $([ $quick = 1 ] && echo 8 || echo 12) --out "$work/speed" "${extra[@]}" \
-      --prec fp32,tf32,tf32+flash,$([ $quick = 1 ] || echo tf32+rc,)bf16,bf16+tf32,bf16+tf32+flash,bf16+tf32+cudnn \
-    > "$work/speed.txt" 2>&1
+      --prec "$precs,bf16+tf32+cudnn+f32s" > "$work/speed.txt" 2>&1
   rc=$?
   cat "$work/speed.txt"
   rows=$(grep -c '^dtrain \|^torch ' "$work/speed.txt" || true)

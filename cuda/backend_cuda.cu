@@ -126,6 +126,7 @@ static void cu_free(dt_backend_t *be) {
     cudaFree(im->partial);
     cudaFree(im->colscr);
     cudaFree(im->acc);
+    dt_cu_lt_close(im);
     cudaFree(im->seg_ends);
     cudaFree(im->seg_kinds);
     cudaFree(im->order);
@@ -248,6 +249,7 @@ static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
     im->acc_n = (size_t)be->B * be->T * 4 * be->lay->d.C;
     DT_TRY(alloc_zero((void **)&im->acc, im->acc_n * sizeof(float), im->compute));
   }
+  if (bytes == 2) DT_TRY(dt_cu_lt_open(im)); /* the products' bias epilogue */
   im->st16 = p == DT_PREC_FP16 ? CUDA_R_16F : CUDA_R_16BF;
   be->precision = (int)p;
   DT_TRY(open_cudnn_att(be, p));

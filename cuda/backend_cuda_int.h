@@ -4,6 +4,7 @@
 #ifndef DT_BACKEND_CUDA_INT_H
 #define DT_BACKEND_CUDA_INT_H
 
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 #include <stdio.h>
@@ -41,6 +42,11 @@ typedef struct {
   cudaDataType_t st16;       /* 16-bit storage (be->act_bytes 2): CUDA_R_16BF or CUDA_R_16F */
   float *acc;                /* 16-bit storage: the fp32 result of a product with a bias or a */
   size_t acc_n;              /* residual, before its epilogue stores it (backend_cuda_gemm.cu) */
+  cublasLtHandle_t lt;       /* 16-bit storage: cuBLASLt for the products with a bias epilogue, */
+  void *lt_ws;               /* its workspace, and a plan per problem shape (backend_cuda_gemm.cu) */
+  size_t lt_ws_bytes;
+  struct dt_cu_lt_plan *lt_plans;
+  int lt_nplans;
   struct dt_cudnn *cudnn; /* system.conv = cudnn: conv_cudnn.h's state (NULL: our convolutions) */
   struct dt_cudnn_att *catt; /* system.attention = cudnn: attention_cudnn.h's state, else NULL */
   dt_cu_sparse_t *sp_params, *sp_grads; /* be->sparse: those arenas (sparse.h), else NULL */
@@ -128,6 +134,9 @@ dt_status_t dt_cu_linear_forward32(dt_backend_t *be, float *out, const void *inp
                                    int C, int OC);
 dt_status_t dt_cu_linear_backward32(dt_backend_t *be, float *dinp, float *dweight, float *dbias, const void *dout,
                                     const void *inp, const void *w, bool w_in_out, int N, int C, int OC);
+/* 16-bit storage: cuBLASLt and its workspace (set_precision), and their release with the plans */
+dt_status_t dt_cu_lt_open(cu_impl_t *im);
+void dt_cu_lt_close(cu_impl_t *im);
 dt_status_t dt_cu_matmul_attention_forward(cu_impl_t *im, float *out, float *att, const float *qkv, int B, int T,
                                            int C, int NH);
 dt_status_t dt_cu_matmul_attention_backward(cu_impl_t *im, float *dqkv, float *scratch, const float *dout,

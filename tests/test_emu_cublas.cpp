@@ -4,7 +4,8 @@
  * does not read C then); cublasSgemmStridedBatched; the handle's stream (the product waits for
  * it to run); CUBLAS_STATUS_INVALID_VALUE for a leading dimension too small; an operand outside
  * its allocation is a sticky illegal address naming the call; cublasGemmEx on bf16 and fp16
- * operands with an fp32 or 16-bit C. */
+ * operands with an fp32 or 16-bit C; cublasLtMatmul's bias epilogue. */
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <math.h>
 #include <stdint.h>
@@ -193,5 +194,97 @@ Test(emu_cublas, gemmex_16bit_operands) {
                             CUDA_R_32F, 4, CUBLAS_COMPUTE_32F_FAST_16F, CUBLAS_GEMM_DEFAULT),
                CUBLAS_STATUS_NOT_SUPPORTED);
   CU(cudaFree(d));
+  cublasDestroy(h);
+}
+
+/* cuBLASLt's bias epilogue on 16-bit operands (the CUDA backend's biased products with 16-bit
+ * storage): D = round(op(A) op(B) + bias per row of D), the bias added in fp32 before the one
+ * rounding; against a double reference (within one 16-bit rounding) and against cublasGemmEx's
+ * fp32 C plus the bias, rounded, bit for bit. The heuristic keeps the preference's alignments and
+ * cublasLtMatmul refuses a pointer less aligned; mixed A and B types have no algorithm. */
+Test(emu_cublas, lt_bias_epilogue_16bit) {
+  cublasHandle_t h;
+  cublasLtHandle_t lt;
+  cr_assert_eq(cublasCreate(&h), CUBLAS_STATUS_SUCCESS);
+  cr_assert_eq(cublasLtCreate(&lt), CUBLAS_STATUS_SUCCESS);
+  const int m = 13, n = 7, k = 19;
+  for (int fp16 = 0; fp16 < 2; fp16++)
+    for (int ta = 0; ta < 2; ta++) {
+      const int tb = !ta, lda = ta ? k : m, ldb = tb ? n : k;
+      const cudaDataType_t ty = fp16 ? CUDA_R_16F : CUDA_R_16BF;
+      std::vector<uint16_t> A((size_t)lda * (ta ? m : k)), B((size_t)ldb * (tb ? k : n)), bias(m), D((size_t)m * n);
+      std::vector<float> Af(A.size()), Bf(B.size()), bf(m), C32((size_t)m * n, 0.0f);
+      for (size_t i = 0; i < A.size(); i++) Af[i] = dt_from16(A[i] = dt_to16(val((int)i, 3) * 1.11f, fp16), fp16);
+      for (size_t i = 0; i < B.size(); i++) Bf[i] = dt_from16(B[i] = dt_to16(val((int)i, 4) * 0.93f, fp16), fp16);
+      for (int i = 0; i < m; i++) bf[i] = dt_from16(bias[i] = dt_to16(val(i, 5) * 2.3f, fp16), fp16);
+      uint16_t *dA = dev_from(A), *dB = dev_from(B), *dbias = dev_from(bias), *dD = dev_from(D);
+      float *dC = dev_from(C32);
+      cublasLtMatmulDesc_t desc;
+      cublasLtMatrixLayout_t la, lb, ld;
+      cublasLtMatmulPreference_t pref;
+      const int32_t oa = ta ? CUBLAS_OP_T : CUBLAS_OP_N, ob = tb ? CUBLAS_OP_T : CUBLAS_OP_N;
+      const uint32_t epi = CUBLASLT_EPILOGUE_BIAS, al = 16;
+      const uint64_t ws = 0;
+      const void *bp = dbias;
+      cr_assert_eq(cublasLtMatmulDescCreate(&desc, CUBLAS_COMPUTE_32F, CUDA_R_32F), CUBLAS_STATUS_SUCCESS);
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSA, &oa, sizeof oa);
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_TRANSB, &ob, sizeof ob);
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_EPILOGUE, &epi, sizeof epi);
+      cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bp, sizeof bp);
+      cublasLtMatrixLayoutCreate(&la, ty, ta ? k : m, ta ? m : k, lda);
+      cublasLtMatrixLayoutCreate(&lb, ty, tb ? n : k, tb ? k : n, ldb);
+      cublasLtMatrixLayoutCreate(&ld, ty, m, n, m);
+      cublasLtMatmulPreferenceCreate(&pref);
+      cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+      for (int a = CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES; a <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES; a++)
+        cublasLtMatmulPreferenceSetAttribute(pref, (cublasLtMatmulPreferenceAttributes_t)a, &al, sizeof al);
+      cublasLtMatmulHeuristicResult_t r;
+      int got = 0;
+      cr_assert_eq(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, lb, ld, ld, pref, 1, &r, &got), CUBLAS_STATUS_SUCCESS);
+      cr_assert_eq(got, 1);
+      const float one = 1.0f, zero = 0.0f;
+      cr_assert_eq(cublasLtMatmul(lt, desc, &one, dA, la, dB, lb, &zero, dD, ld, dD, ld, &r.algo, NULL, 0, 0),
+                   CUBLAS_STATUS_SUCCESS);
+      cr_expect_eq(cublasLtMatmul(lt, desc, &one, (char *)dA + 2, la, dB, lb, &zero, dD, ld, dD, ld, &r.algo, NULL, 0,
+                                  0),
+                   CUBLAS_STATUS_INVALID_VALUE, "a pointer less aligned than the plan's");
+      cr_assert_eq(cublasGemmEx(h, (cublasOperation_t)oa, (cublasOperation_t)ob, m, n, k, &one, dA, ty, lda, dB, ty,
+                                ldb, &zero, dC, CUDA_R_32F, m, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT),
+                   CUBLAS_STATUS_SUCCESS);
+      std::vector<uint16_t> gotD = host_from(dD, D.size());
+      std::vector<float> c = host_from(dC, C32.size()), want((size_t)m * n, 0.0f);
+      ref_gemm(ta, tb, m, n, k, 1.0f, Af.data(), lda, Bf.data(), ldb, 0.0f, want.data(), m);
+      int bits = 0, far = 0;
+      for (int j = 0; j < n; j++)
+        for (int i = 0; i < m; i++) {
+          const size_t q = i + (size_t)j * m;
+          const uint16_t expect = dt_to16(c[q] + bf[i], fp16);
+          const double ref = (double)want[q] + bf[i], v = dt_from16(gotD[q], fp16);
+          bits += gotD[q] != expect;
+          far += fabs(v - ref) > fabs(ref) * (fp16 ? 1.0 / 1024 : 1.0 / 128) + 1e-6; /* one rounding */
+        }
+      cr_expect_eq(bits, 0, "%d elements of D are not round(GemmEx fp32 C + bias)", bits);
+      cr_expect_eq(far, 0, "%d elements of D more than one 16-bit rounding from the double reference", far);
+      printf("cublasLtMatmul(%s, %c, %c, bias epilogue): D = round(fp32 product + bias) (%d differ), within one "
+             "rounding of double (%d further)\n", fp16 ? "fp16" : "bf16", ta ? 'T' : 'N', tb ? 'T' : 'N', bits, far);
+      /* mixed A and B types: no algorithm */
+      cublasLtMatrixLayout_t l16;
+      cublasLtMatrixLayoutCreate(&l16, fp16 ? CUDA_R_16BF : CUDA_R_16F, tb ? n : k, tb ? k : n, ldb);
+      cr_expect_eq(cublasLtMatmulAlgoGetHeuristic(lt, desc, la, l16, ld, ld, pref, 1, &r, &got),
+                   CUBLAS_STATUS_NOT_SUPPORTED);
+      cr_expect_eq(got, 0);
+      cublasLtMatrixLayoutDestroy(l16);
+      cublasLtMatmulPreferenceDestroy(pref);
+      cublasLtMatrixLayoutDestroy(la);
+      cublasLtMatrixLayoutDestroy(lb);
+      cublasLtMatrixLayoutDestroy(ld);
+      cublasLtMatmulDescDestroy(desc);
+      CU(cudaFree(dA));
+      CU(cudaFree(dB));
+      CU(cudaFree(dbias));
+      CU(cudaFree(dD));
+      CU(cudaFree(dC));
+    }
+  cublasLtDestroy(lt);
   cublasDestroy(h);
 }

@@ -10,7 +10,8 @@
  * cublasGemmEx also takes bf16 or fp16 A and B (CUDA_R_16BF, CUDA_R_16F, both the same) with
  * CUBLAS_COMPUTE_32F and C in fp32 or in A's type: the operands widen to float exactly, the
  * product runs in fp32, a 16-bit C is read widened (beta != 0) and written rounded to nearest
- * even, as the tensor cores' fp32 accumulation would end. */
+ * even, as the tensor cores' fp32 accumulation would end. cuBLASLt (cublasLt.h): the same product
+ * on 16-bit operands, its bias epilogue added in fp32 before D is rounded. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,6 +19,7 @@
 
 #include <vector>
 
+#include "cublasLt.h"
 #include "cublas_v2.h"
 #include "emu_int.h"
 
@@ -123,11 +125,29 @@ static void narrow_c(const operand_t &o, const float *f, int batch) {
       }
 }
 
-/* the product of every cublas*gemm* here: A and B of element type eab, C of ec (EL_*) */
+/* C += bias, one value (C's element type) per row, over every column of every batch */
+static void add_bias(float *c, const operand_t &o, const void *bias, int batch) {
+  for (int i = 0; i < batch; i++)
+    for (long long col = 0; col < o.cols; col++)
+      for (long long e = 0; e < o.rows; e++) {
+        float b;
+        if (o.el == EL_F32) {
+          b = ((const float *)bias)[e];
+        } else {
+          uint16_t h;
+          memcpy(&h, (const char *)bias + 2 * e, 2);
+          b = dt_from16(h, o.el == EL_FP16);
+        }
+        c[i * o.stride + col * o.ld + e] += b;
+      }
+}
+
+/* the product of every cublas*gemm* here: A and B of element type eab, C of ec (EL_*); with bias
+ * (cuBLASLt's epilogue) + bias per row of C in fp32 before a 16-bit C is rounded */
 static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n,
                            int k, const float *alpha, const void *A, int lda, long long sA, const void *B, int ldb,
                            long long sB, const float *beta, void *C, int ldc, long long sC, int batch, int mode,
-                           int eab, int ec) {
+                           int eab, int ec, const void *bias = NULL) {
   if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
   if (mode < 0) mode = h->math == CUBLAS_TF32_TENSOR_OP_MATH ? ROUND_TF32 : ROUND_NONE;
   if (ta > CUBLAS_OP_C || tb > CUBLAS_OP_C || ta < CUBLAS_OP_N || tb < CUBLAS_OP_N) return CUBLAS_STATUS_INVALID_VALUE;
@@ -157,8 +177,9 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t
   int dev = h->device, exact16 = getenv("DTRAIN_EMU_EXACT16") != NULL;
   op.run = [=]() {
     char why[320];
+    operand_t obias = {"bias", bias, m, bias ? m : 0, 1, 0, ec};
     if (operand_bad(oa, batch, dev, why, sizeof why) || operand_bad(ob, batch, dev, why, sizeof why) ||
-        operand_bad(oc, batch, dev, why, sizeof why)) {
+        operand_bad(oc, batch, dev, why, sizeof why) || operand_bad(obias, 1, dev, why, sizeof why)) {
       fail_sticky(dev, cudaErrorIllegalAddress, "%s(m=%d, n=%d, k=%d, batch %d): %s", call, m, n, k, batch, why);
       return;
     }
@@ -185,6 +206,7 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t
     for (int i = 0; i < batch; i++)
       dt_cpu_sgemm(tB, tA, n, m, k, al, pb + (long long)i * sB, ldb, pa + (long long)i * sA, lda, be,
                    pc + (long long)i * sC, ldc);
+    if (bias) add_bias(pc, oc, bias, batch);
     if (ec != EL_F32) narrow_c(oc, pc, batch);
   };
   enqueue(s, std::move(op));
@@ -281,6 +303,177 @@ cublasStatus_t cublasSgemmStridedBatched(cublasHandle_t handle, cublasOperation_
                                          const float *beta, float *C, int ldc, long long strideC, int batchCount) {
   return gemm("cublasSgemmStridedBatched", handle, transa, transb, m, n, k, alpha, A, lda, strideA, B, ldb, strideB,
               beta, C, ldc, strideC, batchCount, -1, EL_F32, EL_F32);
+}
+
+}  // extern "C"
+
+/* ---- cuBLASLt (cublasLt.h): descriptors kept on the host, the product through gemm() ---------- */
+
+struct dt_emu_lt {
+  int device;
+};
+struct dt_emu_lt_desc {
+  cublasComputeType_t compute;
+  cudaDataType_t scale;
+  cublasOperation_t ta, tb;
+  cublasLtEpilogue_t epilogue;
+  const void *bias;
+  int bias_type_set; /* a CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE other than D's is not emulated */
+};
+struct dt_emu_lt_layout {
+  cudaDataType_t type;
+  uint64_t rows, cols;
+  int64_t ld;
+};
+struct dt_emu_lt_pref {
+  size_t workspace;
+  uint32_t align[4]; /* A, B, C, D */
+};
+
+static int lt_el(cudaDataType_t t) { return t == CUDA_R_16BF ? EL_BF16 : t == CUDA_R_16F ? EL_FP16 : EL_F32; }
+
+/* What the emulation runs: fp32 compute and scale, A and B 16-bit of one type, C and D the same
+ * layout of that type or fp32, no bias type of its own, shapes that agree; else NOT_SUPPORTED */
+static cublasStatus_t lt_check(const dt_emu_lt_desc *d, const dt_emu_lt_layout *a, const dt_emu_lt_layout *b,
+                               const dt_emu_lt_layout *c, const dt_emu_lt_layout *o, int *m, int *n, int *k) {
+  if (!d || !a || !b || !c || !o) return CUBLAS_STATUS_INVALID_VALUE;
+  if (d->compute != CUBLAS_COMPUTE_32F || d->scale != CUDA_R_32F || d->bias_type_set) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if (a->type != b->type || (a->type != CUDA_R_16BF && a->type != CUDA_R_16F)) return CUBLAS_STATUS_NOT_SUPPORTED;
+  if ((o->type != a->type && o->type != CUDA_R_32F) || c->type != o->type || c->rows != o->rows ||
+      c->cols != o->cols || c->ld != o->ld)
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  const uint64_t ka = d->ta != CUBLAS_OP_N ? a->rows : a->cols, ma = d->ta != CUBLAS_OP_N ? a->cols : a->rows;
+  const uint64_t kb = d->tb != CUBLAS_OP_N ? b->cols : b->rows, nb = d->tb != CUBLAS_OP_N ? b->rows : b->cols;
+  if (ka != kb || ma != o->rows || nb != o->cols) return CUBLAS_STATUS_INVALID_VALUE;
+  *m = (int)o->rows, *n = (int)o->cols, *k = (int)ka;
+  return CUBLAS_STATUS_SUCCESS;
+}
+
+extern "C" {
+
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
+    cudaGetLastError();
+    return CUBLAS_STATUS_NOT_INITIALIZED;
+  }
+  *h = new dt_emu_lt{current_device()};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  delete h;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale) {
+  *d = new dt_emu_lt_desc{compute, scale, CUBLAS_OP_N, CUBLAS_OP_N, CUBLASLT_EPILOGUE_DEFAULT, NULL, 0};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+  delete d;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t attr,
+                                              const void *buf, size_t size) {
+  if (!d || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+  switch (attr) {
+  case CUBLASLT_MATMUL_DESC_TRANSA:
+  case CUBLASLT_MATMUL_DESC_TRANSB: {
+    int32_t v; /* cublasOperation_t, 4 bytes */
+    if (size != sizeof v) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&v, buf, sizeof v);
+    (attr == CUBLASLT_MATMUL_DESC_TRANSA ? d->ta : d->tb) = (cublasOperation_t)v;
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  case CUBLASLT_MATMUL_DESC_EPILOGUE: {
+    uint32_t v;
+    if (size != sizeof v) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&v, buf, sizeof v);
+    if (v != CUBLASLT_EPILOGUE_DEFAULT && v != CUBLASLT_EPILOGUE_BIAS) return CUBLAS_STATUS_NOT_SUPPORTED;
+    d->epilogue = (cublasLtEpilogue_t)v;
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  case CUBLASLT_MATMUL_DESC_BIAS_POINTER:
+    if (size != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&d->bias, buf, sizeof(void *));
+    return CUBLAS_STATUS_SUCCESS;
+  case CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE:
+    d->bias_type_set = 1;
+    return CUBLAS_STATUS_SUCCESS;
+  default:
+    return CUBLAS_STATUS_NOT_SUPPORTED;
+  }
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType_t type, uint64_t rows,
+                                          uint64_t cols, int64_t ld) {
+  if (ld < (int64_t)(rows > 1 ? rows : 1)) return CUBLAS_STATUS_INVALID_VALUE;
+  *l = new dt_emu_lt_layout{type, rows, cols, ld};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+  delete l;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+  *p = new dt_emu_lt_pref{0, {256, 256, 256, 256}};
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+  delete p;
+  return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p,
+                                                    cublasLtMatmulPreferenceAttributes_t attr, const void *buf,
+                                                    size_t size) {
+  if (!p || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+  if (attr >= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES && attr <= CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES) {
+    if (size != sizeof(uint32_t)) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&p->align[attr - CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES], buf, sizeof(uint32_t));
+    return CUBLAS_STATUS_SUCCESS;
+  }
+  if (attr != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES || size != sizeof(uint64_t)) return CUBLAS_STATUS_INVALID_VALUE;
+  uint64_t v;
+  memcpy(&v, buf, sizeof v);
+  p->workspace = (size_t)v;
+  return CUBLAS_STATUS_SUCCESS;
+}
+/* one algorithm, no workspace, for what lt_check takes (it keeps the preference's alignments);
+ * none (NOT_SUPPORTED) for the rest */
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                                              cublasLtMatrixLayout_t o, cublasLtMatmulPreference_t pref, int want,
+                                              cublasLtMatmulHeuristicResult_t results[], int *got) {
+  int m, n, k;
+  *got = 0;
+  if (!h || !pref || want < 1) return CUBLAS_STATUS_INVALID_VALUE;
+  cublasStatus_t st = lt_check(d, a, b, c, o, &m, &n, &k);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  memset(&results[0], 0, sizeof results[0]);
+  results[0].state = CUBLAS_STATUS_SUCCESS;
+  for (int i = 0; i < 4; i++) results[0].algo.data[i] = pref->align[i];
+  results[0].wavesCount = 1.0f;
+  *got = 1;
+  return CUBLAS_STATUS_SUCCESS;
+}
+/* D = alpha op(A) op(B) + beta C [+ bias per row of D], C and D one buffer (beta 0: C not read) */
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A,
+                              cublasLtMatrixLayout_t a, const void *B, cublasLtMatrixLayout_t b, const void *beta,
+                              const void *C, cublasLtMatrixLayout_t c, void *D, cublasLtMatrixLayout_t o,
+                              const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes, cudaStream_t stream) {
+  (void)algo, (void)ws, (void)ws_bytes;
+  int m, n, k;
+  if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+  cublasStatus_t st = lt_check(d, a, b, c, o, &m, &n, &k);
+  if (st != CUBLAS_STATUS_SUCCESS) return st;
+  if (C != D) return CUBLAS_STATUS_NOT_SUPPORTED; /* out of place C is not emulated */
+  if (d->epilogue == CUBLASLT_EPILOGUE_BIAS && !d->bias) return CUBLAS_STATUS_INVALID_VALUE;
+  const void *ptr[4] = {A, B, C, D}; /* an algorithm chosen for more alignment than a pointer has */
+  for (int i = 0; i < 4; i++)
+    if (!algo || !algo->data[i] || (uintptr_t)ptr[i] % algo->data[i]) return CUBLAS_STATUS_INVALID_VALUE;
+  dt_emu_cublas hh = {h->device, stream, CUBLAS_POINTER_MODE_HOST, CUBLAS_DEFAULT_MATH};
+  return gemm("cublasLtMatmul", &hh, d->ta, d->tb, m, n, k, (const float *)alpha, A, (int)a->ld, 0, B, (int)b->ld, 0,
+              (const float *)beta, D, (int)o->ld, 0, 1, ROUND_NONE, lt_el(a->type), lt_el(o->type),
+              d->epilogue == CUBLASLT_EPILOGUE_BIAS ? d->bias : NULL);
 }
 
 }  // extern "C"

@@ -12,9 +12,9 @@
  *   layernorm  forward: read x, write y, mean, rstd; backward: dinp from dout, x, dresid (the
  *              blocks') and the parameters' partial sums from dout and x again
  *   bias       qkv and fc: + bias in place (read, write); projections: resid + (out + bias) (read
- *              both, write); with 16-bit storage the products write their fp32 sums and this
- *              epilogue reads those (4 bytes) and stores 2; backward: each bias's column sum reads
- *              dout
+ *              both, write); with 16-bit storage qkv's and fc's bias is cuBLASLt's epilogue (no
+ *              pass), the projections write their fp32 sums and this epilogue reads those (4
+ *              bytes) and stores 2; backward: each bias's column sum reads dout
  *   gelu       forward read, write; backward read x and dout, write dinp
  *   xent       forward one pass over the logits (online softmax), lse and losses out; backward
  *              rewrites them in place
@@ -77,14 +77,17 @@ static void blocks(dt_kroof_t *r, const dims_t *d, const dt_plan_in_t *in, int a
   dt_kroof_t b;
   memset(&b, 0, sizeof b);
   const double N = d->N, C = d->C, Cl = d->Cl, s = d->s, F = d->fwd;
-  const double a = d->acc; /* every block product has a bias */
-  product(&b, DT_KC_MATMUL, d, N, C, 3 * Cl, F, a);
+  /* every block product has a bias: with 16-bit storage qkv's and fc's go through cuBLASLt's bias
+   * epilogue (2-byte out, no pass of ours), the projections (+ residual) through the fp32 sums */
+  const double a = d->acc, lt = act16 ? s : a;
+  product(&b, DT_KC_MATMUL, d, N, C, 3 * Cl, F, lt);
   product(&b, DT_KC_MATMUL, d, N, Cl, C, F, a);
-  product(&b, DT_KC_MATMUL, d, N, C, 4 * Cl, F, a);
+  product(&b, DT_KC_MATMUL, d, N, C, 4 * Cl, F, lt);
   product(&b, DT_KC_MATMUL, d, N, 4 * Cl, C, F, a);
   attention(&b, d, in, act16);
   add(&b, DT_KC_LAYERNORM, 0, 2 * F * (2 * s * N * C + 8 * N) + 2 * (6 * s * N * C + 8 * N));
-  add(&b, DT_KC_BIAS, 0, F * N * ((a + s) * (3 * Cl + 4 * Cl) + 2 * (a + 2 * s) * C) + s * N * (3 * Cl + C + 4 * Cl + C));
+  add(&b, DT_KC_BIAS, 0,
+      F * N * ((act16 ? 0 : a + s) * (3 * Cl + 4 * Cl) + 2 * (a + 2 * s) * C) + s * N * (3 * Cl + C + 4 * Cl + C));
   add(&b, DT_KC_GELU, 0, F * 2 * s * N * 4 * Cl + 3 * s * N * 4 * Cl);
   if (!act16 && in->precision != DT_PREC_FP32) { /* STOREs: backward dfch, dtmp x3 */
     const double att = in->flash ? 0 : F * N * Cl + 3 * N * Cl; /* cuBLAS's out and dqkv: a pass in the backend */

@@ -55,7 +55,9 @@ static const char *const paragraphs[] = {
     "train.precision = bf16 | fp16 (fp16 with dynamic loss scaling) works on the CPU backend by rounding "
     "float storage (emulated: for numerics, not speed).",
     "The CUDA backend is compiled in when configured; one GPU checked (docs/gpu-runs.md), multi-GPU "
-    "NCCL never run on GPUs; its bf16/fp16 rounds fp32 storage (no 16-bit storage or tensor cores yet).",
+    "NCCL never run on GPUs; its bf16/fp16 layer products run on 16-bit tensor cores, and with "
+    "system.attention = flash or cudnn it stores 16 bits (system.store16): built and emulation-tested, never "
+    "run on a GPU.",
 };
 #define N_OF(a) (sizeof(a) / sizeof((a)[0]))
 

@@ -235,7 +235,7 @@ static dt_status_t open_cudnn_att(dt_backend_t *be, dt_precision_t p) {
 static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
   cu_impl_t *im = impl(be);
   if (!dt_precision_name(p)) return DT_ERR(DT_ERR_ARG, "cuda backend: unknown precision %d", (int)p);
-  const int bytes = p != DT_PREC_FP32 && be->store16 && be->flash ? 2 : 4;
+  const int bytes = be->store16 && dt_cuda_store16_built(p, be->flash) ? 2 : 4;
   DT_CUDA_CHECK(cudaSetDevice(im->device));
   if (be->wparams != be->params && (p == DT_PREC_FP32 || bytes != be->act_bytes)) { /* another storage than before */
     DT_CUDA_CHECK(cudaStreamSynchronize(im->compute));
@@ -370,9 +370,6 @@ static dt_status_t k_encoder_backward(dt_backend_t *be, float *dwte, float *dwpe
                                 cudaMemcpyHostToDevice, S(be)));
   return dt_cu_encoder_backward(dwte, dwpe, dout, im->order, im->buckets, nb, B, T, C, dt_cu_store(be, DT_PREC_FP32),
                                 S(be));
-}
-static dt_status_t k_add_bias(dt_backend_t *be, dt_act_t *out, const dt_act_t *bias, int N, int OC) {
-  return dt_cu_add_bias(out, bias, N, OC, dt_cu_store(be, DT_PREC_FP32), S(be)); /* as computed (backend.h) */
 }
 /* float storage: acc may be out (the kernel reads each element before it writes it) */
 static dt_status_t k_epilogue(dt_backend_t *be, dt_act_t *out, const float *acc, const dt_act_t *bias,
@@ -628,9 +625,9 @@ static const char *cu_engine(const dt_backend_t *be) {
 /* Positional (C++17 has no designated initializers): the order of backend.h's dt_kernels_t. */
 static const dt_kernels_t cuda_kernels = {
     k_alloc,           k_release,           k_copy,           k_upload,          k_download,
-    k_grads_ready,     k_attention_floats,  k_encoder_forward, k_encoder_backward, k_add_bias,
-    k_epilogue,        k_widen,             k_layernorm_forward, k_layernorm_backward, k_linear_forward,
-    k_linear_backward, k_linear_forward32,  k_linear_backward32,
+    k_grads_ready,     k_attention_floats,  k_encoder_forward, k_encoder_backward, k_epilogue,
+    k_widen,           k_layernorm_forward, k_layernorm_backward, k_linear_forward, k_linear_backward,
+    k_linear_forward32, k_linear_backward32,
     k_attention_forward, k_attention_backward, k_attention_decode, k_gelu_forward, k_gelu_backward, k_crossentropy_forward,
     k_xent_max,        k_xent_sumexp,       k_xent_finish,    k_crossentropy_backward, k_round,
     k_round_copy,      k_sumsq,             dt_cu_arena_clear, dt_cu_arena_populate, k_divide,

@@ -213,6 +213,14 @@ static cublasStatus_t gemm(const char *call, cublasHandle_t h, cublasOperation_t
   return CUBLAS_STATUS_SUCCESS;
 }
 
+/* a handle needs a device (cuBLAS: NOT_INITIALIZED without one) */
+static int have_device() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) == cudaSuccess && n > 0) return 1;
+  cudaGetLastError();
+  return 0;
+}
+
 }  // namespace dt_emu
 
 using namespace dt_emu;
@@ -225,11 +233,7 @@ cublasStatus_t cublasGetProperty(libraryPropertyType type, int *value) {
 }
 
 cublasStatus_t cublasCreate(cublasHandle_t *handle) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    return CUBLAS_STATUS_NOT_INITIALIZED;
-  }
+  if (!have_device()) return CUBLAS_STATUS_NOT_INITIALIZED;
   *handle = new dt_emu_cublas{current_device(), NULL, CUBLAS_POINTER_MODE_HOST, CUBLAS_DEFAULT_MATH};
   return CUBLAS_STATUS_SUCCESS;
 }
@@ -352,11 +356,7 @@ static cublasStatus_t lt_check(const dt_emu_lt_desc *d, const dt_emu_lt_layout *
 extern "C" {
 
 cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
-  int n = 0;
-  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-    cudaGetLastError();
-    return CUBLAS_STATUS_NOT_INITIALIZED;
-  }
+  if (!have_device()) return CUBLAS_STATUS_NOT_INITIALIZED;
   *h = new dt_emu_lt{current_device()};
   return CUBLAS_STATUS_SUCCESS;
 }

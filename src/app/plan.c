@@ -102,7 +102,7 @@ dt_status_t dt_plan_input(dt_plan_in_t *in, const dt_config_t *cfg, const char *
   in->flash = strcmp(cfg->attention, "matmul") != 0; /* flash, cudnn: the rows' log-sum-exp only */
   in->cudnn = !strcmp(cfg->attention, "cudnn");
   in->tf32 = cfg->tf32;
-  in->store16 = !strcmp(cfg->store16, "auto") && prec != DT_PREC_FP32 && in->flash;
+  in->store16 = !strcmp(cfg->store16, "auto") && dt_cuda_store16_built(prec, in->flash);
   in->device_mem = device_mem;
   return DT_OK;
 }

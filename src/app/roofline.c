@@ -31,6 +31,7 @@
 #include <math.h>
 #include <string.h>
 
+#include "backend.h"
 #include "precision.h"
 
 const char *const dt_kclass_names[DT_KC_N] = {"matmul (layers)", "lm_head", "attention", "layernorm", "bias+residual",
@@ -182,7 +183,7 @@ void dt_kroof_print(const dt_plan_t *p, FILE *o, const char *prefix) {
   dt_plan_line(o, prefix,
                "roofline: kernels: step %.2f ms: %.4g tokens/s per GPU, %.1f%% of the bf16 dense peak in model "
                "FLOPs (%.4g per step)", 1e3 * t, tokens / t, 100 * model / t / g->bf16, model);
-  const int can16 = in->precision != DT_PREC_FP32 && in->flash; /* what train.c lets store 16 bits */
+  const int can16 = dt_cuda_store16_built((dt_precision_t)in->precision, in->flash);
   if (built == 4)
     dt_plan_line(o, prefix,
                  "roofline: kernels: with activations stored in 16 bits (%s: no rounding passes, 16-bit products "

@@ -51,3 +51,5 @@ dt_status_t dt_backend_check_range(dt_backend_t *be, dt_buf_t buf, size_t off, s
                   off, n);
   return DT_OK;
 }
+
+int dt_cuda_store16_built(dt_precision_t p, int flash) { return p != DT_PREC_FP32 && flash; }

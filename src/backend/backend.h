@@ -68,8 +68,6 @@ typedef struct {
    * ascending order: deterministic); inp_host: the same tokens on the host */
   dt_status_t (*encoder_backward)(dt_backend_t *be, float *dwte, float *dwpe, const dt_act_t *dout, const int *inp,
                                   const int *inp_host, int B, int T, int C, int v0, int nrows);
-  /* out (N,OC) += bias (OC) broadcast over rows */
-  dt_status_t (*add_bias)(dt_backend_t *be, dt_act_t *out, const dt_act_t *bias, int N, int OC);
   /* out (N,OC) = [resid +] (acc + [bias]) stored rounded, from acc (N,OC) fp32 (tensor parallelism's
    * all-reduced partial products; with act_bytes 4 acc may be out itself); bias, resid may be NULL */
   dt_status_t (*epilogue)(dt_backend_t *be, dt_act_t *out, const float *acc, const dt_act_t *bias,
@@ -80,7 +78,7 @@ typedef struct {
    * dlogits, epilogue's out, linear_forward's out when it has a bias and the attention's out
    * (forward, decode) and dqkv are stored rounded to be->precision (precision.h; the kernels round
    * as they write, sparing the model a rounding pass over them); every other activation the model
-   * rounds itself (add_bias stores as computed) */
+   * rounds itself */
   dt_status_t (*layernorm_forward)(dt_backend_t *be, dt_act_t *out, float *mean, float *rstd, const dt_act_t *inp,
                                    const dt_act_t *weight, const dt_act_t *bias, int N, int C);
   dt_status_t (*layernorm_backward)(dt_backend_t *be, dt_act_t *dinp, float *dweight, float *dbias,
@@ -237,6 +235,10 @@ void dt_cpu_attention_floats(int B, int T, int NH, int nthr, size_t *state, size
  * everywhere): the probabilities (B, NH, T, T) and their gradient, or with flash the row
  * log-sum-exp and the rows' <dout, out> (B, NH, T) each. */
 void dt_cuda_attention_floats(int B, int T, int NH, int flash, size_t *state, size_t *scratch);
+/* Whether the CUDA backend stores 16 bits when asked (be->store16) at this precision with this
+ * attention (flash: our fused kernels or cuDNN's; the matmul attention multiplies fp32
+ * probabilities): its set_precision's rule, and `dtrain plan`'s. */
+int dt_cuda_store16_built(dt_precision_t p, int flash);
 #ifdef DT_HAVE_CUDA
 extern const dt_backend_ops_t dt_backend_cuda;
 #endif

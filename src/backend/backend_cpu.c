@@ -534,7 +534,6 @@ static const dt_kernels_t cpu_kernels = {
     .attention_floats = k_attention_floats,
     .encoder_forward = k_encoder_forward,
     .encoder_backward = k_encoder_backward,
-    .add_bias = k_add_bias,
     .epilogue = k_epilogue,
     .widen = k_widen,
     .layernorm_forward = k_layernorm_forward,

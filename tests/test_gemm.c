@@ -97,7 +97,8 @@ static double check(int ta, int tb, int M, int N, int K, float alpha, float beta
   return worst;
 }
 
-static const int sizes[] = {1, 7, 13, 31, 33, 97, 130};
+/* 64 and 128: a convolution's channels, whole B panels and the last row block's 8- and 2-row kernels */
+static const int sizes[] = {1, 7, 13, 31, 33, 64, 97, 128, 130};
 static const int nsizes = sizeof sizes / sizeof sizes[0];
 static const int ks[] = {1, 13, 64, 97, 130, 400};
 static const int nks = sizeof ks / sizeof ks[0];

@@ -146,6 +146,14 @@ dt_status_t dt_cu_matmul_attention_backward(cu_impl_t *im, float *dqkv, float *s
  * image classifiers' bias widths are not known at init). */
 dt_status_t dt_cu_colscr_reserve(cu_impl_t *im, size_t cols);
 
-extern "C" const dt_cnn_kernels_t dt_cuda_cnn_kernels;
+/* *p = `bytes` (at least 64) of zeroed device memory, the zeroing queued on s (backend_cuda.cu). */
+dt_status_t dt_cu_alloc_zero(void **p, size_t bytes, cudaStream_t s);
+
+/* Order the compute stream after everything enqueued on the comm stream so far (the gradients'
+ * all-reduces), before gradients are read or reset (backend_cuda.cu). */
+dt_status_t dt_cu_join_comm(cu_impl_t *im);
+
+extern "C" const dt_kernels_t dt_cuda_kernels;         /* backend_cuda_table.cu */
+extern "C" const dt_cnn_kernels_t dt_cuda_cnn_kernels; /* backend_cuda_cnn.cu */
 
 #endif

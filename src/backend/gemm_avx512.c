@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <unistd.h>
 
 #include "gemm_own.h"
@@ -39,6 +40,7 @@
 #define DT_GEMM_PAR_FLOPS 3.2e7
 
 _Static_assert(MR <= 16, "A panels are packed with one masked 16-lane store per k");
+_Static_assert(MR > 8, "the last row block's kernels (8, 4, 2 rows) need MR > 8");
 _Static_assert(NC_MIN % NR == 0 && NC_MAX % NR == 0, "NC must be a multiple of NR");
 
 #define UNROLL _Pragma("GCC unroll 32")
@@ -75,9 +77,18 @@ static inline void transpose16(__m512 r[16]) {
   }
 }
 
-/* Pack one MR-row micro-panel of op(A): dst (kc, MR), dst[k][i] = op(A)(i0 + i, k0 + k), rows
- * i >= m zero. op(A)(i, k) = A[i*lda + k] (!transA) or A[k*lda + i] (transA). dst needs 16 - MR
- * floats of slack after the panel. */
+/* The rows the micro-kernel computes for a row block of m rows (kernel() below): MR, or 8, 4 or 2
+ * for the last block of a product whose M is not a multiple of MR. */
+static inline int kernel_rows_for(int m) { return m > 8 ? MR : m > 4 ? 8 : m > 2 ? 4 : 2; }
+
+/* Pack one MR-row micro-panel of op(A), rows [i0, i0 + m), k in [k0, k0 + kc), in one of two
+ * layouts the micro-kernel reads:
+ *   transA (op(A)(i, k) = A[k*lda + i]): k-major, dst[k*MR + i] (one masked load per k);
+ *   !transA (op(A)(i, k) = A[i*lda + k]): row-major, dst[i*KC + k], each row a plain copy. The
+ *   kernel broadcasts a[i*KC + k], a constant displacement from one pointer; transposing 16 x 16
+ *   blocks into the k-major layout instead cost as much as the products of a convolution's small
+ *   (64-256 row and column) weight-gradient products.
+ * Rows m .. kernel_rows_for(m) - 1 are zero. dst needs 16 - MR floats of slack after the panel. */
 static void pack_a(int transA, const float *A, long lda, int i0, int k0, int m, int kc, float *dst) {
   if (transA) {
     const __mmask16 mm = lanes(m);
@@ -85,20 +96,18 @@ static void pack_a(int transA, const float *A, long lda, int i0, int k0, int m, 
     for (int k = 0; k < kc; k++) _mm512_storeu_ps(dst + k * MR, _mm512_maskz_loadu_ps(mm, src + k * lda));
     return;
   }
-  for (int kb = 0; kb < kc; kb += 16) {
-    const int kn = kc - kb < 16 ? kc - kb : 16;
-    const __mmask16 km = lanes(kn);
-    __m512 r[16];
-    UNROLL for (int i = 0; i < 16; i++)
-      r[i] = i < m ? _mm512_maskz_loadu_ps(km, A + (long)(i0 + i) * lda + k0 + kb) : _mm512_setzero_ps();
-    transpose16(r);
-    /* Full 16-lane stores in increasing k: lanes MR..15 spill into row k+1, which the next store
-     * overwrites; the last one lands in the buffer's 16-float tail. */
-    if (kn == 16) {
-      UNROLL for (int t = 0; t < 16; t++) _mm512_storeu_ps(dst + (kb + t) * MR, r[t]);
-    } else {
-      for (int t = 0; t < kn; t++) _mm512_storeu_ps(dst + (kb + t) * MR, r[t]);
+  const int rows = kernel_rows_for(m);
+  for (int i = 0; i < rows; i++) {
+    float *d = dst + (long)i * KC;
+    if (i >= m) {
+      memset(d, 0, (size_t)kc * sizeof *d);
+      continue;
     }
+    const float *src = A + (long)(i0 + i) * lda + k0;
+    int k = 0;
+    for (; k + 16 <= kc; k += 16)
+      _mm512_storeu_ps(d + k, _mm512_loadu_ps(src + k));
+    if (k < kc) _mm512_mask_storeu_ps(d + k, lanes(kc - k), _mm512_maskz_loadu_ps(lanes(kc - k), src + k));
   }
 }
 
@@ -168,9 +177,10 @@ static void pack_b(int transB, const float *B, long ldb, int k0, int j0, int kc,
 /* Micro-kernel: C[0:m, 0:n] = alpha * sum_k a[k][i] * b[k][j] + beta * C[0:m, 0:n], with
  * a (kc, MR) and b (kc, NR) packed, m <= RB <= MR, n <= NR, C row-major with ldc. beta == 0: C is
  * not read. RB, the rows computed, is a constant at each call (below). */
-static inline __attribute__((always_inline)) void kernel_rows(const int RB, int kc, const float *restrict a,
-                                                              const float *restrict b, float *c, long ldc, int m, int n,
-                                                              float alpha, float beta) {
+static inline __attribute__((always_inline)) void kernel_rows(const int RB, const int AROW, int kc,
+                                                              const float *restrict a, const float *restrict b,
+                                                              float *c, long ldc, int m, int n, float alpha,
+                                                              float beta) {
   __m512 acc[MR][NV];
   UNROLL for (int i = 0; i < RB; i++) UNROLL for (int v = 0; v < NV; v++) acc[i][v] = _mm512_setzero_ps();
   for (int i = 0; i < m; i++) {
@@ -184,10 +194,10 @@ static inline __attribute__((always_inline)) void kernel_rows(const int RB, int 
     UNROLL for (int v = 0; v < NV; v++) _mm_prefetch((const char *)(b + DT_GEMM_PF * NR + 16 * v), _MM_HINT_T0);
 #endif
     UNROLL for (int i = 0; i < RB; i++) {
-      const __m512 ai = _mm512_set1_ps(a[i]);
+      const __m512 ai = _mm512_set1_ps(AROW ? a[i * KC] : a[i]);
       UNROLL for (int v = 0; v < NV; v++) acc[i][v] = _mm512_fmadd_ps(ai, bv[v], acc[i][v]);
     }
-    a += MR;
+    a += AROW ? 1 : MR;
     b += NR;
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
@@ -223,17 +233,30 @@ static inline __attribute__((always_inline)) void kernel_rows(const int RB, int 
 
 /* The last row block of a product whose M is not a multiple of MR (64 = 4 x 14 + 8, 128 = 9 x 14 +
  * 2: a convolution's channels) runs a kernel of 8, 4 or 2 rows rather than MR rows of padding: 8
- * rows of 64's last block cost 8 rows of FMAs, not 14 (M = 64 and 128 products ~9% faster). */
-static void kernel(int kc, const float *restrict a, const float *restrict b, float *c, long ldc, int m, int n,
+ * rows of 64's last block cost 8 rows of FMAs, not 14 (M = 64 and 128 products ~9% faster). arow:
+ * a is packed row-major (pack_a, !transA). */
+static void kernel(int arow, int kc, const float *restrict a, const float *restrict b, float *c, long ldc, int m, int n,
                    float alpha, float beta) {
-  if (MR <= 8 || m > 8)
-    kernel_rows(MR, kc, a, b, c, ldc, m, n, alpha, beta);
-  else if (m > 4)
-    kernel_rows(8, kc, a, b, c, ldc, m, n, alpha, beta);
-  else if (m > 2)
-    kernel_rows(4, kc, a, b, c, ldc, m, n, alpha, beta);
-  else
-    kernel_rows(2, kc, a, b, c, ldc, m, n, alpha, beta);
+  const int rb = kernel_rows_for(m);
+  if (arow) {
+    if (rb == MR)
+      kernel_rows(MR, 1, kc, a, b, c, ldc, m, n, alpha, beta);
+    else if (rb == 8)
+      kernel_rows(8, 1, kc, a, b, c, ldc, m, n, alpha, beta);
+    else if (rb == 4)
+      kernel_rows(4, 1, kc, a, b, c, ldc, m, n, alpha, beta);
+    else
+      kernel_rows(2, 1, kc, a, b, c, ldc, m, n, alpha, beta);
+  } else {
+    if (rb == MR)
+      kernel_rows(MR, 0, kc, a, b, c, ldc, m, n, alpha, beta);
+    else if (rb == 8)
+      kernel_rows(8, 0, kc, a, b, c, ldc, m, n, alpha, beta);
+    else if (rb == 4)
+      kernel_rows(4, 0, kc, a, b, c, ldc, m, n, alpha, beta);
+    else
+      kernel_rows(2, 0, kc, a, b, c, ldc, m, n, alpha, beta);
+  }
 }
 
 /* Packing buffers, one set per thread (the caller and each OpenMP worker), allocated on first use
@@ -308,7 +331,7 @@ static void gemm_serial(int transA, int transB, int M, int N, int K, float alpha
         pack_a(transA, A, lda, i, pc, m, kc, abuf);
         for (int jp = 0; jp < np; jp++) {
           const int n = nc - jp * NR < NR ? nc - jp * NR : NR;
-          kernel(kc, abuf, bbuf + (long)jp * kc * NR, C + i * ldc + jc + jp * NR, ldc, m, n, alpha, beta_eff);
+          kernel(!transA, kc, abuf, bbuf + (long)jp * kc * NR, C + i * ldc + jc + jp * NR, ldc, m, n, alpha, beta_eff);
         }
       }
     }

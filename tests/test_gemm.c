@@ -17,6 +17,7 @@
 
 #include "dt_build.h"
 #include "gemm.h"
+#include "gemm_census.h"
 
 #define SENTINEL 12345.0f
 
@@ -207,4 +208,44 @@ Test(gemm, env_selection) {
   cr_expect_eq(dt_gemm_init(), DT_ERR_CONFIG);
   cr_expect(strstr(dt_err_msg(), "DT_GEMM") != NULL, "%s", dt_err_msg());
   cr_expect_neq(dt_gemm_engine(), DT_GEMM_AUTO);
+}
+
+/* DT_GEMM_CENSUS's table: one row per shape (transposes included), its calls counted, the time
+ * of a call inside a parallel region divided among the team, rows largest time first. */
+Test(gemm, census) {
+  dt_gemm_census_enable(1);
+  static float A[64 * 256], B[256 * 96], C[64 * 96];
+  for (int i = 0; i < 3; i++)
+    dt_sgemm(0, 0, 64, 96, 256, 1.0f, A, 256, B, 96, 0.0f, C, 96);
+  dt_sgemm(1, 0, 64, 96, 256, 1.0f, A, 64, B, 96, 0.0f, C, 96); /* another shape: transA */
+  dt_sgemm(0, 0, 8, 8, 8, 1.0f, A, 8, B, 8, 0.0f, C, 8);
+  dt_gemm_census_row_t r[8];
+  int n = dt_gemm_census_rows(r, 8);
+  dt_gemm_census_enable(0);
+  cr_assert_eq(n, 3, "%d shapes, want 3", n);
+  long calls[3] = {0};
+  for (int i = 0; i < n; i++) {
+    if (i > 0) cr_expect_geq(r[i - 1].seconds, r[i].seconds, "rows not largest time first");
+    cr_expect_gt(r[i].seconds, 0.0);
+    if (r[i].M == 64 && r[i].N == 96 && r[i].K == 256)
+      calls[r[i].ta] += r[i].calls;
+    else if (r[i].M == 8 && r[i].N == 8 && r[i].K == 8 && !r[i].ta && !r[i].tb)
+      calls[2] += r[i].calls;
+  }
+  cr_expect(calls[0] == 3 && calls[1] == 1 && calls[2] == 1, "calls NN %ld, TN %ld, small %ld; want 3, 1, 1", calls[0],
+            calls[1], calls[2]);
+  /* inside a team of 2: each thread's call counts half its time */
+  dt_gemm_census_enable(1);
+  int team = 0;
+#pragma omp parallel num_threads(2)
+  {
+    dt_gemm_census_add(0, 0, 1, 1, 1, 0.5);
+#pragma omp single
+    team = omp_get_num_threads();
+  }
+  n = dt_gemm_census_rows(r, 8);
+  dt_gemm_census_enable(0);
+  cr_assert_eq(n, 1);
+  cr_expect(r[0].calls == team && fabs(r[0].seconds - 0.5) < 1e-9, "%ld calls, %g s; want %d calls, 0.5 s", r[0].calls,
+            r[0].seconds, team);
 }

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "dt_build.h"
+#include "gemm_census.h"
 #include "gemm_own.h"
 
 #ifdef DT_HAVE_OPENBLAS
@@ -71,8 +72,22 @@ const char *dt_gemm_engine_name(void) {
   return name;
 }
 
+static void sgemm_engine(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+                         const float *B, int ldb, float beta, float *C, int ldc);
+
 void dt_sgemm(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
               const float *B, int ldb, float beta, float *C, int ldc) {
+  if (!dt_gemm_census_on()) {
+    sgemm_engine(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+    return;
+  }
+  const double t0 = dt_gemm_census_now();
+  sgemm_engine(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);
+  dt_gemm_census_add(transA, transB, M, N, K, dt_gemm_census_now() - t0);
+}
+
+static void sgemm_engine(int transA, int transB, int M, int N, int K, float alpha, const float *A, int lda,
+                         const float *B, int ldb, float beta, float *C, int ldc) {
 #ifdef DT_HAVE_AVX512_GEMM
   if (dt_gemm_engine() == DT_GEMM_OWN) {
     dt__sgemm_avx512(transA, transB, M, N, K, alpha, A, lda, B, ldb, beta, C, ldc);

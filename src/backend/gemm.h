@@ -2,7 +2,8 @@
  * semantics, served either by our own AVX-512 kernel (src/backend/gemm_avx512.c, OpenMP over the calling
  * thread's team) or by the configured CBLAS (OpenBLAS/BLIS). The engine is picked at run time:
  * the own kernel when the CPU has AVX-512F and it was compiled in, else BLAS; the environment
- * variable DT_GEMM=auto|own|blas (or dt_gemm_set_engine) forces one. */
+ * variable DT_GEMM=auto|own|blas (or dt_gemm_set_engine) forces one. DT_GEMM_CENSUS=1 times
+ * every call per shape and prints the table at exit (gemm_census.h). */
 #ifndef DT_GEMM_H
 #define DT_GEMM_H
 

@@ -235,28 +235,26 @@ static inline __attribute__((always_inline)) void kernel_rows(const int RB, cons
  * 2: a convolution's channels) runs a kernel of 8, 4 or 2 rows rather than MR rows of padding: 8
  * rows of 64's last block cost 8 rows of FMAs, not 14 (M = 64 and 128 products ~9% faster). arow:
  * a is packed row-major (pack_a, !transA). */
+static inline __attribute__((always_inline)) void kernel_layout(const int AROW, int kc, const float *restrict a,
+                                                                const float *restrict b, float *c, long ldc, int m,
+                                                                int n, float alpha, float beta) {
+  const int rb = kernel_rows_for(m);
+  if (rb == MR)
+    kernel_rows(MR, AROW, kc, a, b, c, ldc, m, n, alpha, beta);
+  else if (rb == 8)
+    kernel_rows(8, AROW, kc, a, b, c, ldc, m, n, alpha, beta);
+  else if (rb == 4)
+    kernel_rows(4, AROW, kc, a, b, c, ldc, m, n, alpha, beta);
+  else
+    kernel_rows(2, AROW, kc, a, b, c, ldc, m, n, alpha, beta);
+}
+
 static void kernel(int arow, int kc, const float *restrict a, const float *restrict b, float *c, long ldc, int m, int n,
                    float alpha, float beta) {
-  const int rb = kernel_rows_for(m);
-  if (arow) {
-    if (rb == MR)
-      kernel_rows(MR, 1, kc, a, b, c, ldc, m, n, alpha, beta);
-    else if (rb == 8)
-      kernel_rows(8, 1, kc, a, b, c, ldc, m, n, alpha, beta);
-    else if (rb == 4)
-      kernel_rows(4, 1, kc, a, b, c, ldc, m, n, alpha, beta);
-    else
-      kernel_rows(2, 1, kc, a, b, c, ldc, m, n, alpha, beta);
-  } else {
-    if (rb == MR)
-      kernel_rows(MR, 0, kc, a, b, c, ldc, m, n, alpha, beta);
-    else if (rb == 8)
-      kernel_rows(8, 0, kc, a, b, c, ldc, m, n, alpha, beta);
-    else if (rb == 4)
-      kernel_rows(4, 0, kc, a, b, c, ldc, m, n, alpha, beta);
-    else
-      kernel_rows(2, 0, kc, a, b, c, ldc, m, n, alpha, beta);
-  }
+  if (arow)
+    kernel_layout(1, kc, a, b, c, ldc, m, n, alpha, beta);
+  else
+    kernel_layout(0, kc, a, b, c, ldc, m, n, alpha, beta);
 }
 
 /* Packing buffers, one set per thread (the caller and each OpenMP worker), allocated on first use

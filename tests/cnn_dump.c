@@ -64,7 +64,8 @@ static void conv_case(const char *c, int B, int C, int H, int W, int OC, int K, 
   rec(c, "dy", dy, no);
   for (size_t a = 0; a < sizeof algos / sizeof *algos; a++) {
     dt_conv_set_algo(algos[a].algo);
-    float *scr = malloc(dt_conv2d_scratch_floats(C, K, K, OC, OH, OW, s, p, 2) * sizeof(float));
+    /* NaN: the kernels must not read scratch they did not write (a partial they did not zero) */
+    float *scr = fill(dt_conv2d_scratch_floats(C, K, K, OC, OH, OW, s, p, 2), NAN);
     for (int nthr = 1; nthr <= 2; nthr++) {
       float *y = fill(no, NAN), *dx = fill(ni, NAN), *dw = fill(nw, 0.25f), *db = fill((size_t)OC, 0.25f);
       dt_conv2d_forward(y, scr, x, w, bias, B, C, H, W, OC, K, K, s, p, nthr);
@@ -183,6 +184,7 @@ int main(int argc, char **argv) {
   conv_case("conv_3x3_s2", 3, 4, 11, 10, 5, 3, 2, 1, 0);
   conv_case("conv_stem7", 2, 3, 16, 16, 8, 7, 2, 3, 0);
   conv_case("conv_1x1", 2, 6, 5, 5, 7, 1, 1, 0, 1);
+  conv_case("conv_1x1_b1", 1, 6, 5, 5, 7, 1, 1, 0, 1); /* one image: with 2 threads, one has no chunk */
   conv_case("conv_1x1_s2", 3, 4, 8, 8, 6, 1, 2, 0, 0);
   conv_case("conv_5x5_mnist", 4, 1, 28, 28, 8, 5, 1, 0, 1);
   /* small feature maps: several images side by side in one product (ops_cnn_cpu.c's chunks) */

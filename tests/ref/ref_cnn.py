@@ -139,7 +139,7 @@ def main():
         elif c.startswith("sgd"):
             sgd(r, c)
     pointwise(r)
-    want = {"conv_3x3", "conv_3x3_s2", "conv_stem7", "conv_1x1", "conv_1x1_s2", "conv_5x5_mnist", "conv_3x3_4x4",
+    want = {"conv_3x3", "conv_3x3_s2", "conv_stem7", "conv_1x1", "conv_1x1_b1", "conv_1x1_s2", "conv_5x5_mnist", "conv_3x3_4x4",
             "conv_3x3_s2_8x8", "conv_1x1_4x4", "conv_3x3_wino_odd", "conv_3x3_wino_chunks", "conv_3x3_wino_wide",
             "conv_3x3_wino_c80",
             "bn_4x3", "bn_1x1",

@@ -45,6 +45,12 @@ run() { # run ok|nz CMD...: print the command, run it with a time limit, check t
   want=$1; shift
   echo "\$ $*"
   timeout 30 "$@" >"$out" 2>&1; rc=$?
+  # Open MPI's start-up race on virtual nodes (tests/lib.sh srun_once_more): once more
+  if [ $want = ok ] && [ $rc -ne 0 ] && grep -q 'Failing at address: (nil)' "$out" && ! grep -q '\[ 1\] ' "$out"; then
+    sed 's/^/    /' "$out"
+    echo "note: a rank called address 0 with no caller frame (Open MPI start-up race); launching once more"
+    timeout 30 "$@" >"$out" 2>&1; rc=$?
+  fi
   sed 's/^/    /' "$out"
   case $want in
     ok) [ $rc -eq 0 ] || fail "exit $rc, want 0" ;;

@@ -310,6 +310,18 @@ static dt_status_t bn_backward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *o
                          HW);
 }
 
+/* A residual add: both inputs get g = dout (with a fused ReLU: where its output y > 0), computed
+ * once and copied before grad_done rounds it. When both inputs already have a gradient, both
+ * destinations are m->tmp, which grad_done reads and leaves as it is: g serves both. */
+static dt_status_t add_backward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *y, const float *dout, size_t n) {
+  dt_backend_t *be = m->be;
+  float *d1 = grad_dst(m, o->in), *d2 = grad_dst(m, o->in2), *g = d1 ? d1 : d2;
+  if (g) DT_TRY(y ? be->ops->cnn->relu_backward(be, g, dout, y, n) : be->k->copy(be, g, dout, n * sizeof *g));
+  if (d1 && d2 && d2 != d1) DT_TRY(be->k->copy(be, d2, d1, n * sizeof *d2));
+  DT_TRY(grad_done(m, o->in));
+  return grad_done(m, o->in2);
+}
+
 static dt_status_t op_backward(dt_cnn_t *m, const dt_cnn_op_t *o, int i, const float *params, float *grads) {
   dt_backend_t *be = m->be;
   const dt_cnn_kernels_t *ck = be->ops->cnn;
@@ -336,12 +348,7 @@ static dt_status_t op_backward(dt_cnn_t *m, const dt_cnn_op_t *o, int i, const f
       break;
     case DT_OP_GAP: st = dx ? ck->gap_backward(be, dx, dout, B, o->C, HW) : DT_OK; break;
     case DT_OP_LINEAR: st = be->k->linear_backward(be, dx, dw, db, dout, in, w, 0, B, o->C, o->OC); break;
-    case DT_OP_ADD: /* both inputs get dout (with a fused ReLU: where its output is > 0) */
-      if (dx) DT_TRY(f ? ck->relu_backward(be, dx, dout, out, n) : be->k->copy(be, dx, dout, n * sizeof *dx));
-      DT_TRY(grad_done(m, o->in));
-      if ((dx = grad_dst(m, o->in2)))
-        DT_TRY(f ? ck->relu_backward(be, dx, dout, out, n) : be->k->copy(be, dx, dout, n * sizeof *dx));
-      return grad_done(m, o->in2);
+    case DT_OP_ADD: return add_backward(m, o, f ? out : NULL, dout, n);
   }
   DT_TRY(st);
   return grad_done(m, o->in);

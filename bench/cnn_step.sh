@@ -2,7 +2,7 @@
 # Issue #25's CNN step comparison, one invocation: bench/cnn_step (dtrain's CNN kernels) and
 # bench/torch_cnn.py (PyTorch 1.13 with oneDNN) on the same model, batch and SGD, alternating for
 # ROUNDS rounds (default 2), then the medians of each side's step medians and their ratio (goal:
-# dtrain's step at most 0.8x PyTorch's). CONV_COMPARE=1 also runs dtrain with DT_CONV=im2col in
+# dtrain's step at most 0.8x PyTorch's), and each round's ratio with their median. CONV_COMPARE=1 also runs dtrain with DT_CONV=im2col in
 # each round. Run from the build tree. A benchmark, not a test.
 #   usage: bench/cnn_step.sh [ARCH [BATCH [C,H,W [WIDTH]]]]     e.g. bench/cnn_step.sh resnet50 32 3,32,32 64
 #          bench/cnn_step.sh cnn 64 1,28,28 32                  (the Fashion-MNIST SimpleCNN)
@@ -35,6 +35,9 @@ a, b = [float(v) for v in sys.argv[1].split()], [float(v) for v in sys.argv[2].s
 ma, mb = statistics.median(a), statistics.median(b)
 print(f"# summary {sys.argv[3]} batch {sys.argv[4]}: dtrain {ma:.1f} ms/step (rounds {a}), PyTorch {mb:.1f} ms/step "
       f"(rounds {b}); dtrain/PyTorch step time {ma / mb:.2f} (goal <= 0.80)")
+# each round's two runs are minutes apart at most: their ratio is less exposed to the VM's drift
+r = [x / y for x, y in zip(a, b)]
+print(f"# summary: per round dtrain/PyTorch {', '.join(f'{v:.2f}' for v in r)}; median {statistics.median(r):.2f}")
 if sys.argv[5].split():
     c = [float(v) for v in sys.argv[5].split()]
     mc = statistics.median(c)

@@ -9,7 +9,7 @@
 # rank's) for both, and dtrain's 1-rank step time over PyTorch's (goals: <= 0.8, and scaling at
 # least PyTorch's). dtrain's 2 ranks run twice: with synchronised batch norm (its default) and with
 # batch norm per rank (model.sync_bn = false), the like-for-like comparison with PyTorch's DDP.
-# Run from the build tree on a quiet machine. A benchmark, not a test.
+# Then the same two ratios per round, and their medians. Run from the build tree on a quiet machine. A benchmark, not a test.
 #   usage: bench/cnn_ddp.sh [ARCH [BATCH_PER_RANK [WIDTH]]]      (defaults resnet50 16 64)
 set -euo pipefail
 arch=${1:-resnet50} batch=${2:-16} width=${3:-64}
@@ -68,4 +68,10 @@ print(f"# summary: dtrain/PyTorch 1-rank step time {d1 / t1:.2f} (goal <= 0.80);
 print(f"# summary: dtrain 2x{half} with batch norm per rank (model.sync_bn = false, as PyTorch's DDP here) "
       f"{ips(2, d3):.1f} images/s, scaling {ips(2, d3) / ips(1, d1):.2f}: dtrain/PyTorch "
       f"{(ips(2, d3) / ips(1, d1)) / (ips(2, t2) / ips(1, t1)):.2f} (goal >= 1.00)")
+# each round's own ratios (its runs minutes apart at most, so less exposed to the VM's drift)
+step = [r[0] / r[2] for r in rows]
+scal = [(r[0] / r[1]) / (r[2] / r[3]) for r in rows]  # (2 d1 / d2) / (2 t1 / t2)
+print(f"# summary: per round 1-rank step dtrain/PyTorch {', '.join(f'{v:.2f}' for v in step)} (median "
+      f"{statistics.median(step):.2f}); 2-rank scaling dtrain/PyTorch {', '.join(f'{v:.2f}' for v in scal)} (median "
+      f"{statistics.median(scal):.2f})")
 PY

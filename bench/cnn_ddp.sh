@@ -9,7 +9,8 @@
 # rank's) for both, and dtrain's 1-rank step time over PyTorch's (goals: <= 0.8, and scaling at
 # least PyTorch's). dtrain's 2 ranks run twice: with synchronised batch norm (its default) and with
 # batch norm per rank (model.sync_bn = false), the like-for-like comparison with PyTorch's DDP.
-# Then the same two ratios per round, and their medians. Run from the build tree on a quiet machine. A benchmark, not a test.
+# Then the same two ratios per round, and their medians. Run from the build tree on a quiet
+# machine. A benchmark, not a test.
 #   usage: bench/cnn_ddp.sh [ARCH [BATCH_PER_RANK [WIDTH]]]      (defaults resnet50 16 64)
 set -euo pipefail
 arch=${1:-resnet50} batch=${2:-16} width=${3:-64}

@@ -2,8 +2,9 @@
 # Issue #25's CNN step comparison, one invocation: bench/cnn_step (dtrain's CNN kernels) and
 # bench/torch_cnn.py (PyTorch 1.13 with oneDNN) on the same model, batch and SGD, alternating for
 # ROUNDS rounds (default 2), then the medians of each side's step medians and their ratio (goal:
-# dtrain's step at most 0.8x PyTorch's), and each round's ratio with their median. CONV_COMPARE=1 also runs dtrain with DT_CONV=im2col in
-# each round. Run from the build tree. A benchmark, not a test.
+# dtrain's step at most 0.8x PyTorch's), and each round's ratio with their median. CONV_COMPARE=1
+# also runs dtrain with DT_CONV=im2col in each round. Run from the build tree. A benchmark, not a
+# test.
 #   usage: bench/cnn_step.sh [ARCH [BATCH [C,H,W [WIDTH]]]]     e.g. bench/cnn_step.sh resnet50 32 3,32,32 64
 #          bench/cnn_step.sh cnn 64 1,28,28 32                  (the Fashion-MNIST SimpleCNN)
 set -euo pipefail

@@ -1,7 +1,8 @@
 /* The CNN models' memory, forward and backward (cnn.h), over a backend's kernels (dt_kernels_t
  * and cnn_kernels.h) and memory: each operation reads its input slots and writes its own; backward
  * walks the operations in reverse, writing each input slot's gradient the first time and adding
- * to it after (a residual block's input feeds both its convolutions and its shortcut). */
+ * to it after (a residual block's input feeds both its convolutions and its shortcut), in a pool
+ * where gradients that are never alive at the same time share memory (grad_plan). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -47,21 +48,75 @@ static size_t slot_kept(const dt_cnn_t *m, int s) {
   return s > 0 && relu_fused(m, s - 1) ? 0 : slot_floats(&m->slots[s]);
 }
 
-/* Floats of dt_cnn_alloc's arrays for batches of B: the activation arena (acts, and dacts the
- * same), the widest slot (tmp), the largest convolution scratch (ck's, asked with be, or the CPU's
- * for nthr threads when ck is NULL), the maxpools' indices, the widest batch norm's C. */
+/* Backward's slot gradients share one pool: the gradient of slot s is written first by the
+ * backward of its last reader and read last by that of its producer, so it lives over the loop
+ * indices of dt_cnn_backward from s - 1 (the producer; a ReLU fused into the operation before it
+ * is run at the ReLU's index) up to its last reader's (a fused batch norm or add at its ReLU's
+ * index; the logits': n_ops, before the loop). Gradients whose ranges do not meet share memory,
+ * placed first fit in the order backward creates them. off[s]: per-image float offset in the pool,
+ * SIZE_MAX for a slot without a gradient (the images, a fused output, a slot no one reads); returns
+ * the pool's per-image floats (m->grad_private: the activations' layout, every slot its own). */
+static size_t grad_plan(const dt_cnn_t *m, size_t *off) {
+  const int n = m->n_slots;
+  int *lo = malloc(sizeof(int) * (size_t)n), *hi = malloc(sizeof(int) * (size_t)n),
+      *order = malloc(sizeof(int) * (size_t)n);
+  size_t pool = 0;
+  if (m->grad_private || !lo || !hi || !order) { /* a slot each */
+    for (int s = 0; s < n; s++)
+      off[s] = pool, pool += slot_kept(m, s);
+    free(lo), free(hi), free(order);
+    return pool;
+  }
+  int k = 0;
+  for (int s = 0; s < n; s++) {
+    off[s] = SIZE_MAX, lo[s] = s - 1, hi[s] = s == n - 1 ? m->n_ops : -1;
+    for (int c = 0; c < m->n_ops; c++)
+      if (m->ops[c].in == s || m->ops[c].in2 == s) hi[s] = c + relu_fused(m, c) > hi[s] ? c + relu_fused(m, c) : hi[s];
+    if (s > 0 && slot_kept(m, s) && hi[s] >= lo[s]) order[k++] = s;
+  }
+  for (int a = 1; a < k; a++) /* by creation: the last reader's index, descending; stable */
+    for (int b = a; b > 0 && hi[order[b - 1]] < hi[order[b]]; b--) {
+      int t = order[b];
+      order[b] = order[b - 1], order[b - 1] = t;
+    }
+  for (int a = 0; a < k; a++) {
+    const int s = order[a];
+    const size_t need = slot_floats(&m->slots[s]);
+    size_t at = 0;
+    for (int moved = 1; moved;) { /* the lowest offset clear of every placed gradient alive with it */
+      moved = 0;
+      for (int b = 0; b < a; b++) {
+        const int t = order[b];
+        if (lo[t] <= hi[s] && lo[s] <= hi[t] && at < off[t] + slot_floats(&m->slots[t]) && off[t] < at + need)
+          at = off[t] + slot_floats(&m->slots[t]), moved = 1;
+      }
+    }
+    off[s] = at;
+    if (at + need > pool) pool = at + need;
+  }
+  free(lo), free(hi), free(order);
+  return pool;
+}
+
+/* Floats of dt_cnn_alloc's arrays for batches of B: the activation arena (acts), the gradients'
+ * pool (dacts, grad_plan), the widest slot (tmp), the largest convolution scratch (ck's, asked
+ * with be, or the CPU's for nthr threads when ck is NULL), the maxpools' indices, the widest batch
+ * norm's C. */
 typedef struct {
-  size_t acts, tmp, scratch, idx, maxc;
+  size_t acts, dacts, tmp, scratch, idx, maxc;
 } cnn_sizes_t;
 
 static cnn_sizes_t cnn_sizes(const dt_cnn_t *m, const dt_cnn_kernels_t *ck, const dt_backend_t *be, int B,
                              int nthr) {
-  cnn_sizes_t z = {0, 0, 0, 0, 1};
+  cnn_sizes_t z = {0, 0, 0, 0, 0, 1};
   for (int i = 0; i < m->n_slots; i++) {
     size_t n = (size_t)B * slot_kept(m, i);
     z.acts += n;
     if (n > z.tmp) z.tmp = n;
   }
+  size_t *off = malloc(sizeof(size_t) * (size_t)m->n_slots);
+  z.dacts = off ? (size_t)B * grad_plan(m, off) : z.acts;
+  free(off);
   for (int i = 0; i < m->n_ops; i++) {
     const dt_cnn_op_t *o = &m->ops[i];
     const dt_cnn_slot_t *y = &m->slots[i + 1];
@@ -81,8 +136,8 @@ static cnn_sizes_t cnn_sizes(const dt_cnn_t *m, const dt_cnn_kernels_t *ck, cons
 double dt_cnn_alloc_bytes(const dt_cnn_t *m, int B, int nthr, const dt_cnn_kernels_t *ck) {
   cnn_sizes_t z = cnn_sizes(m, ck, NULL, B, nthr);
   double ns = m->n_stat ? (double)m->n_stat : 1.0;
-  return 4.0 * (2.0 * z.acts + z.tmp + z.scratch + 5 * ns + 2.0 * B) + 16.0 + 4.0 * (z.idx + B) + m->n_slots +
-         24.0 * z.maxc + 4.0 * m->lay.n_tensors + m->n_ops + 4.0 * B * m->cfg.classes;
+  return 4.0 * ((double)z.acts + z.dacts + z.tmp + z.scratch + 5 * ns + 2.0 * B) + 16.0 + 4.0 * (z.idx + B) +
+         m->n_slots + 24.0 * z.maxc + 4.0 * m->lay.n_tensors + m->n_ops + 4.0 * B * m->cfg.classes;
 }
 
 /* Backend memory of n elements of `size` bytes (at least one) into *p. */
@@ -115,19 +170,24 @@ dt_status_t dt_cnn_alloc(dt_cnn_t *m, dt_backend_t *be, int B) {
   m->be = be;
   const cnn_sizes_t z = cnn_sizes(m, be->ops->cnn, be, B, 0);
   size_t at = 0, ix = 0;
+  size_t *doff = malloc(sizeof(size_t) * (size_t)m->n_slots);
+  if (!doff) return DT_ERR(DT_ERR_NOMEM, "model: out of host memory");
+  grad_plan(m, doff);
   for (int i = 0; i < m->n_slots; i++) {
     m->slots[i].off = at;
     at += (size_t)B * slot_kept(m, i);
+    m->slots[i].doff = doff[i] == SIZE_MAX ? SIZE_MAX : (size_t)B * doff[i];
   }
+  free(doff);
   for (int i = 0; i < m->n_ops; i++)
     if (m->ops[i].kind == DT_OP_MAXPOOL) {
       m->ops[i].aux = ix;
       ix += (size_t)B * slot_floats(&m->slots[i + 1]);
     }
-  m->B = B, m->n_acts = z.acts, m->n_tmp = z.tmp, m->n_idx = z.idx;
+  m->B = B, m->n_acts = z.acts, m->n_dacts = z.dacts, m->n_tmp = z.tmp, m->n_idx = z.idx;
   const size_t ns = m->n_stat, f = sizeof(float);
   dt_status_t st = be_alloc(m, &m->acts, z.acts, f);
-  if (st == DT_OK) st = be_alloc(m, &m->dacts, z.acts, f);
+  if (st == DT_OK) st = be_alloc(m, &m->dacts, z.dacts, f);
   if (st == DT_OK) st = be_alloc(m, &m->tmp, z.tmp, f);
   if (st == DT_OK) st = be_alloc(m, &m->scratch, z.scratch, f);
   float **stat[] = {&m->mean, &m->var, &m->rstd, &m->sdy, &m->sdyx};
@@ -139,7 +199,7 @@ dt_status_t dt_cnn_alloc(dt_cnn_t *m, dt_backend_t *be, int B) {
   if (st == DT_OK) st = be_alloc(m, &m->labels, (size_t)B, sizeof(int));
   if (st != DT_OK)
     return DT_ERR(DT_ERR_NOMEM, "model: cannot allocate %.1f MiB of activations for a batch of %d images (%s)",
-                  2.0 * (double)z.acts * f / (1 << 20), B, dt_err_msg());
+                  (double)(z.acts + z.dacts) * f / (1 << 20), B, dt_err_msg());
   return host_alloc(m, z.maxc);
 }
 
@@ -284,12 +344,12 @@ dt_status_t dt_cnn_loss_sum(dt_cnn_t *m, double *sum_host) {
  * time, else m->tmp, added by grad_done. Slot 0 (the images) has none: NULL. */
 static float *grad_dst(dt_cnn_t *m, int s) {
   if (s == 0) return NULL;
-  return m->written[s] ? m->tmp : m->dacts + m->slots[s].off;
+  return m->written[s] ? m->tmp : m->dacts + m->slots[s].doff;
 }
 
 static dt_status_t grad_done(dt_cnn_t *m, int s) {
   if (s == 0) return DT_OK;
-  float *d = m->dacts + m->slots[s].off;
+  float *d = m->dacts + m->slots[s].doff;
   size_t n = (size_t)m->B * slot_floats(&m->slots[s]);
   if (m->written[s]) DT_TRY(m->be->ops->cnn->add(m->be, d, d, m->tmp, 0, n));
   m->written[s] = 1;
@@ -328,7 +388,7 @@ static dt_status_t op_backward(dt_cnn_t *m, const dt_cnn_op_t *o, int i, const f
   const int B = m->B, HW = o->H * o->W;
   const int f = m->fused[i]; /* a batch norm or add with its ReLU (op i + 1): from the ReLU's output gradient */
   const float *in = m->acts + m->slots[o->in].off, *out = m->acts + m->slots[i + 1 + f].off;
-  const float *dout = m->dacts + m->slots[i + 1 + f].off;
+  const float *dout = m->dacts + m->slots[i + 1 + f].doff;
   const float *w = o->w >= 0 ? params + m->lay.tensors[o->w].offset : NULL;
   float *dw = o->w >= 0 ? grads + m->lay.tensors[o->w].offset : NULL;
   float *db = o->b >= 0 ? grads + m->lay.tensors[o->b].offset : NULL;
@@ -358,7 +418,7 @@ dt_status_t dt_cnn_backward(dt_cnn_t *m, const float *params, float *grads, floa
   dt_backend_t *be = m->be;
   const int K = m->cfg.classes, last = m->n_slots - 1;
   memset(m->written, 0, (size_t)m->n_slots);
-  float *dlogits = m->dacts + m->slots[last].off;
+  float *dlogits = m->dacts + m->slots[last].doff;
   DT_TRY(be->k->copy(be, dlogits, m->acts + m->slots[last].off, sizeof(float) * (size_t)m->B * K));
   DT_TRY(be->k->crossentropy_backward(be, dlogits, m->lse, m->labels, dloss, m->B, K, K, 0)); /* stored rounded */
   m->written[last] = 1;

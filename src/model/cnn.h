@@ -55,6 +55,7 @@ typedef struct {
 typedef struct {
   int C, H, W;        /* shape per image */
   size_t off;         /* offset into the activation arena, floats (B images) */
+  size_t doff;        /* offset of its gradient in the gradients' pool (dacts; SIZE_MAX: none) */
 } dt_cnn_slot_t;
 
 typedef struct {
@@ -69,10 +70,12 @@ typedef struct {
    * labels), host memory after */
   dt_backend_t *be;
   int B;
+  int grad_private; /* set before dt_cnn_alloc: every slot's gradient its own memory instead of
+                       a pool shared by gradients that are never alive together (tests) */
   float *acts, *dacts, *tmp, *scratch, *mean, *var, *rstd, *sdy, *sdyx, *losses, *lse;
   double *loss;           /* [0] the loss sum (dt_cnn_loss_sum), [1] one forward's */
   int *idx, *labels;
-  size_t n_acts, n_tmp, n_idx;
+  size_t n_acts, n_dacts, n_tmp, n_idx;
   unsigned char *written; /* backward: slot gradient written yet */
   float *stat_host;       /* 2 x the widest batch norm's C: synchronised statistics on their way */
   float *logits_host;     /* B x classes: the logits, for the top-1 count */

@@ -2,7 +2,8 @@
  * and cnn_kernels.h) and memory: each operation reads its input slots and writes its own; backward
  * walks the operations in reverse, writing each input slot's gradient the first time and adding
  * to it after (a residual block's input feeds both its convolutions and its shortcut), in a pool
- * where gradients that are never alive at the same time share memory (grad_plan). */
+ * where gradients that are never alive at the same time share memory with each other and with the
+ * activations that forward alone reads (cnn_plan). */
 #include <stdlib.h>
 #include <string.h>
 
@@ -48,42 +49,28 @@ static size_t slot_kept(const dt_cnn_t *m, int s) {
   return s > 0 && relu_fused(m, s - 1) ? 0 : slot_floats(&m->slots[s]);
 }
 
-/* Backward's slot gradients share one pool: the gradient of slot s is written first by the
- * backward of its last reader and read last by that of its producer, so it lives over the loop
- * indices of dt_cnn_backward from s - 1 (the producer; a ReLU fused into the operation before it
- * is run at the ReLU's index) up to its last reader's (a fused batch norm or add at its ReLU's
- * index; the logits': n_ops, before the loop). Gradients whose ranges do not meet share memory,
- * placed first fit in the order backward creates them. off[s]: per-image float offset in the pool,
- * SIZE_MAX for a slot without a gradient (the images, a fused output, a slot no one reads); returns
- * the pool's per-image floats (m->grad_private: the activations' layout, every slot its own). */
-static size_t grad_plan(const dt_cnn_t *m, size_t *off) {
-  const int n = m->n_slots;
-  int *lo = malloc(sizeof(int) * (size_t)n), *hi = malloc(sizeof(int) * (size_t)n),
-      *order = malloc(sizeof(int) * (size_t)n);
+/* Slot s is read by backward: the images, the logits, a ReLU's output (its backward's mask) and
+ * every input of a convolution, a batch norm or a linear layer (their weight or statistics
+ * gradients need it). The others (a batch norm's output that only a residual add reads: the last
+ * of a bottleneck branch, a shortcut's) die in forward. */
+static int slot_needed(const dt_cnn_t *m, int s) {
+  if (s == 0 || s == m->n_slots - 1 || m->ops[s - 1].kind == DT_OP_RELU) return 1;
+  for (int r = 0; r < m->n_ops; r++) {
+    const dt_cnn_op_kind_t k = m->ops[r].kind;
+    if ((m->ops[r].in == s || m->ops[r].in2 == s) && (k == DT_OP_CONV || k == DT_OP_BN || k == DT_OP_LINEAR)) return 1;
+  }
+  return 0;
+}
+
+/* Places slots order[0..k) at the lowest per-image float offsets off[] clear of every slot placed
+ * before it whose index range [lo, hi] meets its own (first fit); returns the floats used. */
+static size_t first_fit(const dt_cnn_t *m, const int *lo, const int *hi, const int *order, int k, size_t *off) {
   size_t pool = 0;
-  if (m->grad_private || !lo || !hi || !order) { /* a slot each */
-    for (int s = 0; s < n; s++)
-      off[s] = pool, pool += slot_kept(m, s);
-    free(lo), free(hi), free(order);
-    return pool;
-  }
-  int k = 0;
-  for (int s = 0; s < n; s++) {
-    off[s] = SIZE_MAX, lo[s] = s - 1, hi[s] = s == n - 1 ? m->n_ops : -1;
-    for (int c = 0; c < m->n_ops; c++)
-      if (m->ops[c].in == s || m->ops[c].in2 == s) hi[s] = c + relu_fused(m, c) > hi[s] ? c + relu_fused(m, c) : hi[s];
-    if (s > 0 && slot_kept(m, s) && hi[s] >= lo[s]) order[k++] = s;
-  }
-  for (int a = 1; a < k; a++) /* by creation: the last reader's index, descending; stable */
-    for (int b = a; b > 0 && hi[order[b - 1]] < hi[order[b]]; b--) {
-      int t = order[b];
-      order[b] = order[b - 1], order[b - 1] = t;
-    }
   for (int a = 0; a < k; a++) {
     const int s = order[a];
     const size_t need = slot_floats(&m->slots[s]);
     size_t at = 0;
-    for (int moved = 1; moved;) { /* the lowest offset clear of every placed gradient alive with it */
+    for (int moved = 1; moved;) {
       moved = 0;
       for (int b = 0; b < a; b++) {
         const int t = order[b];
@@ -94,12 +81,71 @@ static size_t grad_plan(const dt_cnn_t *m, size_t *off) {
     off[s] = at;
     if (at + need > pool) pool = at + need;
   }
-  free(lo), free(hi), free(order);
   return pool;
 }
 
-/* Floats of dt_cnn_alloc's arrays for batches of B: the activation arena (acts), the gradients'
- * pool (dacts, grad_plan), the widest slot (tmp), the largest convolution scratch (ck's, asked
+/* Where slots live, per image (dt_cnn_alloc multiplies by B): act[s] in the activation arena for
+ * the slots backward reads (slot_needed), in the pool for those that die in forward (alive from
+ * their producer's operation to their last reader's); grad[s] in the pool for backward's slot
+ * gradients, each alive from the backward of its last reader (where it is first written) down to
+ * that of its producer (where it is read last): the loop indices of dt_cnn_backward s - 1 (a ReLU
+ * fused into the operation before it runs at the ReLU's index) up to the last reader's (a fused
+ * batch norm or add at its ReLU's index; the logits': n_ops, before the loop). Forward and backward
+ * never overlap, so both kinds share the pool; within a kind, slots whose ranges do not meet share
+ * memory. SIZE_MAX: none (a fused output; the images' gradient; a slot no one reads). With
+ * m->mem_private every kept slot has its own activation and its own gradient (tests). */
+typedef struct {
+  size_t *act, *grad, acts, pool; /* the arena's and the pool's floats */
+  unsigned char *pooled;          /* act[s] is in the pool */
+} cnn_plan_t;
+
+static void plan_free(cnn_plan_t *p) { free(p->act), free(p->grad), free(p->pooled); }
+
+static dt_status_t cnn_plan(const dt_cnn_t *m, cnn_plan_t *p) {
+  const int n = m->n_slots;
+  int *lo = calloc((size_t)n, sizeof(int)), *hi = calloc((size_t)n, sizeof(int));
+  int *order = calloc((size_t)n, sizeof(int));
+  *p = (cnn_plan_t){malloc(sizeof(size_t) * (size_t)n), malloc(sizeof(size_t) * (size_t)n), 0, 0, calloc((size_t)n, 1)};
+  if (!lo || !hi || !order || !p->act || !p->grad || !p->pooled) {
+    free(lo), free(hi), free(order), plan_free(p);
+    return DT_ERR(DT_ERR_NOMEM, "model: out of host memory");
+  }
+  int k = 0;
+  for (int s = 0; s < n; s++) { /* activations: the arena, or the pool (forward's ranges) */
+    p->act[s] = SIZE_MAX, lo[s] = s - 1, hi[s] = -1;
+    for (int c = 0; c < m->n_ops; c++)
+      if ((m->ops[c].in == s || m->ops[c].in2 == s) && c + relu_fused(m, c) > hi[s]) hi[s] = c + relu_fused(m, c);
+    if (!slot_kept(m, s)) continue;
+    if (m->mem_private || slot_needed(m, s))
+      p->act[s] = p->acts, p->acts += slot_kept(m, s);
+    else
+      p->pooled[s] = 1, order[k++] = s;
+  }
+  size_t fwd = first_fit(m, lo, hi, order, k, p->act);
+  k = 0;
+  for (int s = 0; s < n; s++) { /* gradients: backward's ranges (hi as above; the logits' n_ops) */
+    p->grad[s] = SIZE_MAX;
+    if (s == n - 1) hi[s] = m->n_ops;
+    if (s > 0 && slot_kept(m, s) && hi[s] >= lo[s]) order[k++] = s;
+  }
+  for (int a = 1; a < k; a++) /* in the order backward creates them: the last reader's index, descending */
+    for (int b = a; b > 0 && hi[order[b - 1]] < hi[order[b]]; b--) {
+      int t = order[b];
+      order[b] = order[b - 1], order[b - 1] = t;
+    }
+  size_t bwd = 0;
+  if (m->mem_private)
+    for (int a = 0; a < k; a++)
+      p->grad[order[a]] = p->act[order[a]], bwd = p->acts; /* the arena's layout */
+  else
+    bwd = first_fit(m, lo, hi, order, k, p->grad);
+  p->pool = fwd > bwd ? fwd : bwd;
+  free(lo), free(hi), free(order);
+  return DT_OK;
+}
+
+/* Floats of dt_cnn_alloc's arrays for batches of B: the activation arena (acts), the pool (dacts:
+ * cnn_plan), the widest slot (tmp), the largest convolution scratch (ck's, asked
  * with be, or the CPU's for nthr threads when ck is NULL), the maxpools' indices, the widest batch
  * norm's C. */
 typedef struct {
@@ -111,12 +157,13 @@ static cnn_sizes_t cnn_sizes(const dt_cnn_t *m, const dt_cnn_kernels_t *ck, cons
   cnn_sizes_t z = {0, 0, 0, 0, 0, 1};
   for (int i = 0; i < m->n_slots; i++) {
     size_t n = (size_t)B * slot_kept(m, i);
-    z.acts += n;
+    z.acts += n; /* without a plan: every slot in the arena, and as much for the gradients */
     if (n > z.tmp) z.tmp = n;
   }
-  size_t *off = malloc(sizeof(size_t) * (size_t)m->n_slots);
-  z.dacts = off ? (size_t)B * grad_plan(m, off) : z.acts;
-  free(off);
+  z.dacts = z.acts;
+  cnn_plan_t p;
+  if (cnn_plan(m, &p) == DT_OK) z.acts = (size_t)B * p.acts, z.dacts = (size_t)B * p.pool;
+  plan_free(&p);
   for (int i = 0; i < m->n_ops; i++) {
     const dt_cnn_op_t *o = &m->ops[i];
     const dt_cnn_slot_t *y = &m->slots[i + 1];
@@ -139,6 +186,9 @@ double dt_cnn_alloc_bytes(const dt_cnn_t *m, int B, int nthr, const dt_cnn_kerne
   return 4.0 * ((double)z.acts + z.dacts + z.tmp + z.scratch + 5 * ns + 2.0 * B) + 16.0 + 4.0 * (z.idx + B) +
          m->n_slots + 24.0 * z.maxc + 4.0 * m->lay.n_tensors + m->n_ops + 4.0 * B * m->cfg.classes;
 }
+
+/* Slot s's activations (B images): in the arena, or in the pool while forward runs. */
+static float *act(const dt_cnn_t *m, int s) { return (m->slots[s].pooled ? m->dacts : m->acts) + m->slots[s].off; }
 
 /* Backend memory of n elements of `size` bytes (at least one) into *p. */
 static dt_status_t be_alloc(dt_cnn_t *m, void *p, size_t n, size_t size) {
@@ -169,16 +219,15 @@ dt_status_t dt_cnn_alloc(dt_cnn_t *m, dt_backend_t *be, int B) {
     return DT_ERR(DT_ERR_CONFIG, "the %s backend has no kernels for the image classifiers", be->ops->name);
   m->be = be;
   const cnn_sizes_t z = cnn_sizes(m, be->ops->cnn, be, B, 0);
-  size_t at = 0, ix = 0;
-  size_t *doff = malloc(sizeof(size_t) * (size_t)m->n_slots);
-  if (!doff) return DT_ERR(DT_ERR_NOMEM, "model: out of host memory");
-  grad_plan(m, doff);
+  size_t ix = 0;
+  cnn_plan_t p;
+  DT_TRY(cnn_plan(m, &p));
   for (int i = 0; i < m->n_slots; i++) {
-    m->slots[i].off = at;
-    at += (size_t)B * slot_kept(m, i);
-    m->slots[i].doff = doff[i] == SIZE_MAX ? SIZE_MAX : (size_t)B * doff[i];
+    m->slots[i].off = p.act[i] == SIZE_MAX ? SIZE_MAX : (size_t)B * p.act[i];
+    m->slots[i].pooled = p.pooled[i];
+    m->slots[i].doff = p.grad[i] == SIZE_MAX ? SIZE_MAX : (size_t)B * p.grad[i];
   }
-  free(doff);
+  plan_free(&p);
   for (int i = 0; i < m->n_ops; i++)
     if (m->ops[i].kind == DT_OP_MAXPOOL) {
       m->ops[i].aux = ix;
@@ -247,7 +296,7 @@ static dt_status_t op_forward(dt_cnn_t *m, const dt_cnn_op_t *o, float *out, con
   dt_backend_t *be = m->be;
   const dt_cnn_kernels_t *ck = be->ops->cnn;
   const int B = m->B;
-  const float *in = m->acts + m->slots[o->in].off;
+  const float *in = act(m, o->in);
   const float *w = o->w >= 0 ? params + m->lay.tensors[o->w].offset : NULL;
   const float *b = o->b >= 0 ? params + m->lay.tensors[o->b].offset : NULL;
   size_t n = (size_t)B * slot_floats(&m->slots[o->in]);
@@ -260,7 +309,8 @@ static dt_status_t op_forward(dt_cnn_t *m, const dt_cnn_op_t *o, float *out, con
       return ck->maxpool_forward(be, out, m->idx + o->aux, in, B, o->C, o->H, o->W, o->K, o->stride, o->pad);
     case DT_OP_GAP: return ck->gap_forward(be, out, in, B, o->C, o->H * o->W);
     case DT_OP_LINEAR: return be->k->linear_forward(be, out, in, w, 0, b, NULL, B, o->C, o->OC);
-    case DT_OP_ADD: return ck->add(be, out, in, m->acts + m->slots[o->in2].off, fused, n);
+    case DT_OP_ADD:
+      return ck->add(be, out, in, act(m, o->in2), fused, n);
   }
   return DT_ERR(DT_ERR_INTERNAL, "model: operation kind %d", (int)o->kind);
 }
@@ -313,7 +363,7 @@ dt_status_t dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const 
   DT_TRY(be->k->round(be, m->acts, (size_t)B * slot_floats(&m->slots[0]))); /* the images, stored in bf16/fp16 too */
   for (int i = 0; i < m->n_ops; i++) {
     const int f = m->fused[i]; /* a batch norm or add writing its ReLU's output (op i + 1) */
-    float *out = m->acts + m->slots[i + 1 + f].off;
+    float *out = act(m, i + 1 + f);
     DT_TRY(hook(m, &m->ops[i], DT_HOOK_FWD));
     dt_status_t st;
     DT_PROF(prof_kind(&m->ops[i], 0), st = op_forward(m, &m->ops[i], out, params, bufs, training, f));
@@ -322,7 +372,7 @@ dt_status_t dt_cnn_forward(dt_cnn_t *m, const float *params, float *bufs, const 
     DT_TRY(hook(m, &m->ops[i], DT_HOOK_FWD_DONE));
     i += f;
   }
-  const float *logits = m->acts + m->slots[m->n_slots - 1].off;
+  const float *logits = act(m, m->n_slots - 1);
   DT_TRY(be->k->upload(be, m->labels, y, (size_t)B * sizeof(int)));
   double *acc = m->loss + (loss != NULL); /* [1]: this forward's alone, read now */
   if (loss) {
@@ -387,7 +437,7 @@ static dt_status_t op_backward(dt_cnn_t *m, const dt_cnn_op_t *o, int i, const f
   const dt_cnn_kernels_t *ck = be->ops->cnn;
   const int B = m->B, HW = o->H * o->W;
   const int f = m->fused[i]; /* a batch norm or add with its ReLU (op i + 1): from the ReLU's output gradient */
-  const float *in = m->acts + m->slots[o->in].off, *out = m->acts + m->slots[i + 1 + f].off;
+  const float *in = act(m, o->in), *out = act(m, i + 1 + f);
   const float *dout = m->dacts + m->slots[i + 1 + f].doff;
   const float *w = o->w >= 0 ? params + m->lay.tensors[o->w].offset : NULL;
   float *dw = o->w >= 0 ? grads + m->lay.tensors[o->w].offset : NULL;
@@ -419,7 +469,7 @@ dt_status_t dt_cnn_backward(dt_cnn_t *m, const float *params, float *grads, floa
   const int K = m->cfg.classes, last = m->n_slots - 1;
   memset(m->written, 0, (size_t)m->n_slots);
   float *dlogits = m->dacts + m->slots[last].doff;
-  DT_TRY(be->k->copy(be, dlogits, m->acts + m->slots[last].off, sizeof(float) * (size_t)m->B * K));
+  DT_TRY(be->k->copy(be, dlogits, act(m, last), sizeof(float) * (size_t)m->B * K));
   DT_TRY(be->k->crossentropy_backward(be, dlogits, m->lse, m->labels, dloss, m->B, K, K, 0)); /* stored rounded */
   m->written[last] = 1;
   int k = m->lay.n_tensors; /* tensors [k, n_tensors) (arena order) are final */

@@ -54,8 +54,10 @@ typedef struct {
 
 typedef struct {
   int C, H, W;        /* shape per image */
-  size_t off;         /* offset into the activation arena, floats (B images) */
-  size_t doff;        /* offset of its gradient in the gradients' pool (dacts; SIZE_MAX: none) */
+  size_t off;         /* offset of its activations (B images) in the arena (acts), or in the pool
+                         (dacts) when pooled: forward alone reads them; SIZE_MAX: none (fused) */
+  size_t doff;        /* offset of its gradient in the pool (dacts; SIZE_MAX: none) */
+  int pooled;
 } dt_cnn_slot_t;
 
 typedef struct {
@@ -70,8 +72,8 @@ typedef struct {
    * labels), host memory after */
   dt_backend_t *be;
   int B;
-  int grad_private; /* set before dt_cnn_alloc: every slot's gradient its own memory instead of
-                       a pool shared by gradients that are never alive together (tests) */
+  int mem_private; /* set before dt_cnn_alloc: every slot's activations and gradient their own
+                      memory instead of a pool shared by those never alive together (tests) */
   float *acts, *dacts, *tmp, *scratch, *mean, *var, *rstd, *sdy, *sdyx, *losses, *lse;
   double *loss;           /* [0] the loss sum (dt_cnn_loss_sum), [1] one forward's */
   int *idx, *labels;

@@ -79,7 +79,7 @@ static int add_op(bld_t *b, dt_cnn_op_t o, int C, int H, int W) {
   }
   if (C < 1 || H < 1 || W < 1) b->failed = 2; /* the image shrank to nothing */
   m->ops[m->n_ops++] = o;
-  m->slots[m->n_slots] = (dt_cnn_slot_t){C, H, W, 0, 0};
+  m->slots[m->n_slots] = (dt_cnn_slot_t){C, H, W, 0, 0, 0};
   return m->n_slots++;
 }
 
@@ -191,7 +191,7 @@ dt_status_t dt_cnn_build(dt_cnn_t *m, const dt_cnn_config_t *c) {
   bld_t b = {.m = m};
   static const int r18[4] = {2, 2, 2, 2}, r50[4] = {3, 4, 6, 3};
   if (!grow((void **)&m->slots, &b.cap_slots, 0, sizeof *m->slots)) {
-    m->slots[0] = (dt_cnn_slot_t){c->C, c->H, c->W, 0, 0};
+    m->slots[0] = (dt_cnn_slot_t){c->C, c->H, c->W, 0, 0, 0};
     m->n_slots = 1;
     if (c->arch == DT_CNN_SIMPLE) simple_cnn(&b, c);
     else resnet(&b, c, c->arch == DT_CNN_RESNET18 ? r18 : r50, c->arch == DT_CNN_RESNET50);

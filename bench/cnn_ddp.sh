@@ -12,6 +12,8 @@
 # Then the same two ratios per round, and their medians. Run from the build tree on a quiet
 # machine. A benchmark, not a test.
 #   usage: bench/cnn_ddp.sh [ARCH [BATCH_PER_RANK [WIDTH]]]      (defaults resnet50 16 64)
+#          ROUNDS=2 STEPS=3 WARMUP=1 bench/cnn_ddp.sh resnet50 256   (the tutorial's 256 per rank: ~14 min a
+#                                                                    round on 2 cores, 8 GB per dtrain rank)
 set -euo pipefail
 arch=${1:-resnet50} batch=${2:-16} width=${3:-64}
 steps=${STEPS:-5} warmup=${WARMUP:-2} rounds=${ROUNDS:-2} threads=${THREADS:-$(nproc)}

@@ -7,6 +7,7 @@
 # test.
 #   usage: bench/cnn_step.sh [ARCH [BATCH [C,H,W [WIDTH]]]]     e.g. bench/cnn_step.sh resnet50 32 3,32,32 64
 #          bench/cnn_step.sh cnn 64 1,28,28 32                  (the Fashion-MNIST SimpleCNN)
+#          ROUNDS=3 STEPS=3 WARMUP=1 bench/cnn_step.sh resnet50 256    (the seed's 256 per rank)
 set -euo pipefail
 arch=${1:-resnet50} batch=${2:-32} img=${3:-3,32,32} width=${4:-64}
 steps=${STEPS:-5} warmup=${WARMUP:-2} threads=${THREADS:-$(nproc)} rounds=${ROUNDS:-2}

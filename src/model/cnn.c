@@ -31,6 +31,9 @@ void dt_cnn_free(dt_cnn_t *m) {
   memset(m, 0, sizeof *m);
 }
 
+/* Operation o reads slot s. */
+static int reads(const dt_cnn_op_t *o, int s) { return o->in == s || o->in2 == s; }
+
 /* Op i is a batch norm or a residual add whose output only the ReLU right after it reads: the two
  * run as one pass forward and backward, and op i's output slot gets no memory (never written; the
  * ReLU's gradient is applied inside op i's backward). Bitwise the same results: rounding to
@@ -57,7 +60,7 @@ static int slot_needed(const dt_cnn_t *m, int s) {
   if (s == 0 || s == m->n_slots - 1 || m->ops[s - 1].kind == DT_OP_RELU) return 1;
   for (int r = 0; r < m->n_ops; r++) {
     const dt_cnn_op_kind_t k = m->ops[r].kind;
-    if ((m->ops[r].in == s || m->ops[r].in2 == s) && (k == DT_OP_CONV || k == DT_OP_BN || k == DT_OP_LINEAR)) return 1;
+    if (reads(&m->ops[r], s) && (k == DT_OP_CONV || k == DT_OP_BN || k == DT_OP_LINEAR)) return 1;
   }
   return 0;
 }
@@ -99,7 +102,10 @@ typedef struct {
   unsigned char *pooled;          /* act[s] is in the pool */
 } cnn_plan_t;
 
-static void plan_free(cnn_plan_t *p) { free(p->act), free(p->grad), free(p->pooled); }
+static void plan_free(cnn_plan_t *p) {
+  free(p->act), free(p->grad), free(p->pooled);
+  *p = (cnn_plan_t){0};
+}
 
 static dt_status_t cnn_plan(const dt_cnn_t *m, cnn_plan_t *p) {
   const int n = m->n_slots;
@@ -114,7 +120,7 @@ static dt_status_t cnn_plan(const dt_cnn_t *m, cnn_plan_t *p) {
   for (int s = 0; s < n; s++) { /* activations: the arena, or the pool (forward's ranges) */
     p->act[s] = SIZE_MAX, lo[s] = s - 1, hi[s] = -1;
     for (int c = 0; c < m->n_ops; c++)
-      if ((m->ops[c].in == s || m->ops[c].in2 == s) && c + relu_fused(m, c) > hi[s]) hi[s] = c + relu_fused(m, c);
+      if (reads(&m->ops[c], s) && c + relu_fused(m, c) > hi[s]) hi[s] = c + relu_fused(m, c);
     if (!slot_kept(m, s)) continue;
     if (m->mem_private || slot_needed(m, s))
       p->act[s] = p->acts, p->acts += slot_kept(m, s);
@@ -133,10 +139,10 @@ static dt_status_t cnn_plan(const dt_cnn_t *m, cnn_plan_t *p) {
       int t = order[b];
       order[b] = order[b - 1], order[b - 1] = t;
     }
-  size_t bwd = 0;
+  size_t bwd = p->acts; /* mem_private: the arena's layout */
   if (m->mem_private)
     for (int a = 0; a < k; a++)
-      p->grad[order[a]] = p->act[order[a]], bwd = p->acts; /* the arena's layout */
+      p->grad[order[a]] = p->act[order[a]];
   else
     bwd = first_fit(m, lo, hi, order, k, p->grad);
   p->pool = fwd > bwd ? fwd : bwd;
@@ -152,18 +158,16 @@ typedef struct {
   size_t acts, dacts, tmp, scratch, idx, maxc;
 } cnn_sizes_t;
 
-static cnn_sizes_t cnn_sizes(const dt_cnn_t *m, const dt_cnn_kernels_t *ck, const dt_backend_t *be, int B,
-                             int nthr) {
+static cnn_sizes_t cnn_sizes(const dt_cnn_t *m, const cnn_plan_t *p, const dt_cnn_kernels_t *ck, const dt_backend_t *be,
+                             int B, int nthr) {
   cnn_sizes_t z = {0, 0, 0, 0, 0, 1};
   for (int i = 0; i < m->n_slots; i++) {
     size_t n = (size_t)B * slot_kept(m, i);
-    z.acts += n; /* without a plan: every slot in the arena, and as much for the gradients */
+    z.acts += n; /* p NULL (no plan: out of memory): every slot in the arena, as much for gradients */
     if (n > z.tmp) z.tmp = n;
   }
   z.dacts = z.acts;
-  cnn_plan_t p;
-  if (cnn_plan(m, &p) == DT_OK) z.acts = (size_t)B * p.acts, z.dacts = (size_t)B * p.pool;
-  plan_free(&p);
+  if (p) z.acts = (size_t)B * p->acts, z.dacts = (size_t)B * p->pool;
   for (int i = 0; i < m->n_ops; i++) {
     const dt_cnn_op_t *o = &m->ops[i];
     const dt_cnn_slot_t *y = &m->slots[i + 1];
@@ -181,7 +185,10 @@ static cnn_sizes_t cnn_sizes(const dt_cnn_t *m, const dt_cnn_kernels_t *ck, cons
 }
 
 double dt_cnn_alloc_bytes(const dt_cnn_t *m, int B, int nthr, const dt_cnn_kernels_t *ck) {
-  cnn_sizes_t z = cnn_sizes(m, ck, NULL, B, nthr);
+  cnn_plan_t p;
+  const int planned = cnn_plan(m, &p) == DT_OK;
+  cnn_sizes_t z = cnn_sizes(m, planned ? &p : NULL, ck, NULL, B, nthr);
+  plan_free(&p);
   double ns = m->n_stat ? (double)m->n_stat : 1.0;
   return 4.0 * ((double)z.acts + z.dacts + z.tmp + z.scratch + 5 * ns + 2.0 * B) + 16.0 + 4.0 * (z.idx + B) +
          m->n_slots + 24.0 * z.maxc + 4.0 * m->lay.n_tensors + m->n_ops + 4.0 * B * m->cfg.classes;
@@ -218,10 +225,10 @@ dt_status_t dt_cnn_alloc(dt_cnn_t *m, dt_backend_t *be, int B) {
   if (!be->ops->cnn)
     return DT_ERR(DT_ERR_CONFIG, "the %s backend has no kernels for the image classifiers", be->ops->name);
   m->be = be;
-  const cnn_sizes_t z = cnn_sizes(m, be->ops->cnn, be, B, 0);
-  size_t ix = 0;
   cnn_plan_t p;
   DT_TRY(cnn_plan(m, &p));
+  const cnn_sizes_t z = cnn_sizes(m, &p, be->ops->cnn, be, B, 0);
+  size_t ix = 0;
   for (int i = 0; i < m->n_slots; i++) {
     m->slots[i].off = p.act[i] == SIZE_MAX ? SIZE_MAX : (size_t)B * p.act[i];
     m->slots[i].pooled = p.pooled[i];

@@ -1,7 +1,8 @@
 /* The CUDA backend's image-classifier kernels (src/backend/cnn_kernels.h): convolutions as im2col
  * + one cuBLAS product per chunk of images (the chunk's im2col matrices side by side, so the
- * weight gradient sums images and positions in one product), the other layers from kernels_cnn.cu. Everything is queued on the compute stream;
- * the results match the CPU twins to rounding (tests/gpu_parity_cnn.cu). Not yet cuDNN. */
+ * weight gradient sums images and positions in one product), the other layers from kernels_cnn.cu. Everything is queued
+ * on the compute stream; the results match the CPU twins to rounding (tests/gpu_parity_cnn.cu). With system.conv =
+ * cudnn the convolutions and with system.batchnorm = cudnn batch norm's training passes are cuDNN's (conv_cudnn.h). */
 #include <stdlib.h>
 
 #include "dt_build.h"
@@ -39,20 +40,15 @@ static size_t conv_scratch(const dt_backend_t *be, int C, int K, int OC, int OH,
   return (ckk + OC) * P * (size_t)chunk_images(ckk, (size_t)OC, P);
 }
 
-/* ---- system.conv = cudnn ------------------------------------------------------------------ */
+/* ---- system.conv = cudnn, system.batchnorm = cudnn ------------------------------------------- */
 
 dt_status_t dt_cu_cudnn_init(dt_backend_t *be) {
 #if DT_CU_CUDNN
   return dt_cudnn_open(&impl(be)->cudnn, impl(be)->compute, be->tf32);
 #else
   (void)be;
-#ifdef DT_CUDA_EMU_RUNTIME
-  const char *why = "the CUDA emulation runs our own convolutions only";
-#else
-  const char *why = "configure found no cudnn.h";
-#endif
-  return DT_ERR(DT_ERR_UNSUPPORTED, "system.conv = cudnn: this build has no cuDNN (%s); system.conv = own needs none",
-                why);
+  return DT_ERR(DT_ERR_UNSUPPORTED, "system.conv/batchnorm = cudnn: this build has no cuDNN (configure found no "
+                                    "cudnn.h); = own needs none");
 #endif
 }
 
@@ -60,7 +56,7 @@ void dt_cu_cudnn_print_version(FILE *out) {
 #if DT_CU_CUDNN
   dt_cudnn_print_version(out);
 #else
-  fprintf(out, "cudnn: not in this build (system.conv = cudnn unavailable)\n");
+  fprintf(out, "cudnn: not in this build (system.conv = cudnn and system.batchnorm = cudnn unavailable)\n");
 #endif
 }
 
@@ -88,7 +84,7 @@ static dt_status_t conv_forward(dt_backend_t *be, float *out, float *scratch, co
   const dt_cu_conv_t g = geom(C, H, W, K, stride, pad);
   const int ckk = C * K * K, P = g.OH * g.OW, G = chunk_images((size_t)ckk, (size_t)OC, (size_t)P);
 #if DT_CU_CUDNN
-  if (im->cudnn) {
+  if (be->cudnn_conv) {
     DT_TRY(dt_cudnn_conv_forward(im->cudnn, out, inp, w, B, C, H, W, OC, K, stride, pad));
     return bias ? dt_cu_bias_nchw(out, bias, B, OC, P, S(be)) : DT_OK;
   }
@@ -114,7 +110,7 @@ static dt_status_t conv_backward(dt_backend_t *be, float *dinp, float *dw, float
   const int ckk = C * K * K, P = g.OH * g.OW, G = chunk_images((size_t)ckk, (size_t)OC, (size_t)P);
   const size_t img = (size_t)C * H * W;
 #if DT_CU_CUDNN
-  if (im->cudnn) {
+  if (be->cudnn_conv) {
     DT_TRY(dt_cudnn_conv_backward(im->cudnn, dinp, dw, dout, inp, w, B, C, H, W, OC, K, stride, pad));
     return db ? dt_cu_bias_nchw_backward(db, dout, B, OC, P, S(be)) : DT_OK;
   }
@@ -154,6 +150,36 @@ static dt_status_t bn_backward(dt_backend_t *be, float *dinp, const float *dout,
                                const float *sdyx, double count, int B, int C, int HW) {
   return dt_cu_bn_backward(dinp, dout, relu_out, inp, mean, rstd, w, sdy, sdyx, count, B, C, HW, S(be));
 }
+/* system.batchnorm = cudnn: cuDNN's training passes, its ReLU ours (a launch of its own; cuDNN's
+ * fused BN + ReLU is for NHWC 16-bit tensors); otherwise the pieces above, in the model's order */
+static dt_status_t bn_train_forward(dt_backend_t *be, float *out, float *mean, float *var, float *rstd, float *rm,
+                                    float *rv, const float *inp, const float *w, const float *b, float eps,
+                                    float momentum, int relu, int B, int C, int HW) {
+#if DT_CU_CUDNN
+  if (be->cudnn_bn) {
+    DT_TRY(dt_cudnn_bn_forward(impl(be)->cudnn, out, mean, rstd, rm, rv, inp, w, b, eps, momentum, B, C, HW));
+    return relu ? dt_cu_relu_forward(out, out, (size_t)B * C * HW, S(be)) : DT_OK;
+  }
+#endif
+  DT_TRY(bn_stats(be, mean, var, inp, B, C, HW));
+  DT_TRY(bn_running(be, rm, rv, mean, var, C, momentum, (double)B * HW));
+  return bn_forward(be, out, rstd, inp, mean, var, w, b, eps, relu, B, C, HW);
+}
+/* with cuDNN the ReLU's mask goes into dout in place first (its last reader) */
+static dt_status_t bn_train_backward(dt_backend_t *be, float *dinp, float *dw, float *db, float *sdy, float *sdyx,
+                                     float *dout, const float *relu_out, const float *inp, const float *mean,
+                                     const float *rstd, const float *w, float eps, int B, int C, int HW) {
+#if DT_CU_CUDNN
+  if (be->cudnn_bn && dinp) {
+    if (relu_out) DT_TRY(dt_cu_relu_backward(dout, dout, relu_out, (size_t)B * C * HW, S(be)));
+    return dt_cudnn_bn_backward(impl(be)->cudnn, dinp, dw, db, dout, inp, w, mean, rstd, eps, B, C, HW);
+  }
+#else
+  (void)eps;
+#endif
+  DT_TRY(bn_backward_reduce(be, sdy, sdyx, dw, db, dout, relu_out, inp, mean, rstd, B, C, HW));
+  return dinp ? bn_backward(be, dinp, dout, relu_out, inp, mean, rstd, w, sdy, sdyx, (double)B * HW, B, C, HW) : DT_OK;
+}
 static dt_status_t relu_forward(dt_backend_t *be, float *out, const float *inp, size_t n) {
   return dt_cu_relu_forward(out, inp, n, S(be));
 }
@@ -188,7 +214,23 @@ static dt_status_t adamw(dt_backend_t *be, float *p, const float *g, float *m, f
 }
 
 extern "C" const dt_cnn_kernels_t dt_cuda_cnn_kernels = {
-    conv_scratch,   conv_forward,     conv_backward, bn_stats,    bn_running,    bn_forward,
-    bn_backward_reduce, bn_backward,  relu_forward,  relu_backward, maxpool_forward, maxpool_backward,
-    gap_forward,    gap_backward,     add,           sgd,         adamw,
+    conv_scratch,
+    conv_forward,
+    conv_backward,
+    bn_stats,
+    bn_running,
+    bn_forward,
+    bn_backward_reduce,
+    bn_backward,
+    bn_train_forward,
+    bn_train_backward,
+    relu_forward,
+    relu_backward,
+    maxpool_forward,
+    maxpool_backward,
+    gap_forward,
+    gap_backward,
+    add,
+    sgd,
+    adamw,
 };

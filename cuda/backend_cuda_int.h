@@ -47,7 +47,7 @@ typedef struct {
   size_t lt_ws_bytes;
   struct dt_cu_lt_plan *lt_plans;
   int lt_nplans;
-  struct dt_cudnn *cudnn; /* system.conv = cudnn: conv_cudnn.h's state (NULL: our convolutions) */
+  struct dt_cudnn *cudnn; /* system.conv or batchnorm = cudnn: conv_cudnn.h's state, else NULL */
   struct dt_cudnn_att *catt; /* system.attention = cudnn: attention_cudnn.h's state, else NULL */
   dt_cu_sparse_t *sp_params, *sp_grads; /* be->sparse: those arenas (sparse.h), else NULL */
   size_t *seg_ends;          /* the optimizer range's segments for dt_cu_adamw_multi (device), */
@@ -62,14 +62,14 @@ static inline cu_impl_t *impl(dt_backend_t *be) { return (cu_impl_t *)be->impl; 
 dt_status_t dt_cu_arena_clear(dt_backend_t *be, float *x, size_t n);
 dt_status_t dt_cu_arena_populate(dt_backend_t *be, float *x, size_t n);
 
-/* cuDNN is only in the real CUDA build, and only where configure found cudnn.h */
-#if defined(DT_HAVE_CUDNN_H) && !defined(DT_CUDA_EMU_RUNTIME)
+/* cuDNN: in the real CUDA build where configure found cudnn.h; the emulation has its own (cuda/emu/cudnn.h) */
+#if defined(DT_HAVE_CUDNN_H) || defined(DT_CUDA_EMU_RUNTIME)
 #define DT_CU_CUDNN 1
 #else
 #define DT_CU_CUDNN 0
 #endif
 
-/* backend_cuda_cnn.cu: open cuDNN for be->cudnn_conv (an error where this build has none), close it */
+/* backend_cuda_cnn.cu: open cuDNN for be->cudnn_conv or cudnn_bn (an error where this build has none), close it */
 dt_status_t dt_cu_cudnn_init(dt_backend_t *be);
 void dt_cu_cudnn_free(cu_impl_t *im);
 void dt_cu_cudnn_print_version(FILE *out); /* dtrain --version's cudnn line */

@@ -1,9 +1,11 @@
-/* cuDNN convolutions for the image classifiers (conv_cudnn.h). The library is opened with dlopen and
- * its functions looked up by name into a table typed from cudnn.h's own declarations, so the build
- * needs only the header and a machine without cuDNN only loses this option. Per convolution shape
+/* cuDNN for the image classifiers (conv_cudnn.h): convolutions (system.conv = cudnn) and batch
+ * norm's training passes (system.batchnorm = cudnn). The library is opened with dlopen and its
+ * functions looked up by name into a table typed from cudnn.h's own declarations, so the build
+ * needs only the header and a machine without cuDNN only loses these options. In the CUDA
+ * emulation the table points at cuda/emu/cudnn.cpp's functions instead. Per convolution shape
  * (batch, input, window, stride, padding) the descriptors and the three algorithms are made once
  * and cached: the first algorithm cuDNN's heuristics rank that succeeds, is deterministic and needs
- * at most WS_MAX bytes of workspace. */
+ * at most WS_MAX bytes of workspace; per batch-norm shape its two descriptors. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,14 +19,16 @@
 #define WS_MAX ((size_t)512 << 20) /* workspace per algorithm at most */
 #define CACHE 64 /* shapes remembered (ResNet-50 has 23 per batch size); past that the oldest go */
 
-#define CUDNN_FUNCS(X)                                                                                          \
-  X(cudnnCreate) X(cudnnDestroy) X(cudnnSetStream) X(cudnnGetErrorString) X(cudnnGetVersion)                    \
-  X(cudnnCreateTensorDescriptor) X(cudnnSetTensor4dDescriptor) X(cudnnDestroyTensorDescriptor)                  \
-  X(cudnnCreateFilterDescriptor) X(cudnnSetFilter4dDescriptor) X(cudnnDestroyFilterDescriptor)                  \
-  X(cudnnCreateConvolutionDescriptor) X(cudnnSetConvolution2dDescriptor) X(cudnnSetConvolutionMathType)         \
-  X(cudnnDestroyConvolutionDescriptor) X(cudnnGetConvolutionForwardAlgorithm_v7)                                \
-  X(cudnnGetConvolutionBackwardDataAlgorithm_v7) X(cudnnGetConvolutionBackwardFilterAlgorithm_v7)               \
-  X(cudnnConvolutionForward) X(cudnnConvolutionBackwardData) X(cudnnConvolutionBackwardFilter)
+#define CUDNN_FUNCS(X)                                                                                                 \
+  X(cudnnCreate)                                                                                                       \
+  X(cudnnDestroy) X(cudnnSetStream) X(cudnnGetErrorString) X(cudnnGetVersion) X(cudnnCreateTensorDescriptor)           \
+      X(cudnnSetTensor4dDescriptor) X(cudnnDestroyTensorDescriptor) X(cudnnCreateFilterDescriptor)                     \
+          X(cudnnSetFilter4dDescriptor) X(cudnnDestroyFilterDescriptor) X(cudnnCreateConvolutionDescriptor)            \
+              X(cudnnSetConvolution2dDescriptor) X(cudnnSetConvolutionMathType) X(cudnnDestroyConvolutionDescriptor)   \
+                  X(cudnnGetConvolutionForwardAlgorithm_v7) X(cudnnGetConvolutionBackwardDataAlgorithm_v7)             \
+                      X(cudnnGetConvolutionBackwardFilterAlgorithm_v7) X(cudnnConvolutionForward)                      \
+                          X(cudnnConvolutionBackwardData) X(cudnnConvolutionBackwardFilter)                            \
+                              X(cudnnBatchNormalizationForwardTraining) X(cudnnBatchNormalizationBackward)
 
 typedef struct {
 #define FIELD(f) decltype(&::f) f;
@@ -43,12 +47,19 @@ typedef struct {
   size_t ws_fwd, ws_data, ws_filter;
 } shape_t;
 
+typedef struct {
+  int key[3];                   /* B, C, HW */
+  cudnnTensorDescriptor_t x, p; /* x (B, C, HW, 1): spatial statistics over B x HW; p (1, C, 1, 1) */
+} bn_shape_t;
+
 struct dt_cudnn {
   void *lib;
   fns_t f;
   cudnnHandle_t h;
   int tf32, n, next; /* shapes[0, n) in use; when all are, shapes[next] is reused next */
   shape_t shapes[CACHE];
+  int n_bn, next_bn; /* the same for bn[] */
+  bn_shape_t bn[CACHE];
   void *ws;
   size_t ws_bytes;
   char version[32];
@@ -60,6 +71,27 @@ struct dt_cudnn {
     if (st_ != CUDNN_STATUS_SUCCESS)                                                                         \
       return DT_ERR(DT_ERR_CUDA, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call, (c)->f.cudnnGetErrorString(st_)); \
   } while (0)
+
+#ifdef DT_CUDA_EMU_RUNTIME
+/* The emulation's cuDNN (cuda/emu/cudnn.cpp), linked in: a handle that is not a library */
+static void *load(fns_t *f, char *why, size_t n) {
+  (void)why, (void)n;
+#define LINK(fn) f->fn = &::fn;
+  CUDNN_FUNCS(LINK)
+#undef LINK
+  return (void *)f;
+}
+static void unload(void *lib) { (void)lib; }
+static const char *path_of(const fns_t *f) {
+  (void)f;
+  return "(the CUDA emulation's)";
+}
+#else
+static void unload(void *lib) { dlclose(lib); }
+static const char *path_of(const fns_t *f) {
+  Dl_info info;
+  return dladdr((const void *)f->cudnnGetVersion, &info) && info.dli_fname ? info.dli_fname : "";
+}
 
 /* dlopen cuDNN and look every function up; the library handle, or NULL with *why saying why */
 static void *load(fns_t *f, char *why, size_t n) {
@@ -78,6 +110,7 @@ static void *load(fns_t *f, char *why, size_t n) {
 #undef LOAD
   return lib;
 }
+#endif
 
 static void version_of(const fns_t *f, char *out, size_t n) {
   size_t v = f->cudnnGetVersion();
@@ -89,16 +122,14 @@ void dt_cudnn_print_version(FILE *out) {
   char why[512];
   void *lib = load(&f, why, sizeof why);
   if (!lib) {
-    fprintf(out, "cudnn: %s: system.conv = cudnn unavailable\n", why);
+    fprintf(out, "cudnn: %s: system.conv = cudnn and system.batchnorm = cudnn unavailable\n", why);
     return;
   }
   char v[32];
-  Dl_info info;
   version_of(&f, v, sizeof v);
-  fprintf(out, "cudnn: %s %s (the %d functions system.conv = cudnn uses found)\n", v + 6,
-          dladdr((const void *)f.cudnnGetVersion, &info) && info.dli_fname ? info.dli_fname : "",
-          (int)(sizeof f / sizeof(void *)));
-  dlclose(lib);
+  fprintf(out, "cudnn: %s %s (the %d functions system.conv = cudnn and system.batchnorm = cudnn use found)\n", v + 6,
+          path_of(&f), (int)(sizeof f / sizeof(void *)));
+  unload(lib);
 }
 
 dt_status_t dt_cudnn_open(dt_cudnn_t **out, cudaStream_t s, int tf32) {
@@ -108,14 +139,14 @@ dt_status_t dt_cudnn_open(dt_cudnn_t **out, cudaStream_t s, int tf32) {
   char why[512];
   if (!(c->lib = load(&c->f, why, sizeof why))) {
     free(c);
-    return DT_ERR(DT_ERR_UNSUPPORTED, "system.conv = cudnn: %s; system.conv = own needs none", why);
+    return DT_ERR(DT_ERR_UNSUPPORTED, "system.conv/batchnorm = cudnn: %s; = own needs none", why);
   }
   c->tf32 = tf32;
   version_of(&c->f, c->version, sizeof c->version);
   cudnnStatus_t st = c->f.cudnnCreate(&c->h);
   if (st == CUDNN_STATUS_SUCCESS) st = c->f.cudnnSetStream(c->h, s);
   if (st != CUDNN_STATUS_SUCCESS) {
-    dt_status_t e = DT_ERR(DT_ERR_CUDA, "system.conv = cudnn: %s: cudnnCreate/SetStream: %s", c->version,
+    dt_status_t e = DT_ERR(DT_ERR_CUDA, "system.conv/batchnorm = cudnn: %s: cudnnCreate/SetStream: %s", c->version,
                            c->f.cudnnGetErrorString(st));
     dt_cudnn_close(c);
     return e;
@@ -132,12 +163,20 @@ static void shape_free(dt_cudnn_t *c, shape_t *p) {
   memset(p, 0, sizeof *p);
 }
 
+static void bn_shape_free(dt_cudnn_t *c, bn_shape_t *p) {
+  if (p->x) c->f.cudnnDestroyTensorDescriptor(p->x);
+  if (p->p) c->f.cudnnDestroyTensorDescriptor(p->p);
+  memset(p, 0, sizeof *p);
+}
+
 void dt_cudnn_close(dt_cudnn_t *c) {
   if (!c) return;
   for (int i = 0; i < c->n; i++) shape_free(c, &c->shapes[i]);
+  for (int i = 0; i < c->n_bn; i++)
+    bn_shape_free(c, &c->bn[i]);
   if (c->h) c->f.cudnnDestroy(c->h);
   cudaFree(c->ws);
-  if (c->lib) dlclose(c->lib);
+  if (c->lib) unload(c->lib);
   free(c);
 }
 
@@ -240,5 +279,53 @@ dt_status_t dt_cudnn_conv_backward(dt_cudnn_t *c, float *dinp, float *dw, const 
   if (dinp)
     CUDNN_TRY(c, c->f.cudnnConvolutionBackwardData(c->h, &one, p->w, w, p->y, dout, p->conv, p->bwd_data, c->ws,
                                                    p->ws_data, &zero, p->x, dinp));
+  return DT_OK;
+}
+
+/* The cached batch-norm descriptors for these sizes, made on first use. */
+static dt_status_t bn_shape(dt_cudnn_t *c, int B, int C, int HW, bn_shape_t **out) {
+  const int key[3] = {B, C, HW};
+  for (int i = 0; i < c->n_bn; i++)
+    if (!memcmp(c->bn[i].key, key, sizeof key)) {
+      *out = &c->bn[i];
+      return DT_OK;
+    }
+  bn_shape_t *p;
+  if (c->n_bn < CACHE) {
+    p = &c->bn[c->n_bn++];
+  } else {
+    p = &c->bn[c->next_bn];
+    c->next_bn = (c->next_bn + 1) % CACHE;
+  }
+  bn_shape_free(c, p);
+  CUDNN_TRY(c, c->f.cudnnCreateTensorDescriptor(&p->x));
+  CUDNN_TRY(c, c->f.cudnnCreateTensorDescriptor(&p->p));
+  CUDNN_TRY(c, c->f.cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B, C, HW, 1));
+  CUDNN_TRY(c, c->f.cudnnSetTensor4dDescriptor(p->p, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, C, 1, 1));
+  memcpy(p->key, key, sizeof key);
+  *out = p;
+  return DT_OK;
+}
+
+dt_status_t dt_cudnn_bn_forward(dt_cudnn_t *c, float *out, float *mean, float *rstd, float *running_mean,
+                                float *running_var, const float *inp, const float *w, const float *b, double eps,
+                                double momentum, int B, int C, int HW) {
+  bn_shape_t *p;
+  DT_TRY(bn_shape(c, B, C, HW, &p));
+  const float one = 1.0f, zero = 0.0f;
+  CUDNN_TRY(c, c->f.cudnnBatchNormalizationForwardTraining(c->h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, p->x, inp, p->x,
+                                                           out, p->p, w, b, momentum, running_mean, running_var, eps,
+                                                           mean, rstd));
+  return DT_OK;
+}
+
+dt_status_t dt_cudnn_bn_backward(dt_cudnn_t *c, float *dinp, float *dw, float *db, const float *dout, const float *inp,
+                                 const float *w, const float *mean, const float *rstd, double eps, int B, int C,
+                                 int HW) {
+  bn_shape_t *p;
+  DT_TRY(bn_shape(c, B, C, HW, &p));
+  const float one = 1.0f, zero = 0.0f;
+  CUDNN_TRY(c, c->f.cudnnBatchNormalizationBackward(c->h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &one, p->x, inp,
+                                                    p->x, dout, p->x, dinp, p->p, w, dw, db, eps, mean, rstd));
   return DT_OK;
 }

@@ -1,9 +1,10 @@
-/* The image classifiers' convolutions through cuDNN (system.conv = cudnn; the default `own` is
- * backend_cuda_cnn.cu's im2col + cuBLAS, the CUDA emulation's twin). cuDNN is loaded at run time
- * (dlopen of libcudnn.so.9), so a machine without it runs everything else and only this choice
- * fails, with one line. fp32 NCHW tensors, weights (OC, C, K, K), cross-correlation as PyTorch;
- * the algorithm per shape from cuDNN's heuristics, deterministic ones only (the same result on
- * every run), its workspace grown on demand. Internal (C++); only in the real CUDA build. */
+/* The image classifiers' convolutions (system.conv = cudnn) and batch norm's training passes
+ * (system.batchnorm = cudnn) through cuDNN; the default `own` is backend_cuda_cnn.cu's im2col +
+ * cuBLAS and kernels_cnn.cu's batch norm. cuDNN is loaded at run time (dlopen of libcudnn.so.9),
+ * so a machine without it runs everything else and only these choices fail, with one line; the
+ * CUDA emulation links cuda/emu/cudnn.cpp's instead. fp32 NCHW tensors, weights (OC, C, K, K),
+ * cross-correlation as PyTorch; the algorithm per shape from cuDNN's heuristics, deterministic
+ * ones only (the same result on every run), its workspace grown on demand. Internal (C++). */
 #ifndef DT_CU_CONV_CUDNN_H
 #define DT_CU_CONV_CUDNN_H
 
@@ -28,5 +29,17 @@ dt_status_t dt_cudnn_conv_forward(dt_cudnn_t *c, float *out, const float *inp, c
 /* dw += the weight gradient of dout; dinp (if not NULL) = the input gradient, written */
 dt_status_t dt_cudnn_conv_backward(dt_cudnn_t *c, float *dinp, float *dw, const float *dout, const float *inp,
                                    const float *w, int B, int C, int H, int W, int OC, int K, int stride, int pad);
+/* Batch norm in training over this rank's B x HW values per channel (spatial, cuDNN's legacy
+ * API): out = (inp - mean) * rstd * w + b, written; mean and rstd = 1 / sqrt(biased variance +
+ * eps) saved for backward; the running statistics moved by momentum towards the mean and the
+ * unbiased variance. No ReLU: the caller applies it. */
+dt_status_t dt_cudnn_bn_forward(dt_cudnn_t *c, float *out, float *mean, float *rstd, float *running_mean,
+                                float *running_var, const float *inp, const float *w, const float *b, double eps,
+                                double momentum, int B, int C, int HW);
+/* dinp = the input gradient (written), dw, db += the parameters' gradients, from dout and the saved
+ * mean and rstd */
+dt_status_t dt_cudnn_bn_backward(dt_cudnn_t *c, float *dinp, float *dw, float *db, const float *dout,
+                                 const float *inp, const float *w, const float *mean, const float *rstd, double eps,
+                                 int B, int C, int HW);
 
 #endif

@@ -33,6 +33,12 @@
 #      against the CPU backend's same run: losses within 1e-5, norms within 1e-4, and the final
 #      checkpoints (parameters, running statistics: written in pieces by both ranks, so statistics
 #      that differed between the ranks would show) within 1e-4 (measured 2.3e-7);
+#  10. system.conv = cudnn and system.batchnorm = cudnn (the convolutions and batch norm's training
+#      passes through cuda/conv_cudnn.cu, here on the emulation's cuDNN: cuda/emu/cudnn.cpp):
+#      ResNet-18 as in 4 against the same CPU run, the same tolerances; the per-rank batch norm run
+#      of 9 with 2 micro-batches of 8 per step (cuDNN's parameter gradients accumulated onto the
+#      first micro-batch's) against the CPU's same run, losses within 1e-5, norms within 1e-4; and
+#      system.batchnorm = cudnn with synchronised batch norm at dp = 2 refused in one line;
 #   6. bf16 and fp16: the convolutions' and the linear layer's products on 16-bit tensor cores
 #      (cublasGemmEx FAST_16BF/_16F) must see only values already rounded to that format (the
 #      images are rounded on upload like every stored activation): 2 steps of the SimpleCNN (width
@@ -85,6 +91,20 @@ mpi 2 -x DTRAIN_EMU_DEVICES=2 "$EMU" "$ini" $pb system.backend=cuda log.metrics=
 grep -q "batch norm per rank (model.sync_bn = false)" "$t/pb_cuda.out" || { echo "FAIL: pb_cuda's batch line"; exit 1; }
 "$PY" "$top_srcdir/tests/ref/tensors_match.py" "$t/ck-pb-cpu/ckpt_00000004.h5" 1e-4 1e-3 1e-3 \
   "$t/ck-pb-cuda/ckpt_00000004.h5=per-rank batch norm cuda"
+dnn="system.backend=cuda system.conv=cudnn system.batchnorm=cudnn"
+mpi 1 "$EMU" "$ini" $rn $dnn log.metrics="$t/rn_dnn.jsonl" > "$t/rn_dnn.out"
+grep -q '^# backend: cuda .*convolutions: cuDNN .*; batch norm in training: cuDNN' "$t/rn_dnn.out" ||
+  { echo "FAIL: rn_dnn's backend line does not name cuDNN for both"; grep '^# backend' "$t/rn_dnn.out"; exit 1; }
+mpi 2 "$DTRAIN" "$ini" $pb train.micro_batch=8 checkpoint.dir= log.metrics="$t/pa_cpu.jsonl" > "$t/pa_cpu.out"
+mpi 2 -x DTRAIN_EMU_DEVICES=2 "$EMU" "$ini" $pb train.micro_batch=8 checkpoint.dir= $dnn \
+  log.metrics="$t/pa_dnn.jsonl" > "$t/pa_dnn.out"
+grep -q "micro_batch=8 x grad_accum=2 x dp=2" "$t/pa_dnn.out" || { echo "FAIL: pa_dnn's batch line"; exit 1; }
+if mpi 2 -x DTRAIN_EMU_DEVICES=2 "$EMU" "$ini" $pb $dnn model.sync_bn=true checkpoint.dir= > "$t/sync_dnn.out" \
+  2> "$t/sync_dnn.err"; then
+  echo "FAIL: system.batchnorm = cudnn with synchronised batch norm was not refused"; exit 1
+fi
+grep -q 'system.batchnorm = cudnn computes each rank.s statistics; with dp = 2 set model.sync_bn = false' \
+  "$t/sync_dnn.err" || { echo "FAIL: no one-line refusal:"; cat "$t/sync_dnn.err"; exit 1; }
 for r in cuda rn_cuda z2_cuda z3_cuda; do
   line=$(grep '^# memory: rank 0 device memory in use' "$t/$r.out") || { echo "FAIL: $r: no device memory line"; exit 1; }
   echo "$r: ${line#\# memory: rank 0 }"
@@ -120,5 +140,9 @@ agree(steps(load(f"{d}/z3_cpu.jsonl")), steps(load(f"{d}/z3_cuda.jsonl")), "ZeRO
       1e-4, ref_name="cpu")
 agree(steps(load(f"{d}/pb_cpu.jsonl")), steps(load(f"{d}/pb_cuda.jsonl")), "batch norm per rank dp=2 cuda vs cpu",
       1e-5, 1e-4, ref_name="cpu")
+agree(steps(load(f"{d}/rn_cpu.jsonl")), steps(load(f"{d}/rn_dnn.jsonl")), "ResNet-18 w4 cuda+cuDNN vs cpu", 1e-5,
+      1e-4, ref_name="cpu")
+agree(steps(load(f"{d}/pa_cpu.jsonl")), steps(load(f"{d}/pa_dnn.jsonl")),
+      "batch norm per rank dp=2 x 2 micro-batches cuda+cuDNN vs cpu", 1e-5, 1e-4, ref_name="cpu")
 print("emu_cnn: OK")
 PY

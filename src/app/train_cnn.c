@@ -141,6 +141,12 @@ static dt_status_t init_arenas(dt_cnn_trainer_t *tr) {
   tr->be.device = tr->mesh.device; /* the CUDA backend's init does cudaSetDevice(device) */
   tr->be.tf32 = c->tf32;
   tr->be.cudnn_conv = !strcmp(c->conv, "cudnn");
+  tr->be.cudnn_bn = !strcmp(c->batchnorm, "cudnn") && !ops->host_memory;
+  if (tr->be.cudnn_bn && tr->model.sync_sum)
+    return DT_ERR(DT_ERR_CONFIG,
+                  "%s: system.batchnorm = cudnn computes each rank's statistics; with dp = %d set "
+                  "model.sync_bn = false, or keep system.batchnorm = own (synchronised batch norm)",
+                  tr->cfg_name, tr->mesh.dp);
   /* the CUDA backend's per-row host buffers are for B rows (the loss); the CPU's need none */
   DT_TRY(ops->init(&tr->be, &tr->arena, ops->host_memory ? 1 : tr->B, 1, tr->mesh.threads));
   tr->bufs = tr->be.params + tr->model.lay.n_params;
@@ -384,6 +390,9 @@ static void print_header(void *t) {
            tr->be.ops->engine(&tr->be), tr->be.cudnn_conv ? "" : "; convolutions: im2col + cuBLAS (ours)");
   if (tr->be.ops->host_memory && strcmp(c->conv, "own"))
     printf("# note: system.conv = %s has no effect on the %s backend (its own convolutions)\n", c->conv,
+           tr->be.ops->name);
+  if (tr->be.ops->host_memory && strcmp(c->batchnorm, "own"))
+    printf("# note: system.batchnorm = %s has no effect on the %s backend (its own batch norm)\n", c->batchnorm,
            tr->be.ops->name);
   dt_train_print_precision(stdout, (dt_precision_t)tr->be.precision, &tr->scaler);
   printf("# FLOPs per image (forward + backward: 3 x 2 x the convolutions' and linear layers' multiply-adds) = %.4g\n",

@@ -292,6 +292,9 @@ static dt_status_t bn_forward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *pa
   float *rm = bufs + m->bufs.tensors[o->rm].offset, *rv = bufs + m->bufs.tensors[o->rv].offset;
   if (!training) return ck->bn_forward(be, y, NULL, x, rm, rv, w, b, BN_EPS, relu, B, o->C, HW);
   float *mean = m->mean + o->aux, *var = m->var + o->aux;
+  if (!m->sync_sum && ck->bn_train_forward) /* one call (cuDNN's on CUDA with system.batchnorm = cudnn) */
+    return ck->bn_train_forward(be, y, mean, var, m->rstd + o->aux, rm, rv, x, w, b, BN_EPS, BN_MOMENTUM, relu, B, o->C,
+                                HW);
   DT_TRY(ck->bn_stats(be, mean, var, x, B, o->C, HW));
   if (m->sync_sum) DT_TRY(sync_pair(m, mean, var, o->C, 1));
   DT_TRY(ck->bn_running(be, rm, rv, mean, var, o->C, BN_MOMENTUM, (double)B * HW * bn_ranks(m)));
@@ -413,13 +416,16 @@ static dt_status_t grad_done(dt_cnn_t *m, int s) {
   return m->be->k->round(m->be, d, n); /* bf16, fp16: as stored */
 }
 
-static dt_status_t bn_backward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *out, const float *dout, const float *in,
+/* dout: the output's gradient, not read again after this (its last reader: the pool may reuse it) */
+static dt_status_t bn_backward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *out, float *dout, const float *in,
                                const float *w, float *dw, float *db, float *dx, int f) {
   dt_backend_t *be = m->be;
   const dt_cnn_kernels_t *ck = be->ops->cnn;
   const int B = m->B, HW = o->H * o->W;
   float *sdy = m->sdy + o->aux, *sdyx = m->sdyx + o->aux;
   const float *mean = m->mean + o->aux, *rstd = m->rstd + o->aux, *relu_out = f ? out : NULL;
+  if (!m->sync_sum && ck->bn_train_backward)
+    return ck->bn_train_backward(be, dx, dw, db, sdy, sdyx, dout, relu_out, in, mean, rstd, w, BN_EPS, B, o->C, HW);
   DT_TRY(ck->bn_backward_reduce(be, sdy, sdyx, dw, db, dout, relu_out, in, mean, rstd, B, o->C, HW));
   if (!dx) return DT_OK;
   if (m->sync_sum) DT_TRY(sync_pair(m, sdy, sdyx, o->C, 0));
@@ -445,7 +451,7 @@ static dt_status_t op_backward(dt_cnn_t *m, const dt_cnn_op_t *o, int i, const f
   const int B = m->B, HW = o->H * o->W;
   const int f = m->fused[i]; /* a batch norm or add with its ReLU (op i + 1): from the ReLU's output gradient */
   const float *in = act(m, o->in), *out = act(m, i + 1 + f);
-  const float *dout = m->dacts + m->slots[i + 1 + f].doff;
+  float *dout = m->dacts + m->slots[i + 1 + f].doff;
   const float *w = o->w >= 0 ? params + m->lay.tensors[o->w].offset : NULL;
   float *dw = o->w >= 0 ? grads + m->lay.tensors[o->w].offset : NULL;
   float *db = o->b >= 0 ? grads + m->lay.tensors[o->b].offset : NULL;

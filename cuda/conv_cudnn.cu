@@ -210,6 +210,15 @@ static dt_status_t algorithms(dt_cudnn_t *c, shape_t *p) {
   return DT_OK;
 }
 
+/* The entry a cache of CACHE entries (*n in use) fills next: a free one, or once all are in use the
+ * oldest (round robin from *next) */
+static int cache_slot(int *n, int *next) {
+  if (*n < CACHE) return (*n)++;
+  const int i = *next;
+  *next = (i + 1) % CACHE;
+  return i;
+}
+
 /* The cached shape for these sizes, made on first use. */
 static dt_status_t shape(dt_cudnn_t *c, const int key[8], shape_t **out) {
   for (int i = 0; i < c->n; i++)
@@ -217,13 +226,7 @@ static dt_status_t shape(dt_cudnn_t *c, const int key[8], shape_t **out) {
       *out = &c->shapes[i];
       return DT_OK;
     }
-  shape_t *p;
-  if (c->n < CACHE) {
-    p = &c->shapes[c->n++];
-  } else {
-    p = &c->shapes[c->next];
-    c->next = (c->next + 1) % CACHE;
-  }
+  shape_t *p = &c->shapes[cache_slot(&c->n, &c->next)];
   shape_free(c, p); /* key all 0: matches nothing until the shape is complete */
   const int B = key[0], C = key[1], H = key[2], W = key[3], OC = key[4], K = key[5], st = key[6], pad = key[7];
   const int OH = (H + 2 * pad - K) / st + 1, OW = (W + 2 * pad - K) / st + 1;
@@ -290,13 +293,7 @@ static dt_status_t bn_shape(dt_cudnn_t *c, int B, int C, int HW, bn_shape_t **ou
       *out = &c->bn[i];
       return DT_OK;
     }
-  bn_shape_t *p;
-  if (c->n_bn < CACHE) {
-    p = &c->bn[c->n_bn++];
-  } else {
-    p = &c->bn[c->next_bn];
-    c->next_bn = (c->next_bn + 1) % CACHE;
-  }
+  bn_shape_t *p = &c->bn[cache_slot(&c->n_bn, &c->next_bn)];
   bn_shape_free(c, p);
   CUDNN_TRY(c, c->f.cudnnCreateTensorDescriptor(&p->x));
   CUDNN_TRY(c, c->f.cudnnCreateTensorDescriptor(&p->p));

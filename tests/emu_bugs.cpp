@@ -1,4 +1,4 @@
-/* Planted bugs for the CUDA emulation (run by tests/emu_bugs.sh). Five small pieces of CUDA code
+/* Planted bugs for the CUDA emulation (run by tests/emu_bugs.sh). Six small pieces of CUDA code
  * in dtrain's style, each correct unless DTRAIN_FAULT (src/core/fault.h) plants its bug:
  *   emu_oob        a grid-stride loop writes one element past its output buffer (i <= n)
  *   emu_nosync     a shared-memory block reduction lacks the __syncthreads() between the writes
@@ -7,10 +7,13 @@
  *   emu_nosync_read  a kernel's result is copied to the host on the legacy stream without
  *                  synchronising the non-blocking stream that computes it
  *   emu_host_write the host zeroes a device buffer by a store instead of cudaMemset
+ *   emu_cudnn_ws   a cuDNN convolution given a workspace smaller than its algorithm's entry says
+ *   emu_cudnn_out  a cuDNN convolution's output allocated one image short
  * Each scenario prints what it runs and checks its result against the host; any CUDA error ends
  * the program with the emulation's message (exit 1), a host access to device memory with SIGSEGV.
  * Without DTRAIN_FAULT every scenario passes (exit 0). */
 #include <cuda_runtime.h>
+#include <cudnn.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -145,6 +148,78 @@ static void host_write(void) {
   }
 }
 
+#define DNN(call)                                                                                                      \
+  do {                                                                                                                 \
+    cudnnStatus_t st_ = (call);                                                                                        \
+    if (st_ != CUDNN_STATUS_SUCCESS) {                                                                                 \
+      printf("emu_bugs.cpp:%d: %s failed: %s\n", __LINE__, #call, cudnnGetErrorString(st_));                           \
+      exit(1);                                                                                                         \
+    }                                                                                                                  \
+  } while (0)
+
+/* A 3x3 convolution of 2 images through cuDNN, as cuda/conv_cudnn.cu makes it: the first
+ * deterministic algorithm and its workspace; y checked against the host */
+static void cudnn_conv(void) {
+  const int B = 2, C = 3, H = 5, OC = 4, K = 3;
+  int small_ws = planted("emu_cudnn_ws"), short_out = planted("emu_cudnn_out");
+  cudnnHandle_t h;
+  cudnnTensorDescriptor_t xd, yd;
+  cudnnFilterDescriptor_t wd;
+  cudnnConvolutionDescriptor_t cd;
+  DNN(cudnnCreate(&h));
+  DNN(cudnnCreateTensorDescriptor(&xd));
+  DNN(cudnnCreateTensorDescriptor(&yd));
+  DNN(cudnnCreateFilterDescriptor(&wd));
+  DNN(cudnnCreateConvolutionDescriptor(&cd));
+  DNN(cudnnSetTensor4dDescriptor(xd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B, C, H, H));
+  DNN(cudnnSetTensor4dDescriptor(yd, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B, OC, H, H));
+  DNN(cudnnSetFilter4dDescriptor(wd, CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, OC, C, K, K));
+  DNN(cudnnSetConvolution2dDescriptor(cd, 1, 1, 1, 1, 1, 1, CUDNN_CROSS_CORRELATION, CUDNN_DATA_FLOAT));
+  DNN(cudnnSetConvolutionMathType(cd, CUDNN_FMA_MATH));
+  cudnnConvolutionFwdAlgoPerf_t perf[4];
+  int n = 0, a = -1;
+  DNN(cudnnGetConvolutionForwardAlgorithm_v7(h, xd, wd, cd, yd, 4, &n, perf));
+  for (int i = 0; i < n && a < 0; i++)
+    if (perf[i].status == CUDNN_STATUS_SUCCESS && perf[i].determinism == CUDNN_DETERMINISTIC) a = i;
+  const size_t nx = (size_t)B * C * H * H, ny = (size_t)B * OC * H * H, nw = (size_t)OC * C * K * K;
+  const size_t ws_bytes = small_ws ? perf[a].memory / 2 : perf[a].memory;
+  float hx[150], hw[108], hy[200], *x, *w, *y;
+  void *ws;
+  for (size_t i = 0; i < nx; i++)
+    hx[i] = (float)(i % 7) - 3.0f;
+  for (size_t i = 0; i < nw; i++)
+    hw[i] = (float)(i % 5) - 2.0f;
+  CK(cudaMalloc((void **)&x, nx * sizeof(float)));
+  CK(cudaMalloc((void **)&w, nw * sizeof(float)));
+  CK(cudaMalloc((void **)&y, (short_out ? ny - ny / B : ny) * sizeof(float)));
+  CK(cudaMalloc(&ws, perf[a].memory));
+  CK(cudaMemcpy(x, hx, sizeof hx, cudaMemcpyHostToDevice));
+  CK(cudaMemcpy(w, hw, sizeof hw, cudaMemcpyHostToDevice));
+  printf("cudnnConvolutionForward: algorithm %d, workspace %zu of %zu bytes, y of %d images%s\n", (int)perf[a].algo,
+         ws_bytes, perf[a].memory, short_out ? B - 1 : B, small_ws || short_out ? " (planted)" : "");
+  const float one = 1.0f, zero = 0.0f;
+  DNN(cudnnConvolutionForward(h, &one, xd, x, wd, w, cd, perf[a].algo, ws, ws_bytes, &zero, yd, y));
+  CK(cudaDeviceSynchronize());
+  CK(cudaMemcpy(hy, y, sizeof hy, cudaMemcpyDeviceToHost));
+  for (int b = 0; b < B; b++)
+    for (int o = 0; o < OC; o++)
+      for (int p = 0; p < H * H; p++) {
+        double r = 0;
+        for (int c = 0; c < C; c++)
+          for (int i = 0; i < K; i++)
+            for (int j = 0; j < K; j++) {
+              const int hh = p / H - 1 + i, ww = p % H - 1 + j;
+              if (hh >= 0 && hh < H && ww >= 0 && ww < H)
+                r += hx[((b * C + c) * H + hh) * H + ww] * hw[((o * C + c) * K + i) * K + j];
+            }
+        if (fabs(hy[(b * OC + o) * H * H + p] - r) > 1e-4) {
+          printf("cudnnConvolutionForward: y[%d] = %g, want %g\n", (b * OC + o) * H * H + p,
+                 hy[(b * OC + o) * H * H + p], r);
+          exit(1);
+        }
+      }
+}
+
 int main(void) {
   setvbuf(stdout, NULL, _IOLBF, 0);
   scale();
@@ -152,6 +227,7 @@ int main(void) {
   row_fill();
   stream_read();
   host_write();
+  cudnn_conv();
   printf("emu_bugs: every scenario ran correctly\n");
   return 0;
 }

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Planted bugs the CUDA emulation must catch, each switched on with DTRAIN_FAULT like
 # validation/'s faults, each failing with a message that names the kernel or the call.
-# tests/emu_bugs (tests/emu_bugs.cpp) runs five small kernels in dtrain's style: clean it must
+# tests/emu_bugs (tests/emu_bugs.cpp) runs six small pieces of CUDA code in dtrain's style: clean it must
 # pass; with one bug planted it must fail:
 #   emu_oob          a kernel writes one element past its buffer: the canary after the allocation
 #   emu_nosync       a block reduction lacks a __syncthreads(): shared memory read before it is
@@ -10,6 +10,10 @@
 #   emu_nosync_read  the host copies a result computed on a non-blocking stream without
 #                    synchronising it: the copy runs before the kernel and is reported
 #   emu_host_write   the host stores into device memory: SIGSEGV with a line naming the allocation
+#   emu_cudnn_ws     a cuDNN convolution given half the workspace its algorithm needs:
+#                    CUDNN_STATUS_BAD_PARAM at the call, with a line giving both sizes
+#   emu_cudnn_out    a cuDNN convolution whose output buffer is one image short: a sticky illegal
+#                    address when it runs, naming the call and the operand
 # And the same class in dtrain's own kernels: emu_no_barrier turns every __syncthreads() of the
 # emulation into nothing; tests/gpu_parity must then fail the reductions (column sums, layernorm
 # parameter gradients, cross-entropy, gradient sum of squares) by name.
@@ -45,6 +49,9 @@ expect emu_nosync any "kernel block_sum_k: sum -\?nan"
 expect emu_grid any "launch of kernel row_fill_k<<<(1,70000,1)" "grid.y outside \[1, 65535\]"
 expect emu_nosync_read any "cudaMemcpy (device to host)" "scale_k, queued on a non-blocking stream"
 expect emu_host_write 139 "the host tried to write device memory"
+expect emu_cudnn_ws any "cudnnConvolutionForward: algorithm 2 needs a workspace of 2700 bytes, got 1350" \
+  "CUDNN_STATUS_BAD_PARAM"
+expect emu_cudnn_out any "cudnnConvolutionForward: output: "
 
 echo "+ DTRAIN_FAULT=emu_no_barrier@0 $top_builddir/tests/gpu_parity_emu --small"
 set +e

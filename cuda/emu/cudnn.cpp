@@ -293,7 +293,10 @@ static cudnnStatus_t conv_call(const char *call, int what, cudnnHandle_t h, cons
   const long long need = what == 0   ? algo_ws(algo, 1, 2, 0, ws_need(g))
                          : what == 1 ? algo_ws(algo, 0, 1, 4, ws_need(g))
                                      : algo_ws(algo, 0, 1, 3, ws_need(g));
-  if (need < 0 || ws_bytes < (size_t)need || (need > 0 && !ws)) return CUDNN_STATUS_BAD_PARAM;
+  if (need < 0) return EMU_BAD(CUDNN_STATUS_BAD_PARAM, "%s: algorithm %d is not one its query listed", call, algo);
+  if (ws_bytes < (size_t)need || (need > 0 && !ws))
+    return EMU_BAD(CUDNN_STATUS_BAD_PARAM, "%s: algorithm %d needs a workspace of %lld bytes, got %zu at %p", call,
+                   algo, need, ws_bytes, ws);
   const size_t nx = (size_t)g.N * g.C * g.H * g.W * 4, ny = (size_t)g.N * g.K * g.P * g.Q * 4;
   const size_t nw = (size_t)g.K * g.C * g.R * g.R * 4;
   const size_t na = what == 1 ? ny : nx,

@@ -150,36 +150,27 @@ static dt_status_t bn_backward(dt_backend_t *be, float *dinp, const float *dout,
                                const float *sdyx, double count, int B, int C, int HW) {
   return dt_cu_bn_backward(dinp, dout, relu_out, inp, mean, rstd, w, sdy, sdyx, count, B, C, HW, S(be));
 }
-/* system.batchnorm = cudnn: cuDNN's training passes, its ReLU ours (a launch of its own; cuDNN's
- * fused BN + ReLU is for NHWC 16-bit tensors); otherwise the pieces above, in the model's order */
-static dt_status_t bn_train_forward(dt_backend_t *be, float *out, float *mean, float *var, float *rstd, float *rm,
-                                    float *rv, const float *inp, const float *w, const float *b, float eps,
-                                    float momentum, int relu, int B, int C, int HW) {
 #if DT_CU_CUDNN
-  if (be->cudnn_bn) {
-    DT_TRY(dt_cudnn_bn_forward(impl(be)->cudnn, out, mean, rstd, rm, rv, inp, w, b, eps, momentum, B, C, HW));
-    return relu ? dt_cu_relu_forward(out, out, (size_t)B * C * HW, S(be)) : DT_OK;
-  }
-#endif
-  DT_TRY(bn_stats(be, mean, var, inp, B, C, HW));
-  DT_TRY(bn_running(be, rm, rv, mean, var, C, momentum, (double)B * HW));
-  return bn_forward(be, out, rstd, inp, mean, var, w, b, eps, relu, B, C, HW);
+/* system.batchnorm = cudnn (cnn.c calls these only then): cuDNN's training passes, its ReLU ours (a
+ * launch of its own; cuDNN's fused BN + ReLU is for NHWC 16-bit tensors). In backward the ReLU's
+ * mask goes into dout in place first (its last reader). A build without cuDNN has neither (NULL in
+ * the table below; system.batchnorm = cudnn fails at init there). */
+static dt_status_t bn_train_forward(dt_backend_t *be, float *out, float *mean, float *rstd, float *rm, float *rv,
+                                    const float *inp, const float *w, const float *b, float eps, float momentum,
+                                    int relu, int B, int C, int HW) {
+  DT_TRY(dt_cudnn_bn_forward(impl(be)->cudnn, out, mean, rstd, rm, rv, inp, w, b, eps, momentum, B, C, HW));
+  return relu ? dt_cu_relu_forward(out, out, (size_t)B * C * HW, S(be)) : DT_OK;
 }
-/* with cuDNN the ReLU's mask goes into dout in place first (its last reader) */
-static dt_status_t bn_train_backward(dt_backend_t *be, float *dinp, float *dw, float *db, float *sdy, float *sdyx,
-                                     float *dout, const float *relu_out, const float *inp, const float *mean,
-                                     const float *rstd, const float *w, float eps, int B, int C, int HW) {
-#if DT_CU_CUDNN
-  if (be->cudnn_bn && dinp) {
-    if (relu_out) DT_TRY(dt_cu_relu_backward(dout, dout, relu_out, (size_t)B * C * HW, S(be)));
-    return dt_cudnn_bn_backward(impl(be)->cudnn, dinp, dw, db, dout, inp, w, mean, rstd, eps, B, C, HW);
-  }
+static dt_status_t bn_train_backward(dt_backend_t *be, float *dinp, float *dw, float *db, float *dout,
+                                     const float *relu_out, const float *inp, const float *mean, const float *rstd,
+                                     const float *w, float eps, int B, int C, int HW) {
+  if (relu_out) DT_TRY(dt_cu_relu_backward(dout, dout, relu_out, (size_t)B * C * HW, S(be)));
+  return dt_cudnn_bn_backward(impl(be)->cudnn, dinp, dw, db, dout, inp, w, mean, rstd, eps, B, C, HW);
+}
 #else
-  (void)eps;
+#define bn_train_forward NULL
+#define bn_train_backward NULL
 #endif
-  DT_TRY(bn_backward_reduce(be, sdy, sdyx, dw, db, dout, relu_out, inp, mean, rstd, B, C, HW));
-  return dinp ? bn_backward(be, dinp, dout, relu_out, inp, mean, rstd, w, sdy, sdyx, (double)B * HW, B, C, HW) : DT_OK;
-}
 static dt_status_t relu_forward(dt_backend_t *be, float *out, const float *inp, size_t n) {
   return dt_cu_relu_forward(out, inp, n, S(be));
 }

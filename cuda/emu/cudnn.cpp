@@ -141,19 +141,31 @@ static std::vector<double> correlate(const geom_t &g, int what, const float *a, 
   return r;
 }
 
+/* The algorithm numbers each direction's query ranks (what = 0 forward, 1 backward data, 2 backward
+ * filter): a non-deterministic one first, a deterministic one that needs a workspace, a
+ * deterministic one that needs none (cuDNN's numbers for kinds of that sort) */
+enum { NONDET, DET_WS, DET };
+static const int k_algo[3][3] = {
+    {1, CUDNN_CONVOLUTION_FWD_ALGO_GEMM, CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM},
+    {CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1, 4},
+    {CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3}};
+
 template <typename Perf, typename Algo>
-static void rank_algos(int requested, int *returned, Perf *perf, Algo nondet, Algo det, Algo det0, size_t need) {
-  const Perf all[3] = {{nondet, CUDNN_STATUS_SUCCESS, 0.1f, 0, CUDNN_NON_DETERMINISTIC, CUDNN_DEFAULT_MATH, {0}},
-                       {det, CUDNN_STATUS_SUCCESS, 0.2f, need, CUDNN_DETERMINISTIC, CUDNN_DEFAULT_MATH, {0}},
-                       {det0, CUDNN_STATUS_SUCCESS, 0.3f, 0, CUDNN_DETERMINISTIC, CUDNN_DEFAULT_MATH, {0}}};
+static void rank_algos(int what, int requested, int *returned, Perf *perf, size_t need) {
+  const int *a = k_algo[what];
+  const Perf all[3] = {
+      {(Algo)a[NONDET], CUDNN_STATUS_SUCCESS, 0.1f, 0, CUDNN_NON_DETERMINISTIC, CUDNN_DEFAULT_MATH, {0}},
+      {(Algo)a[DET_WS], CUDNN_STATUS_SUCCESS, 0.2f, need, CUDNN_DETERMINISTIC, CUDNN_DEFAULT_MATH, {0}},
+      {(Algo)a[DET], CUDNN_STATUS_SUCCESS, 0.3f, 0, CUDNN_DETERMINISTIC, CUDNN_DEFAULT_MATH, {0}}};
   *returned = requested < 3 ? requested : 3;
   for (int i = 0; i < *returned; i++)
     perf[i] = all[i];
 }
 
-/* The workspace an algorithm asks for (its entry above), or -1 for an algorithm not listed */
-static long long algo_ws(int algo, int nondet, int det, int det0, size_t need) {
-  return algo == nondet || algo == det0 ? 0 : algo == det ? (long long)need : -1;
+/* The workspace algorithm `algo` of direction `what` asks for (its entry above), or -1 for one not listed */
+static long long algo_ws(int what, int algo, size_t need) {
+  const int *a = k_algo[what];
+  return algo == a[NONDET] || algo == a[DET] ? 0 : algo == a[DET_WS] ? (long long)need : -1;
 }
 
 } // namespace dt_emu
@@ -257,8 +269,7 @@ cudnnStatus_t cudnnGetConvolutionForwardAlgorithm_v7(cudnnHandle_t h, cudnnTenso
   geom_t g;
   if (!h) return CUDNN_STATUS_NOT_INITIALIZED;
   if (geometry(x, w, cv, y, &g) || requested < 1 || !returned || !perf) return CUDNN_STATUS_BAD_PARAM;
-  rank_algos(requested, returned, perf, (cudnnConvolutionFwdAlgo_t)1, CUDNN_CONVOLUTION_FWD_ALGO_GEMM,
-             CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM, ws_need(g));
+  rank_algos<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(0, requested, returned, perf, ws_need(g));
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -269,8 +280,8 @@ cudnnStatus_t cudnnGetConvolutionBackwardDataAlgorithm_v7(cudnnHandle_t h, cudnn
   geom_t g;
   if (!h) return CUDNN_STATUS_NOT_INITIALIZED;
   if (geometry(dx, w, cv, dy, &g) || requested < 1 || !returned || !perf) return CUDNN_STATUS_BAD_PARAM;
-  rank_algos(requested, returned, perf, CUDNN_CONVOLUTION_BWD_DATA_ALGO_0, CUDNN_CONVOLUTION_BWD_DATA_ALGO_1,
-             (cudnnConvolutionBwdDataAlgo_t)4, ws_need(g));
+  rank_algos<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(1, requested, returned, perf,
+                                                                               ws_need(g));
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -281,8 +292,8 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t h, cud
   geom_t g;
   if (!h) return CUDNN_STATUS_NOT_INITIALIZED;
   if (geometry(x, dw, cv, dy, &g) || requested < 1 || !returned || !perf) return CUDNN_STATUS_BAD_PARAM;
-  rank_algos(requested, returned, perf, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0, CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1,
-             CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3, ws_need(g));
+  rank_algos<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(2, requested, returned, perf,
+                                                                                   ws_need(g));
   return CUDNN_STATUS_SUCCESS;
 }
 
@@ -290,9 +301,7 @@ cudnnStatus_t cudnnGetConvolutionBackwardFilterAlgorithm_v7(cudnnHandle_t h, cud
 static cudnnStatus_t conv_call(const char *call, int what, cudnnHandle_t h, const void *alpha, const geom_t &g,
                                const float *a, const float *b, int algo, void *ws, size_t ws_bytes, const void *beta,
                                float *out) {
-  const long long need = what == 0   ? algo_ws(algo, 1, 2, 0, ws_need(g))
-                         : what == 1 ? algo_ws(algo, 0, 1, 4, ws_need(g))
-                                     : algo_ws(algo, 0, 1, 3, ws_need(g));
+  const long long need = algo_ws(what, algo, ws_need(g));
   if (need < 0) return EMU_BAD(CUDNN_STATUS_BAD_PARAM, "%s: algorithm %d is not one its query listed", call, algo);
   if (ws_bytes < (size_t)need || (need > 0 && !ws))
     return EMU_BAD(CUDNN_STATUS_BAD_PARAM, "%s: algorithm %d needs a workspace of %lld bytes, got %zu at %p", call,

@@ -41,18 +41,18 @@ struct dt_cnn_kernels {
   dt_status_t (*bn_backward)(dt_backend_t *be, float *dinp, const float *dout, const float *relu_out, const float *inp,
                              const float *mean, const float *rstd, const float *weight, const float *sdy,
                              const float *sdyx, double count, int B, int C, int HW);
-  /* Optional (NULL: the pieces above): batch norm's training passes in one call each, over this
-   * rank's statistics only (never with synchronised batch norm). Forward: bn_stats, bn_running (n =
-   * B x HW) and bn_forward's results, mean and rstd saved for backward (var: where the backend
-   * keeps it). Backward: dinp written (NULL: none), dweight, dbias accumulated; dout is consumed
-   * (with a ReLU: masked by relu_out > 0 in place). The CUDA backend's: cuDNN's with
-   * system.batchnorm = cudnn, else its pieces. */
-  dt_status_t (*bn_train_forward)(dt_backend_t *be, float *out, float *mean, float *var, float *rstd,
-                                  float *running_mean, float *running_var, const float *inp, const float *weight,
-                                  const float *bias, float eps, float momentum, int relu, int B, int C, int HW);
-  dt_status_t (*bn_train_backward)(dt_backend_t *be, float *dinp, float *dweight, float *dbias, float *sdy, float *sdyx,
-                                   float *dout, const float *relu_out, const float *inp, const float *mean,
-                                   const float *rstd, const float *weight, float eps, int B, int C, int HW);
+  /* Optional: batch norm's training passes in one call each, which the model makes instead of the
+   * pieces above when be->cudnn_bn is set (the CUDA backend's: cuDNN's, system.batchnorm = cudnn),
+   * over this rank's statistics only (never with synchronised batch norm). Forward: bn_running's (n
+   * = B x HW) and bn_forward's results, the mean and rstd saved for backward. Backward: dinp
+   * written, dweight, dbias accumulated; dout is consumed (with a ReLU: masked by relu_out > 0 in
+   * place). */
+  dt_status_t (*bn_train_forward)(dt_backend_t *be, float *out, float *mean, float *rstd, float *running_mean,
+                                  float *running_var, const float *inp, const float *weight, const float *bias,
+                                  float eps, float momentum, int relu, int B, int C, int HW);
+  dt_status_t (*bn_train_backward)(dt_backend_t *be, float *dinp, float *dweight, float *dbias, float *dout,
+                                   const float *relu_out, const float *inp, const float *mean, const float *rstd,
+                                   const float *weight, float eps, int B, int C, int HW);
   dt_status_t (*relu_forward)(dt_backend_t *be, float *out, const float *inp, size_t n);
   dt_status_t (*relu_backward)(dt_backend_t *be, float *dinp, const float *dout, const float *out, size_t n);
   dt_status_t (*maxpool_forward)(dt_backend_t *be, float *out, int *idx, const float *inp, int B, int C, int H, int W,

@@ -283,6 +283,10 @@ static dt_status_t sync_pair(dt_cnn_t *m, float *a, float *b, int C, int moments
 /* Ranks whose images one batch norm's statistics cover. */
 static int bn_ranks(const dt_cnn_t *m) { return m->sync_sum ? m->sync_ranks : 1; }
 
+/* Batch norm's training passes as one backend call each (cnn_kernels.h's bn_train_*): where the
+ * backend runs them whole (be->cudnn_bn: cuDNN's) and the statistics are this rank's alone */
+static int bn_whole(const dt_cnn_t *m) { return m->be->cudnn_bn && !m->sync_sum && m->be->ops->cnn->bn_train_forward; }
+
 static dt_status_t bn_forward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *params, float *bufs, const float *x,
                               float *y, int training, int relu) {
   dt_backend_t *be = m->be;
@@ -292,9 +296,8 @@ static dt_status_t bn_forward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *pa
   float *rm = bufs + m->bufs.tensors[o->rm].offset, *rv = bufs + m->bufs.tensors[o->rv].offset;
   if (!training) return ck->bn_forward(be, y, NULL, x, rm, rv, w, b, BN_EPS, relu, B, o->C, HW);
   float *mean = m->mean + o->aux, *var = m->var + o->aux;
-  if (!m->sync_sum && ck->bn_train_forward) /* one call (cuDNN's on CUDA with system.batchnorm = cudnn) */
-    return ck->bn_train_forward(be, y, mean, var, m->rstd + o->aux, rm, rv, x, w, b, BN_EPS, BN_MOMENTUM, relu, B, o->C,
-                                HW);
+  if (bn_whole(m))
+    return ck->bn_train_forward(be, y, mean, m->rstd + o->aux, rm, rv, x, w, b, BN_EPS, BN_MOMENTUM, relu, B, o->C, HW);
   DT_TRY(ck->bn_stats(be, mean, var, x, B, o->C, HW));
   if (m->sync_sum) DT_TRY(sync_pair(m, mean, var, o->C, 1));
   DT_TRY(ck->bn_running(be, rm, rv, mean, var, o->C, BN_MOMENTUM, (double)B * HW * bn_ranks(m)));
@@ -424,8 +427,8 @@ static dt_status_t bn_backward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *o
   const int B = m->B, HW = o->H * o->W;
   float *sdy = m->sdy + o->aux, *sdyx = m->sdyx + o->aux;
   const float *mean = m->mean + o->aux, *rstd = m->rstd + o->aux, *relu_out = f ? out : NULL;
-  if (!m->sync_sum && ck->bn_train_backward)
-    return ck->bn_train_backward(be, dx, dw, db, sdy, sdyx, dout, relu_out, in, mean, rstd, w, BN_EPS, B, o->C, HW);
+  if (bn_whole(m) && dx)
+    return ck->bn_train_backward(be, dx, dw, db, dout, relu_out, in, mean, rstd, w, BN_EPS, B, o->C, HW);
   DT_TRY(ck->bn_backward_reduce(be, sdy, sdyx, dw, db, dout, relu_out, in, mean, rstd, B, o->C, HW));
   if (!dx) return DT_OK;
   if (m->sync_sum) DT_TRY(sync_pair(m, sdy, sdyx, o->C, 0));

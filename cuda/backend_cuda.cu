@@ -137,8 +137,13 @@ static void cu_free(dt_backend_t *be) {
     free(im->h_count);
     free(im->h_buckets);
     free(im->h_partial);
-    if (im->sp_params) { /* not cudaMalloc's */
+    if (im->sp_wparams) { /* not cudaMalloc's */
+      dt_cu_sparse_free(im->sp_wparams);
+      be->wparams = NULL;
+    }
+    if (im->sp_params) {
       dt_cu_sparse_free(im->sp_params);
+      if (be->wparams == be->params) be->wparams = NULL;
       be->params = NULL;
     }
     if (im->sp_grads) {
@@ -233,7 +238,8 @@ static dt_status_t open_cudnn_att(dt_backend_t *be, dt_precision_t p) {
 
 /* bf16/fp16: a device working copy of the parameters, rounded from the master in forward, in the
  * activation storage: 16 bits with be->store16 and an attention that takes them (flash, cuDNN),
- * with the fp32 accumulator of the biased products (the widest: the MLP's 4C); else floats. */
+ * with the fp32 accumulator of the biased products (the widest: the MLP's 4C); else floats. Under
+ * ZeRO-3 (DT_SPARSE_PARAMS) a sparse arena, as the master: the gathers fill it (zero.h). */
 static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
   cu_impl_t *im = impl(be);
   if (!dt_precision_name(p)) return DT_ERR(DT_ERR_ARG, "cuda backend: unknown precision %d", (int)p);
@@ -241,12 +247,21 @@ static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
   DT_CUDA_CHECK(cudaSetDevice(im->device));
   if (be->wparams != be->params && (p == DT_PREC_FP32 || bytes != be->act_bytes)) { /* another storage than before */
     DT_CUDA_CHECK(cudaStreamSynchronize(im->compute));
-    cudaFree(be->wparams);
+    if (im->sp_wparams)
+      dt_cu_sparse_free(im->sp_wparams);
+    else
+      cudaFree(be->wparams);
+    im->sp_wparams = NULL;
     be->wparams = be->params;
   }
   be->act_bytes = bytes;
-  if (p != DT_PREC_FP32 && be->wparams == be->params)
-    DT_TRY(dt_cu_alloc_zero((void **)&be->wparams, be->lay->n_params * (size_t)bytes, im->compute));
+  const size_t wbytes = be->lay->n_params * (size_t)bytes;
+  if (p != DT_PREC_FP32 && be->wparams == be->params) { /* ZeRO-3 gathers into it: sparse like the master */
+    if (be->sparse & DT_SPARSE_PARAMS)
+      DT_TRY(dt_cu_sparse_create(im->device, wbytes, im->compute, &im->sp_wparams, (void **)&be->wparams));
+    else
+      DT_TRY(dt_cu_alloc_zero((void **)&be->wparams, wbytes, im->compute));
+  }
   if (bytes == 2 && !im->acc) {
     im->acc_n = (size_t)be->B * be->T * 4 * be->lay->d.C;
     DT_TRY(dt_cu_alloc_zero((void **)&im->acc, im->acc_n * sizeof(float), im->compute));

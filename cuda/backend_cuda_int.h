@@ -50,6 +50,7 @@ typedef struct {
   struct dt_cudnn *cudnn; /* system.conv or batchnorm = cudnn: conv_cudnn.h's state, else NULL */
   struct dt_cudnn_att *catt; /* system.attention = cudnn: attention_cudnn.h's state, else NULL */
   dt_cu_sparse_t *sp_params, *sp_grads; /* be->sparse: those arenas (sparse.h), else NULL */
+  dt_cu_sparse_t *sp_wparams;           /* DT_SPARSE_PARAMS with bf16/fp16: the working copy's */
   size_t *seg_ends;          /* the optimizer range's segments for dt_cu_adamw_multi (device), */
   unsigned char *seg_kinds;  /* built at the first AdamW step */
   int nseg;

@@ -314,6 +314,8 @@ static dt_cu_sparse_t *sparse_of(dt_backend_t *be, const float *x, size_t *off) 
   cu_impl_t *im = impl(be);
   if (dt_cu_sparse_holds(im->sp_params, x)) return *off = (size_t)(x - be->params) * sizeof(float), im->sp_params;
   if (dt_cu_sparse_holds(im->sp_grads, x)) return *off = (size_t)(x - be->grads) * sizeof(float), im->sp_grads;
+  if (dt_cu_sparse_holds(im->sp_wparams, x)) /* 16-bit storage: the offset in bytes, not floats */
+    return *off = (size_t)((const char *)x - (const char *)be->wparams), im->sp_wparams;
   return NULL;
 }
 
@@ -336,9 +338,9 @@ extern "C" void dt_cuda_print_sparse(const dt_backend_t *be, FILE *out) {
   if (!im || (!im->sp_params && !im->sp_grads)) return;
   const double M = 1048576.0;
   fprintf(out, "# memory: rank 0 sparse device arenas (ZeRO, memory only where in use)");
-  const char *name[2] = {"parameters", "gradients"};
-  const dt_cu_sparse_t *a[2] = {im->sp_params, im->sp_grads};
-  for (int i = 0; i < 2; i++) {
+  const char *name[3] = {"parameters", "gradients", "working copy"};
+  const dt_cu_sparse_t *a[3] = {im->sp_params, im->sp_grads, im->sp_wparams};
+  for (int i = 0; i < 3; i++) {
     size_t now, peak, size;
     if (!a[i]) continue;
     dt_cu_sparse_usage(a[i], &now, &peak, &size);

@@ -10,16 +10,25 @@
 #   3. The emulated device's peak memory in use (DTRAIN_EMU_PEAK, every allocation and every
 #      cuMemCreate counted) falls from ZeRO-1 to -2 to -3, each step by at least half of what
 #      `dtrain plan` (the run's own "planned device total" line) predicts for it.
+#   4. The same in bf16 with 16-bit storage (system.attention = flash), ZeRO-2 against ZeRO-3, where
+#      the gathers move the 16-bit working copy (its own sparse arena) and the fp32 master keeps
+#      only its shard: rows bitwise equal, the master at most 55% backed (the shard, half at
+#      dp = 2), the working copy at most 80%, and the peak lower by at least half the plan's.
 # A sparse arena that is written where it has no memory (a missing populate) faults in the
 # emulation; zeros read there are the CPU's madvise semantics (zero.h).
 source "$top_srcdir/tests/lib.sh"
 begin_test
 EMU="$top_builddir/dtrain_emu"
-for z in 1 2 3; do
+go() { # NAME STAGE [ARGS...]
+  local n=$1 z=$2
+  shift 2
   mpi 2 -x DTRAIN_EMU_DEVICES=2 -x DTRAIN_EMU_PEAK=1 "$EMU" "$cfg" system.backend=cuda parallel.zero=$z model.n_layer=8 \
     model.n_embd=128 parallel.bucket_mb=1 train.micro_batch=2 train.steps=3 log.every=1 checkpoint.dir= \
-    log.metrics="$t/z$z.jsonl" > "$t/z$z.out" 2>&1 || { cat "$t/z$z.out"; echo "FAIL: zero=$z did not run"; exit 1; }
-done
+    log.metrics="$t/$n.jsonl" "$@" > "$t/$n.out" 2>&1 || { cat "$t/$n.out"; echo "FAIL: $n did not run"; exit 1; }
+}
+for z in 1 2 3; do go z$z $z; done
+for z in 2 3; do go b$z $z train.precision=bf16 system.attention=flash; done
+grep -q '^# storage: 16 bits' "$t/b3.out" || { grep '^# storage' "$t/b3.out"; echo "FAIL: b3 not on 16-bit storage"; exit 1; }
 "$PY" - "$t" <<'PY'
 import json, re, sys
 t = sys.argv[1]
@@ -47,5 +56,23 @@ for z in (2, 3):
     saved, want = peak[z - 1] - peak[z], plan[z - 1] - plan[z]
     print(f"zero{z - 1} -> zero{z}: {saved / 2**20:.2f} MiB less at the peak, planned {want / 2**20:.2f} MiB")
     assert want > 0 and saved >= 0.5 * want, f"zero{z} saves {saved} bytes of device memory, want >= half of {want}"
+# 4. bf16, 16-bit storage: ZeRO-3 gathers the working copy
+b = {}
+for z in (2, 3):
+    out = open(f"{t}/b{z}.out").read()
+    b[z] = ([(r["loss"], r["grad_norm"]) for r in map(json.loads, open(f"{t}/b{z}.jsonl")) if "grad_norm" in r],
+            max(int(x) for x in re.findall(r"dt_emu: device \d+ peak memory in use (\d+) bytes", out)),
+            float(re.search(r"planned device total \(CUDA backend, zero%d\) ([0-9.]+) MiB" % z, out).group(1)) * 2**20)
+assert len(b[2][0]) == 3 and b[2][0] == b[3][0], f"bf16 zero3 rows {b[3][0]} differ from zero2's {b[2][0]}"
+line = re.search(r"^# memory: rank 0 sparse device arenas.*$", open(f"{t}/b3.out").read(), re.M).group(0)
+print(line)
+arenas = {a[0]: a[1:] for a in re.findall(r"(\w+(?: copy)?) ([0-9.]+) MiB now, ([0-9.]+) MiB at most, of ([0-9.]+) MiB", line)}
+assert sorted(arenas) == ["gradients", "parameters", "working copy"], arenas
+for name, limit in (("parameters", 0.55), ("working copy", 0.8)):
+    most, size = float(arenas[name][1]), float(arenas[name][2])
+    assert most <= limit * size, f"bf16 zero3: {name}: {most} of {size} MiB backed at most (limit {limit:.0%})"
+saved, want = b[2][1] - b[3][1], b[2][2] - b[3][2]
+print(f"bf16 zero2 -> zero3: rows bitwise equal; {saved / 2**20:.2f} MiB less at the peak, planned {want / 2**20:.2f} MiB")
+assert want > 0 and saved >= 0.5 * want, f"bf16 zero3 saves {saved} bytes of device memory, want >= half of {want}"
 print("PASS")
 PY

@@ -82,8 +82,6 @@ Test(config, consistency) {
   expect_invalid("[train]\nmicro_batch = 4\ngrad_accum = 3\nglobal_batch = 16\n", "not a multiple of micro_batch*grad_accum = 12");
   expect_invalid("[train]\nlr = 1e-3\nmin_lr = 1e-2\n", "t.ini:3: train.min_lr");
   expect_invalid("[model]\nn_head = 8\n[parallel]\ntp = 3\n", "t.ini:4: parallel.tp: 3 must divide model.n_head 8");
-  expect_invalid("[train]\nprecision = bf16\n[parallel]\nzero = 3\n",
-                 "t.ini:4: parallel.zero: stage 3 with train.precision = bf16 is not implemented yet (fp32 only)");
   expect_invalid("[train]\nprecision = fp16\nloss_scale_init = 1000\n",
                  "t.ini:3: train.loss_scale_init: 1000 is not a power of two");
   dt_config_t c;
@@ -138,14 +136,17 @@ Test(config, validate_rules_at_their_edges) {
       {"[train]\nmicro_batch = 8\nglobal_batch = 16\n", NULL}, /* grad_accum 0: from global_batch */
       {"[train]\nmicro_batch = 4\ngrad_accum = 2\nglobal_batch = 16\n", NULL},
       {"[train]\nmicro_batch = 4\ngrad_accum = 3\nglobal_batch = 0\n", NULL},
-      {"[train]\nmicro_batch = 2\nglobal_batch = 1\n", "t.ini:3: train.global_batch: 1 is not a multiple of micro_batch 2"},
-      {"[train]\nmicro_batch = 1\ngrad_accum = 2\nglobal_batch = 1\n", "t.ini:4: train.global_batch: 1 is not a multiple"},
+      {"[train]\nmicro_batch = 2\nglobal_batch = 1\n",
+       "t.ini:3: train.global_batch: 1 is not a multiple of micro_batch 2"},
+      {"[train]\nmicro_batch = 1\ngrad_accum = 2\nglobal_batch = 1\n",
+       "t.ini:4: train.global_batch: 1 is not a multiple"},
       {"[parallel]\nmicro_batches = 2\n", NULL}, /* grad_accum 0: from global_batch */
       {"[train]\ngrad_accum = 1\n[parallel]\nmicro_batches = 2\n", "t.ini:4: parallel.micro_batches: 2 disagrees"},
       {"[train]\nlr = 1e-3\nmin_lr = 1e-3\n", NULL},
       {"[data]\ntrain =\n", "t.ini:2: data.train: must name the training shards"},
       {"[train]\nloss_scale_init = 1024\n", NULL},
       {"[parallel]\nzero = 3\n", NULL},
+      {"[train]\nprecision = bf16\n[parallel]\nzero = 3\n", NULL}, /* the working copy gathered (zero.h) */
       {"[model]\nn_layer = 4\n[parallel]\npp = 4\n", NULL},
       {"[model]\nn_layer = 4\n[parallel]\npp = 5\n", "t.ini:4: parallel.pp: 5 stages for model.n_layer = 4"},
       {"[parallel]\npp = 2\nzero = 2\n", NULL},

@@ -72,15 +72,17 @@ Test(plan, zero_stages_divide_exactly) {
   cr_assert_float_eq(P.z[3].gather, 4 * (P.group_emb + P.group_head + 2 * P.group_blk) * (1 - 1.0 / 8), 1);
   cr_assert_eq(P.z[2].gather, 0);
   /* totals: sum of the rows; activations do not depend on the stage. The device's sparse arenas
-   * (ZeRO-2/3) hold the CPU's rows, the parameters one more block, the gradients also the embeddings' and ln_f's, one bucket and
-   * 2 blocks (less the own part); the working copy stays whole (bf16 here) */
+   * (ZeRO-2/3) hold the CPU's rows, the parameters one more block, the gradients also the embeddings' and ln_f's, one
+   * bucket and 2 blocks (less the own part); the working copy (bf16 here, 4-byte storage) stays whole, except under
+   * ZeRO-3, whose gathers fill it instead of the master: the master its shard, the working copy its shard, the gathered
+   * groups and one more block */
   const double held = (1 - 1.0 / 8) * (4 * (P.group_emb + P.group_head + 2 * P.group_blk) + 25.0 * 1048576);
   for (int z = 0; z < 4; z++) {
     const dt_plan_zero_t *r = &P.z[z];
     double state = r->params + r->wparams + r->grads + r->m + r->v + r->gather + r->comm;
-    double params_gpu = z >= 3 ? r->params + r->gather + (1 - 1.0 / 8) * 4 * P.group_blk : 4 * n;
+    double params_gpu = z >= 3 ? r->params + (r->params + r->gather + (1 - 1.0 / 8) * 4 * P.group_blk) : 2 * 4 * n;
     double grads_gpu = z >= 2 ? r->grads + held : 4 * n;
-    double state_gpu = params_gpu + 4 * n + grads_gpu + r->m + r->v + r->comm;
+    double state_gpu = params_gpu + grads_gpu + r->m + r->v + r->comm;
     cr_assert_float_eq(r->total_gpu, state_gpu + r->act_gpu + r->work_gpu, 1);
     cr_assert_float_eq(r->total_cpu, state + r->act_cpu + r->work_cpu, 1);
     cr_assert_eq(r->act_gpu, P.z[0].act_gpu);

@@ -258,9 +258,13 @@ static dt_plan_zero_t stage_memory(const dt_plan_t *p, const dt_plan_in_t *in, c
   const double held =
       dp > 1 ? (1.0 - 1.0 / dp) * (4 * (p->group_emb + p->group_head + 2 * p->group_blk) + in->bucket_mb * MIB) : 0;
   const double own = 1.0 - 1.0 / dp; /* ZeRO-3: a third block, released but not yet given back */
-  double params_gpu = z >= 3 ? r.params + r.gather + 4 * p->group_blk * own : 4 * P;
+  /* ZeRO-3 in bf16/fp16 gathers the working copy (a sparse arena of es-byte elements too) and the
+   * master keeps its shard only; else the gathers fill the master and the working copy is whole */
+  const double gathered = z >= 3 ? r.params + r.gather + 4 * p->group_blk * own : 4 * P;
+  double params_gpu =
+      z >= 3 && a->mixed ? r.params + a->es / 4.0 * gathered : gathered + (a->mixed ? (double)a->es * P : 0);
   double grads_gpu = z >= 2 ? r.grads + held : 4 * P;
-  double state_gpu = params_gpu + (a->mixed ? (double)a->es * P : 0) + grads_gpu + r.m + r.v + r.comm_gpu;
+  double state_gpu = params_gpu + grads_gpu + r.m + r.v + r.comm_gpu;
   r.total_cpu = state + r.act_cpu + r.work_cpu;
   r.total_gpu = state_gpu + r.act_gpu + r.work_gpu;
   r.total_gpu_rc = state_gpu + r.act_gpu_rc + r.work_gpu;

@@ -7,7 +7,9 @@
  *            (pinned), the one in use and the next one prefetched, bounded by
  *            3 x the largest tensor (a prefetch out of arena order stays until
  *            its use)                                                         4 B x (Pp/dp + Pb + gathered)
+ *            (bf16/fp16: the gathered tensors are in the working copy instead)
  *   wparams  bf16/fp16 working copy, emulated in fp32                          4 B x P (mixed only)
+ *            ZeRO-3: this rank's shard of it and the gathered tensors         4 B x (Pp/dp + gathered)
  *   grads    fp32 arena, whole under every ZeRO stage (ZeRO-2 shards the
  *            reduction, not this memory)                                       4 B x P
  *   m, v     the optimizer range: P, or P/dp under ZeRO-1/2/3 (SGD keeps its
@@ -63,9 +65,12 @@ void dt_plan_cnn_compute(dt_plan_cnn_t *p, const dt_config_t *cfg, const dt_cnn_
   const double gathered = (double)m->lay.tensors[0].rows * m->lay.tensors[0].cols + 3 * big;
   for (int z = 0; z < DT_PLAN_CNN_STAGES; z++) {
     dt_plan_cnn_zero_t *r = &p->z[z];
-    r->params = 4 * P;
-    if (z == 3 && dp > 1) r->params = 4 * (ceil_div((double)m->lay.n_params, dp) + m->bufs.n_params + gathered);
-    r->wparams = prec != DT_PREC_FP32 ? 4 * P : 0;
+    const int mixed = prec != DT_PREC_FP32, z3 = z == 3 && dp > 1;
+    const double shard = ceil_div((double)m->lay.n_params, dp);
+    /* ZeRO-3 gathers into the master (fp32) or, in bf16/fp16, into the working copy, whose master
+     * then keeps only its shard and the running statistics (zero.h) */
+    r->params = z3 ? 4 * (shard + m->bufs.n_params + (mixed ? 0 : gathered)) : 4 * P;
+    r->wparams = !mixed ? 0 : z3 ? 4 * (shard + gathered) : 4 * P;
     r->grads = 4 * P;
     r->m = r->v = 4 * (z >= 1 ? ceil_div(P, dp) : P);
     r->comm = dp > 1 ? (z >= 1 ? 3 : 2) * bucket : 0;
@@ -73,7 +78,8 @@ void dt_plan_cnn_compute(dt_plan_cnn_t *p, const dt_config_t *cfg, const dt_cnn_
     r->total = r->params + r->wparams + r->grads + r->m + r->v + r->comm + p->model + p->images;
     /* the arenas and the model's arrays on the device, the images and MPI's buffers on the host */
     if (p->model_gpu > 0)
-      r->total_gpu = 4 * P + r->wparams + r->grads + r->m + r->v + p->model_gpu + DT_PLAN_CUDA_CONTEXT_BYTES;
+      r->total_gpu = 4 * P + (prec != DT_PREC_FP32 ? 4 * P : 0) + r->grads + r->m + r->v + p->model_gpu +
+                     DT_PLAN_CUDA_CONTEXT_BYTES;
   }
 }
 
@@ -107,8 +113,7 @@ void dt_plan_cnn_print(const dt_plan_cnn_t *p, const dt_config_t *cfg, FILE *out
     ROW1("CUDA: activations, gradients, scratch", p->model_gpu);
     ROW("CUDA: total device (incl. 0.5 GiB context)", total_gpu);
   }
-  fprintf(out, "plan: configured parallel.zero = %d%s\n", p->zero,
-          p->zero == 3 && strcmp(cfg->precision, "fp32") ? " (ZeRO-3 trains in fp32 only)" : "");
+  fprintf(out, "plan: configured parallel.zero = %d\n", p->zero);
 }
 
 void dt_plan_cnn_print_rss(const dt_plan_cnn_t *p, FILE *out) {

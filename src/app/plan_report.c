@@ -81,10 +81,9 @@ static void print_model(const dt_plan_t *p, FILE *o, const char *prefix) {
   pl(o, prefix, "  AdamW m + v (fp32)       %.4g x 8 B  = %7.2f GB", n, 8 * n / GB);
   pl(o, prefix, "  mixed precision: fp32 master + m + v = %.4g x 12 B = %.2f GB, plus a 16-bit working copy "
      "%.4g x 2 B = %.2f GB", n, 12 * n / GB, n, 2 * n / GB);
-  pl(o, prefix, "    (%s: its working copy is %.4g x 4 B = %.2f GB)",
-     in->store16 ? "the CPU backend emulates bf16/fp16 storage in fp32; this run's CUDA backend stores 16 bits"
-                 : "dtrain emulates bf16/fp16 storage in fp32 here",
-     n, 4 * n / GB);
+  pl(o, prefix, "    (%s emulates bf16/fp16 storage in fp32: a working copy of %.4g x 4 B = %.2f GB%s)",
+     in->store16 ? "the CPU backend" : "dtrain", n, 4 * n / GB,
+     in->store16 ? "; this run's CUDA backend stores the 16 bits" : " here");
   pl(o, prefix, "  ZeRO over dp=%d, per rank: stage 1 shards m + v: %.2f / %d = %.2f GB; stage 2 also the gradients: "
      "%.2f / %d = %.2f GB; stage 3 also the parameters: %.2f / %d = %.2f GB", dp, 8 * n / GB, dp,
      8 * ceil_div(n, dp) / GB, 4 * n / GB, dp, 4 * ceil_div(n, dp) / GB, 4 * n / GB, dp, 4 * ceil_div(n, dp) / GB);

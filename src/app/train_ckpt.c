@@ -153,7 +153,7 @@ static dt_status_t initial_weights(dt_trainer_t *tr) {
     dt_model_init_params_range(&tr->lay, host, tr->cfg.seed, lo, hi);
     if (tr->lay.tp > 1) lo = 0, hi = tr->lay.n_params; /* the range written (model.h) */
     if (!cpu) st = tr->be.ops->copy_from_host(&tr->be, DT_BUF_PARAMS, lo, hi - lo, host + lo);
-    if (st == DT_OK) st = dt_zero3_release(&tr->sync.zero, 0, tr->lay.n_params); /* tp init wrote its whole shard */
+    if (st == DT_OK) st = dt_zero3_shard(&tr->sync.zero); /* tp init wrote its whole shard */
   } else {
     st = init_weights(tr, host);
   }

@@ -120,9 +120,9 @@ static dt_status_t attach_sync(dt_cnn_trainer_t *tr) {
 }
 
 /* ZeRO-3 after the initial weights or a resume filled every rank's whole arena: only this rank's
- * shard of the parameters stays. */
+ * shard of the parameters stays (and of their working copy: bf16, fp16). */
 static dt_status_t shard_params(dt_cnn_trainer_t *tr) {
-  return tr->sync.ops->params_sharded ? dt_zero3_release(&tr->sync.zero, 0, tr->model.lay.n_params) : DT_OK;
+  return tr->sync.ops->params_sharded ? dt_zero3_shard(&tr->sync.zero) : DT_OK;
 }
 
 /* The arenas (system.backend's; tr->be.ops chosen) and the sync strategy over them: parallel.zero
@@ -150,23 +150,24 @@ static dt_status_t init_arenas(dt_cnn_trainer_t *tr) {
   /* the CUDA backend's per-row host buffers are for B rows (the loss); the CPU's need none */
   DT_TRY(ops->init(&tr->be, &tr->arena, ops->host_memory ? 1 : tr->B, 1, tr->mesh.threads));
   tr->bufs = tr->be.params + tr->model.lay.n_params;
-  DT_TRY(attach_sync(tr));
-  if (!ops->host_memory &&
-      !(tr->host = calloc(tr->arena.n_params + 2 * dt_backend_opt_floats(&tr->be), sizeof(float))))
-    return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   dt_precision_t prec = DT_PREC_FP32;
   if (dt_precision_parse(c->precision, &prec) != 0)
     return DT_ERR(DT_ERR_CONFIG, "%s: train.precision: '%s' is not one of fp32|bf16|fp16", tr->cfg_name, c->precision);
   DT_TRY(tr->be.ops->set_precision(&tr->be, prec)); /* bf16, fp16: the working copy be.wparams */
   dt_scaler_init(&tr->scaler, prec == DT_PREC_FP16, c->loss_scale_init, c->loss_scale_window);
+  DT_TRY(attach_sync(tr)); /* after set_precision: ZeRO-3 gathers the working copy */
+  if (!ops->host_memory && !(tr->host = calloc(tr->arena.n_params + 2 * dt_backend_opt_floats(&tr->be), sizeof(float))))
+    return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   return DT_OK;
 }
 
 /* The parameters forward and backward read: the fp32 master, or (bf16, fp16) its rounded working
- * copy, rounded now from the master (the running statistics stay in the master's arena). */
+ * copy, rounded now from the master (the running statistics stay in the master's arena); under
+ * ZeRO-3 the sync strategy rounds this rank's shard of it and the gathers bring the rest. */
 static dt_status_t working_params(dt_cnn_trainer_t *tr, const float **w) {
   dt_backend_t *be = &tr->be;
-  if (be->wparams != be->params) DT_TRY(be->k->round_copy(be, be->wparams, be->params, tr->model.lay.n_params));
+  if (be->wparams != be->params && !tr->sync.ops->params_sharded)
+    DT_TRY(be->k->round_copy(be, be->wparams, be->params, tr->model.lay.n_params));
   *w = be->wparams;
   return DT_OK;
 }

@@ -41,7 +41,7 @@ static float *map_floats(size_t n) {
 static void cpu_free(dt_backend_t *be) {
   cpu_impl_t *im = be->impl;
   if (im) {
-    if (be->wparams != be->params) free(be->wparams);
+    if (be->wparams != be->params) munmap(be->wparams, im->grads_bytes);
     if (be->grads) munmap(be->grads, im->grads_bytes);
     if (be->params) munmap(be->params, im->grads_bytes); /* the same size */
     free(im);
@@ -93,8 +93,8 @@ static dt_status_t cpu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int
 
 static dt_status_t cpu_set_precision(dt_backend_t *be, dt_precision_t p) {
   if (!dt_precision_name(p)) return DT_ERR(DT_ERR_ARG, "cpu backend: unknown precision %d", (int)p);
-  if (p != DT_PREC_FP32 && be->wparams == be->params) {
-    be->wparams = alloc_floats(be->lay->n_params);
+  if (p != DT_PREC_FP32 && be->wparams == be->params) { /* a mapping too: ZeRO-3 gathers into it, drops pages */
+    be->wparams = map_floats(be->lay->n_params);
     if (!be->wparams) {
       be->wparams = be->params;
       return DT_ERR(DT_ERR_NOMEM, "cpu backend: cannot allocate the %s working copy of %zu parameters",

@@ -259,10 +259,13 @@ static const dt_sync_ops_t sync_zero2 = {
 /* ---- ZeRO-3 ---- */
 
 /* The embeddings and ln_f are used at both ends of forward and backward: gathered for a whole step
- * or evaluation, dropped after it; the blocks come and go through the model's layer hook. */
+ * or evaluation, dropped after it; the blocks come and go through the model's layer hook. With
+ * bf16/fp16 what moves is the working copy: each rank first rounds its shard of it from the master
+ * (which changed since the last gathers: an update, a resume, the initial weights). */
 static dt_status_t pinned_gather(dt_sync_t *s) {
   const size_t *g = s->lay->layer_begin;
   int L = s->lay->d.L;
+  DT_TRY(dt_zero3_round(&s->zero));
   DT_TRY(dt_zero3_gather(&s->zero, g[0], g[1]));
   return dt_zero3_gather(&s->zero, g[L + 1], g[L + 2]);
 }
@@ -349,6 +352,7 @@ dt_status_t dt_sync_attach(dt_sync_t *s, dt_layer_hook_fn *hook, void **hook_ctx
   }
   if (!hook) return DT_ERR(DT_ERR_INTERNAL, "sync: ZeRO-3 needs a model with layer hooks");
   DT_TRY(dt_zero3_attach(&s->zero, s->be->params, s->lay->layer_begin, s->lay->d.L));
+  DT_TRY(dt_zero3_working(&s->zero, s->be)); /* bf16/fp16: the gathers move the working copy */
   *hook = dt_zero3_hook;
   *hook_ctx = &s->zero;
   return DT_OK;

@@ -95,8 +95,10 @@ dt_status_t dt_sync_init(dt_sync_t *s, int stage, dt_comm_t *dp_comm, int dp, in
  * the backend allocates: the gradients under ZeRO-2/3, the parameters under ZeRO-3, with dp > 1.
  * Only for a model that calls the layer hook (dt_sync_attach with a hook). */
 int dt_sync_sparse(const dt_sync_t *s);
-/* After the backend and model exist: ZeRO on device arenas uses the backend's kernels and stream;
- * ZeRO-3 hooks its gathers into the model's groups, ZeRO-2 on device arenas its gradient
+/* After the backend and model exist, and after the backend's set_precision: ZeRO on device arenas
+ * uses the backend's kernels and stream; ZeRO-3 hooks its gathers into the model's groups (with
+ * bf16/fp16 gathering the working copy: the model must not round it from the master itself, whose
+ * other shards are never current), ZeRO-2 on device arenas its gradient
  * populates: *hook and *hook_ctx are set to what the model calls with the layout's block index
  * (hook NULL where the model has no layer hooks; untouched when the strategy needs none). */
 dt_status_t dt_sync_attach(dt_sync_t *s, dt_layer_hook_fn *hook, void **hook_ctx);

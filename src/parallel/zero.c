@@ -74,10 +74,28 @@ dt_status_t dt_zero_clear(dt_zero_t *z, float *x, size_t lo, size_t hi) {
   return DT_OK;
 }
 
-/* x[lo, hi) outside this rank's shard cleared */
-static dt_status_t clear_outside(dt_zero_t *z, float *x, size_t lo, size_t hi) {
-  DT_TRY(dt_zero_clear(z, x, lo, hi < z->lo ? hi : z->lo)); /* below this rank's shard */
-  return dt_zero_clear(z, x, lo > z->hi ? lo : z->hi, hi); /* above it */
+/* Element i of an arena of esz-byte elements as a float index: the collectives, clears and populates
+ * work in floats, so 16-bit storage needs even boundaries (DT_ALIGN-aligned shards and groups are). */
+static dt_status_t as_float(size_t i, size_t esz, size_t *f) {
+  if (i * esz % sizeof(float))
+    return DT_ERR(DT_ERR_INTERNAL, "zero: element %zu of %zu-byte storage is not on a whole float", i, esz);
+  *f = i * esz / sizeof(float);
+  return DT_OK;
+}
+
+/* x[lo, hi) of elements of esz bytes cleared */
+static dt_status_t clear_elems(dt_zero_t *z, float *x, size_t esz, size_t lo, size_t hi) {
+  size_t f0 = 0, f1 = 0;
+  if (lo >= hi) return DT_OK;
+  DT_TRY(as_float(lo, esz, &f0));
+  DT_TRY(as_float(hi, esz, &f1));
+  return dt_zero_clear(z, x, f0, f1);
+}
+
+/* x[lo, hi) outside this rank's shard cleared (elements of esz bytes) */
+static dt_status_t clear_outside(dt_zero_t *z, float *x, size_t esz, size_t lo, size_t hi) {
+  DT_TRY(clear_elems(z, x, esz, lo, hi < z->lo ? hi : z->lo)); /* below this rank's shard */
+  return clear_elems(z, x, esz, lo > z->hi ? lo : z->hi, hi);  /* above it */
 }
 
 dt_status_t dt_zero_reduce_grads(dt_zero_t *z, float *grads) {
@@ -135,7 +153,7 @@ dt_status_t dt_zero_reduce_bucket(void *ctx, float *grads, size_t lo, size_t hi)
     if (a < e)
       DT_TRY(z->comm->ops->reduce(z->comm, grads + a, grads + a, e - a, DT_F32, DT_SUM, r, z->stream, NULL));
   }
-  return clear_outside(z, grads, lo, hi);
+  return clear_outside(z, grads, sizeof(float), lo, hi);
 }
 
 dt_status_t dt_zero_average_shard(dt_zero_t *z, float *grads) {
@@ -150,6 +168,8 @@ dt_status_t dt_zero_average_shard(dt_zero_t *z, float *grads) {
 
 dt_status_t dt_zero3_attach(dt_zero_t *z, float *params, const size_t *layer_begin, int L) {
   z->params = params;
+  z->esz = sizeof(float);
+  z->master = NULL;
   z->group = layer_begin;
   z->L = L;
   z->keep = z->n;
@@ -163,13 +183,20 @@ dt_status_t dt_zero3_attach(dt_zero_t *z, float *params, const size_t *layer_beg
 /* Start the broadcasts that bring [lo, hi) from its owners (reqs: one per owner; NULL = blocking). */
 static dt_status_t gather_start(dt_zero_t *z, size_t lo, size_t hi, dt_comm_req_t **req) {
   if (z->comm->size == 1) return DT_OK; /* the shard is the arena */
-  if (z->dev && lo < hi) DT_TRY(z->dev->k->populate(z->dev, z->params + lo, hi - lo));
+  size_t f0 = 0, f1 = 0; /* as floats: 16-bit elements move in pairs, bit for bit (a broadcast converts nothing) */
+  if (z->dev && lo < hi) {
+    DT_TRY(as_float(lo, z->esz, &f0));
+    DT_TRY(as_float(hi, z->esz, &f1));
+    DT_TRY(z->dev->k->populate(z->dev, z->params + f0, f1 - f0));
+  }
   for (int r = 0; r < z->comm->size; r++) {
     size_t a = (size_t)r * z->shard, e = a + z->shard;
     if (a < lo) a = lo;
     if (e > hi) e = hi;
-    if (a < e)
-      DT_TRY(z->comm->ops->broadcast(z->comm, z->params + a, e - a, DT_F32, r, z->stream, req ? &req[r] : NULL));
+    if (a >= e) continue;
+    DT_TRY(as_float(a, z->esz, &f0));
+    DT_TRY(as_float(e, z->esz, &f1));
+    DT_TRY(z->comm->ops->broadcast(z->comm, z->params + f0, f1 - f0, DT_F32, r, z->stream, req ? &req[r] : NULL));
   }
   return DT_OK;
 }
@@ -194,7 +221,33 @@ void dt_zero3_bound(dt_zero_t *z, int blocks, size_t keep) {
 }
 
 dt_status_t dt_zero3_release(dt_zero_t *z, size_t lo, size_t hi) {
-  return clear_outside(z, z->params, lo, hi < z->keep ? hi : z->keep);
+  return clear_outside(z, z->params, z->esz, lo, hi < z->keep ? hi : z->keep);
+}
+
+dt_status_t dt_zero3_working(dt_zero_t *z, dt_backend_t *be) {
+  if (be->wparams == be->params) return DT_OK; /* fp32: the gathers fill the master */
+  if (be->act_bytes != 2 && be->act_bytes != 4)
+    return DT_ERR(DT_ERR_INTERNAL, "zero: a working copy of %d-byte elements", be->act_bytes);
+  z->params = (float *)be->wparams;
+  z->esz = (size_t)be->act_bytes;
+  z->master = be->params;
+  z->work = be;
+  return DT_OK;
+}
+
+dt_status_t dt_zero3_round(dt_zero_t *z) {
+  if (!z->master) return DT_OK;
+  dt_act_t *dst = (dt_act_t *)((char *)z->params + z->lo * z->esz);
+  size_t f0 = 0, f1 = 0;
+  DT_TRY(as_float(z->lo, z->esz, &f0));
+  DT_TRY(as_float(z->hi, z->esz, &f1));
+  if (z->dev) DT_TRY(z->dev->k->populate(z->dev, z->params + f0, f1 - f0)); /* a sparse working copy: written next */
+  return z->work->k->round_copy(z->work, dst, z->master + z->lo, z->shard);
+}
+
+dt_status_t dt_zero3_shard(dt_zero_t *z) {
+  DT_TRY(dt_zero3_release(z, 0, z->n));
+  return z->master ? clear_outside(z, z->master, sizeof(float), 0, z->keep) : DT_OK;
 }
 
 static dt_status_t block_start(dt_zero_t *z, int l) {

@@ -30,7 +30,12 @@
 typedef struct {
   int stage;            /* 0 = off */
   /* stage 3 */
-  float *params;        /* the backend's parameter arena (an anonymous mapping) */
+  float *params;        /* the arena the gathers fill: the backend's parameters (an anonymous mapping),
+                           or with bf16/fp16 their working copy (dt_zero3_working) */
+  size_t esz;           /* bytes per element of params: 4, or 2 for a device's 16-bit working copy */
+  float *master;        /* bf16/fp16: the fp32 master arena, of which only the shard is ever current;
+                           NULL when the gathers fill the master itself (fp32) */
+  dt_backend_t *work;   /* bf16/fp16: the backend whose round_copy makes the working copy's shard */
   const size_t *group;  /* the layout's layer_begin: block l is [group[l + 1], group[l + 2]) */
   int L;                /* blocks the hook serves: 0 .. L-1 (it prefetches inside them only) */
   size_t keep;          /* the arena from here on is never dropped (n unless dt_zero3_bound) */
@@ -77,6 +82,19 @@ dt_status_t dt_zero_average_shard(dt_zero_t *z, float *grads);
 /* Stage 3 (FSDP): each rank keeps only its shard of the parameters between uses. Set up with
  * the backend's parameter arena and the layout's group offsets (layer_begin, L). */
 dt_status_t dt_zero3_attach(dt_zero_t *z, float *params, const size_t *layer_begin, int L);
+/* Mixed precision (after the backend's set_precision; nothing to do when be->wparams is the master):
+ * the gathers move the working copy be->wparams (be->act_bytes per element), not the fp32 master,
+ * as FSDP gathers its low-precision parameters. The master keeps only this rank's shard (plus
+ * anything from `keep` on) for good: AdamW updates it, dt_zero3_round makes the working copy's shard
+ * from it before the owners send it. DT_ERR_INTERNAL when a group or shard boundary does not fall on
+ * a whole float of 16-bit storage (the collectives move floats). */
+dt_status_t dt_zero3_working(dt_zero_t *z, dt_backend_t *be);
+/* Mixed precision: this rank's shard of the working copy = the master's, rounded (the master just
+ * changed: after an update, a resume or the initial weights). Nothing in fp32. */
+dt_status_t dt_zero3_round(dt_zero_t *z);
+/* After the initial weights or a resume filled more than this rank's shard: only the shard stays, of
+ * the gathered arena and (mixed precision) of the master, both below `keep`. */
+dt_status_t dt_zero3_shard(dt_zero_t *z);
 /* A model whose arena ends in values every rank keeps whole (the image classifiers' batch-norm
  * running statistics, updated by every rank from synchronised statistics): the hook serves blocks
  * 0 .. blocks-1 only, and nothing from arena offset `keep` on is ever dropped. */

@@ -389,6 +389,13 @@ if [ $have_gpu = 1 ]; then
     grep -q '^# test: local ranks share GPUs' "$p/${name}_cuda.out" &&
       grep -q '^# device communication: MPI, each call staged' "$p/${name}_cuda.out" || bad="$bad $name"
   done
+  # ZeRO-3 in bf16 with 16-bit storage gathers the 16-bit working copy (its own sparse arena): against
+  # ZeRO-2 in bf16 on the GPU (bitwise on the emulation: tests/emu_zero_mem.sh)
+  for z in 2 3; do
+    mp 2 "$p/zero${z}b_cuda.out" "${small[@]}" parallel.zero=$z train.micro_batch=2 train.precision=bf16 \
+      system.attention=flash system.backend=cuda log.metrics="$p/zero${z}b_cuda.jsonl"
+  done
+  pairs+=("zero3-bf16=$p/zero3b_cuda.jsonl,$p/zero2b_cuda.jsonl")
   [ ${#pids[@]} = 0 ] || wait "${pids[@]}" # not a bare wait: that would wait for the log's tee too
   # 1e-4 / 1e-3 (emu_mp.sh: 1e-5 / 1e-4 on the emulation): cuBLAS and the GPU's reductions add in
   # other orders than the CPU backend, over 20 unclipped steps; the one-rank training stage measured

@@ -32,7 +32,8 @@ storage() { # run $1's start line says $2
 train() { # name ranks args...
   local name=$1 n=$2
   shift 2
-  mpi "$n" -x DTRAIN_EMU_DEVICES="$n" "$EMU" "$cfg" "${base[@]}" log.metrics="$t/$name.jsonl" "$@" > "$t/$name.out"
+  mpi "$n" -x DTRAIN_EMU_DEVICES="$n" "$EMU" "$cfg" "${base[@]}" log.metrics="$t/$name.jsonl" "$@" > "$t/$name.out" ||
+    { local rc=$?; tail -20 "$t/$name.out"; echo "FAIL: $name: exit status $rc"; exit 1; }
 }
 for p in bf16 fp16; do
   for s in auto off; do train "${p}_$s" 1 train.precision=$p system.attention=flash system.store16=$s; done
@@ -53,10 +54,15 @@ done
 train ck 1 train.precision=bf16 system.attention=flash checkpoint.dir="$t/c" checkpoint.every=8
 gen=(generate "$cfg" system.backend=cuda train.precision=bf16 system.attention=flash --checkpoint "$t/c"
   --prompt "It is a truth" --tokens 16 --print-tokens --temperature 0 --verify)
+generate() { # name ranks args...: its stderr (and the command's trace) in $t/name.err, shown if it fails
+  local name=$1 n=$2
+  shift 2
+  mpi "$n" -x DTRAIN_EMU_DEVICES="$n" "$EMU" "${gen[@]}" "$@" > "$t/$name.out" 2> "$t/$name.err" ||
+    { local rc=$?; tail -20 "$t/$name.err"; echo "FAIL: $name: exit status $rc"; exit 1; }
+}
 for s in auto off; do
-  mpi 1 "$EMU" "${gen[@]}" system.store16=$s > "$t/gen_$s.out" 2> "$t/gen_$s.err"
-  mpi 2 -x DTRAIN_EMU_DEVICES=2 "$EMU" "${gen[@]}" parallel.tp=2 system.store16=$s > "$t/gentp_$s.out" \
-    2> "$t/gentp_$s.err"
+  generate "gen_$s" 1 system.store16=$s
+  generate "gentp_$s" 2 parallel.tp=2 system.store16=$s
 done
 grep '^tokens:' "$t/gen_auto.out"
 for g in gen_auto gentp_auto; do

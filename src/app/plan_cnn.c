@@ -78,8 +78,7 @@ void dt_plan_cnn_compute(dt_plan_cnn_t *p, const dt_config_t *cfg, const dt_cnn_
     r->total = r->params + r->wparams + r->grads + r->m + r->v + r->comm + p->model + p->images;
     /* the arenas and the model's arrays on the device, the images and MPI's buffers on the host */
     if (p->model_gpu > 0)
-      r->total_gpu = 4 * P + (prec != DT_PREC_FP32 ? 4 * P : 0) + r->grads + r->m + r->v + p->model_gpu +
-                     DT_PLAN_CUDA_CONTEXT_BYTES;
+      r->total_gpu = 4 * P + (mixed ? 4 * P : 0) + r->grads + r->m + r->v + p->model_gpu + DT_PLAN_CUDA_CONTEXT_BYTES;
   }
 }
 

@@ -169,8 +169,8 @@ dt_status_t dt_trainer_init_model(dt_trainer_t *tr, const dt_config_t *cfg, cons
   tr->pp_ops = malloc(sizeof *tr->pp_ops * 2 * (size_t)tr->accum);
   if (!tr->pp_ops) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   dt_pp_schedule(tr->mesh.pp_idx, tr->mesh.pp, tr->accum, tr->pp_ops);
-  DT_TRY(dt_sync_attach(&tr->sync, &tr->model.layer_hook, &tr->model.hook_ctx)); /* ZeRO-3: blocks gathered around their use */
-  tr->model.wparams_by_hook = tr->sync.ops->params_sharded;
+  /* ZeRO-3: blocks gathered around their use */
+  DT_TRY(dt_sync_attach(&tr->sync, &tr->model.layer_hook, &tr->model.hook_ctx));
   dt_scaler_init(&tr->scaler, prec == DT_PREC_FP16, cfg->loss_scale_init, cfg->loss_scale_window);
   if (cuda) { /* host copies of params, m, v for checkpoints */
     tr->host_arena = malloc(3 * sizeof(float) * tr->lay.n_params);

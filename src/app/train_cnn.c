@@ -166,7 +166,7 @@ static dt_status_t init_arenas(dt_cnn_trainer_t *tr) {
  * ZeRO-3 the sync strategy rounds this rank's shard of it and the gathers bring the rest. */
 static dt_status_t working_params(dt_cnn_trainer_t *tr, const float **w) {
   dt_backend_t *be = &tr->be;
-  if (be->wparams != be->params && !tr->sync.ops->params_sharded)
+  if (be->wparams != be->params && !be->wparams_by_sync)
     DT_TRY(be->k->round_copy(be, be->wparams, be->params, tr->model.lay.n_params));
   *w = be->wparams;
   return DT_OK;

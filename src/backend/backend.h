@@ -192,6 +192,8 @@ struct dt_backend {
   dt_act_t *wparams;             /* the parameters forward/backward read: == params in fp32, else a
                                     copy rounded to `precision` at the start of every forward, in
                                     activation storage (act_bytes per element) */
+  int wparams_by_sync;           /* ZeRO-3 in bf16/fp16 (zero.h dt_zero3_working): the sync strategy makes
+                                    and gathers the working copy; the models must not round it */
   int precision;                 /* dt_precision_t, set by set_precision (init: fp32) */
   int act_bytes;                 /* bytes of a dt_act_t element: 4, or 2 when set_precision chose
                                     16-bit storage (store16) */

@@ -387,7 +387,7 @@ dt_status_t dt_gpt2_stage_forward(dt_gpt2_t *m, int slot, const int *inputs, con
   dt_gpt2_state_t *s = m->st;
   acts_t *a = &s->acts[slot];
   const int N = B * T, C = be->lay->d.C;
-  if (be->wparams != be->params && !m->wparams_by_hook)
+  if (be->wparams != be->params && !be->wparams_by_sync)
     DT_TRY(be->k->round_copy(be, be->wparams, be->params, be->lay->n_params));
   if (!s->first) {
     DT_TRY(be->k->copy(be, a->encoded, x_in, (size_t)N * C * s->esz)); /* stored (rounded) by the previous stage */

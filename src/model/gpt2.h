@@ -33,8 +33,6 @@ typedef struct {
   dt_layer_hook_fn layer_hook;  /* set after init (NULL = none): called around every block's
                                    forward and backward; an error stops the pass */
   void *hook_ctx;
-  int wparams_by_hook;          /* the layer hook brings the working copy (ZeRO-3 with bf16/fp16):
-                                   forward does not round it from the master */
   dt_gpt2_state_t *st;          /* activations and the bookkeeping of each set (gpt2.c) */
 } dt_gpt2_t;
 

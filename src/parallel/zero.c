@@ -74,22 +74,23 @@ dt_status_t dt_zero_clear(dt_zero_t *z, float *x, size_t lo, size_t hi) {
   return DT_OK;
 }
 
-/* Element i of an arena of esz-byte elements as a float index: the collectives, clears and populates
- * work in floats, so 16-bit storage needs even boundaries (DT_ALIGN-aligned shards and groups are). */
-static dt_status_t as_float(size_t i, size_t esz, size_t *f) {
-  if (i * esz % sizeof(float))
-    return DT_ERR(DT_ERR_INTERNAL, "zero: element %zu of %zu-byte storage is not on a whole float", i, esz);
-  *f = i * esz / sizeof(float);
+/* Elements [lo, hi) of an arena of esz-byte elements as floats [*f, *f + *n): the collectives, clears
+ * and populates work in floats, so 16-bit storage needs even boundaries (DT_ALIGN-aligned shards and
+ * groups are). */
+static dt_status_t as_floats(size_t esz, size_t lo, size_t hi, size_t *f, size_t *n) {
+  if ((lo * esz | hi * esz) % sizeof(float))
+    return DT_ERR(DT_ERR_INTERNAL, "zero: elements [%zu, %zu) of %zu-byte storage are not whole floats", lo, hi, esz);
+  *f = lo * esz / sizeof(float);
+  *n = hi > lo ? (hi - lo) * esz / sizeof(float) : 0;
   return DT_OK;
 }
 
 /* x[lo, hi) of elements of esz bytes cleared */
 static dt_status_t clear_elems(dt_zero_t *z, float *x, size_t esz, size_t lo, size_t hi) {
-  size_t f0 = 0, f1 = 0;
+  size_t f = 0, n = 0;
   if (lo >= hi) return DT_OK;
-  DT_TRY(as_float(lo, esz, &f0));
-  DT_TRY(as_float(hi, esz, &f1));
-  return dt_zero_clear(z, x, f0, f1);
+  DT_TRY(as_floats(esz, lo, hi, &f, &n));
+  return dt_zero_clear(z, x, f, f + n);
 }
 
 /* x[lo, hi) outside this rank's shard cleared (elements of esz bytes) */
@@ -169,7 +170,7 @@ dt_status_t dt_zero_average_shard(dt_zero_t *z, float *grads) {
 dt_status_t dt_zero3_attach(dt_zero_t *z, float *params, const size_t *layer_begin, int L) {
   z->params = params;
   z->esz = sizeof(float);
-  z->master = NULL;
+  z->work = NULL;
   z->group = layer_begin;
   z->L = L;
   z->keep = z->n;
@@ -183,20 +184,18 @@ dt_status_t dt_zero3_attach(dt_zero_t *z, float *params, const size_t *layer_beg
 /* Start the broadcasts that bring [lo, hi) from its owners (reqs: one per owner; NULL = blocking). */
 static dt_status_t gather_start(dt_zero_t *z, size_t lo, size_t hi, dt_comm_req_t **req) {
   if (z->comm->size == 1) return DT_OK; /* the shard is the arena */
-  size_t f0 = 0, f1 = 0; /* as floats: 16-bit elements move in pairs, bit for bit (a broadcast converts nothing) */
+  size_t f = 0, n = 0; /* as floats: 16-bit elements move in pairs, bit for bit (a broadcast converts nothing) */
   if (z->dev && lo < hi) {
-    DT_TRY(as_float(lo, z->esz, &f0));
-    DT_TRY(as_float(hi, z->esz, &f1));
-    DT_TRY(z->dev->k->populate(z->dev, z->params + f0, f1 - f0));
+    DT_TRY(as_floats(z->esz, lo, hi, &f, &n));
+    DT_TRY(z->dev->k->populate(z->dev, z->params + f, n));
   }
   for (int r = 0; r < z->comm->size; r++) {
     size_t a = (size_t)r * z->shard, e = a + z->shard;
     if (a < lo) a = lo;
     if (e > hi) e = hi;
     if (a >= e) continue;
-    DT_TRY(as_float(a, z->esz, &f0));
-    DT_TRY(as_float(e, z->esz, &f1));
-    DT_TRY(z->comm->ops->broadcast(z->comm, z->params + f0, f1 - f0, DT_F32, r, z->stream, req ? &req[r] : NULL));
+    DT_TRY(as_floats(z->esz, a, e, &f, &n));
+    DT_TRY(z->comm->ops->broadcast(z->comm, z->params + f, n, DT_F32, r, z->stream, req ? &req[r] : NULL));
   }
   return DT_OK;
 }
@@ -230,24 +229,22 @@ dt_status_t dt_zero3_working(dt_zero_t *z, dt_backend_t *be) {
     return DT_ERR(DT_ERR_INTERNAL, "zero: a working copy of %d-byte elements", be->act_bytes);
   z->params = (float *)be->wparams;
   z->esz = (size_t)be->act_bytes;
-  z->master = be->params;
   z->work = be;
+  be->wparams_by_sync = 1;
   return DT_OK;
 }
 
 dt_status_t dt_zero3_round(dt_zero_t *z) {
-  if (!z->master) return DT_OK;
-  dt_act_t *dst = (dt_act_t *)((char *)z->params + z->lo * z->esz);
-  size_t f0 = 0, f1 = 0;
-  DT_TRY(as_float(z->lo, z->esz, &f0));
-  DT_TRY(as_float(z->hi, z->esz, &f1));
-  if (z->dev) DT_TRY(z->dev->k->populate(z->dev, z->params + f0, f1 - f0)); /* a sparse working copy: written next */
-  return z->work->k->round_copy(z->work, dst, z->master + z->lo, z->shard);
+  size_t f = 0, n = 0;
+  if (!z->work) return DT_OK;
+  DT_TRY(as_floats(z->esz, z->lo, z->hi, &f, &n));
+  if (z->dev) DT_TRY(z->dev->k->populate(z->dev, z->params + f, n)); /* a sparse working copy: written next */
+  return z->work->k->round_copy(z->work, (dt_act_t *)(z->params + f), z->work->params + z->lo, z->shard);
 }
 
 dt_status_t dt_zero3_shard(dt_zero_t *z) {
   DT_TRY(dt_zero3_release(z, 0, z->n));
-  return z->master ? clear_outside(z, z->master, sizeof(float), 0, z->keep) : DT_OK;
+  return z->work ? clear_outside(z, z->work->params, sizeof(float), 0, z->keep) : DT_OK;
 }
 
 static dt_status_t block_start(dt_zero_t *z, int l) {

@@ -33,9 +33,9 @@ typedef struct {
   float *params;        /* the arena the gathers fill: the backend's parameters (an anonymous mapping),
                            or with bf16/fp16 their working copy (dt_zero3_working) */
   size_t esz;           /* bytes per element of params: 4, or 2 for a device's 16-bit working copy */
-  float *master;        /* bf16/fp16: the fp32 master arena, of which only the shard is ever current;
-                           NULL when the gathers fill the master itself (fp32) */
-  dt_backend_t *work;   /* bf16/fp16: the backend whose round_copy makes the working copy's shard */
+  dt_backend_t *work;   /* bf16/fp16: the backend whose working copy params is; its fp32 master
+                           work->params is current in this rank's shard only, its round_copy makes the
+                           working copy's shard (NULL: the gathers fill the master itself, fp32) */
   const size_t *group;  /* the layout's layer_begin: block l is [group[l + 1], group[l + 2]) */
   int L;                /* blocks the hook serves: 0 .. L-1 (it prefetches inside them only) */
   size_t keep;          /* the arena from here on is never dropped (n unless dt_zero3_bound) */
@@ -87,7 +87,7 @@ dt_status_t dt_zero3_attach(dt_zero_t *z, float *params, const size_t *layer_beg
  * as FSDP gathers its low-precision parameters. The master keeps only this rank's shard (plus
  * anything from `keep` on) for good: AdamW updates it, dt_zero3_round makes the working copy's shard
  * from it before the owners send it. DT_ERR_INTERNAL when a group or shard boundary does not fall on
- * a whole float of 16-bit storage (the collectives move floats). */
+ * a whole float of 16-bit storage (the collectives move floats). Sets be->wparams_by_sync. */
 dt_status_t dt_zero3_working(dt_zero_t *z, dt_backend_t *be);
 /* Mixed precision: this rank's shard of the working copy = the master's, rounded (the master just
  * changed: after an update, a resume or the initial weights). Nothing in fp32. */

@@ -33,7 +33,11 @@
 #     statistics: the same gradients, summed in another order; within 1e-6, measured bitwise), not
 #     the synchronised run's; rank 0's running statistics broadcast after every step make DDP's
 #     final checkpoint (each rank writes 1/dp of every tensor) bitwise ZeRO-3's (each rank its
-#     shard): without the broadcast bn1.running_mean differed by 4.6.
+#     shard): without the broadcast bn1.running_mean differed by 4.6;
+#  7. the end-of-run '# batch norm:' line, what synchronised batch norm's sums cost in waits for the
+#     slower rank: rank 1 sleeping 0.5 s a step before forward (DTRAIN_FAULT=slow_rank) shows as
+#     rank 0 waiting >= 450 ms a step, the ranks' mean >= 150 ms above the quiet run's; 4 sums a
+#     step for the SimpleCNN's 2 batch norms; no line with batch norm per rank.
 source "$top_srcdir/tests/lib.sh"
 begin_test
 need_fmnist
@@ -140,4 +144,25 @@ assert gap > 1e-4, f"synchronised and per-rank batch norm within {gap:.1e}: the 
 print(f"synchronised batch norm differs by up to {gap:.2e} in the loss, as it should")
 PY
 "$PY" "$top_srcdir/tests/ref/tensors_match.py" "$t/ck-p2/ckpt_00000004.h5" 0 0 0 "$t/ck-p3/ckpt_00000004.h5=per-rank-z3"
+# 7. synchronised batch norm's price: rank 1 sleeping 0.5 s before each step's forward
+#    (DTRAIN_FAULT=slow_rank) makes rank 0 wait that long in the first batch norm's sum
+DTRAIN_FAULT=slow_rank@1 mpi 2 -x DTRAIN_FAULT "$DTRAIN" "$ini" $pr log.metrics="$t/pw.jsonl" \
+  checkpoint.dir="$t/ck-pw" > "$t/pw.out"
+grep '^# batch norm:' "$t/ps.out" "$t/pw.out"
+! grep -q '^# batch norm:' "$t/p2.out" || { echo "FAIL: a batch norm wait line with model.sync_bn = false"; exit 1; }
+"$PY" - "$t/ps.out" "$t/pw.out" <<'PY'
+import re, sys
+def line(f):
+    m = re.search(r"^# batch norm: synchronised over dp = 2, (\d+) sums a step; waiting in them for the slower ranks "
+                  r"([\d.]+) ms a step \(the ranks' mean; at most ([\d.]+)\), ([\d.]+)% of the ([\d.]+) ms step", open(f).read(), re.M)
+    assert m, f"{f}: no batch norm wait line"
+    return [float(v) for v in m.groups()]
+quiet, slow = line(sys.argv[1]), line(sys.argv[2])
+# the SimpleCNN's 2 batch norms: 2 sums forward, 2 backward (both need their input gradient)
+assert quiet[0] == 4 and slow[0] == 4, f"sums a step: {quiet[0]}, {slow[0]} (expected 4)"
+assert 450 <= slow[2] <= 1500, f"rank 0 waited at most {slow[2]} ms a step behind a rank sleeping 500 ms"
+assert 200 <= slow[1] <= 800 and slow[1] - quiet[1] >= 150, f"the ranks' mean wait {slow[1]} ms (quiet run {quiet[1]})"
+assert abs(slow[3] - 100 * slow[1] / slow[4]) < 0.2, "the share is not the mean wait over the step"
+print(f"batch norm waits: {quiet[1]:.1f} ms a step, {slow[1]:.1f} (at most {slow[2]:.1f}) behind a rank sleeping 500 ms")
+PY
 echo "cnn_sync: OK"

@@ -34,14 +34,41 @@ static int is_root(const dt_cnn_trainer_t *tr) { return tr->mesh.rank == 0; }
 static dt_status_t dp_sum(void *ctx, double *buf, int n) {
   dt_cnn_trainer_t *tr = ctx;
   dt_comm_t *c = tr->mesh.dp_comm;
-  if (!dt_fault("bn_local", tr->mesh.rank, tr->step + 1))
-    return c->ops->allreduce(c, buf, buf, (size_t)n, DT_F64, DT_SUM, NULL, NULL);
-  double *sum = malloc(sizeof(double) * (size_t)n);
-  if (!sum) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
-  dt_status_t st = c->ops->allreduce(c, buf, sum, (size_t)n, DT_F64, DT_SUM, NULL, NULL);
-  for (int i = 0; i < n; i++) buf[i] *= tr->mesh.dp;
-  free(sum);
+  const double t0 = dt_time_now();
+  dt_status_t st;
+  if (!dt_fault("bn_local", tr->mesh.rank, tr->step + 1)) {
+    st = c->ops->allreduce(c, buf, buf, (size_t)n, DT_F64, DT_SUM, NULL, NULL);
+  } else {
+    double *sum = malloc(sizeof(double) * (size_t)n);
+    if (!sum) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
+    st = c->ops->allreduce(c, buf, sum, (size_t)n, DT_F64, DT_SUM, NULL, NULL);
+    for (int i = 0; i < n; i++)
+      buf[i] *= tr->mesh.dp;
+    free(sum);
+  }
+  tr->bn_wait += dt_time_now() - t0;
+  tr->bn_sums++;
   return st;
+}
+
+/* Synchronised batch norm's price (model.sync_bn, dp > 1): every rank waits in each sum for the
+ * slowest to arrive, so the step is the sum over the layers of the slowest rank's time, not the
+ * slowest rank's sum over the layers. The ranks' mean wait per step estimates that price (the sums
+ * themselves are a few microseconds); per-rank batch norm has no such waits. Collective. */
+static dt_status_t report_bn_waits(dt_cnn_trainer_t *tr, int steps, FILE *out) {
+  if (!tr->model.sync_sum || steps < 1) return DT_OK;
+  dt_comm_t *c = tr->mesh.dp_comm;
+  double sum[3] = {tr->bn_wait, (double)tr->bn_sums, tr->step_s}, most = tr->bn_wait;
+  DT_TRY(c->ops->allreduce(c, sum, sum, 3, DT_F64, DT_SUM, NULL, NULL));
+  DT_TRY(c->ops->allreduce(c, &most, &most, 1, DT_F64, DT_MAX, NULL, NULL));
+  if (!is_root(tr)) return DT_OK;
+  const double dp = tr->mesh.dp, wait = sum[0] / dp / steps, step = sum[2] / dp / steps;
+  fprintf(out,
+          "# batch norm: synchronised over dp = %d, %.0f sums a step; waiting in them for the slower ranks %.1f ms a "
+          "step (the ranks' mean; at most %.1f), %.1f%% of the %.1f ms step: what synchronising costs here "
+          "(model.sync_bn = false has no such waits)\n",
+          tr->mesh.dp, sum[1] / dp / steps, 1e3 * wait, 1e3 * most / steps, 100 * wait / step, 1e3 * step);
+  return DT_OK;
 }
 
 dt_status_t dt_cnn_open_set(dt_images_t *d, const dt_config_t *c, const char *images, const char *labels) {
@@ -274,6 +301,7 @@ static dt_status_t microsteps(dt_cnn_trainer_t *tr, uint64_t slice) {
   dt_sync_t *sy = &tr->sync;
   const float *w;
   DT_TRY(working_params(tr, &w));
+  if (dt_fault("slow_rank", tr->mesh.rank, tr->step + 1)) dt_fault_sleep(DT_FAULT_SLOW_RANK_S);
   for (int k = 0; k < tr->accum; k++) {
     dt_images_batch(&tr->train, slice + (uint64_t)k * tr->B, tr->B, tr->x, tr->y, NULL);
     DT_TRY(dt_cnn_forward(m, w, tr->bufs, tr->x, tr->y, 1, NULL, NULL)); /* the loss: read once per step */
@@ -311,6 +339,7 @@ dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
   tr->step++;
   tr->sample_pos += (uint64_t)tr->global_batch;
   double dt = dt_time_now() - t0, tmax = dt;
+  tr->step_s += dt;
   dt_comm_t *dpc = tr->mesh.dp_comm;
   if (tr->mesh.size > 1) {
     DT_TRY(dpc->ops->allreduce(dpc, &loss, &loss, 1, DT_F64, DT_AVG, NULL, NULL));
@@ -414,6 +443,7 @@ dt_status_t dt_cnn_trainer_run(dt_cnn_trainer_t *tr) {
                      .header_fn = print_header};
   DT_TRY(dt_run_loop(&L, &tr->stopped_by_signal));
   if (is_root(tr)) tr->sync.ops->report(&tr->sync, tr->step - tr->first_step, stdout); /* communication hidden */
+  DT_TRY(report_bn_waits(tr, tr->step - tr->first_step, stdout));
   if (tr->stopped_by_signal) return DT_OK;
   if (is_root(tr)) { /* the peak so far against the planner's (plan_cnn.c) */
     static dt_plan_cnn_t p;

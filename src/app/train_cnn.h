@@ -58,6 +58,8 @@ typedef struct {
   dt_metrics_t metrics;
   int stopped_by_signal;
   int saved_step, resumed_step; /* -1: none */
+  double bn_wait, step_s;       /* this run's seconds in synchronised batch norm's sums, and in its steps */
+  long bn_sums;
 } dt_cnn_trainer_t;
 
 /* Is model.arch one of the image classifiers? */

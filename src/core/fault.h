@@ -11,6 +11,7 @@
  *                  multiplied by DT_FAULT_BAD_MATH_SCALE after the all-reduce (wrong arithmetic
  *                  in one layer on one rank; device arenas through a host copy)
  *   slow_rank      this rank sleeps DT_FAULT_SLOW_RANK_S seconds in every step from `step` on
+ *                  (GPT-2: after backward; the image classifiers: before forward)
  *   slow_io        every checkpoint save of this rank lasts DT_FAULT_SLOW_IO_X times as long: after
  *                  the save it sleeps (X - 1) times the save's duration, and every rank waits for
  *                  it before the save's time is taken, so the measured bandwidth drops by X
@@ -34,12 +35,11 @@
  *   stall          at exactly step `step` this rank stops itself (SIGSTOP) before its last
  *                  micro-batch's backward, the one whose buckets are summed as it runs: a node that
  *                  hangs mid-run, its peers wait in the gradient collective (MPI, NCCL or shared
- *                  memory; after backward, this rank could already have done its part of it); the watchdog ends the job (tests/slurm_hang.sh: a job
- *                  that restarts without that rank, on fewer nodes, runs on; tests/emu_hang.sh:
- *                  the peers wait in NCCL)
- *   ddp_shm_nospace  DDP's shared-memory setup (ddp_shm.c) finds no room in /dev/shm, as on a
- *                  node with a small one; rank 0 of the dp group decides (tests/ddp_shm.sh)
- * validation/ (tests/validation.sh) plants each and expects the matching check to fail. */
+ *                  memory; after backward, this rank could already have done its part of it); the watchdog ends the job
+ * (tests/slurm_hang.sh: a job that restarts without that rank, on fewer nodes, runs on; tests/emu_hang.sh: the peers
+ * wait in NCCL) ddp_shm_nospace  DDP's shared-memory setup (ddp_shm.c) finds no room in /dev/shm, as on a node with a
+ * small one; rank 0 of the dp group decides (tests/ddp_shm.sh) validation/ (tests/validation.sh) plants each and
+ * expects the matching check to fail. */
 #ifndef DT_FAULT_H
 #define DT_FAULT_H
 

@@ -221,7 +221,7 @@ static dt_status_t init_all(dt_backend_t *be, cu_impl_t *im) {
   be->wparams = be->params;
   be->precision = DT_PREC_FP32;
   be->loss_scale = 1.0f;
-  return be->cudnn_conv || be->cudnn_bn ? dt_cu_cudnn_init(be) : DT_OK;
+  return be->cudnn_conv || be->cudnn_bn || be->cudnn_pool ? dt_cu_cudnn_init(be) : DT_OK;
 }
 
 /* system.attention = cudnn: cuDNN's fused attention for this precision's 16-bit inputs */
@@ -279,7 +279,7 @@ static dt_status_t cu_set_precision(dt_backend_t *be, dt_precision_t p) {
  * mode of every matmul, be->flash the attention kernels. */
 static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int T, int threads) {
   int device = be->device < 0 ? 0 : be->device, tf32 = be->tf32, flash = be->flash, cudnn = be->cudnn_conv;
-  int cudnn_bn = be->cudnn_bn;
+  int cudnn_bn = be->cudnn_bn, cudnn_pool = be->cudnn_pool;
   int catt = be->cudnn_att;
   int sparse = be->sparse;
   size_t opt_lo = be->opt_lo, opt_hi = be->opt_hi; /* ZeRO: m, v of this shard only */
@@ -299,6 +299,7 @@ static dt_status_t cu_init(dt_backend_t *be, const dt_layout_t *lay, int B, int 
   be->cudnn_att = catt;
   be->cudnn_conv = cudnn;
   be->cudnn_bn = cudnn_bn;
+  be->cudnn_pool = cudnn_pool;
   be->sparse = sparse;
   be->opt_lo = opt_lo;
   be->opt_hi = opt_hi;
@@ -438,14 +439,14 @@ static const char *cu_engine(const dt_backend_t *be) {
   const char *dnn = im ? dt_cu_cudnn_name(im) : NULL;
   const char *att = !be->flash ? "" : be->cudnn_att ? "; attention: " : "; attention: flash kernels";
   const char *catt = im && im->catt ? dt_cudnn_att_name(im->catt) : "";
-  const int conv = dnn && be->cudnn_conv, bn = dnn && be->cudnn_bn;
-  snprintf(s, sizeof s, "cuBLAS%s%s%s%s%s%s%s%s%s", be->tf32 ? ", TF32 tensor cores" : "",
+  const int conv = dnn && be->cudnn_conv, bn = dnn && be->cudnn_bn, pool = dnn && be->cudnn_pool;
+  snprintf(s, sizeof s, "cuBLAS%s%s%s%s%s%s%s%s%s%s%s", be->tf32 ? ", TF32 tensor cores" : "",
            lin16 ? ", layer matmuls on " : "",
            !lin16                          ? ""
            : be->precision == DT_PREC_BF16 ? "bf16 tensor cores"
                                            : "fp16 tensor cores",
            att, be->cudnn_att ? catt : "", conv ? "; convolutions: " : "", conv ? dnn : "",
-           bn ? "; batch norm in training: " : "", bn ? dnn : "");
+           bn ? "; batch norm in training: " : "", bn ? dnn : "", pool ? "; pooling: " : "", pool ? dnn : "");
   return s;
 }
 

@@ -2,7 +2,8 @@
  * + one cuBLAS product per chunk of images (the chunk's im2col matrices side by side, so the
  * weight gradient sums images and positions in one product), the other layers from kernels_cnn.cu. Everything is queued
  * on the compute stream; the results match the CPU twins to rounding (tests/gpu_parity_cnn.cu). With system.conv =
- * cudnn the convolutions and with system.batchnorm = cudnn batch norm's training passes are cuDNN's (conv_cudnn.h). */
+ * cudnn the convolutions, with system.batchnorm = cudnn batch norm's training passes and with system.pool = cudnn the
+ * pooling are cuDNN's (conv_cudnn.h). */
 #include <stdlib.h>
 
 #include "dt_build.h"
@@ -40,14 +41,14 @@ static size_t conv_scratch(const dt_backend_t *be, int C, int K, int OC, int OH,
   return (ckk + OC) * P * (size_t)chunk_images(ckk, (size_t)OC, P);
 }
 
-/* ---- system.conv = cudnn, system.batchnorm = cudnn ------------------------------------------- */
+/* ---- system.conv, system.batchnorm, system.pool = cudnn ---------------------------------------- */
 
 dt_status_t dt_cu_cudnn_init(dt_backend_t *be) {
 #if DT_CU_CUDNN
   return dt_cudnn_open(&impl(be)->cudnn, impl(be)->compute, be->tf32);
 #else
   (void)be;
-  return DT_ERR(DT_ERR_UNSUPPORTED, "system.conv/batchnorm = cudnn: this build has no cuDNN (configure found no "
+  return DT_ERR(DT_ERR_UNSUPPORTED, "system.conv/batchnorm/pool = cudnn: this build has no cuDNN (configure found no "
                                     "cudnn.h); = own needs none");
 #endif
 }
@@ -56,7 +57,7 @@ void dt_cu_cudnn_print_version(FILE *out) {
 #if DT_CU_CUDNN
   dt_cudnn_print_version(out);
 #else
-  fprintf(out, "cudnn: not in this build (system.conv = cudnn and system.batchnorm = cudnn unavailable)\n");
+  fprintf(out, "cudnn: not in this build (system.conv, system.batchnorm and system.pool = cudnn unavailable)\n");
 #endif
 }
 
@@ -167,9 +168,20 @@ static dt_status_t bn_train_backward(dt_backend_t *be, float *dinp, float *dw, f
   if (relu_out) DT_TRY(dt_cu_relu_backward(dout, dout, relu_out, (size_t)B * C * HW, S(be)));
   return dt_cudnn_bn_backward(impl(be)->cudnn, dinp, dw, db, dout, inp, w, mean, rstd, eps, B, C, HW);
 }
+/* system.pool = cudnn: max pooling and global average pooling by cuDNN (NULL without it, as above) */
+static dt_status_t pool_forward(dt_backend_t *be, float *out, const float *inp, int B, int C, int H, int W, int KH,
+                                int KW, int stride, int pad, int avg) {
+  return dt_cudnn_pool_forward(impl(be)->cudnn, out, inp, B, C, H, W, KH, KW, stride, pad, avg);
+}
+static dt_status_t pool_backward(dt_backend_t *be, float *dinp, const float *dout, const float *out, const float *inp,
+                                 int B, int C, int H, int W, int KH, int KW, int stride, int pad, int avg) {
+  return dt_cudnn_pool_backward(impl(be)->cudnn, dinp, dout, out, inp, B, C, H, W, KH, KW, stride, pad, avg);
+}
 #else
 #define bn_train_forward NULL
 #define bn_train_backward NULL
+#define pool_forward NULL
+#define pool_backward NULL
 #endif
 static dt_status_t relu_forward(dt_backend_t *be, float *out, const float *inp, size_t n) {
   return dt_cu_relu_forward(out, inp, n, S(be));
@@ -221,6 +233,8 @@ extern "C" const dt_cnn_kernels_t dt_cuda_cnn_kernels = {
     maxpool_backward,
     gap_forward,
     gap_backward,
+    pool_forward,
+    pool_backward,
     add,
     sgd,
     adamw,

@@ -1,11 +1,11 @@
-/* cuDNN for the image classifiers (conv_cudnn.h): convolutions (system.conv = cudnn) and batch
- * norm's training passes (system.batchnorm = cudnn). The library is opened with dlopen and its
- * functions looked up by name into a table typed from cudnn.h's own declarations, so the build
- * needs only the header and a machine without cuDNN only loses these options. In the CUDA
- * emulation the table points at cuda/emu/cudnn.cpp's functions instead. Per convolution shape
- * (batch, input, window, stride, padding) the descriptors and the three algorithms are made once
- * and cached: the first algorithm cuDNN's heuristics rank that succeeds, is deterministic and needs
- * at most WS_MAX bytes of workspace; per batch-norm shape its two descriptors. */
+/* cuDNN for the image classifiers (conv_cudnn.h): convolutions (system.conv = cudnn), batch
+ * norm's training passes (system.batchnorm = cudnn) and pooling (system.pool = cudnn). The library is opened with
+ * dlopen and its functions looked up by name into a table typed from cudnn.h's own declarations, so the build needs
+ * only the header and a machine without cuDNN only loses these options. In the CUDA emulation the table points at
+ * cuda/emu/cudnn.cpp's functions instead. Per convolution shape (batch, input, window, stride, padding) the descriptors
+ * and the three algorithms are made once and cached: the first algorithm cuDNN's heuristics rank that succeeds, is
+ * deterministic and needs at most WS_MAX bytes of workspace; per batch-norm shape its two descriptors, per pooling
+ * shape its three. */
 #include <dlfcn.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,14 +21,17 @@
 
 #define CUDNN_FUNCS(X)                                                                                                 \
   X(cudnnCreate)                                                                                                       \
-  X(cudnnDestroy) X(cudnnSetStream) X(cudnnGetErrorString) X(cudnnGetVersion) X(cudnnCreateTensorDescriptor)           \
+  X(cudnnDestroy)                                                                                                      \
+  X(cudnnSetStream) X(cudnnGetErrorString) X(cudnnGetVersion) X(cudnnCreateTensorDescriptor)                           \
       X(cudnnSetTensor4dDescriptor) X(cudnnDestroyTensorDescriptor) X(cudnnCreateFilterDescriptor)                     \
           X(cudnnSetFilter4dDescriptor) X(cudnnDestroyFilterDescriptor) X(cudnnCreateConvolutionDescriptor)            \
               X(cudnnSetConvolution2dDescriptor) X(cudnnSetConvolutionMathType) X(cudnnDestroyConvolutionDescriptor)   \
                   X(cudnnGetConvolutionForwardAlgorithm_v7) X(cudnnGetConvolutionBackwardDataAlgorithm_v7)             \
                       X(cudnnGetConvolutionBackwardFilterAlgorithm_v7) X(cudnnConvolutionForward)                      \
                           X(cudnnConvolutionBackwardData) X(cudnnConvolutionBackwardFilter)                            \
-                              X(cudnnBatchNormalizationForwardTraining) X(cudnnBatchNormalizationBackward)
+                              X(cudnnBatchNormalizationForwardTraining) X(cudnnBatchNormalizationBackward)             \
+                                  X(cudnnCreatePoolingDescriptor) X(cudnnSetPooling2dDescriptor)                       \
+                                      X(cudnnDestroyPoolingDescriptor) X(cudnnPoolingForward) X(cudnnPoolingBackward)
 
 typedef struct {
 #define FIELD(f) decltype(&::f) f;
@@ -52,6 +55,12 @@ typedef struct {
   cudnnTensorDescriptor_t x, p; /* x (B, C, HW, 1): spatial statistics over B x HW; p (1, C, 1, 1) */
 } bn_shape_t;
 
+typedef struct {
+  int key[9];                   /* B, C, H, W, KH, KW, stride, pad, avg */
+  cudnnTensorDescriptor_t x, y; /* (B, C, H, W), (B, C, OH, OW) */
+  cudnnPoolingDescriptor_t pool;
+} pool_shape_t;
+
 struct dt_cudnn {
   void *lib;
   fns_t f;
@@ -60,6 +69,8 @@ struct dt_cudnn {
   shape_t shapes[CACHE];
   int n_bn, next_bn; /* the same for bn[] */
   bn_shape_t bn[CACHE];
+  int n_pool, next_pool; /* and for pool[] */
+  pool_shape_t pool[CACHE];
   void *ws;
   size_t ws_bytes;
   char version[32];
@@ -122,13 +133,13 @@ void dt_cudnn_print_version(FILE *out) {
   char why[512];
   void *lib = load(&f, why, sizeof why);
   if (!lib) {
-    fprintf(out, "cudnn: %s: system.conv = cudnn and system.batchnorm = cudnn unavailable\n", why);
+    fprintf(out, "cudnn: %s: system.conv, system.batchnorm and system.pool = cudnn unavailable\n", why);
     return;
   }
   char v[32];
   version_of(&f, v, sizeof v);
-  fprintf(out, "cudnn: %s %s (the %d functions system.conv = cudnn and system.batchnorm = cudnn use found)\n", v + 6,
-          path_of(&f), (int)(sizeof f / sizeof(void *)));
+  fprintf(out, "cudnn: %s %s (the %d functions system.conv, system.batchnorm and system.pool = cudnn use found)\n",
+          v + 6, path_of(&f), (int)(sizeof f / sizeof(void *)));
   unload(lib);
 }
 
@@ -139,14 +150,14 @@ dt_status_t dt_cudnn_open(dt_cudnn_t **out, cudaStream_t s, int tf32) {
   char why[512];
   if (!(c->lib = load(&c->f, why, sizeof why))) {
     free(c);
-    return DT_ERR(DT_ERR_UNSUPPORTED, "system.conv/batchnorm = cudnn: %s; = own needs none", why);
+    return DT_ERR(DT_ERR_UNSUPPORTED, "system.conv/batchnorm/pool = cudnn: %s; = own needs none", why);
   }
   c->tf32 = tf32;
   version_of(&c->f, c->version, sizeof c->version);
   cudnnStatus_t st = c->f.cudnnCreate(&c->h);
   if (st == CUDNN_STATUS_SUCCESS) st = c->f.cudnnSetStream(c->h, s);
   if (st != CUDNN_STATUS_SUCCESS) {
-    dt_status_t e = DT_ERR(DT_ERR_CUDA, "system.conv/batchnorm = cudnn: %s: cudnnCreate/SetStream: %s", c->version,
+    dt_status_t e = DT_ERR(DT_ERR_CUDA, "system.conv/batchnorm/pool = cudnn: %s: cudnnCreate/SetStream: %s", c->version,
                            c->f.cudnnGetErrorString(st));
     dt_cudnn_close(c);
     return e;
@@ -169,11 +180,20 @@ static void bn_shape_free(dt_cudnn_t *c, bn_shape_t *p) {
   memset(p, 0, sizeof *p);
 }
 
+static void pool_shape_free(dt_cudnn_t *c, pool_shape_t *p) {
+  if (p->x) c->f.cudnnDestroyTensorDescriptor(p->x);
+  if (p->y) c->f.cudnnDestroyTensorDescriptor(p->y);
+  if (p->pool) c->f.cudnnDestroyPoolingDescriptor(p->pool);
+  memset(p, 0, sizeof *p);
+}
+
 void dt_cudnn_close(dt_cudnn_t *c) {
   if (!c) return;
   for (int i = 0; i < c->n; i++) shape_free(c, &c->shapes[i]);
   for (int i = 0; i < c->n_bn; i++)
     bn_shape_free(c, &c->bn[i]);
+  for (int i = 0; i < c->n_pool; i++)
+    pool_shape_free(c, &c->pool[i]);
   if (c->h) c->f.cudnnDestroy(c->h);
   cudaFree(c->ws);
   if (c->lib) unload(c->lib);
@@ -324,5 +344,49 @@ dt_status_t dt_cudnn_bn_backward(dt_cudnn_t *c, float *dinp, float *dw, float *d
   const float one = 1.0f, zero = 0.0f;
   CUDNN_TRY(c, c->f.cudnnBatchNormalizationBackward(c->h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &one, p->x, inp,
                                                     p->x, dout, p->x, dinp, p->p, w, dw, db, eps, mean, rstd));
+  return DT_OK;
+}
+
+/* The cached pooling descriptors for these sizes, made on first use. */
+static dt_status_t pool_shape(dt_cudnn_t *c, const int key[9], pool_shape_t **out) {
+  for (int i = 0; i < c->n_pool; i++)
+    if (!memcmp(c->pool[i].key, key, sizeof c->pool[i].key)) {
+      *out = &c->pool[i];
+      return DT_OK;
+    }
+  pool_shape_t *p = &c->pool[cache_slot(&c->n_pool, &c->next_pool)];
+  pool_shape_free(c, p);
+  const int B = key[0], C = key[1], H = key[2], W = key[3], KH = key[4], KW = key[5], st = key[6], pad = key[7];
+  const int OH = (H + 2 * pad - KH) / st + 1, OW = (W + 2 * pad - KW) / st + 1;
+  const cudnnPoolingMode_t mode =
+      key[8] ? CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING : CUDNN_POOLING_MAX_DETERMINISTIC;
+  CUDNN_TRY(c, c->f.cudnnCreateTensorDescriptor(&p->x));
+  CUDNN_TRY(c, c->f.cudnnCreateTensorDescriptor(&p->y));
+  CUDNN_TRY(c, c->f.cudnnCreatePoolingDescriptor(&p->pool));
+  CUDNN_TRY(c, c->f.cudnnSetTensor4dDescriptor(p->x, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B, C, H, W));
+  CUDNN_TRY(c, c->f.cudnnSetTensor4dDescriptor(p->y, CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, B, C, OH, OW));
+  CUDNN_TRY(c, c->f.cudnnSetPooling2dDescriptor(p->pool, mode, CUDNN_PROPAGATE_NAN, KH, KW, pad, pad, st, st));
+  memcpy(p->key, key, sizeof p->key);
+  *out = p;
+  return DT_OK;
+}
+
+dt_status_t dt_cudnn_pool_forward(dt_cudnn_t *c, float *out, const float *inp, int B, int C, int H, int W, int KH,
+                                  int KW, int stride, int pad, int avg) {
+  const int key[9] = {B, C, H, W, KH, KW, stride, pad, avg};
+  pool_shape_t *p;
+  DT_TRY(pool_shape(c, key, &p));
+  const float one = 1.0f, zero = 0.0f;
+  CUDNN_TRY(c, c->f.cudnnPoolingForward(c->h, p->pool, &one, p->x, inp, &zero, p->y, out));
+  return DT_OK;
+}
+
+dt_status_t dt_cudnn_pool_backward(dt_cudnn_t *c, float *dinp, const float *dout, const float *out, const float *inp,
+                                   int B, int C, int H, int W, int KH, int KW, int stride, int pad, int avg) {
+  const int key[9] = {B, C, H, W, KH, KW, stride, pad, avg};
+  pool_shape_t *p;
+  DT_TRY(pool_shape(c, key, &p));
+  const float one = 1.0f, zero = 0.0f;
+  CUDNN_TRY(c, c->f.cudnnPoolingBackward(c->h, p->pool, &one, p->y, out, p->y, dout, p->x, inp, &zero, p->x, dinp));
   return DT_OK;
 }

@@ -1,10 +1,11 @@
-/* The image classifiers' convolutions (system.conv = cudnn) and batch norm's training passes
- * (system.batchnorm = cudnn) through cuDNN; the default `own` is backend_cuda_cnn.cu's im2col +
- * cuBLAS and kernels_cnn.cu's batch norm. cuDNN is loaded at run time (dlopen of libcudnn.so.9),
- * so a machine without it runs everything else and only these choices fail, with one line; the
- * CUDA emulation links cuda/emu/cudnn.cpp's instead. fp32 NCHW tensors, weights (OC, C, K, K),
- * cross-correlation as PyTorch; the algorithm per shape from cuDNN's heuristics, deterministic
- * ones only (the same result on every run), its workspace grown on demand. Internal (C++). */
+/* The image classifiers' convolutions (system.conv = cudnn), batch norm's training passes
+ * (system.batchnorm = cudnn) and pooling (system.pool = cudnn) through cuDNN; the default `own` is
+ * backend_cuda_cnn.cu's im2col + cuBLAS and kernels_cnn.cu's batch norm and pooling. cuDNN is
+ * loaded at run time (dlopen of libcudnn.so.9), so a machine without it runs everything else and
+ * only these choices fail, with one line; the CUDA emulation links cuda/emu/cudnn.cpp's instead.
+ * fp32 NCHW tensors, weights (OC, C, K, K), cross-correlation as PyTorch; the algorithm per shape
+ * from cuDNN's heuristics, deterministic ones only (the same result on every run), its workspace
+ * grown on demand. Internal (C++). */
 #ifndef DT_CU_CONV_CUDNN_H
 #define DT_CU_CONV_CUDNN_H
 
@@ -41,5 +42,15 @@ dt_status_t dt_cudnn_bn_forward(dt_cudnn_t *c, float *out, float *mean, float *r
 dt_status_t dt_cudnn_bn_backward(dt_cudnn_t *c, float *dinp, float *dw, float *db, const float *dout,
                                  const float *inp, const float *w, const float *mean, const float *rstd, double eps,
                                  int B, int C, int HW);
+
+/* Pooling over a KH x KW window (stride, zero padding pad) of inp (B, C, H, W) into out (B, C, OH,
+ * OW), written: its maximum (avg 0: cuDNN's deterministic max pooling) or its mean, the padding
+ * counted (avg 1; a window of the whole plane is global average pooling). */
+dt_status_t dt_cudnn_pool_forward(dt_cudnn_t *c, float *out, const float *inp, int B, int C, int H, int W, int KH,
+                                  int KW, int stride, int pad, int avg);
+/* dinp = the input gradient (written) from dout and the forward's out and inp (max pooling finds
+ * each window's maximum again in them) */
+dt_status_t dt_cudnn_pool_backward(dt_cudnn_t *c, float *dinp, const float *dout, const float *out, const float *inp,
+                                   int B, int C, int H, int W, int KH, int KW, int stride, int pad, int avg);
 
 #endif

@@ -24,9 +24,9 @@
 # one GPU through the bundle's mpirun: system.device_comm=mpi and DTRAIN_TEST_SHARED_GPU=1, so no
 # NCCL; losses within 1e-4, grad norms 1e-3), classifiers (real Fashion-MNIST from the bundle:
 # SimpleCNN 20 steps (10 on the emulation, as parallel's) B=64 cuda vs cpu with a test-set evaluation, the same at dp=2 on the shared GPU
-# vs dp=1, ResNet-18 width 16 10 steps cuda vs cpu, also with system.conv=cudnn system.batchnorm=cudnn when
+# vs dp=1, ResNet-18 width 16 10 steps cuda vs cpu, also with system.conv, batchnorm and pool = cudnn when
 # cuDNN loads (each within 10x the spread of two cpu runs that differ in summation order);
-# ResNet-50 CIFAR B=256 ms/step on cuda in fp32 (ours, cuDNN's convolutions, and cuDNN's batch norm too) and bf16, and PyTorch's when its
+# ResNet-50 CIFAR B=256 ms/step on cuda in fp32 (ours, cuDNN's convolutions, and with cuDNN's batch norm and pooling too) and bf16, and PyTorch's when its
 # python3 has torch with CUDA: rows in speed.txt), speed (bench/gpu_step.sh:
 # dtrain vs PyTorch, GPT-2 124M, fp32, TF32, bf16; without --quick also 124M at the largest batch
 # `dtrain plan` fits and GPT-2 1.5B at B=4). --profile adds a last stage:
@@ -117,12 +117,13 @@ with open(f"{sys.argv[1]}/data_batch_1.bin", "wb") as f:
     for i in range(1280):
         f.write(bytes([i % 10]) + os.urandom(3072))
 PY
-  "$dt" --version 2>/dev/null | grep -q '^cudnn: .* found' && runs+=(fp32+cudnn fp32+cudnn+bn)
+  "$dt" --version 2>/dev/null | grep -q '^cudnn: .* found' && runs+=(fp32+cudnn fp32+cudnn+bn+pool)
   declare -A ms
   for r in "${runs[@]}"; do
     local a=(train.precision=${r%%+*})
     [[ $r == *+cudnn* ]] && a+=(system.conv=cudnn)
-    [[ $r == *+bn ]] && a+=(system.batchnorm=cudnn)
+    [[ $r == *+bn* ]] && a+=(system.batchnorm=cudnn)
+    [[ $r == *+pool ]] && a+=(system.pool=cudnn)
     ms[$r]=$(rn50_ms "$d" "rn50_$r" "${a[@]}")
   done
   if python3 -c 'import numpy, torch; assert torch.cuda.is_available()' 2>/dev/null; then
@@ -451,11 +452,11 @@ if [ $have_gpu = 1 ]; then
   DT_CONV=winograd2 run "$dt" "${rn[@]}" system.backend=cpu train.threads=1 log.metrics="$c/rn_cpu1.jsonl" \
     > "$c.rn_cpu1.out" 2>&1 || tail -3 "$c.rn_cpu1.out"
   mp 2 "$c.cnn_dp2.out" "${sc[@]}" system.backend=cuda system.device_comm=mpi train.micro_batch=32 log.metrics="$c/cnn_dp2.jsonl"
-  rn_pairs=("ResNet-18=$c/rn_cuda.jsonl,$c/rn_cpu.jsonl") dnn="no cuDNN here: system.conv/batchnorm = cudnn not checked"
-  if "$dt" --version 2>/dev/null | grep -q '^cudnn: .* found'; then # cuDNN's convolutions and batch norm vs the same cpu run
-    run "$dt" "${rn[@]}" system.backend=cuda system.conv=cudnn system.batchnorm=cudnn log.metrics="$c/rn_cudnn.jsonl" \
-      > "$c.rn_cudnn.out" 2>&1 || tail -3 "$c.rn_cudnn.out"
-    rn_pairs+=("ResNet-18-cudnn=$c/rn_cudnn.jsonl,$c/rn_cpu.jsonl") dnn="with system.conv = cudnn + system.batchnorm = cudnn too"
+  rn_pairs=("ResNet-18=$c/rn_cuda.jsonl,$c/rn_cpu.jsonl") dnn="no cuDNN here: system.conv/batchnorm/pool = cudnn not checked"
+  if "$dt" --version 2>/dev/null | grep -q '^cudnn: .* found'; then # cuDNN's convolutions, batch norm, pooling vs the same cpu run
+    run "$dt" "${rn[@]}" system.backend=cuda system.conv=cudnn system.batchnorm=cudnn system.pool=cudnn \
+      log.metrics="$c/rn_cudnn.jsonl" > "$c.rn_cudnn.out" 2>&1 || tail -3 "$c.rn_cudnn.out"
+    rn_pairs+=("ResNet-18-cudnn=$c/rn_cudnn.jsonl,$c/rn_cpu.jsonl") dnn="with system.conv, batchnorm and pool = cudnn too"
   fi
   tail -n 2 "$c.cnn_cuda.out" "$c.cnn_dp2.out" "$c.rn_cuda.out"
   r1=$($cmp runs --rtol 1e-4 --norm-rtol 1e-3 --steps $psteps --acc-images 500 --spread "$c/cnn_cpu1.jsonl,$c/cnn_cpu.jsonl" \

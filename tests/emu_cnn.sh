@@ -33,9 +33,11 @@
 #      against the CPU backend's same run: losses within 1e-5, norms within 1e-4, and the final
 #      checkpoints (parameters, running statistics: written in pieces by both ranks, so statistics
 #      that differed between the ranks would show) within 1e-4 (measured 2.3e-7);
-#  10. system.conv = cudnn and system.batchnorm = cudnn (the convolutions and batch norm's training
-#      passes through cuda/conv_cudnn.cu, here on the emulation's cuDNN: cuda/emu/cudnn.cpp):
-#      ResNet-18 as in 4 against the same CPU run, the same tolerances; the per-rank batch norm run
+#  10. system.conv, system.batchnorm and system.pool = cudnn (the convolutions, batch norm's training
+#      passes and the pooling through cuda/conv_cudnn.cu, here on the emulation's cuDNN:
+#      cuda/emu/cudnn.cpp): ResNet-18 (global average pooling) as in 4 against the same CPU run, the
+#      same tolerances; the SimpleCNN's (max pooling, whose backward finds each maximum again in the
+#      pooling's input and output) per-rank batch norm run
 #      of 9 with 2 micro-batches of 8 per step (cuDNN's parameter gradients accumulated onto the
 #      first micro-batch's) against the CPU's same run, losses within 1e-5, norms within 1e-4; and
 #      system.batchnorm = cudnn with synchronised batch norm at dp = 2 refused in one line;
@@ -91,10 +93,10 @@ mpi 2 -x DTRAIN_EMU_DEVICES=2 "$EMU" "$ini" $pb system.backend=cuda log.metrics=
 grep -q "batch norm per rank (model.sync_bn = false)" "$t/pb_cuda.out" || { echo "FAIL: pb_cuda's batch line"; exit 1; }
 "$PY" "$top_srcdir/tests/ref/tensors_match.py" "$t/ck-pb-cpu/ckpt_00000004.h5" 1e-4 1e-3 1e-3 \
   "$t/ck-pb-cuda/ckpt_00000004.h5=per-rank batch norm cuda"
-dnn="system.backend=cuda system.conv=cudnn system.batchnorm=cudnn"
+dnn="system.backend=cuda system.conv=cudnn system.batchnorm=cudnn system.pool=cudnn"
 mpi 1 "$EMU" "$ini" $rn $dnn log.metrics="$t/rn_dnn.jsonl" > "$t/rn_dnn.out"
-grep -q '^# backend: cuda .*convolutions: cuDNN .*; batch norm in training: cuDNN' "$t/rn_dnn.out" ||
-  { echo "FAIL: rn_dnn's backend line does not name cuDNN for both"; grep '^# backend' "$t/rn_dnn.out"; exit 1; }
+grep -q '^# backend: cuda .*convolutions: cuDNN .*; batch norm in training: cuDNN .*; pooling: cuDNN' "$t/rn_dnn.out" ||
+  { echo "FAIL: rn_dnn's backend line does not name cuDNN for all three"; grep '^# backend' "$t/rn_dnn.out"; exit 1; }
 mpi 2 "$DTRAIN" "$ini" $pb train.micro_batch=8 checkpoint.dir= log.metrics="$t/pa_cpu.jsonl" > "$t/pa_cpu.out"
 mpi 2 -x DTRAIN_EMU_DEVICES=2 "$EMU" "$ini" $pb train.micro_batch=8 checkpoint.dir= $dnn \
   log.metrics="$t/pa_dnn.jsonl" > "$t/pa_dnn.out"

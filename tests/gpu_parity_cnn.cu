@@ -40,7 +40,7 @@ typedef struct {
 } side_t;
 
 /* gpu: 0 the CPU backend, 1 the CUDA backend, 2 the CUDA backend with cuDNN's convolutions, 3 with
- * cuDNN's convolutions and batch norm */
+ * cuDNN's convolutions, batch norm and pooling */
 static void side_init(side_t *s, const dt_cnn_config_t *c, int B, int gpu, int prec) {
   memset(s, 0, sizeof *s);
   GP_TRY(dt_cnn_build(&s->m, c));
@@ -50,6 +50,7 @@ static void side_init(side_t *s, const dt_cnn_config_t *c, int B, int gpu, int p
     s->be.device = 0;
     s->be.cudnn_conv = gpu >= 2;
     s->be.cudnn_bn = gpu == 3;
+    s->be.cudnn_pool = gpu == 3;
     GP_TRY(dt_backend_cuda.init(&s->be, &s->lay, B, 1, 1));
   } else {
     s->be.ops = &dt_backend_cpu, s->be.k = dt_backend_cpu.kernels, s->be.threads = 1;
@@ -233,10 +234,10 @@ void gp_cnn_all(dt_rng_t *r) {
   dt_cnn_config_t r50 = {DT_CNN_RESNET50, 3, 16, 16, 7, 4, 0, 0};
   cnn_case("resnet50", r50, 4, 0, 0.002f, DT_PREC_FP32, r);
 #if defined(DT_HAVE_CUDNN_H) || defined(DT_CUDA_EMU_RUNTIME)
-  /* system.conv = cudnn and system.batchnorm = cudnn (the emulation: cuda/emu/cudnn.cpp's): the
-   * same convolutions, a whole ResNet-18 and the SimpleCNN (batch norm with and without its ReLU
-   * fused, which the cuDNN path applies as a kernel of its own). On a GPU skipped, with a line,
-   * where this machine has no cuDNN to load (an option, not a requirement), and under
+  /* system.conv, system.batchnorm and system.pool = cudnn (the emulation: cuda/emu/cudnn.cpp's): the
+   * same convolutions, a whole ResNet-18 (global average pooling) and the SimpleCNN (max pooling;
+   * batch norm with and without its ReLU fused, which the cuDNN path applies as a kernel of its own). On a GPU skipped,
+   * with a line, where this machine has no cuDNN to load (an option, not a requirement), and under
    * DTRAIN_PARITY_NO_CUDNN */
   if (getenv("DTRAIN_PARITY_NO_CUDNN")) { /* scripts/gpu-check.sh's compute-sanitizer runs */
     printf("# cudnn cases skipped: DTRAIN_PARITY_NO_CUDNN is set\n");
@@ -260,9 +261,9 @@ void gp_cnn_all(dt_rng_t *r) {
    * sums (the emulation's in double), and at 8x8 the CPU's float sums over 3 values differed from
    * them by 1.5e-5 in the activations after batch norm */
   dt_cnn_config_t r18b = {DT_CNN_RESNET18, 3, 16, 16, 10, 4, 0, 0};
-  cnn_case("resnet18 cudnn+bn", r18b, 3, 1, 1e-3f, DT_PREC_FP32, r, 3);
+  cnn_case("resnet18 cudnn+bn+pool", r18b, 3, 1, 1e-3f, DT_PREC_FP32, r, 3);
   dt_cnn_config_t simple = {DT_CNN_SIMPLE, 1, 12, 12, 10, 4, 16, 0};
-  cnn_case("cnn cudnn+bn", simple, 5, 0, 0.05f, DT_PREC_FP32, r, 3);
-  cnn_case("cnn cudnn+bn", simple, 5, 0, 0.05f, DT_PREC_BF16, r, 3);
+  cnn_case("cnn cudnn+bn+pool", simple, 5, 0, 0.05f, DT_PREC_FP32, r, 3);
+  cnn_case("cnn cudnn+bn+pool", simple, 5, 0, 0.05f, DT_PREC_BF16, r, 3);
 #endif
 }

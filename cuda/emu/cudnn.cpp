@@ -1,5 +1,5 @@
-/* CUDA emulation: cuDNN's convolutions and spatial batch norm (cudnn.h), for the code of
- * cuda/conv_cudnn.cu (system.conv = cudnn, system.batchnorm = cudnn). What it checks as cuDNN
+/* CUDA emulation: cuDNN's convolutions, spatial batch norm and pooling (cudnn.h), for the code of
+ * cuda/conv_cudnn.cu (system.conv, system.batchnorm, system.pool = cudnn). What it checks as cuDNN
  * does, at the call: descriptors set, in fp32 NCHW, whose shapes fit together (an output of the
  * size the convolution gives, a 1 x C x 1 x 1 batch-norm parameter tensor), an algorithm of those
  * the query listed, a workspace at least as large as that algorithm's entry says. At run time (a
@@ -32,6 +32,9 @@ struct dt_emu_cudnn_filter {
 struct dt_emu_cudnn_conv {
   int set, pad, stride;
   cudnnMathType_t math;
+};
+struct dt_emu_cudnn_pool {
+  int set, avg, kh, kw, ph, pw, sh, sw;
 };
 
 namespace dt_emu {
@@ -227,6 +230,7 @@ size_t cudnnGetVersion(void) { return CUDNN_MAJOR * 10000 + CUDNN_MINOR * 100 + 
 DESCRIPTOR(cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor)
 DESCRIPTOR(cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor)
 DESCRIPTOR(cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor, cudnnDestroyConvolutionDescriptor)
+DESCRIPTOR(cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor, cudnnDestroyPoolingDescriptor)
 #undef DESCRIPTOR
 
 cudnnStatus_t cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t d, cudnnTensorFormat_t format, cudnnDataType_t type,
@@ -470,6 +474,111 @@ cudnnStatus_t cudnnBatchNormalizationBackward(cudnnHandle_t h, cudnnBatchNormMod
                    db[c] = (float)(aP * sdy + (bP != 0.0f ? (double)bP * db[c] : 0.0));
                  }
                  blend(dxf, r, aD, bD);
+               });
+}
+
+cudnnStatus_t cudnnSetPooling2dDescriptor(cudnnPoolingDescriptor_t d, cudnnPoolingMode_t mode,
+                                          cudnnNanPropagation_t nan, int kh, int kw, int ph, int pw, int sh, int sw) {
+  if (!d || kh < 1 || kw < 1 || ph < 0 || pw < 0 || sh < 1 || sw < 1 || ph >= kh || pw >= kw)
+    return CUDNN_STATUS_BAD_PARAM;
+  if (mode == CUDNN_POOLING_MAX || mode == CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING || nan != CUDNN_PROPAGATE_NAN)
+    return CUDNN_STATUS_NOT_SUPPORTED; /* the emulation's subset: what conv_cudnn.cu asks for */
+  *d = dt_emu_cudnn_pool{1, mode == CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING, kh, kw, ph, pw, sh, sw};
+  return CUDNN_STATUS_SUCCESS;
+}
+
+/* x (N, C, H, W) pooled by d is y (N, C, P, Q) */
+static cudnnStatus_t pool_shapes(const dt_emu_cudnn_pool *d, const dt_emu_cudnn_tensor *x,
+                                 const dt_emu_cudnn_tensor *y) {
+  if (!d || !x || !y || !d->set || !x->set || !y->set || y->n != x->n || y->c != x->c) return CUDNN_STATUS_BAD_PARAM;
+  if (y->h != (x->h + 2 * d->ph - d->kh) / d->sh + 1 || y->w != (x->w + 2 * d->pw - d->kw) / d->sw + 1 ||
+      x->h + 2 * d->ph < d->kh || x->w + 2 * d->pw < d->kw)
+    return CUDNN_STATUS_BAD_PARAM;
+  return CUDNN_STATUS_SUCCESS;
+}
+
+/* Output (p, q) of plane `in` (H x W): the mean over the window (padding counted as zeros), or the
+ * offset of the window's first maximum (NaN first) with *v its value (-1 for a window in padding) */
+static int window(const dt_emu_cudnn_pool *d, const float *in, int H, int W, int p, int q, double *v) {
+  int at = -1;
+  double s = 0;
+  for (int i = 0; i < d->kh; i++)
+    for (int j = 0; j < d->kw; j++) {
+      const int y = p * d->sh - d->ph + i, x = q * d->sw - d->pw + j;
+      if (y < 0 || y >= H || x < 0 || x >= W) continue;
+      const float e = in[y * W + x];
+      s += e;
+      if (!d->avg && (at < 0 || (!isnan(*v) && (isnan(e) || e > *v)))) at = y * W + x, *v = e;
+    }
+  if (d->avg) *v = s / (d->kh * d->kw);
+  return at;
+}
+
+cudnnStatus_t cudnnPoolingForward(cudnnHandle_t h, const cudnnPoolingDescriptor_t d, const void *alpha,
+                                  const cudnnTensorDescriptor_t xd, const void *x, const void *beta,
+                                  const cudnnTensorDescriptor_t yd, void *y) {
+  if (!h) return CUDNN_STATUS_NOT_INITIALIZED;
+  cudnnStatus_t st = pool_shapes(d, xd, yd);
+  if (st) return st;
+  if (!alpha || !beta || !x || !y) return CUDNN_STATUS_BAD_PARAM;
+  const dt_emu_cudnn_pool pd = *d;
+  const int NC = xd->n * xd->c, H = xd->h, W = xd->w, P = yd->h, Q = yd->w;
+  const size_t nx = numel(xd) * 4, ny = numel(yd) * 4;
+  const float al = *(const float *)alpha, be = *(const float *)beta;
+  return queue(h, "cudnnPoolingForward", {{x, nx, "x"}, {y, ny, "y"}}, NULL, 0, {span(y, ny)}, [=]() {
+    std::vector<double> r((size_t)NC * P * Q);
+    for (int c = 0; c < NC; c++)
+      for (int p = 0; p < P; p++)
+        for (int q = 0; q < Q; q++) {
+          double v = 0;
+          window(&pd, (const float *)x + (size_t)c * H * W, H, W, p, q, &v);
+          r[((size_t)c * P + p) * Q + q] = v;
+        }
+    blend((float *)y, r, al, be);
+  });
+}
+
+cudnnStatus_t cudnnPoolingBackward(cudnnHandle_t h, const cudnnPoolingDescriptor_t d, const void *alpha,
+                                   const cudnnTensorDescriptor_t yd, const void *y, const cudnnTensorDescriptor_t dyd,
+                                   const void *dy, const cudnnTensorDescriptor_t xd, const void *x, const void *beta,
+                                   const cudnnTensorDescriptor_t dxd, void *dx) {
+  if (!h) return CUDNN_STATUS_NOT_INITIALIZED;
+  cudnnStatus_t st = pool_shapes(d, xd, yd);
+  if (st == CUDNN_STATUS_SUCCESS) st = pool_shapes(d, dxd, dyd);
+  if (st) return st;
+  if (!alpha || !beta || !x || !y || !dy || !dx) return CUDNN_STATUS_BAD_PARAM;
+  const dt_emu_cudnn_pool pd = *d;
+  const int NC = xd->n * xd->c, H = xd->h, W = xd->w, P = yd->h, Q = yd->w;
+  const size_t nx = numel(xd) * 4, ny = numel(yd) * 4;
+  const float al = *(const float *)alpha, be = *(const float *)beta;
+  return queue(h, "cudnnPoolingBackward", {{x, nx, "x"}, {y, ny, "y"}, {dy, ny, "dy"}, {dx, nx, "dx"}}, NULL, 0,
+               {span(dx, nx)}, [=]() {
+                 std::vector<double> r((size_t)NC * H * W, 0.0);
+                 for (int c = 0; c < NC; c++)
+                   for (int p = 0; p < P; p++)
+                     for (int q = 0; q < Q; q++) {
+                       const size_t o = ((size_t)c * P + p) * Q + q;
+                       const double g = ((const float *)dy)[o];
+                       double *plane = r.data() + (size_t)c * H * W;
+                       if (pd.avg) { /* every input of the window: the window's share */
+                         for (int i = 0; i < pd.kh; i++)
+                           for (int j = 0; j < pd.kw; j++) {
+                             const int yy = p * pd.sh - pd.ph + i, xx = q * pd.sw - pd.pw + j;
+                             if (yy >= 0 && yy < H && xx >= 0 && xx < W) plane[yy * W + xx] += g / (pd.kh * pd.kw);
+                           }
+                         continue;
+                       }
+                       /* the first input equal to y: x's maximum when y is x's pooling */
+                       const float *xp = (const float *)x + (size_t)c * H * W, yv = ((const float *)y)[o];
+                       for (int i = 0, done = 0; i < pd.kh && !done; i++)
+                         for (int j = 0; j < pd.kw && !done; j++) {
+                           const int yy = p * pd.sh - pd.ph + i, xx = q * pd.sw - pd.pw + j;
+                           if (yy < 0 || yy >= H || xx < 0 || xx >= W) continue;
+                           if (xp[yy * W + xx] == yv || (isnan(yv) && isnan(xp[yy * W + xx])))
+                             plane[yy * W + xx] += g, done = 1;
+                         }
+                     }
+                 blend((float *)dx, r, al, be);
                });
 }
 

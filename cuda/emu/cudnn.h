@@ -1,8 +1,9 @@
 /* CUDA emulation: the cuDNN subset cuda/conv_cudnn.cu calls (handles, 4-d NCHW fp32 tensor,
  * filter and convolution descriptors, the three convolution directions with their algorithm
- * queries, and spatial batch norm's training forward and backward), under cuDNN's names and
- * signatures. The calls are checked as cuDNN checks them (CUDNN_STATUS_BAD_PARAM for shapes that
- * do not fit together, a workspace smaller than the algorithm asked for) and queued on the
+ * queries, spatial batch norm's training forward and backward, 2-d max and average pooling),
+ * under cuDNN's names and signatures. The calls are checked as cuDNN checks them
+ * (CUDNN_STATUS_BAD_PARAM for shapes that do not fit together, a workspace smaller than the
+ * algorithm asked for) and queued on the
  * handle's stream; there an operand outside the handle's device memory is an illegal address
  * (sticky). The arithmetic: cuda/emu/cudnn.cpp. The real build includes cuDNN's own cudnn.h. */
 #ifndef DT_EMU_CUDNN_H
@@ -77,6 +78,15 @@ DT_EMU_CUDNN_PERF(cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t)
 DT_EMU_CUDNN_PERF(cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t)
 DT_EMU_CUDNN_PERF(cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t)
 #undef DT_EMU_CUDNN_PERF
+
+typedef struct dt_emu_cudnn_pool *cudnnPoolingDescriptor_t;
+typedef enum {
+  CUDNN_POOLING_MAX = 0,
+  CUDNN_POOLING_AVERAGE_COUNT_INCLUDE_PADDING = 1,
+  CUDNN_POOLING_AVERAGE_COUNT_EXCLUDE_PADDING = 2,
+  CUDNN_POOLING_MAX_DETERMINISTIC = 3
+} cudnnPoolingMode_t;
+typedef enum { CUDNN_NOT_PROPAGATE_NAN = 0, CUDNN_PROPAGATE_NAN = 1 } cudnnNanPropagation_t;
 
 #ifdef __cplusplus
 extern "C" {
@@ -153,6 +163,24 @@ cudnnStatus_t cudnnBatchNormalizationBackward(
     cudnnTensorDescriptor_t dyDesc, const void *dy, cudnnTensorDescriptor_t dxDesc, void *dx,
     cudnnTensorDescriptor_t dBnScaleBiasDesc, const void *bnScale, void *dBnScaleResult, void *dBnBiasResult,
     double epsilon, const void *savedMean, const void *savedInvVariance);
+
+/* 2-d pooling: the window's maximum (the deterministic mode: backward gives each output's gradient
+ * to the first input in the window, row by row, equal to that output), or its mean over the
+ * window, padding included; NaN propagated. */
+cudnnStatus_t cudnnCreatePoolingDescriptor(cudnnPoolingDescriptor_t *d);
+cudnnStatus_t cudnnDestroyPoolingDescriptor(cudnnPoolingDescriptor_t d);
+cudnnStatus_t cudnnSetPooling2dDescriptor(cudnnPoolingDescriptor_t d, cudnnPoolingMode_t mode,
+                                          cudnnNanPropagation_t maxpoolingNanOpt, int windowHeight, int windowWidth,
+                                          int verticalPadding, int horizontalPadding, int verticalStride,
+                                          int horizontalStride);
+cudnnStatus_t cudnnPoolingForward(cudnnHandle_t handle, const cudnnPoolingDescriptor_t poolingDesc, const void *alpha,
+                                  const cudnnTensorDescriptor_t xDesc, const void *x, const void *beta,
+                                  const cudnnTensorDescriptor_t yDesc, void *y);
+cudnnStatus_t cudnnPoolingBackward(cudnnHandle_t handle, const cudnnPoolingDescriptor_t poolingDesc, const void *alpha,
+                                   const cudnnTensorDescriptor_t yDesc, const void *y,
+                                   const cudnnTensorDescriptor_t dyDesc, const void *dy,
+                                   const cudnnTensorDescriptor_t xDesc, const void *x, const void *beta,
+                                   const cudnnTensorDescriptor_t dxDesc, void *dx);
 
 #ifdef __cplusplus
 }

@@ -169,6 +169,7 @@ static dt_status_t init_arenas(dt_cnn_trainer_t *tr) {
   tr->be.tf32 = c->tf32;
   tr->be.cudnn_conv = !strcmp(c->conv, "cudnn");
   tr->be.cudnn_bn = !strcmp(c->batchnorm, "cudnn") && !ops->host_memory;
+  tr->be.cudnn_pool = !strcmp(c->pool, "cudnn") && !ops->host_memory;
   if (tr->be.cudnn_bn && tr->model.sync_sum)
     return DT_ERR(DT_ERR_CONFIG,
                   "%s: system.batchnorm = cudnn computes each rank's statistics; with dp = %d set "
@@ -424,6 +425,8 @@ static void print_header(void *t) {
   if (tr->be.ops->host_memory && strcmp(c->batchnorm, "own"))
     printf("# note: system.batchnorm = %s has no effect on the %s backend (its own batch norm)\n", c->batchnorm,
            tr->be.ops->name);
+  if (tr->be.ops->host_memory && strcmp(c->pool, "own"))
+    printf("# note: system.pool = %s has no effect on the %s backend (its own pooling)\n", c->pool, tr->be.ops->name);
   dt_train_print_precision(stdout, (dt_precision_t)tr->be.precision, &tr->scaler);
   printf("# FLOPs per image (forward + backward: 3 x 2 x the convolutions' and linear layers' multiply-adds) = %.4g\n",
          tr->flops_per_image);

@@ -217,6 +217,8 @@ struct dt_backend {
                                     set before init */
   int cudnn_bn;                  /* CUDA: their batch norm's training passes by cuDNN (system.batchnorm
                                     = cudnn; per-rank statistics only), set before init */
+  int cudnn_pool;                /* CUDA: their max and global average pooling by cuDNN (system.pool =
+                                    cudnn), set before init */
   int sparse;                    /* CUDA: DT_SPARSE_* arenas with memory only where in use (ZeRO-2/3,
                                     cuda/sparse.h), set before init */
   size_t opt_lo, opt_hi;         /* the arena range whose AdamW state this rank holds, set by the

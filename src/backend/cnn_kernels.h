@@ -61,6 +61,14 @@ struct dt_cnn_kernels {
                                   int W, int K, int stride, int pad);
   dt_status_t (*gap_forward)(dt_backend_t *be, float *out, const float *inp, int B, int C, int HW);
   dt_status_t (*gap_backward)(dt_backend_t *be, float *dinp, const float *dout, int B, int C, int HW);
+  /* Optional: pooling by one library call each, which the model makes instead of maxpool_* and gap_*
+   * when be->cudnn_pool is set (the CUDA backend's: cuDNN's, system.pool = cudnn): a KH x KW window
+   * (avg 0: its maximum; 1: its mean, padding counted; a window of the whole plane is global average
+   * pooling). Backward reads the forward's input and output instead of an argmax (dinp written). */
+  dt_status_t (*pool_forward)(dt_backend_t *be, float *out, const float *inp, int B, int C, int H, int W, int KH,
+                              int KW, int stride, int pad, int avg);
+  dt_status_t (*pool_backward)(dt_backend_t *be, float *dinp, const float *dout, const float *out, const float *inp,
+                               int B, int C, int H, int W, int KH, int KW, int stride, int pad, int avg);
   /* out = a + b (n), with relu max(a + b, 0) (a residual add with its ReLU); out may alias a */
   dt_status_t (*add)(dt_backend_t *be, float *out, const float *a, const float *b, int relu, size_t n);
   /* The optimizers over n parameters, each gradient times `scale` first (kmath.h's dt_sgd_update

@@ -85,6 +85,7 @@ typedef struct {
   char store16[DT_NAME_MAX];   /* system.store16: auto | off (the CUDA backend's 16-bit storage) */
   char conv[DT_NAME_MAX];      /* system.conv: own | cudnn (the CUDA backend's convolutions) */
   char batchnorm[DT_NAME_MAX]; /* system.batchnorm: own | cudnn (the CUDA backend's batch norm in training) */
+  char pool[DT_NAME_MAX];      /* system.pool: own | cudnn (the CUDA backend's max and global average pooling) */
   double comm_timeout;       /* hang watchdog: seconds one wait for other ranks may take; 0 = off */
   double comm_timeout_start; /* the same for the first collective of the job; 0 = comm_timeout */
 

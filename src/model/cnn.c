@@ -52,15 +52,20 @@ static size_t slot_kept(const dt_cnn_t *m, int s) {
   return s > 0 && relu_fused(m, s - 1) ? 0 : slot_floats(&m->slots[s]);
 }
 
-/* Slot s is read by backward: the images, the logits, a ReLU's output (its backward's mask) and
+/* A pooling's backward: cuDNN's (system.pool = cudnn) reads its input and output, ours an argmax. */
+static int is_pool(dt_cnn_op_kind_t k) { return k == DT_OP_MAXPOOL || k == DT_OP_GAP; }
+
+/* Slot s is read by backward: the images, the logits, a ReLU's output (its backward's mask),
  * every input of a convolution, a batch norm or a linear layer (their weight or statistics
- * gradients need it). The others (a batch norm's output that only a residual add reads: the last
- * of a bottleneck branch, a shortcut's) die in forward. */
+ * gradients need it) and a pooling's input and output (cuDNN's backward needs both; for the
+ * models here they are kept anyway, as a ReLU's output and a convolution's or linear layer's
+ * input, so the plan is the same with either pooling). The others (a batch norm's output that
+ * only a residual add reads: the last of a bottleneck branch, a shortcut's) die in forward. */
 static int slot_needed(const dt_cnn_t *m, int s) {
-  if (s == 0 || s == m->n_slots - 1 || m->ops[s - 1].kind == DT_OP_RELU) return 1;
+  if (s == 0 || s == m->n_slots - 1 || m->ops[s - 1].kind == DT_OP_RELU || is_pool(m->ops[s - 1].kind)) return 1;
   for (int r = 0; r < m->n_ops; r++) {
     const dt_cnn_op_kind_t k = m->ops[r].kind;
-    if (reads(&m->ops[r], s) && (k == DT_OP_CONV || k == DT_OP_BN || k == DT_OP_LINEAR)) return 1;
+    if (reads(&m->ops[r], s) && (k == DT_OP_CONV || k == DT_OP_BN || k == DT_OP_LINEAR || is_pool(k))) return 1;
   }
   return 0;
 }
@@ -287,6 +292,10 @@ static int bn_ranks(const dt_cnn_t *m) { return m->sync_sum ? m->sync_ranks : 1;
  * backend runs them whole (be->cudnn_bn: cuDNN's) and the statistics are this rank's alone */
 static int bn_whole(const dt_cnn_t *m) { return m->be->cudnn_bn && !m->sync_sum && m->be->ops->cnn->bn_train_forward; }
 
+/* Pooling as one backend call each way (cnn_kernels.h's pool_*): where the backend runs it by a
+ * library (be->cudnn_pool: cuDNN's) */
+static int pool_whole(const dt_cnn_t *m) { return m->be->cudnn_pool && m->be->ops->cnn->pool_forward; }
+
 static dt_status_t bn_forward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *params, float *bufs, const float *x,
                               float *y, int training, int relu) {
   dt_backend_t *be = m->be;
@@ -319,8 +328,11 @@ static dt_status_t op_forward(dt_cnn_t *m, const dt_cnn_op_t *o, float *out, con
     case DT_OP_BN: return bn_forward(m, o, params, bufs, in, out, training, fused);
     case DT_OP_RELU: return ck->relu_forward(be, out, in, n);
     case DT_OP_MAXPOOL:
+      if (pool_whole(m)) return ck->pool_forward(be, out, in, B, o->C, o->H, o->W, o->K, o->K, o->stride, o->pad, 0);
       return ck->maxpool_forward(be, out, m->idx + o->aux, in, B, o->C, o->H, o->W, o->K, o->stride, o->pad);
-    case DT_OP_GAP: return ck->gap_forward(be, out, in, B, o->C, o->H * o->W);
+    case DT_OP_GAP:
+      if (pool_whole(m)) return ck->pool_forward(be, out, in, B, o->C, o->H, o->W, o->H, o->W, 1, 0, 1);
+      return ck->gap_forward(be, out, in, B, o->C, o->H * o->W);
     case DT_OP_LINEAR: return be->k->linear_forward(be, out, in, w, 0, b, NULL, B, o->C, o->OC);
     case DT_OP_ADD:
       return ck->add(be, out, in, act(m, o->in2), fused, n);
@@ -419,6 +431,20 @@ static dt_status_t grad_done(dt_cnn_t *m, int s) {
   return m->be->k->round(m->be, d, n); /* bf16, fp16: as stored */
 }
 
+/* A max or global average pooling's input gradient dx (written) from dout: ours through the argmax
+ * the forward kept, cuDNN's from the forward's input and output (slot_needed keeps both). */
+static dt_status_t pool_backward(dt_cnn_t *m, const dt_cnn_op_t *o, float *dx, const float *dout, const float *in,
+                                 const float *out) {
+  dt_backend_t *be = m->be;
+  const dt_cnn_kernels_t *ck = be->ops->cnn;
+  const int B = m->B, gap = o->kind == DT_OP_GAP;
+  if (pool_whole(m))
+    return gap ? ck->pool_backward(be, dx, dout, out, in, B, o->C, o->H, o->W, o->H, o->W, 1, 0, 1)
+               : ck->pool_backward(be, dx, dout, out, in, B, o->C, o->H, o->W, o->K, o->K, o->stride, o->pad, 0);
+  if (gap) return ck->gap_backward(be, dx, dout, B, o->C, o->H * o->W);
+  return ck->maxpool_backward(be, dx, dout, m->idx + o->aux, B, o->C, o->H, o->W, o->K, o->stride, o->pad);
+}
+
 /* dout: the output's gradient, not read again after this (its last reader: the pool may reuse it) */
 static dt_status_t bn_backward(dt_cnn_t *m, const dt_cnn_op_t *o, const float *out, float *dout, const float *in,
                                const float *w, float *dw, float *db, float *dx, int f) {
@@ -469,10 +495,9 @@ static dt_status_t op_backward(dt_cnn_t *m, const dt_cnn_op_t *o, int i, const f
     case DT_OP_BN: st = bn_backward(m, o, out, dout, in, w, dw, db, dx, f); break;
     case DT_OP_RELU: st = dx ? ck->relu_backward(be, dx, dout, out, n) : DT_OK; break;
     case DT_OP_MAXPOOL:
-      st = dx ? ck->maxpool_backward(be, dx, dout, m->idx + o->aux, B, o->C, o->H, o->W, o->K, o->stride, o->pad)
-              : DT_OK;
+    case DT_OP_GAP:
+      st = dx ? pool_backward(m, o, dx, dout, in, out) : DT_OK;
       break;
-    case DT_OP_GAP: st = dx ? ck->gap_backward(be, dx, dout, B, o->C, HW) : DT_OK; break;
     case DT_OP_LINEAR: st = be->k->linear_backward(be, dx, dw, db, dout, in, w, 0, B, o->C, o->OC); break;
     case DT_OP_ADD: return add_backward(m, o, f ? out : NULL, dout, n);
   }

@@ -37,7 +37,9 @@
 #  7. the end-of-run '# batch norm:' line, what synchronised batch norm's sums cost in waits for the
 #     slower rank: rank 1 sleeping 0.5 s a step before forward (DTRAIN_FAULT=slow_rank) shows as
 #     rank 0 waiting >= 450 ms a step, the ranks' mean >= 150 ms above the quiet run's; 4 sums a
-#     step for the SimpleCNN's 2 batch norms; no line with batch norm per rank.
+#     step for the SimpleCNN's 2 batch norms; no line with batch norm per rank. The straggler
+#     report (log.straggler_every, as GPT-2's: tests/straggler.sh) names rank 1 in every step's line
+#     and JSONL row, its time outside communication >= 500 ms, rank 0's below.
 source "$top_srcdir/tests/lib.sh"
 begin_test
 need_fmnist
@@ -164,5 +166,15 @@ assert 450 <= slow[2] <= 1500, f"rank 0 waited at most {slow[2]} ms a step behin
 assert 200 <= slow[1] <= 800 and slow[1] - quiet[1] >= 150, f"the ranks' mean wait {slow[1]} ms (quiet run {quiet[1]})"
 assert abs(slow[3] - 100 * slow[1] / slow[4]) < 0.2, "the share is not the mean wait over the step"
 print(f"batch norm waits: {quiet[1]:.1f} ms a step, {slow[1]:.1f} (at most {slow[2]:.1f}) behind a rank sleeping 500 ms")
+PY
+[ "$(grep -c '^# straggler: step [1-4]: ms per step outside communication over 2 ranks: .*(slowest: rank 1, host ' \
+  "$t/pw.out")" -eq 4 ] || { grep '^# straggler' "$t/pw.out"; echo "FAIL: want 4 straggler lines naming rank 1"; exit 1; }
+"$PY" - "$t/pw.jsonl" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+assert [r["step"] for r in rows] == [1, 2, 3, 4], rows
+for r in rows:  # rank 0's waits in the sums count as communication, rank 1's sleep does not
+    assert r["slowest_rank"] == 1 and r["rank_ms_max"] >= 500 > r["rank_ms_min"], r
+print("straggler rows: rank 1 the slowest in every step, max %.1f ms, min %.1f ms" % (rows[-1]["rank_ms_max"], rows[-1]["rank_ms_min"]))
 PY
 echo "cnn_sync: OK"

@@ -198,8 +198,6 @@ dt_status_t dt_trainer_init(dt_trainer_t *tr, const dt_config_t *cfg, const char
   if (tr->mesh.pp > 1 && (tr->mesh.pp_idx == 0 || tr->mesh.pp_idx == tr->mesh.pp - 1)) /* the device one if any */
     tied = tr->dev_tied_comm ? tr->dev_tied_comm : tr->tied_comm;
   DT_TRY(dt_sync_start(&tr->sync, grad_comm, tied));
-  tr->straggler_t = malloc(sizeof(double) * 2 * (size_t)tr->mesh.size);
-  if (!tr->straggler_t) return DT_ERR(DT_ERR_NOMEM, "rank %d: out of memory", tr->mesh.rank);
   if (is_root(tr) || strstr(cfg->metrics, "{rank}")) DT_TRY(dt_metrics_open_rank(&tr->metrics, cfg->metrics, tr->mesh.rank));
   return DT_OK;
 }
@@ -222,7 +220,6 @@ void dt_trainer_free(dt_trainer_t *tr) {
   }
   free(tr->pp_ops);
   free(tr->host_arena);
-  free(tr->straggler_t);
   free(tr->inputs);
   free(tr->targets);
   if (tr->train) dt_data_close(tr->train);

@@ -36,7 +36,6 @@ typedef struct {
   int B, T, accum, global_batch; /* global_batch = B * accum * dp sequences per step */
   int *inputs, *targets;   /* (B, T) host */
   float *host_arena;       /* device backends: host copies of params, m, v (3 x n_params) for checkpoints */
-  double *straggler_t;     /* straggler report: every rank's step time outside waits + sort scratch (2 x world) */
   dt_comm_t *dev_dp_comm;  /* device backends with dp > 1: NCCL over the dp group (gradients) */
   dt_comm_t *dev_tp_comm;  /* device backends with tp > 1: NCCL over the tp group (the model's) */
   dt_comm_t *dev_pp_comm;  /* device backends with pp > 1: NCCL over the pp group (stage transfers) */

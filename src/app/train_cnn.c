@@ -320,7 +320,7 @@ static dt_status_t microsteps(dt_cnn_trainer_t *tr, uint64_t slice) {
 
 dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
   dt_sync_t *sy = &tr->sync;
-  const double t0 = dt_time_now(), lr = dt_lr_at(&tr->cfg, tr->step);
+  const double t0 = dt_time_now(), wait0 = dt_wd_wait_seconds(), lr = dt_lr_at(&tr->cfg, tr->step);
   const uint64_t sample0 = tr->sample_pos, slice = sample0 + (uint64_t)tr->mesh.dp_idx * tr->accum * tr->B;
   dt_wd_set_step(tr->step + 1);
   double loss = 0, sumsq = 0, norm = 0;
@@ -339,7 +339,7 @@ dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
   dt_train_scaler_step(&tr->scaler, skip, tr->step + 1, is_root(tr));
   tr->step++;
   tr->sample_pos += (uint64_t)tr->global_batch;
-  double dt = dt_time_now() - t0, tmax = dt;
+  double dt = dt_time_now() - t0, tmax = dt, busy = dt - (dt_wd_wait_seconds() - wait0);
   tr->step_s += dt;
   dt_comm_t *dpc = tr->mesh.dp_comm;
   if (tr->mesh.size > 1) {
@@ -352,7 +352,7 @@ dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
                          .val_acc = -1, .sample0 = sample0, .samples = tr->global_batch, .slowest_rank = -1,
                          .epoch = (double)tr->sample_pos / tr->train.n,
                          .loss_scale = tr->scaler.enabled ? scale : 0, .skipped = skip};
-  return DT_OK;
+  return dt_run_straggler(&tr->mesh, &tr->cfg, tr->step, busy, row); /* the slowest rank */
 }
 
 dt_status_t dt_cnn_trainer_eval(dt_cnn_trainer_t *tr, double *loss, double *acc) {

@@ -128,20 +128,18 @@ static void run_header(void *t) {
   dt_plan_print_run(&tr->cfg, tr->cfg_name, tr->mesh.size, tr->mesh.threads, !tr->be.ops->host_memory, stdout);
 }
 
-static void straggler_line(void *t, const dt_step_row_t *row) {
-  const dt_trainer_t *tr = t;
-  if (row->slowest_rank >= 0)
-    printf("# straggler: step %d: ms per step outside communication over %d ranks: min %.1f, median %.1f, max %.1f "
-           "(slowest: rank %d, host %s)\n", row->step, tr->mesh.size, row->rank_ms_min, row->rank_ms_median,
-           row->rank_ms_max, row->slowest_rank, tr->mesh.ranks[row->slowest_rank].host);
-}
-
 dt_status_t dt_trainer_run(dt_trainer_t *tr) {
   const dt_config_t *c = &tr->cfg;
   const int start = tr->step;
-  dt_run_loop_t L = {.t = tr, .cfg = c, .mesh = &tr->mesh, .metrics = &tr->metrics, .step = &tr->step,
-                     .step_fn = run_step, .eval_fn = tr->val ? run_eval : NULL, .save_fn = run_save,
-                     .row_fn = straggler_line, .header_fn = run_header};
+  dt_run_loop_t L = {.t = tr,
+                     .cfg = c,
+                     .mesh = &tr->mesh,
+                     .metrics = &tr->metrics,
+                     .step = &tr->step,
+                     .step_fn = run_step,
+                     .eval_fn = tr->val ? run_eval : NULL,
+                     .save_fn = run_save,
+                     .header_fn = run_header};
   DT_TRY(dt_run_loop(&L, &tr->stopped_by_signal));
   if (tr->stopped_by_signal) return DT_OK;
   if (tr->mesh.pp > 1 && tr->n_pp_steps > 0) DT_TRY(pp_report(tr));

@@ -15,7 +15,7 @@
 
 #include "fault.h"
 #include "optim.h"
-#include "straggler.h"
+#include "run_loop.h"
 #include "timer.h"
 #include "watchdog.h"
 
@@ -75,20 +75,6 @@ static dt_status_t fault_scale_grads(dt_backend_t *be, size_t off, size_t n) {
   }
   free(h);
   return st;
-}
-
-/* Every log.straggler_every steps: each rank's step time outside communication waits, gathered
- * (one double per rank), into the row as min / median / max and the slowest rank (straggler.h). */
-static dt_status_t straggler(dt_trainer_t *tr, double busy, dt_step_row_t *row) {
-  int n = tr->mesh.size;
-  if (n < 2 || !dt_straggler_due(tr->step, tr->cfg.straggler_every, tr->cfg.log_every)) return DT_OK;
-  double *all = tr->straggler_t;
-  DT_TRY(tr->mesh.world->ops->allgather(tr->mesh.world, &busy, all, 1, DT_F64, NULL, NULL));
-  dt_straggler_t s;
-  dt_straggler_stats(all, n, all + n, &s);
-  row->slowest_rank = s.slowest;
-  row->rank_ms_min = 1e3 * s.min, row->rank_ms_median = 1e3 * s.median, row->rank_ms_max = 1e3 * s.max;
-  return DT_OK;
 }
 
 /* Test-only faults (fault.h) on the final gradients of step `step` (1-based), all in one place. */
@@ -176,7 +162,7 @@ static dt_status_t step_row(dt_trainer_t *tr, double loss_sum, double lr, double
                          .val_loss = -1, .sample0 = sample0, .samples = tr->global_batch,
                          .tokens = (sample0 + (uint64_t)tr->global_batch) * (uint64_t)tr->T,
                          .loss_scale = tr->scaler.enabled ? scale : 0, .skipped = skip, .slowest_rank = -1};
-  return straggler(tr, busy, row);
+  return dt_run_straggler(&tr->mesh, &tr->cfg, tr->step, busy, row); /* the slowest rank */
 }
 
 dt_status_t dt_trainer_step(dt_trainer_t *tr, dt_step_row_t *row) {

@@ -514,6 +514,24 @@ static int window(const dt_emu_cudnn_pool *d, const float *in, int H, int W, int
   return at;
 }
 
+/* Output (p, q)'s gradient g into dx's plane: the window's share to each of its inputs (average), or
+ * all of it to the window's first input (row by row) equal to the output yv (max: x's maximum when yv
+ * is x's pooling) */
+static void window_grad(const dt_emu_cudnn_pool *d, const float *in, float yv, double g, int H, int W, int p, int q,
+                        double *dx) {
+  for (int i = 0; i < d->kh; i++)
+    for (int j = 0; j < d->kw; j++) {
+      const int y = p * d->sh - d->ph + i, x = q * d->sw - d->pw + j;
+      if (y < 0 || y >= H || x < 0 || x >= W) continue;
+      if (d->avg) {
+        dx[y * W + x] += g / (d->kh * d->kw);
+      } else if (in[y * W + x] == yv || (isnan(yv) && isnan(in[y * W + x]))) {
+        dx[y * W + x] += g;
+        return;
+      }
+    }
+}
+
 cudnnStatus_t cudnnPoolingForward(cudnnHandle_t h, const cudnnPoolingDescriptor_t d, const void *alpha,
                                   const cudnnTensorDescriptor_t xd, const void *x, const void *beta,
                                   const cudnnTensorDescriptor_t yd, void *y) {
@@ -558,25 +576,8 @@ cudnnStatus_t cudnnPoolingBackward(cudnnHandle_t h, const cudnnPoolingDescriptor
                    for (int p = 0; p < P; p++)
                      for (int q = 0; q < Q; q++) {
                        const size_t o = ((size_t)c * P + p) * Q + q;
-                       const double g = ((const float *)dy)[o];
-                       double *plane = r.data() + (size_t)c * H * W;
-                       if (pd.avg) { /* every input of the window: the window's share */
-                         for (int i = 0; i < pd.kh; i++)
-                           for (int j = 0; j < pd.kw; j++) {
-                             const int yy = p * pd.sh - pd.ph + i, xx = q * pd.sw - pd.pw + j;
-                             if (yy >= 0 && yy < H && xx >= 0 && xx < W) plane[yy * W + xx] += g / (pd.kh * pd.kw);
-                           }
-                         continue;
-                       }
-                       /* the first input equal to y: x's maximum when y is x's pooling */
-                       const float *xp = (const float *)x + (size_t)c * H * W, yv = ((const float *)y)[o];
-                       for (int i = 0, done = 0; i < pd.kh && !done; i++)
-                         for (int j = 0; j < pd.kw && !done; j++) {
-                           const int yy = p * pd.sh - pd.ph + i, xx = q * pd.sw - pd.pw + j;
-                           if (yy < 0 || yy >= H || xx < 0 || xx >= W) continue;
-                           if (xp[yy * W + xx] == yv || (isnan(yv) && isnan(xp[yy * W + xx])))
-                             plane[yy * W + xx] += g, done = 1;
-                         }
+                       window_grad(&pd, (const float *)x + (size_t)c * H * W, ((const float *)y)[o],
+                                   ((const float *)dy)[o], H, W, p, q, r.data() + (size_t)c * H * W);
                      }
                  blend((float *)dx, r, al, be);
                });

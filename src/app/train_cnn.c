@@ -346,12 +346,20 @@ dt_status_t dt_cnn_trainer_step(dt_cnn_trainer_t *tr, dt_step_row_t *row) {
     DT_TRY(dpc->ops->allreduce(dpc, &loss, &loss, 1, DT_F64, DT_AVG, NULL, NULL));
     DT_TRY(tr->mesh.world->ops->allreduce(tr->mesh.world, &dt, &tmax, 1, DT_F64, DT_MAX, NULL, NULL));
   }
-  *row = (dt_step_row_t){.step = tr->step, .loss = loss, .lr = lr, .grad_norm = norm, .ms = 1e3 * tmax,
+  *row = (dt_step_row_t){.step = tr->step,
+                         .loss = loss,
+                         .lr = lr,
+                         .grad_norm = norm,
+                         .ms = 1e3 * tmax,
                          .tok_per_s = tr->global_batch / tmax,
-                         .gflops = tr->flops_per_image * tr->global_batch / tmax * 1e-9, .val_loss = -1,
-                         .val_acc = -1, .sample0 = sample0, .samples = tr->global_batch, .slowest_rank = -1,
+                         .gflops = tr->flops_per_image * tr->global_batch / tmax * 1e-9,
+                         .val_loss = -1,
+                         .val_acc = -1,
+                         .sample0 = sample0,
+                         .samples = tr->global_batch,
                          .epoch = (double)tr->sample_pos / tr->train.n,
-                         .loss_scale = tr->scaler.enabled ? scale : 0, .skipped = skip};
+                         .loss_scale = tr->scaler.enabled ? scale : 0,
+                         .skipped = skip};
   return dt_run_straggler(&tr->mesh, &tr->cfg, tr->step, busy, row); /* the slowest rank */
 }
 

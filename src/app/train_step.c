@@ -157,11 +157,19 @@ static dt_status_t step_row(dt_trainer_t *tr, double loss_sum, double lr, double
     DT_TRY(w->ops->allreduce(w, &dt, &tmax, 1, DT_F64, DT_MAX, NULL, NULL));
   }
   double tokens = (double)tr->global_batch * tr->T;
-  *row = (dt_step_row_t){.step = tr->step, .loss = mean_loss, .lr = lr, .grad_norm = norm, .ms = 1e3 * tmax,
-                         .tok_per_s = tokens / tmax, .gflops = tr->flops_per_token * tokens / tmax * 1e-9,
-                         .val_loss = -1, .sample0 = sample0, .samples = tr->global_batch,
+  *row = (dt_step_row_t){.step = tr->step,
+                         .loss = mean_loss,
+                         .lr = lr,
+                         .grad_norm = norm,
+                         .ms = 1e3 * tmax,
+                         .tok_per_s = tokens / tmax,
+                         .gflops = tr->flops_per_token * tokens / tmax * 1e-9,
+                         .val_loss = -1,
+                         .sample0 = sample0,
+                         .samples = tr->global_batch,
                          .tokens = (sample0 + (uint64_t)tr->global_batch) * (uint64_t)tr->T,
-                         .loss_scale = tr->scaler.enabled ? scale : 0, .skipped = skip, .slowest_rank = -1};
+                         .loss_scale = tr->scaler.enabled ? scale : 0,
+                         .skipped = skip};
   return dt_run_straggler(&tr->mesh, &tr->cfg, tr->step, busy, row); /* the slowest rank */
 }
 

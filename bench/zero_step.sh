@@ -23,6 +23,6 @@ for z in 0 1 2 3; do
     checkpoint.resume=never > "$t/z$z.out" 2>&1
   ms=$(python3 -c "import json,statistics as s; r=[json.loads(l)['ms'] for l in open('$t/z$z.jsonl')][1:]; print(round(s.median(r)))")
   rss=$(sed -n 's/^# memory: rank 0 peak RSS (VmHWM) \([0-9.]*\) MiB.*/\1/p' "$t/z$z.out")
-  note=$(sed -n 's/^# zero3: //p; s/^# ddp: \([0-9]* buckets\).*: \([0-9]*% +- [0-9]*\) of the all-reduce hidden.*/\1, \2 of the all-reduce hidden/p' "$t/z$z.out")
+  note=$(sed -n 's/^# zero3: //p; s/^# ddp: \([0-9]* buckets\).*: \(-\?[0-9]*% +- [0-9]*\) of the all-reduce hidden.*/\1, \2 of the all-reduce hidden/p' "$t/z$z.out")
   printf "  %-5s %10s %12s  %s\n" "$z" "$ms" "$rss" "$note"
 done

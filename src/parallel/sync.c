@@ -145,7 +145,10 @@ static void ddp_report(const dt_sync_t *s, int steps, FILE *o) {
    * covers most of 0..100% is said to be unmeasurable rather than reported as overlap. */
   double spread = fmax(mad(s->run_win, s->n_run, run), mad(s->probe_win, s->n_probe, probe));
   double noise = 2 * 1.86 * spread * sqrt(1.0 / nr + 1.0 / np);
-  double hid = comm > 0 ? 100.0 * fmin(1.0, fmax(0.0, (probe - run) / comm)) : 0.0;
+  /* not clamped to 0..100%: below 0 the all-reduce beside backward cost more than it after
+   * backward (it competes for the cores), above 100 the noise exceeds it; a clamped 0% would hide
+   * the first, and comparisons with shares other runs imply (bench/ddp_overlap.sh) need the sign */
+  double hid = comm > 0 ? fmax(-999.0, fmin(999.0, 100.0 * (probe - run) / comm)) : 0.0;
   double err = comm > 0 ? 100.0 * noise / comm : 100.0;
   fprintf(o, "# ddp: %d buckets; backward + gradient all-reduce %.1f ms/step overlapped (median of %d steps) vs "
           "%.1f ms with the all-reduce after backward (median of %d probe steps, parallel.ddp_probe = %d), the "
@@ -154,7 +157,8 @@ static void ddp_report(const dt_sync_t *s, int steps, FILE *o) {
           "%.1f ms, from their spread%s%s\n",
           s->ddp.n_buckets, 1e3 * run, nr, 1e3 * probe, np, s->probe_every, 1e3 * comm, hid, fmin(err, 999.0),
           1e3 * median(s->probe_skew, s->n_probe), 1e3 * noise,
-          err >= 50 ? "; not measurable here: the all-reduce is within the steps' noise" : "",
+          err >= 50 ? "; not measurable here: the all-reduce is within the steps' noise"
+          : hid + err < 0 ? "; below 0: the all-reduce during backward slowed the step by more than it hid" : "",
           s->ddp.shm ? "; averaged in shared memory by the ranks' own threads, in backward's hooks and after it" : "");
 }
 

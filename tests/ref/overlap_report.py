@@ -4,12 +4,13 @@
 
 `# ddp: ... backward + gradient all-reduce O ms/step overlapped (median of n steps) vs P ms with
 the all-reduce after backward (median of k probe steps, parallel.ddp_probe = N), the all-reduce
-alone A ms: H% +- U of the all-reduce hidden ... difference, E ms, from their spread[; not measurable here...]`:
+alone A ms: H% +- U of the all-reduce hidden ... difference, E ms, from their spread[; not measurable here...
+| ; below 0: ...]`:
 O and P are windows of steps, so each is at most the
 slowest step (the JSONL's largest "ms"); A is part of P's window; the probe steps are steps 2,
-2 + N, ... and the others from step 2 on are the n (so n + k + 1 = the steps run); H = 100 *
-clamp((P - O) / A, 0, 1) and U = 100 E / A for some O, P, A, E within the 0.05 ms they are rounded
-by; "not measurable here" exactly when U >= 50.
+2 + N, ... and the others from step 2 on are the n (so n + k + 1 = the steps run); H = 100 (P - O) / A
+(not clamped, within -999..999) and U = 100 E / A for some O, P, A, E within the 0.05 ms they are
+rounded by; "not measurable here" exactly when U >= 50, else "below 0" exactly when H + U < 0.
 `# ddp: ... is not measured: k probe and 0 other steps after the first (parallel.ddp_probe = 1);
 with every all-reduce after backward: backward + all-reduce W ms, the all-reduce alone A ms
 (medians)` (ddp_after): k = the steps after the first, 0 <= A <= W + 0.1 <= the slowest step + 0.1.
@@ -25,9 +26,10 @@ import sys
 
 DDP = (r"^# ddp: \d+ buckets; backward \+ gradient all-reduce ([\d.]+) ms/step overlapped \(median of (\d+) steps\) "
        r"vs ([\d.]+) ms with the all-reduce after backward \(median of (\d+) probe steps, parallel.ddp_probe = (\d+)\), "
-       r"the all-reduce alone ([\d.]+) ms: (\d+)% \+- (\d+) of the all-reduce hidden behind backward \(the probes' "
+       r"the all-reduce alone ([\d.]+) ms: (-?\d+)% \+- (\d+) of the all-reduce hidden behind backward \(the probes' "
        r"barrier before it, waiting for the slowest rank, ([\d.]+) ms\); \+- 2 standard errors of the two windows' "
-       r"difference, ([\d.]+) ms, from their spread(; not measurable here: the all-reduce is within the steps' noise)?")
+       r"difference, ([\d.]+) ms, from their spread(; not measurable here: the all-reduce is within the steps' noise)?"
+       r"(; below 0: the all-reduce during backward slowed the step by more than it hid)?")
 DDP_AFTER = (r"^# ddp: \d+ buckets; .*is not measured: (\d+) probe and (\d+) other steps after the first "
              r"\(parallel.ddp_probe = 1\); with every all-reduce after backward: backward \+ all-reduce ([\d.]+) ms, "
              r"the all-reduce alone ([\d.]+) ms \(medians\)")
@@ -40,6 +42,7 @@ def check_ddp(out, text, rows):
     o, n, p, k, every, a, h = (float(m.group(1)), int(m.group(2)), float(m.group(3)), int(m.group(4)),
                                int(m.group(5)), float(m.group(6)), int(m.group(7)))
     u, skew, noise, unmeasurable = int(m.group(8)), float(m.group(9)), float(m.group(10)), m.group(11) is not None
+    below = m.group(12) is not None
     slowest, steps = max(r["ms"] for r in rows), max(r["step"] for r in rows)
     for name, v in (("overlapped", o), ("probe", p)):
         assert 0 < v <= slowest + 0.1, f"{out}: {name} window {v} ms outside (0, slowest step {slowest:.1f}]"
@@ -49,7 +52,7 @@ def check_ddp(out, text, rows):
     assert (k, n) == (min(want_k, 64), min(steps - 1 - want_k, 64)), \
         f"{out}: {k} probe and {n} other steps, want {want_k} and {steps - 1 - want_k} of steps 2..{steps} (every {every})"
     assert noise >= 0, f"{out}: noise {noise} ms"
-    hid = lambda o_, p_, a_: 100 * min(1.0, max(0.0, (p_ - o_) / a_)) if a_ > 0 else 0.0
+    hid = lambda o_, p_, a_: max(-999.0, min(999.0, 100 * (p_ - o_) / a_)) if a_ > 0 else 0.0
     r = [hid(o + i, p + j, max(a + l, 1e-9)) for i in (-0.05, 0.05) for j in (-0.05, 0.05) for l in (-0.05, 0.05)]
     lo, hi = min(r), max(r)
     assert lo - 1 <= h <= hi + 1, f"{out}: {h}% hidden, its own numbers give {lo:.0f}..{hi:.0f}%"
@@ -61,9 +64,12 @@ def check_ddp(out, text, rows):
         e_lo = min(e_lo, 100.0)
     assert e_lo - 1 <= u <= e_hi + 1, f"{out}: +- {u} points, its own numbers give {e_lo:.0f}..{e_hi:.0f}"
     assert unmeasurable == (u >= 50) or u == 50, f"{out}: +- {u} points but 'not measurable' {'said' if unmeasurable else 'not said'}"
+    assert not (below and unmeasurable), f"{out}: both 'not measurable' and 'below 0'"
+    assert unmeasurable or below == (h + u < 0) or abs(h + u) <= 1, \
+        f"{out}: {h}% +- {u} but 'below 0' {'said' if below else 'not said'}"
     print(f"{out.split('/')[-1]}: ddp overlapped {o} ms, probe {p} ms (all-reduce {a} ms, barrier {skew} ms), "
           f"{k} probes every {every}, "
-          f"{h}% +- {u} hidden{' (not measurable)' if unmeasurable else ''}: consistent")
+          f"{h}% +- {u} hidden{' (not measurable)' if unmeasurable else ' (below 0)' if below else ''}: consistent")
 
 
 def check_ddp_after(out, text, rows):

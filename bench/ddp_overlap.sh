@@ -25,7 +25,7 @@
 #   The same check without a second process: in the overlapped run itself, its probe steps whole
 #   against its other steps whole (they alternate, so the drift between runs cancels), over its
 #   all-reduce, with 2 standard errors from the steps' spread: "within each run" (undetermined when
-#   those exceed 10 points, whatever the median says).
+#   the rounds' median's 2 standard errors exceed 10 points, whatever the median says).
 #   MODELS="124M" (or "30M") runs only those; MODELS=124M-T64 (not in the default "124M 30M") runs
 #   124M at T = 64, where MPI's all-reduce is about a third of the step, not a tenth; MODELS=30M-T64
 #   the 30M model at T = 64 and global batch 2, whose short steps (~250 ms) resolve the share of its
@@ -133,19 +133,23 @@ for m in "${models[@]}"; do
     wshares=$(cut -d' ' -f1 "$t/$within" | sort -g | tr '\n' ' ')
     wse=$(cut -d' ' -f2 "$t/$within" | median)
     awk -v n="$name" -v l="$label" -v printed="$printed" -v perr="$perr" -v f="$f" -v shares="$shares" -v d1="$d1" \
-        -v d="$(median < "$t/$run")" -v wshares="$wshares" -v wse="$wse" 'BEGIN {
-      k = split(shares, a, " "); mid = k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2
-      # 2 standard errors of the rounds median: 2 x 1.86 MAD / sqrt(rounds), as in the printed +-
-      for (i = 1; i <= k; i++) { v = a[i] > mid ? a[i] - mid : mid - a[i]; for (j = i; j > 1 && dev[j - 1] > v; j--) dev[j] = dev[j - 1]; dev[j] = v }
-      mad = k % 2 ? dev[(k + 1) / 2] : (dev[k / 2] + dev[k / 2 + 1]) / 2
-      se2 = k > 1 ? 2 * 1.86 * mad / sqrt(k) : 999
-      dif = printed > mid ? printed - mid : mid - printed
-      verdict = dif <= 10 ? "within 10 points" : (se2 > 10 ? "undetermined: the rounds median is +- " int(se2 + 0.5) " points, the step noise exceeds the all-reduce" : (dif <= perr ? "NOT within 10 points (" dif " points), but within the printed +- " perr : "NOT within 10 points, nor within the printed +- " perr))
-      printf "RESULT %s overlap, %s: all-reduce %.0f ms (dtrain probe steps); hidden as dtrain prints it %.0f%% +- %.0f; as a dp=2 run with every all-reduce after backward implies, per round: %s%% (median %.0f%% +- %.0f, 2 standard errors): %s; as the 1-rank run implies %.0f%%\n", n, l, f, printed, perr, shares, mid, se2, verdict, 100 * (1 - (d - d1) / f)
-      k = split(wshares, w, " "); wmid = k % 2 ? w[(k + 1) / 2] : (w[k / 2] + w[k / 2 + 1]) / 2
-      wdif = printed > wmid ? printed - wmid : wmid - printed
-      wv = 2 * wse > 10 ? "undetermined: the steps of one run spread by +- " 2 * wse " points of the all-reduce" : (wdif <= 10 ? "within 10 points of the printed share" : "NOT within 10 points of the printed share (" wdif " points)")
-      printf "RESULT %s overlap, %s, within each run (its probe steps whole vs its other steps whole, over its all-reduce): per round %s%% (median %.0f%% +- %.0f, 2 standard errors): %s\n", n, l, wshares, wmid, 2 * wse, wv
+        -v d="$(median < "$t/$run")" -v wshares="$wshares" -v wse="$wse" '
+    function med(a, k) { return k % 2 ? a[(k + 1) / 2] : (a[k / 2] + a[k / 2 + 1]) / 2 }  # a sorted
+    function se2(a, k, m,   i, j, v, dev) { # 2 standard errors of the median m of k rounds: 2 x 1.86 MAD / sqrt(k)
+      for (i = 1; i <= k; i++) { v = a[i] > m ? a[i] - m : m - a[i]; for (j = i; j > 1 && dev[j - 1] > v; j--) dev[j] = dev[j - 1]; dev[j] = v }
+      return k > 2 ? 2 * 1.86 * med(dev, k) / sqrt(k) : 999 }
+    function verdict(m, e,   dif) { # the printed share against an estimate m +- e
+      dif = printed > m ? printed - m : m - printed
+      if (e > 10) return sprintf("undetermined: %.0f points apart, but that estimate is +- %.0f points (the step noise exceeds the all-reduce)", dif, e)
+      if (dif <= 10) return sprintf("within 10 points (%.0f apart)", dif)
+      return sprintf("NOT within 10 points (%.0f apart)%s", dif, dif <= perr ? ", but within the printed +- " perr : "") }
+    BEGIN {
+      k = split(shares, a, " "); mid = med(a, k); e = se2(a, k, mid)
+      printf "RESULT %s overlap, %s: all-reduce %.0f ms (dtrain probe steps); hidden as dtrain prints it %.0f%% +- %.0f; as a dp=2 run with every all-reduce after backward implies, per round: %s%% (median %.0f%% +- %.0f, 2 standard errors from the rounds): %s; as the 1-rank run implies %.0f%%\n", n, l, f, printed, perr, shares, mid, e, verdict(mid, e), 100 * (1 - (d - d1) / f)
+      # inside the runs: the rounds median +- its 2 standard errors from the rounds spread (with 3
+      # rounds or more; else one run s own, from its steps spread)
+      k = split(wshares, w, " "); wmid = med(w, k); we = k > 2 ? se2(w, k, wmid) : 2 * wse
+      printf "RESULT %s overlap, %s, within each run (its probe steps whole vs its other steps whole, over its all-reduce): per round %s%% (median %.0f%% +- %.0f, 2 standard errors from the rounds; one run alone +- %.0f): %s\n", n, l, wshares, wmid, we, 2 * wse, verdict(wmid, we)
     }'
   done
 done

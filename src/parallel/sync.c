@@ -150,15 +150,17 @@ static void ddp_report(const dt_sync_t *s, int steps, FILE *o) {
    * the first, and comparisons with shares other runs imply (bench/ddp_overlap.sh) need the sign */
   double hid = comm > 0 ? fmax(-999.0, fmin(999.0, 100.0 * (probe - run) / comm)) : 0.0;
   double err = comm > 0 ? 100.0 * noise / comm : 100.0;
-  fprintf(o, "# ddp: %d buckets; backward + gradient all-reduce %.1f ms/step overlapped (median of %d steps) vs "
+  const char *what = err >= 50       ? "; not measurable here: the all-reduce is within the steps' noise"
+                     : hid + err < 0 ? "; below 0: the all-reduce during backward slowed the step by more than it hid"
+                                     : "";
+  fprintf(o,
+          "# ddp: %d buckets; backward + gradient all-reduce %.1f ms/step overlapped (median of %d steps) vs "
           "%.1f ms with the all-reduce after backward (median of %d probe steps, parallel.ddp_probe = %d), the "
           "all-reduce alone %.1f ms: %.0f%% +- %.0f of the all-reduce hidden behind backward (the probes' barrier "
           "before it, waiting for the slowest rank, %.1f ms); +- 2 standard errors of the two windows' difference, "
           "%.1f ms, from their spread%s%s\n",
           s->ddp.n_buckets, 1e3 * run, nr, 1e3 * probe, np, s->probe_every, 1e3 * comm, hid, fmin(err, 999.0),
-          1e3 * median(s->probe_skew, s->n_probe), 1e3 * noise,
-          err >= 50 ? "; not measurable here: the all-reduce is within the steps' noise"
-          : hid + err < 0 ? "; below 0: the all-reduce during backward slowed the step by more than it hid" : "",
+          1e3 * median(s->probe_skew, s->n_probe), 1e3 * noise, what,
           s->ddp.shm ? "; averaged in shared memory by the ranks' own threads, in backward's hooks and after it" : "");
 }
 

@@ -154,8 +154,8 @@ for m in "${models[@]}"; do
     BEGIN {
       k = split(shares, a, " "); mid = med(a, k); e = se2(a, k, mid); v = k ? verdict(mid, e) : "undetermined: no round left"
       printf "RESULT %s overlap, %s: all-reduce %.0f ms (dtrain probe steps); hidden as dtrain prints it %.0f%% +- %.0f; as a dp=2 run with every all-reduce after backward implies, per round: %s%% (median %.0f%% +- %.0f, 2 standard errors from the rounds; %d round(s) left out, their two all-reduces over 1.3x apart): %s; as the 1-rank run implies %.0f%%\n", n, l, f, printed, perr, shares, mid, e, unlike, v, 100 * (1 - (d - d1) / f)
-      # inside the runs: the rounds median +- its 2 standard errors from the rounds spread (with 3
-      # rounds or more; else one run s own, from its steps spread)
+      # inside the runs: the median over the rounds +- its 2 standard errors from the spread of the
+      # rounds (with 3 rounds or more; else the +- of one run, from the spread of its steps)
       k = split(wshares, w, " "); wmid = med(w, k); we = k > 2 ? se2(w, k, wmid) : 2 * wse
       printf "RESULT %s overlap, %s, within each run (its probe steps whole vs its other steps whole, over its all-reduce): per round %s%% (median %.0f%% +- %.0f, 2 standard errors from the rounds; one run alone +- %.0f): %s\n", n, l, wshares, wmid, we, 2 * wse, verdict(wmid, we)
     }'
